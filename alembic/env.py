@@ -1,0 +1,45 @@
+"""Alembic environment: shares the caller's connection when one is given (CLI, tests)."""
+
+from __future__ import annotations
+
+import os
+
+from alembic import context
+from sqlalchemy.engine import Connection
+
+from models import metadata
+from reconciler.db import create_engine
+
+config = context.config
+
+
+def run_on(connection: Connection) -> None:
+    context.configure(
+        connection=connection,
+        target_metadata=metadata,
+        # SQLite cannot ALTER most things in place; batch mode copies the table.
+        render_as_batch=connection.dialect.name == "sqlite",
+        compare_type=True,
+    )
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+def run_migrations_online() -> None:
+    shared = config.attributes.get("connection")
+    if shared is not None:
+        run_on(shared)
+        return
+    url = os.environ.get("RECONCILER_DATABASE_URL") or config.get_main_option("sqlalchemy.url")
+    engine = create_engine(str(url))
+    try:
+        with engine.connect() as connection:
+            run_on(connection)
+            connection.commit()
+    finally:
+        engine.dispose()
+
+
+if context.is_offline_mode():
+    raise SystemExit("offline (--sql) migrations are not supported; run against a database")
+run_migrations_online()

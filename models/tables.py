@@ -1,0 +1,210 @@
+"""The schema: typed SQLAlchemy 2.0 models. Names are the public contract (DESIGN.md §2)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    text,
+)
+from sqlalchemy.orm import Mapped, mapped_column
+
+from models.base import Base
+
+# SQLite only auto-assigns keys to a column declared exactly INTEGER PRIMARY KEY.
+BigId = BigInteger().with_variant(Integer(), "sqlite")
+
+JOB_STATUSES = ("queued", "processing", "waiting", "completed", "failed", "cancelled")
+STEP_STATES = ("started", "succeeded", "failed", "waiting")
+EFFECT_KINDS = ("pure", "idempotent", "effectful")
+ATTEMPT_OUTCOMES = ("completed", "failed", "retrying", "released", "abandoned", "lost")
+ENDED_BY = ("worker", "reconciler", "operator")
+PASS_OUTCOMES = ("ok", "error", "not_leader")
+DISPOSITIONS = ("resume", "terminalize", "skip")
+
+PROCESSING = text("job_status = 'processing'")
+QUEUED = text("job_status = 'queued'")
+
+
+def one_of(column: str, values: tuple[str, ...]) -> str:
+    """SQL for a CHECK that keeps a short-code column inside its vocabulary."""
+    quoted = ", ".join(f"'{v}'" for v in values)
+    return f"{column} IN ({quoted})"
+
+
+class JobRun(Base):
+    """One row per public job: its status, plan, attempt budget and current lease."""
+
+    __tablename__ = "job_runs"
+
+    job_id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    job_kind: Mapped[str] = mapped_column(String(100))
+    job_status: Mapped[str] = mapped_column(String(16))
+    status_reason: Mapped[str | None] = mapped_column(String(64))
+    step_plan: Mapped[Any | None] = mapped_column(JSON)
+    resume_step_index: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    attempt_count: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    max_attempts: Mapped[int] = mapped_column(Integer)
+    claim_generation: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
+    lease_token: Mapped[str | None] = mapped_column(String(64))
+    lease_owner: Mapped[str | None] = mapped_column(String(200))
+    lease_expires_at: Mapped[datetime | None]
+    claimed_at: Mapped[datetime | None]
+    last_activity_at: Mapped[datetime | None]
+    available_at: Mapped[datetime]
+    idempotency_key: Mapped[str | None] = mapped_column(String(200), unique=True)
+    singleton_key: Mapped[str | None] = mapped_column(String(200))
+    operator_hold: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+    last_error_code: Mapped[str | None] = mapped_column(String(64))
+    job_payload: Mapped[Any | None] = mapped_column(JSON)
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+    finished_at: Mapped[datetime | None]
+
+    __table_args__ = (
+        CheckConstraint(one_of("job_status", JOB_STATUSES), name="job_status_known"),
+        CheckConstraint("max_attempts >= 1", name="max_attempts_positive"),
+        CheckConstraint("attempt_count >= 0", name="attempt_count_not_negative"),
+        CheckConstraint("resume_step_index >= 0", name="resume_step_index_not_negative"),
+        # A processing job always carries a lease the reconciler can judge.
+        CheckConstraint(
+            "job_status <> 'processing' OR (lease_token IS NOT NULL"
+            " AND lease_expires_at IS NOT NULL AND last_activity_at IS NOT NULL)",
+            name="processing_has_lease",
+        ),
+        # Candidate scans of the pass: cost follows the batch, not the table.
+        Index(
+            "ix_job_runs_processing_lease_expiry", "lease_expires_at", "job_id",
+            postgresql_where=PROCESSING, sqlite_where=PROCESSING,
+        ),
+        Index(
+            "ix_job_runs_processing_last_activity", "last_activity_at", "job_id",
+            postgresql_where=PROCESSING, sqlite_where=PROCESSING,
+        ),
+        Index(
+            "ix_job_runs_queued_available", "available_at", "job_id",
+            postgresql_where=QUEUED, sqlite_where=QUEUED,
+        ),
+        Index(
+            "uq_job_runs_processing_singleton", "singleton_key", unique=True,
+            postgresql_where=PROCESSING, sqlite_where=PROCESSING,
+        ),
+        # Operator listings filter by status and page newest first.
+        Index("ix_job_runs_status_job", "job_status", "job_id"),
+    )
+
+
+class StepRun(Base):
+    """The latest state of one step of a job; a step with no row never started."""
+
+    __tablename__ = "step_runs"
+
+    job_id: Mapped[int] = mapped_column(
+        BigInteger, ForeignKey("job_runs.job_id", ondelete="CASCADE"), primary_key=True
+    )
+    step_index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    step_name: Mapped[str] = mapped_column(String(200))
+    effect_kind: Mapped[str] = mapped_column(String(16))
+    step_state: Mapped[str] = mapped_column(String(16))
+    claim_generation: Mapped[int] = mapped_column(BigInteger)
+    started_at: Mapped[datetime]
+    finished_at: Mapped[datetime | None]
+    error_code: Mapped[str | None] = mapped_column(String(64))
+    failure_retryable: Mapped[bool | None] = mapped_column(Boolean)
+
+    __table_args__ = (
+        CheckConstraint(one_of("step_state", STEP_STATES), name="step_state_known"),
+        CheckConstraint(one_of("effect_kind", EFFECT_KINDS), name="effect_kind_known"),
+    )
+
+
+class JobAttempt(Base):
+    """History: one row per claim, closed by whoever ended that claim."""
+
+    __tablename__ = "job_attempts"
+
+    job_id: Mapped[int] = mapped_column(
+        BigInteger, ForeignKey("job_runs.job_id", ondelete="CASCADE"), primary_key=True
+    )
+    claim_generation: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    attempt_number: Mapped[int] = mapped_column(Integer)
+    lease_owner: Mapped[str | None] = mapped_column(String(200))
+    claimed_at: Mapped[datetime]
+    ended_at: Mapped[datetime | None]
+    attempt_outcome: Mapped[str | None] = mapped_column(String(16))
+    ended_by: Mapped[str | None] = mapped_column(String(16))
+
+    __table_args__ = (
+        CheckConstraint(one_of("attempt_outcome", ATTEMPT_OUTCOMES), name="attempt_outcome_known"),
+        CheckConstraint(one_of("ended_by", ENDED_BY), name="ended_by_known"),
+    )
+
+
+class ReconciliationPass(Base):
+    """One row per pass; counters move in the same transactions as the decisions."""
+
+    __tablename__ = "reconciliation_passes"
+
+    pass_id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    reconciler_instance: Mapped[str] = mapped_column(String(200))
+    started_at: Mapped[datetime]
+    finished_at: Mapped[datetime | None]
+    candidates_seen: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    resumed_count: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    terminalized_count: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    skipped_count: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    pass_outcome: Mapped[str | None] = mapped_column(String(16))
+    error_code: Mapped[str | None] = mapped_column(String(64))
+
+    __table_args__ = (
+        CheckConstraint(one_of("pass_outcome", PASS_OUTCOMES), name="pass_outcome_known"),
+        Index("ix_reconciliation_passes_started_at", "started_at"),
+    )
+
+
+class ReconciliationDecision(Base):
+    """The audit trail: every decision of every pass, with privacy-safe evidence."""
+
+    __tablename__ = "reconciliation_decisions"
+
+    decision_id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    pass_id: Mapped[int] = mapped_column(
+        BigInteger, ForeignKey("reconciliation_passes.pass_id", ondelete="CASCADE")
+    )
+    # No foreign key to job_runs: the audit trail outlives the jobs it describes.
+    job_id: Mapped[int] = mapped_column(BigInteger)
+    decided_at: Mapped[datetime]
+    disposition: Mapped[str] = mapped_column(String(16))
+    decision_reason: Mapped[str] = mapped_column(String(64))
+    generation_before: Mapped[int | None] = mapped_column(BigInteger)
+    generation_after: Mapped[int | None] = mapped_column(BigInteger)
+    resume_step_index: Mapped[int | None] = mapped_column(Integer)
+    decision_evidence: Mapped[Any | None] = mapped_column(JSON)
+
+    __table_args__ = (
+        CheckConstraint(one_of("disposition", DISPOSITIONS), name="disposition_known"),
+        Index("ix_reconciliation_decisions_pass_id", "pass_id"),
+        Index("ix_reconciliation_decisions_job_id", "job_id"),
+        Index("ix_reconciliation_decisions_decided_at", "decided_at"),
+        Index("ix_reconciliation_decisions_reason_decision", "decision_reason", "decision_id"),
+    )
+
+
+class ReconcilerLease(Base):
+    """The leader lease shared by reconciler replicas, fenced by a monotonic token."""
+
+    __tablename__ = "reconciler_leases"
+
+    lease_name: Mapped[str] = mapped_column(String(100), primary_key=True)
+    holder_id: Mapped[str] = mapped_column(String(200))
+    fencing_token: Mapped[int] = mapped_column(BigInteger)
+    lease_expires_at: Mapped[datetime]

@@ -1,0 +1,267 @@
+"""The ``reconciler`` command line: subcommands, ``--json``, one-line errors, exit codes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import socket
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from sqlalchemy.exc import DBAPIError, OperationalError
+
+from reconciler import __version__
+from reconciler.db import create_engine
+from reconciler.decisions import Thresholds, render_table
+from reconciler.errors import DatabaseUnavailableError, NotFoundError, ReconcilerError
+from reconciler.passes import PassConfig, run_pass
+from reconciler.schema import require_current, upgrade
+from reconciler.settings import Settings, load_settings
+from reconciler.sql_store import SqlStore
+from reconciler.views import decision_view, job_view, pass_view
+from reconciler.vocabulary import JobStatus, Reason
+
+log = logging.getLogger("reconciler.cli")
+
+SETTING_FLAGS: tuple[tuple[str, str], ...] = (
+    ("database_url", "SQLAlchemy URL: sqlite:///PATH or postgresql+psycopg://..."),
+    ("interval_seconds", "seconds between scheduled passes"),
+    ("batch_size", "most candidates one pass examines"),
+    ("stale_after_seconds", "activity younger than this protects an expired lease"),
+    ("wedged_after_seconds", "no activity for this long under a live lease is a hang"),
+    ("metrics_port", "port of /metrics and /healthz"),
+    ("metrics_host", "address /metrics binds to"),
+)
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
+_UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str) -> float:
+    """``90``, ``90s``, ``15m``, ``2h`` or ``7d`` as seconds."""
+    match = _DURATION.match(text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (use e.g. 90s, 15m, 2h, 7d)")
+    return float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {text!r}")
+    return value
+
+
+def _settings_parent() -> argparse.ArgumentParser:
+    parent = argparse.ArgumentParser(add_help=False)
+    group = parent.add_argument_group("settings (flag, else RECONCILER_<NAME>, else default)")
+    for name, help_text in SETTING_FLAGS:
+        # Kept as text: Settings validates, so a bad flag and a bad env var read the same.
+        group.add_argument(f"--{name.replace('_', '-')}", dest=name, default=None,
+                           metavar="VALUE", help=help_text)
+    parent.add_argument("--verbose", action="store_true", help="tracebacks and debug logs")
+    return parent
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The whole command tree."""
+    common = _settings_parent()
+    parser = argparse.ArgumentParser(
+        prog="reconciler", description="Find jobs whose workers died and recover them.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    db = commands.add_parser("db", help="schema migrations")
+    db_commands = db.add_subparsers(dest="db_command", required=True, metavar="ACTION")
+    db_commands.add_parser("upgrade", parents=[common], help="apply migrations up to head")
+
+    run_once = commands.add_parser("pass", parents=[common], help="run one bounded pass now")
+    run_once.add_argument("--dry-run", action="store_true", help="decide, write nothing")
+    run_once.add_argument("--json", action="store_true")
+
+    jobs = commands.add_parser("jobs", help="public, redacted job state")
+    job_commands = jobs.add_subparsers(dest="jobs_command", required=True, metavar="ACTION")
+    listing = job_commands.add_parser("list", parents=[common], help="jobs, newest first")
+    listing.add_argument("--status", choices=[s.value for s in JobStatus])
+    listing.add_argument("--limit", type=_positive_int, default=100)
+    listing.add_argument("--json", action="store_true")
+    show = job_commands.add_parser("show", parents=[common], help="one job and its steps")
+    show.add_argument("job_id", type=int)
+    show.add_argument("--json", action="store_true")
+
+    audit = commands.add_parser("decisions", parents=[common], help="the audit trail")
+    audit.add_argument("--reason", choices=[r.value for r in Reason])
+    audit.add_argument("--since", type=parse_duration, metavar="DURATION",
+                       help="only decisions younger than this (90s, 15m, 2h, 7d)")
+    audit.add_argument("--limit", type=_positive_int, default=100)
+    audit.add_argument("--json", action="store_true")
+
+    commands.add_parser("explain", parents=[common], help="print the decision table")
+    return parser
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    return load_settings(**{name: getattr(args, name, None) for name, _ in SETTING_FLAGS})
+
+
+def _open_store(settings: Settings) -> SqlStore:
+    engine = create_engine(settings.database_url)
+    require_current(engine)
+    return SqlStore(engine)
+
+
+def _emit(args: argparse.Namespace, data: Any, human: Callable[[], str]) -> None:
+    if getattr(args, "json", False):
+        print(json.dumps(data, indent=2, default=str))
+    else:
+        print(human())
+
+
+def cmd_db_upgrade(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    engine = create_engine(settings.database_url)
+    upgrade(engine)
+    print(f"database at {engine.url.render_as_string(hide_password=True)} is up to date")
+    return 0
+
+
+def cmd_pass(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    store = _open_store(settings)
+    config = PassConfig(
+        batch_size=settings.batch_size,
+        thresholds=Thresholds(settings.stale_after_seconds, settings.wedged_after_seconds),
+        instance=settings.instance_name or f"cli-{socket.gethostname()}-{os.getpid()}",
+        leader_lease_seconds=settings.leader_lease_seconds,
+        release_leadership_after=True,
+    )
+    report = run_pass(store, config, dry_run=args.dry_run)
+    view = pass_view(report)
+
+    def human() -> str:
+        title = "dry run (nothing written)" if report.dry_run else f"pass {report.pass_id}"
+        lines = [f"{title}: outcome={view['outcome']} candidates={view['candidates']} "
+                 f"resumed={view['resumed']} terminalized={view['terminalized']} "
+                 f"skipped={view['skipped']}"]
+        lines += [f"  job {d['job_id']}: {d['disposition']} ({d['reason']})"
+                  + (f" at step {d['resume_step_index']}"
+                     if d["resume_step_index"] is not None else "")
+                  for d in view["decisions"]]
+        return "\n".join(lines)
+
+    _emit(args, view, human)
+    return 0
+
+
+def cmd_jobs_list(args: argparse.Namespace) -> int:
+    store = _open_store(_settings(args))
+    views = [job_view(j) for j in store.list_jobs(args.status, args.limit)]
+
+    def human() -> str:
+        if not views:
+            return "no jobs"
+        lines = [f"{'JOB':>8}  {'KIND':<16} {'STATUS':<11} {'ATTEMPTS':>8}  {'STEP':>4}  REASON"]
+        lines += [f"{v['job_id']:>8}  {v['job_kind'][:16]:<16} {v['status']:<11} "
+                  f"{v['attempts_used']:>3}/{v['max_attempts']:<4}  {v['resume_step_index']:>4}"
+                  f"  {v['reason'] or '-'}" for v in views]
+        return "\n".join(lines)
+
+    _emit(args, views, human)
+    return 0
+
+
+def cmd_jobs_show(args: argparse.Namespace) -> int:
+    store = _open_store(_settings(args))
+    job = store.get_job(args.job_id)
+    if job is None:
+        raise NotFoundError(f"no job with id {args.job_id}")
+    view = job_view(job)
+
+    def human() -> str:
+        lines = [f"job {view['job_id']} ({view['job_kind']}): {view['status']}"
+                 + (f" ({view['reason']})" if view["reason"] else ""),
+                 f"  attempts {view['attempts_used']}/{view['max_attempts']}, "
+                 f"resumes at step {view['resume_step_index']}"
+                 + (", held by an operator" if view["operator_hold"] else "")]
+        lines += [f"  step {s['index']}: {s['name']} [{s.get('effect_kind', '?')}] {s['state']}"
+                  for s in view["steps"]]
+        return "\n".join(lines)
+
+    _emit(args, view, human)
+    return 0
+
+
+def cmd_decisions(args: argparse.Namespace) -> int:
+    store = _open_store(_settings(args))
+    records = [decision_view(r) for r in store.list_decisions(args.reason, args.since,
+                                                               args.limit)]
+
+    def human() -> str:
+        if not records:
+            return "no decisions"
+        return "\n".join(
+            f"{r['decided_at']}  pass {r['pass_id']}  job {r['job_id']}: {r['disposition']} "
+            f"({r['decision_reason']})"
+            + (f" at step {r['resume_step_index']}" if r["resume_step_index"] is not None else "")
+            for r in records)
+
+    _emit(args, records, human)
+    return 0
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    print("The decision table: rules in order; the first rule that matches decides.\n")
+    print(render_table())
+    return 0
+
+
+COMMANDS: dict[tuple[str, ...], Callable[[argparse.Namespace], int]] = {
+    ("db", "upgrade"): cmd_db_upgrade,
+    ("pass",): cmd_pass,
+    ("jobs", "list"): cmd_jobs_list,
+    ("jobs", "show"): cmd_jobs_show,
+    ("decisions",): cmd_decisions,
+    ("explain",): cmd_explain,
+}
+
+
+def _command_key(args: argparse.Namespace) -> tuple[str, ...]:
+    sub = getattr(args, f"{args.command}_command", None)
+    return (args.command,) if sub is None else (args.command, sub)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point: run one command; errors become one line on stderr and an exit code."""
+    args = build_parser().parse_args(argv)
+    verbose = getattr(args, "verbose", False)
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.WARNING, stream=sys.stderr,
+        format="ts=%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
+    )
+    try:
+        return COMMANDS[_command_key(args)](args)
+    except ReconcilerError as exc:
+        if verbose:
+            log.exception("command failed")
+        print(f"reconciler: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except (OperationalError, DBAPIError) as exc:
+        if verbose:
+            log.exception("database error")
+        line = str(getattr(exc, "orig", exc)).strip().splitlines()
+        print(f"reconciler: error: database error: {line[0] if line else type(exc).__name__}",
+              file=sys.stderr)
+        return DatabaseUnavailableError.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

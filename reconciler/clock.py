@@ -1,0 +1,87 @@
+"""The database's clock as SQL expressions: every lease comparison is made by the database.
+
+Each construct compiles per engine. PostgreSQL uses ``statement_timestamp()`` so one
+statement sees one instant. SQLite's ``'now'`` is fixed for one statement step too; it is
+rendered as the same fixed-width UTC text that ``UtcDateTime`` stores, so comparisons are
+exact string comparisons with microsecond width.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Float, literal
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql import ColumnElement
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.functions import FunctionElement
+
+from models.base import UtcDateTime
+
+SQLITE_FORMAT = "'%Y-%m-%d %H:%M:%f'"
+
+
+class db_now(FunctionElement[Any]):  # noqa: N801 - reads as a SQL function at call sites
+    """The database's current time."""
+
+    type = UtcDateTime()
+    inherit_cache = True
+    name = "db_now"
+
+
+class db_now_plus(FunctionElement[Any]):  # noqa: N801
+    """The database's current time plus a number of seconds (may be negative)."""
+
+    type = UtcDateTime()
+    inherit_cache = True
+    name = "db_now_plus"
+
+
+class seconds_since(FunctionElement[Any]):  # noqa: N801
+    """Seconds from a timestamp column to the database's now (NULL stays NULL)."""
+
+    type = Float()
+    inherit_cache = True
+    name = "seconds_since"
+
+
+@compiles(db_now, "postgresql")
+def _pg_now(element: db_now, compiler: SQLCompiler, **kw: Any) -> str:
+    return "statement_timestamp()"
+
+
+@compiles(db_now, "sqlite")
+def _sqlite_now(element: db_now, compiler: SQLCompiler, **kw: Any) -> str:
+    # strftime's %f gives milliseconds; pad to the six digits UtcDateTime stores.
+    return f"(strftime({SQLITE_FORMAT}, 'now') || '000')"
+
+
+@compiles(db_now_plus, "postgresql")
+def _pg_now_plus(element: db_now_plus, compiler: SQLCompiler, **kw: Any) -> str:
+    (seconds,) = element.clauses
+    return f"(statement_timestamp() + make_interval(secs => {compiler.process(seconds, **kw)}))"
+
+
+@compiles(db_now_plus, "sqlite")
+def _sqlite_now_plus(element: db_now_plus, compiler: SQLCompiler, **kw: Any) -> str:
+    (seconds,) = element.clauses
+    modifier = f"printf('%+.3f seconds', {compiler.process(seconds, **kw)})"
+    return f"(strftime({SQLITE_FORMAT}, 'now', {modifier}) || '000')"
+
+
+@compiles(seconds_since, "postgresql")
+def _pg_seconds_since(element: seconds_since, compiler: SQLCompiler, **kw: Any) -> str:
+    (column,) = element.clauses
+    return f"EXTRACT(EPOCH FROM (statement_timestamp() - {compiler.process(column, **kw)}))"
+
+
+@compiles(seconds_since, "sqlite")
+def _sqlite_seconds_since(element: seconds_since, compiler: SQLCompiler, **kw: Any) -> str:
+    (column,) = element.clauses
+    return f"((julianday('now') - julianday({compiler.process(column, **kw)})) * 86400.0)"
+
+
+def now_plus(seconds: float | ColumnElement[Any]) -> db_now_plus:
+    """``db_now_plus`` with a plain number bound as a float parameter."""
+    value = seconds if isinstance(seconds, ColumnElement) else literal(float(seconds), Float())
+    return db_now_plus(value)

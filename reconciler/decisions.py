@@ -1,0 +1,190 @@
+"""The decision table: evidence in, decision out. Pure: no I/O, no clock.
+
+``RULES`` is the one ordered list. ``decide`` returns the decision of the first rule that
+matches; ``reconciler explain`` and docs/decision-table.md print the same list.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from reconciler.evidence import Evidence
+from reconciler.vocabulary import Disposition, EffectKind, Reason, StepState
+
+
+@dataclass(frozen=True, slots=True)
+class Thresholds:
+    """The time limits the table compares ages against, in seconds."""
+
+    stale_after_seconds: float
+    wedged_after_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What to do with one job. ``resume_step_index`` is set only for resumes."""
+
+    job_id: int
+    disposition: Disposition
+    reason: Reason
+    resume_step_index: int | None = None
+    rule_number: int | None = None
+
+
+Predicate = Callable[[Evidence, Thresholds], bool]
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """One row of the table: when it matches, what it decides, and why, in one line."""
+
+    number: int
+    disposition: Disposition
+    reason: Reason
+    evidence: str
+    description: str
+    matches: Predicate
+
+
+def _held(ev: Evidence, _t: Thresholds) -> bool:
+    return ev.operator_hold
+
+
+def _wedged(ev: Evidence, t: Thresholds) -> bool:
+    return (
+        ev.lease_live
+        and not ev.session_gone
+        and ev.activity_age_seconds is not None
+        and ev.activity_age_seconds >= t.wedged_after_seconds
+    )
+
+
+def _lease_live(ev: Evidence, _t: Thresholds) -> bool:
+    return ev.lease_live and not ev.session_gone
+
+
+def _recent_activity(ev: Evidence, t: Thresholds) -> bool:
+    return ev.activity_age_seconds is not None and ev.activity_age_seconds < t.stale_after_seconds
+
+
+def _plan_unreadable(ev: Evidence, _t: Thresholds) -> bool:
+    return ev.plan is None
+
+
+def _first_state_is(state: StepState) -> Predicate:
+    def matches(ev: Evidence, _t: Thresholds) -> bool:
+        record = ev.first_unfinished
+        return record is not None and record.step_state is state
+
+    return matches
+
+
+def _all_succeeded(ev: Evidence, _t: Thresholds) -> bool:
+    return ev.first_unfinished_index is None
+
+
+def _failed_for_good(ev: Evidence, _t: Thresholds) -> bool:
+    record = ev.first_unfinished
+    return (
+        record is not None
+        and record.step_state is StepState.FAILED
+        and not record.failure_retryable
+    )
+
+
+def _died_in_effect(ev: Evidence, t: Thresholds) -> bool:
+    return (
+        _first_state_is(StepState.STARTED)(ev, t)
+        and ev.first_unfinished_effect is EffectKind.EFFECTFUL
+    )
+
+
+def _exhausted(ev: Evidence, _t: Thresholds) -> bool:
+    return ev.attempt_count >= ev.max_attempts
+
+
+def _always(_ev: Evidence, _t: Thresholds) -> bool:
+    return True
+
+
+RULES: tuple[Rule, ...] = (
+    Rule(1, Disposition.SKIP, Reason.OPERATOR_HOLD, "operator hold set",
+         "an operator holds the job; the reconciler leaves it alone", _held),
+    Rule(2, Disposition.TERMINALIZE, Reason.WORKER_WEDGED,
+         "lease live, but no activity for wedged_after_seconds",
+         "a heartbeat without progress hides a hung handler; ended failed, never requeued, "
+         "since the hung copy may still run", _wedged),
+    Rule(3, Disposition.SKIP, Reason.LEASE_LIVE, "lease live (and its worker session not gone)",
+         "its worker is alive and renewing the lease", _lease_live),
+    Rule(4, Disposition.SKIP, Reason.RECENT_ACTIVITY,
+         "activity newer than stale_after_seconds",
+         "the job moved recently; wait before judging it dead", _recent_activity),
+    Rule(5, Disposition.TERMINALIZE, Reason.UNRESUMABLE_PLAN, "step plan missing or unreadable",
+         "without a readable plan no step can safely be resumed", _plan_unreadable),
+    Rule(6, Disposition.SKIP, Reason.WAITING_ON_GATE, "first unfinished step is waiting",
+         "the job waits on an external gate, not on its worker",
+         _first_state_is(StepState.WAITING)),
+    Rule(7, Disposition.TERMINALIZE, Reason.COMPLETION_UNRECORDED,
+         "every step succeeded, completion not recorded",
+         "all work is done but the worker died before recording completion", _all_succeeded),
+    Rule(8, Disposition.TERMINALIZE, Reason.STEP_FAILED,
+         "first unfinished step failed, not retryable",
+         "the worker recorded a permanent step failure, then died", _failed_for_good),
+    Rule(9, Disposition.TERMINALIZE, Reason.WORKER_DIED_MID_STEP,
+         "first unfinished step started, effectful",
+         "its side effect may or may not have happened; running it again could repeat it",
+         _died_in_effect),
+    Rule(10, Disposition.TERMINALIZE, Reason.RESUME_EXHAUSTED, "attempts used >= max attempts",
+         "the shared attempt budget (retries and resumes) is spent", _exhausted),
+    Rule(11, Disposition.RESUME, Reason.RESUMED_IDEMPOTENT_STEP,
+         "first unfinished step started, pure/idempotent",
+         "the interrupted step is safe to run again; resume at it",
+         _first_state_is(StepState.STARTED)),
+    Rule(12, Disposition.RESUME, Reason.RESUMED_FROM_UNSTARTED_STEP,
+         "otherwise (first unfinished step never started)",
+         "nothing of the next step was applied (or it failed retryably); resume at it",
+         _always),
+)
+
+
+def decide(ev: Evidence, thresholds: Thresholds) -> Decision:
+    """Apply the ordered table to one job's evidence; the first matching rule decides."""
+    for rule in RULES:
+        if rule.matches(ev, thresholds):
+            resuming = rule.disposition is Disposition.RESUME
+            resume_at = ev.first_unfinished_index if resuming else None
+            return Decision(ev.job_id, rule.disposition, rule.reason, resume_at, rule.number)
+    raise AssertionError("the last rule matches everything")  # pragma: no cover
+
+
+def render_table() -> str:
+    """The table as aligned text, for ``reconciler explain``."""
+    lines = [f"{'#':>2}  {'disposition':<11}  {'reason':<28}  evidence / why"]
+    for rule in RULES:
+        lines.append(
+            f"{rule.number:>2}  {rule.disposition.value:<11}  {rule.reason.value:<28}  "
+            f"{rule.evidence}"
+        )
+        lines.append(f"{'':>2}  {'':<11}  {'':<28}  -> {rule.description}")
+    lines.append("")
+    lines.append("Outcomes of the pass itself (not rules):")
+    lines.append(f"    skip         {Reason.FENCE_LOST.value:<28}  the job changed between "
+                 "reading and applying (compare-and-swap matched no row); nothing changed")
+    lines.append(f"    skip         {Reason.RECONCILE_ERROR.value:<28}  the job's evidence could "
+                 "not be read; recorded, the pass goes on")
+    return "\n".join(lines)
+
+
+def render_markdown() -> str:
+    """The table as Markdown, for docs/decision-table.md (generated, checked by a test)."""
+    rows = [
+        "| # | evidence | disposition | reason | why |",
+        "|---|---|---|---|---|",
+    ]
+    rows += [
+        f"| {r.number} | {r.evidence} | {r.disposition.value} | `{r.reason.value}` | "
+        f"{r.description} |"
+        for r in RULES
+    ]
+    return "\n".join(rows)

@@ -1,0 +1,154 @@
+"""Frozen evidence about one stale-claim candidate, and step plan parsing.
+
+Evidence holds only what the decision table reads: states, effect kinds, ages in seconds
+measured by the database's clock, and attempt counts. No payload, owner or message.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from reconciler.vocabulary import EffectKind, StepState
+
+
+class EvidenceError(ValueError):
+    """The stored facts about a job contradict each other; the job cannot be evaluated."""
+
+
+@dataclass(frozen=True, slots=True)
+class PlanStep:
+    """One step of a plan: its name and what running it may do to the world."""
+
+    step_name: str
+    effect_kind: EffectKind
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.step_name, str) or not self.step_name:
+            raise ValueError("a step needs a non-empty name")
+        try:
+            object.__setattr__(self, "effect_kind", EffectKind(self.effect_kind))
+        except ValueError:
+            raise ValueError(
+                f"step {self.step_name!r}: effect_kind must be one of "
+                f"{', '.join(k.value for k in EffectKind)}"
+            ) from None
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """The latest recorded state of one step."""
+
+    step_index: int
+    step_state: StepState
+    failure_retryable: bool | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """What the reconciler knows about one processing job, as of one database instant."""
+
+    job_id: int
+    claim_generation: int
+    attempt_count: int
+    max_attempts: int
+    operator_hold: bool
+    lease_live: bool
+    lease_expired_seconds: float | None
+    activity_age_seconds: float | None
+    plan: tuple[PlanStep, ...] | None
+    steps: Mapping[int, StepRecord] = field(default_factory=dict)
+    session_gone: bool = False
+
+    @property
+    def first_unfinished_index(self) -> int | None:
+        """Index of the first step that has not succeeded; None when all have."""
+        if self.plan is None:
+            return None
+        for index in range(len(self.plan)):
+            record = self.steps.get(index)
+            if record is None or record.step_state is not StepState.SUCCEEDED:
+                return index
+        return None
+
+    @property
+    def first_unfinished(self) -> StepRecord | None:
+        """The record of the first unfinished step (None when it never started)."""
+        index = self.first_unfinished_index
+        return None if index is None else self.steps.get(index)
+
+    @property
+    def first_unfinished_effect(self) -> EffectKind | None:
+        """Effect kind of the first unfinished step, from the plan."""
+        index = self.first_unfinished_index
+        return None if index is None or self.plan is None else self.plan[index].effect_kind
+
+    def public_facts(self) -> dict[str, Any]:
+        """Privacy-safe facts recorded beside a decision: states, ages, attempts."""
+        plan_length = len(self.plan) if self.plan is not None else None
+        states = None
+        if self.plan is not None:
+            states = [
+                self.steps[i].step_state.value if i in self.steps else "not_started"
+                for i in range(len(self.plan))
+            ]
+        return {
+            "attempts_used": self.attempt_count,
+            "max_attempts": self.max_attempts,
+            "operator_hold": self.operator_hold,
+            "lease_live": self.lease_live,
+            "session_gone": self.session_gone,
+            "lease_expired_seconds": _round(self.lease_expired_seconds),
+            "activity_age_seconds": _round(self.activity_age_seconds),
+            "plan_readable": self.plan is not None,
+            "plan_length": plan_length,
+            "step_states": states,
+            "effect_kinds": None if self.plan is None else [s.effect_kind.value for s in self.plan],
+            "first_unfinished_step": self.first_unfinished_index,
+        }
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+def parse_plan(raw: str | bytes | Sequence[Any] | None) -> tuple[PlanStep, ...] | None:
+    """Parse a stored step plan; None when it is missing or unreadable (rule 5)."""
+    if raw is None:
+        return None
+    try:
+        data = json.loads(raw) if isinstance(raw, str | bytes) else raw
+    except ValueError:
+        return None
+    if not isinstance(data, list) or not data:
+        return None
+    steps: list[PlanStep] = []
+    for item in data:
+        if not isinstance(item, dict):
+            return None
+        name, kind = item.get("step_name"), item.get("effect_kind")
+        if not isinstance(name, str) or not name or not isinstance(kind, str):
+            return None
+        try:
+            steps.append(PlanStep(name, EffectKind(kind)))
+        except ValueError:
+            return None
+    return tuple(steps)
+
+
+def build_steps(
+    plan: tuple[PlanStep, ...] | None, rows: Sequence[tuple[int, str, bool | None]]
+) -> dict[int, StepRecord]:
+    """Step records keyed by index; raises EvidenceError when they contradict the plan."""
+    records: dict[int, StepRecord] = {}
+    for step_index, state, retryable in rows:
+        try:
+            step_state = StepState(state)
+        except ValueError as exc:
+            raise EvidenceError("step record has an unknown state") from exc
+        if plan is not None and not 0 <= step_index < len(plan):
+            raise EvidenceError("step record lies outside the job's plan")
+        records[step_index] = StepRecord(step_index, step_state, retryable)
+    return records

@@ -1,0 +1,109 @@
+"""One bounded reconciliation pass: compose the store and the decision table. No SQL here."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass, field
+
+from reconciler.decisions import Decision, Thresholds, decide
+from reconciler.evidence import Evidence, EvidenceError, build_steps, parse_plan
+from reconciler.store import CandidateRow, Cursor, PlannedChange, RecordedDecision, Store
+from reconciler.vocabulary import Disposition, PassOutcome, Reason
+
+log = logging.getLogger("reconciler.pass")
+
+LEADER_LEASE_NAME = "reconciler"
+
+
+@dataclass(frozen=True, slots=True)
+class PassConfig:
+    """What one pass needs to know; built from Settings by the caller."""
+
+    batch_size: int
+    thresholds: Thresholds
+    instance: str = field(default_factory=lambda: f"reconciler-{uuid.uuid4().hex[:12]}")
+    leader_lease_seconds: float = 90.0
+    use_leader_lease: bool = True
+    release_leadership_after: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class PassReport:
+    """The result of one pass: counts, every decision, and where the next pass resumes."""
+
+    pass_id: int | None
+    outcome: PassOutcome
+    decisions: tuple[RecordedDecision, ...] = ()
+    next_cursor: Cursor | None = None
+    dry_run: bool = False
+
+    def count(self, disposition: Disposition) -> int:
+        """How many decisions of this disposition the pass made."""
+        return sum(1 for d in self.decisions if d.disposition is disposition)
+
+
+def evidence_from(row: CandidateRow) -> Evidence:
+    """Turn raw candidate facts into evidence; EvidenceError when they contradict."""
+    plan = parse_plan(row.plan_text)
+    return Evidence(
+        job_id=row.job_id, claim_generation=row.claim_generation,
+        attempt_count=row.attempt_count, max_attempts=row.max_attempts,
+        operator_hold=row.operator_hold, lease_live=row.lease_live,
+        lease_expired_seconds=row.lease_expired_seconds,
+        activity_age_seconds=row.activity_age_seconds,
+        plan=plan, steps=build_steps(plan, row.step_rows),
+    )
+
+
+def plan_change(row: CandidateRow, thresholds: Thresholds) -> PlannedChange:
+    """Decide one candidate; a job that cannot be evaluated becomes ``reconcile_error``."""
+    try:
+        evidence = evidence_from(row)
+        return PlannedChange(decide(evidence, thresholds), row.claim_generation,
+                             evidence.public_facts())
+    except (EvidenceError, ValueError, TypeError) as exc:
+        log.warning("event=reconcile_error job_id=%s error=%s", row.job_id, type(exc).__name__)
+        return PlannedChange(
+            Decision(row.job_id, Disposition.SKIP, Reason.RECONCILE_ERROR),
+            row.claim_generation, {"error": type(exc).__name__},
+        )
+
+
+def run_pass(
+    store: Store, config: PassConfig, *, dry_run: bool = False, after: Cursor | None = None
+) -> PassReport:
+    """Run one bounded pass: lead, select, decide, compare-and-swap, record; one transaction.
+
+    The pass row, every decision and every change commit together, so a crash mid-pass
+    leaves nothing half-applied and nothing applied without its record.
+    """
+    if dry_run:
+        with store.pass_transaction(dry_run=True) as tx:
+            rows = tx.candidates(config.batch_size, config.thresholds, after)
+            planned = [plan_change(r, config.thresholds) for r in rows]
+        previewed = tuple(
+            RecordedDecision(p.decision.job_id, p.decision.disposition, p.decision.reason,
+                             p.decision.resume_step_index, p.generation_before, None)
+            for p in planned
+        )
+        return PassReport(None, PassOutcome.OK, previewed, dry_run=True)
+
+    try:
+        with store.pass_transaction(dry_run=False) as tx:
+            if config.use_leader_lease and tx.take_leadership(
+                LEADER_LEASE_NAME, config.instance, config.leader_lease_seconds
+            ) is None:
+                pass_id = tx.record_not_leader(config.instance)
+                return PassReport(pass_id, PassOutcome.NOT_LEADER)
+            pass_id = tx.start_pass_record(config.instance)
+            rows = tx.candidates(config.batch_size, config.thresholds, after)
+            planned = [plan_change(r, config.thresholds) for r in rows]
+            recorded = tx.apply(pass_id, planned, config.thresholds)
+    finally:
+        if config.use_leader_lease and config.release_leadership_after:
+            store.release_leadership(LEADER_LEASE_NAME, config.instance)
+    cursor = None
+    if len(rows) >= config.batch_size and rows[-1].lease_expires_at is not None:
+        cursor = Cursor(rows[-1].lease_expires_at, rows[-1].job_id)
+    return PassReport(pass_id, PassOutcome.OK, tuple(recorded), cursor)

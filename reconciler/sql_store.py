@@ -1,0 +1,677 @@
+"""The SQLAlchemy Core adapter: all of the project's SQL lives in this module.
+
+One statement per operation, written once for both engines. Where PostgreSQL and SQLite
+differ, a comment says why: PostgreSQL takes row locks with ``FOR UPDATE SKIP LOCKED``;
+SQLite serialises writers with ``BEGIN IMMEDIATE`` (see reconciler.db), so the same
+statement without the locking clause is equally atomic there.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, cast
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection, Engine
+
+from models import (
+    JobAttempt,
+    JobRun,
+    ReconcilerLease,
+    ReconciliationDecision,
+    ReconciliationPass,
+    StepRun,
+)
+from reconciler.clock import db_now, now_plus, seconds_since
+from reconciler.db import is_postgresql, read_only
+from reconciler.decisions import Thresholds
+from reconciler.errors import LeaseLost
+from reconciler.evidence import PlanStep, parse_plan
+from reconciler.store import (
+    STORE_CAPABILITY_VERSION,
+    CandidateRow,
+    ClaimedJob,
+    Cursor,
+    JobDetail,
+    PlannedChange,
+    RecordedDecision,
+)
+from reconciler.vocabulary import (
+    AttemptOutcome,
+    Disposition,
+    JobStatus,
+    PassOutcome,
+    Reason,
+    StepState,
+    WorkerStatusReason,
+)
+
+jobs: sa.Table = cast(sa.Table, JobRun.__table__)
+steps: sa.Table = cast(sa.Table, StepRun.__table__)
+attempts: sa.Table = cast(sa.Table, JobAttempt.__table__)
+passes: sa.Table = cast(sa.Table, ReconciliationPass.__table__)
+decisions: sa.Table = cast(sa.Table, ReconciliationDecision.__table__)
+leases: sa.Table = cast(sa.Table, ReconcilerLease.__table__)
+
+PROCESSING = JobStatus.PROCESSING.value
+
+
+class StepNotStartedError(ValueError):
+    """``finish_step`` for a step this claim never started."""
+
+
+def _insert(conn: Connection, table: sa.Table) -> Any:
+    """The dialect's INSERT, which knows ON CONFLICT on both engines."""
+    return (postgresql.insert if is_postgresql(conn) else sqlite.insert)(table)
+
+
+def _for_update(conn: Connection, query: sa.Select[Any], *, lock: bool) -> sa.Select[Any]:
+    # Row locks exist only on PostgreSQL; SQLite's BEGIN IMMEDIATE already excludes writers.
+    if lock and is_postgresql(conn):
+        return query.with_for_update(skip_locked=True)
+    return query
+
+
+class SqlPassTransaction:
+    """One pass's transaction on one connection (see ``store.PassTransaction``)."""
+
+    def __init__(self, conn: Connection, *, lock: bool) -> None:
+        self.conn = conn
+        self.lock = lock
+
+    def take_leadership(self, lease_name: str, holder_id: str, ttl_seconds: float) -> int | None:
+        """Acquire or renew the leader lease in this transaction (fenced by holder and expiry)."""
+        table = leases
+        stmt = _insert(self.conn, table).values(
+            lease_name=lease_name, holder_id=holder_id, fencing_token=1,
+            lease_expires_at=now_plus(ttl_seconds),
+        )
+        excluded = stmt.excluded
+        stmt = stmt.on_conflict_do_update(
+            index_elements=[table.c.lease_name],
+            set_={
+                "holder_id": excluded.holder_id,
+                # A new holder gets a new token; a renewal keeps its own.
+                "fencing_token": sa.case(
+                    (table.c.holder_id == excluded.holder_id, table.c.fencing_token),
+                    else_=table.c.fencing_token + 1,
+                ),
+                "lease_expires_at": excluded.lease_expires_at,
+            },
+            where=sa.or_(table.c.holder_id == excluded.holder_id,
+                         table.c.lease_expires_at <= db_now()),
+        ).returning(table.c.fencing_token)
+        token = self.conn.execute(stmt).scalar_one_or_none()
+        return None if token is None else int(token)
+
+    def start_pass_record(self, instance: str) -> int:
+        """Insert this pass's row; outcome and counts are filled in by ``apply``."""
+        return int(self.conn.execute(
+            passes.insert().values(reconciler_instance=instance, started_at=db_now())
+            .returning(passes.c.pass_id)
+        ).scalar_one())
+
+    def record_not_leader(self, instance: str) -> int:
+        """Insert a finished pass row with outcome ``not_leader``."""
+        return int(self.conn.execute(
+            passes.insert().values(
+                reconciler_instance=instance, started_at=db_now(), finished_at=db_now(),
+                pass_outcome=PassOutcome.NOT_LEADER.value,
+            ).returning(passes.c.pass_id)
+        ).scalar_one())
+
+    def candidates(
+        self, limit: int, thresholds: Thresholds, after: Cursor | None
+    ) -> list[CandidateRow]:
+        """Expired leases first (paged by key), then wedged live leases, within ``limit``."""
+        columns = (
+            jobs.c.job_id, jobs.c.claim_generation, jobs.c.attempt_count, jobs.c.max_attempts,
+            jobs.c.operator_hold,
+            (jobs.c.lease_expires_at > db_now()).label("lease_live"),
+            seconds_since(jobs.c.lease_expires_at).label("lease_expired_seconds"),
+            seconds_since(jobs.c.last_activity_at).label("activity_age_seconds"),
+            # Raw text, so a malformed plan becomes evidence instead of a failed read.
+            sa.cast(jobs.c.step_plan, sa.Text).label("plan_text"),
+            jobs.c.lease_expires_at,
+        )
+        expired = sa.select(*columns).where(
+            jobs.c.job_status == PROCESSING, jobs.c.lease_expires_at <= db_now()
+        )
+        if after is not None:
+            expired = expired.where(
+                sa.tuple_(jobs.c.lease_expires_at, jobs.c.job_id)
+                > sa.tuple_(sa.literal(after.lease_expires_at, jobs.c.lease_expires_at.type),
+                            sa.literal(after.job_id, sa.BigInteger()))
+            )
+        expired = expired.order_by(jobs.c.lease_expires_at, jobs.c.job_id).limit(limit)
+        rows = list(self.conn.execute(_for_update(self.conn, expired, lock=self.lock)))
+        if len(rows) < limit:
+            wedged = (
+                sa.select(*columns)
+                .where(
+                    jobs.c.job_status == PROCESSING,
+                    jobs.c.last_activity_at <= now_plus(-thresholds.wedged_after_seconds),
+                    jobs.c.lease_expires_at > db_now(),
+                )
+                .order_by(jobs.c.last_activity_at, jobs.c.job_id)
+                .limit(limit - len(rows))
+            )
+            rows += list(self.conn.execute(_for_update(self.conn, wedged, lock=self.lock)))
+        if not rows:
+            return []
+        step_rows: dict[int, list[tuple[int, str, bool | None]]] = {r.job_id: [] for r in rows}
+        found = self.conn.execute(
+            sa.select(steps.c.job_id, steps.c.step_index, steps.c.step_state,
+                      steps.c.failure_retryable)
+            .where(steps.c.job_id.in_(list(step_rows)))
+        )
+        for job_id, step_index, state, retryable in found:
+            step_rows[job_id].append((step_index, state, retryable))
+        return [
+            CandidateRow(
+                job_id=r.job_id, claim_generation=r.claim_generation,
+                attempt_count=r.attempt_count, max_attempts=r.max_attempts,
+                operator_hold=bool(r.operator_hold), lease_live=bool(r.lease_live),
+                lease_expired_seconds=_float(r.lease_expired_seconds),
+                activity_age_seconds=_float(r.activity_age_seconds),
+                plan_text=r.plan_text, step_rows=tuple(step_rows[r.job_id]),
+                lease_expires_at=r.lease_expires_at,
+            )
+            for r in rows
+        ]
+
+    def apply(
+        self, pass_id: int, changes: Sequence[PlannedChange], thresholds: Thresholds
+    ) -> list[RecordedDecision]:
+        """Compare-and-swap all non-skip changes at once, then record every decision."""
+        acting = [c for c in changes if c.decision.disposition is not Disposition.SKIP]
+        applied: set[int] = set()
+        if acting:
+            applied = self._swap(acting, thresholds)
+            self._close_attempts([c for c in acting if c.decision.job_id in applied])
+        recorded: list[RecordedDecision] = []
+        for change in changes:
+            d = change.decision
+            if d.disposition is Disposition.SKIP or d.job_id in applied:
+                recorded.append(RecordedDecision(
+                    d.job_id, d.disposition, d.reason, d.resume_step_index,
+                    change.generation_before,
+                    None if d.disposition is Disposition.SKIP else change.generation_before + 1,
+                ))
+            else:
+                recorded.append(RecordedDecision(
+                    d.job_id, Disposition.SKIP, Reason.FENCE_LOST, None,
+                    change.generation_before, None,
+                ))
+        if recorded:
+            evidence_by_job = {c.decision.job_id: c.evidence for c in changes}
+            self.conn.execute(
+                decisions.insert().values(pass_id=pass_id, decided_at=db_now()),
+                [
+                    {
+                        "job_id": r.job_id, "disposition": r.disposition.value,
+                        "decision_reason": r.reason.value,
+                        "generation_before": r.generation_before,
+                        "generation_after": r.generation_after,
+                        "resume_step_index": r.resume_step_index,
+                        "decision_evidence": evidence_by_job[r.job_id],
+                    }
+                    for r in recorded
+                ],
+            )
+        counts = _count(recorded)
+        self.conn.execute(
+            passes.update().where(passes.c.pass_id == pass_id).values(
+                candidates_seen=len(changes),
+                resumed_count=counts[Disposition.RESUME],
+                terminalized_count=counts[Disposition.TERMINALIZE],
+                skipped_count=counts[Disposition.SKIP],
+                finished_at=db_now(), pass_outcome=PassOutcome.OK.value,
+            )
+        )
+        return recorded
+
+    def _swap(self, acting: Sequence[PlannedChange], thresholds: Thresholds) -> set[int]:
+        """One UPDATE for the whole batch; each row repeats the evidence its rule relied on.
+
+        Generation and status catch a reclaim or a finish; the time predicates catch a
+        heartbeat (which renews the lease without bumping the generation) and progress.
+        """
+        values = sa.values(
+            sa.column("job_id", sa.BigInteger), sa.column("generation_before", sa.BigInteger),
+            sa.column("new_status", sa.String), sa.column("new_reason", sa.String),
+            sa.column("resume_at", sa.Integer), sa.column("is_resume", sa.Integer),
+            sa.column("is_wedged", sa.Integer),
+            name="planned",
+        ).data([
+            (
+                c.decision.job_id, c.generation_before,
+                JobStatus.QUEUED.value if c.decision.disposition is Disposition.RESUME
+                else JobStatus.FAILED.value,
+                c.decision.reason.value,
+                c.decision.resume_step_index if c.decision.resume_step_index is not None else 0,
+                int(c.decision.disposition is Disposition.RESUME),
+                int(c.decision.reason is Reason.WORKER_WEDGED),
+            )
+            for c in acting
+        ]).cte("planned")
+        resume = values.c.is_resume == 1
+        still_wedged = sa.and_(
+            values.c.is_wedged == 1,
+            jobs.c.last_activity_at <= now_plus(-thresholds.wedged_after_seconds),
+        )
+        still_expired = sa.and_(
+            values.c.is_wedged == 0,
+            jobs.c.lease_expires_at <= db_now(),
+            jobs.c.last_activity_at <= now_plus(-thresholds.stale_after_seconds),
+        )
+        stmt = (
+            jobs.update()
+            .where(
+                jobs.c.job_id == values.c.job_id,
+                jobs.c.claim_generation == values.c.generation_before,
+                jobs.c.job_status == PROCESSING,
+                sa.or_(still_wedged, still_expired),
+            )
+            .values(
+                job_status=values.c.new_status,
+                status_reason=values.c.new_reason,
+                resume_step_index=sa.case((resume, values.c.resume_at),
+                                          else_=jobs.c.resume_step_index),
+                claim_generation=jobs.c.claim_generation + 1,
+                lease_token=None, lease_owner=None, lease_expires_at=None,
+                available_at=sa.case((resume, db_now()), else_=jobs.c.available_at),
+                finished_at=sa.case((resume, sa.null()), else_=db_now()),
+                updated_at=db_now(),
+            )
+            .returning(jobs.c.job_id)
+        )
+        return {int(job_id) for job_id in self.conn.execute(stmt).scalars()}
+
+    def _close_attempts(self, swapped: Sequence[PlannedChange]) -> None:
+        """End the attempts whose claims the swap just took away."""
+        if not swapped:
+            return
+        values = sa.values(
+            sa.column("job_id", sa.BigInteger), sa.column("generation", sa.BigInteger),
+            sa.column("outcome", sa.String), name="ended",
+        ).data([
+            (
+                c.decision.job_id, c.generation_before,
+                AttemptOutcome.ABANDONED.value if c.decision.reason is Reason.WORKER_WEDGED
+                else AttemptOutcome.LOST.value,
+            )
+            for c in swapped
+        ]).cte("ended")
+        self.conn.execute(
+            attempts.update()
+            .where(
+                attempts.c.job_id == values.c.job_id,
+                attempts.c.claim_generation == values.c.generation,
+                attempts.c.ended_at.is_(None),
+            )
+            .values(ended_at=db_now(), attempt_outcome=values.c.outcome, ended_by="reconciler")
+        )
+
+
+def _float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def _count(recorded: Sequence[RecordedDecision]) -> dict[Disposition, int]:
+    counts = dict.fromkeys(Disposition, 0)
+    for r in recorded:
+        counts[r.disposition] += 1
+    return counts
+
+
+class SqlStore:
+    """The store on one SQLAlchemy engine (SQLite or PostgreSQL)."""
+
+    capability_version = STORE_CAPABILITY_VERSION
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    # -- the pass ---------------------------------------------------------------------------
+
+    @contextmanager
+    def pass_transaction(self, *, dry_run: bool) -> Iterator[SqlPassTransaction]:
+        """A transaction for one pass; a dry run reads without locks and rolls back."""
+        with self.engine.connect() as conn:
+            if dry_run:
+                with read_only(conn).begin() as tx:
+                    yield SqlPassTransaction(conn, lock=False)
+                    tx.rollback()
+            else:
+                with conn.begin():
+                    yield SqlPassTransaction(conn, lock=True)
+
+    def record_failed_pass(self, instance: str, error_code: str) -> int:
+        """Record a pass that failed before it could record itself."""
+        with self.engine.begin() as conn:
+            return int(conn.execute(
+                passes.insert().values(
+                    reconciler_instance=instance, started_at=db_now(), finished_at=db_now(),
+                    pass_outcome=PassOutcome.ERROR.value, error_code=error_code,
+                ).returning(passes.c.pass_id)
+            ).scalar_one())
+
+    def release_leadership(self, lease_name: str, holder_id: str) -> None:
+        """Expire the leader lease now if this holder has it, so a successor need not wait."""
+        with self.engine.begin() as conn:
+            conn.execute(
+                leases.update()
+                .where(leases.c.lease_name == lease_name, leases.c.holder_id == holder_id)
+                .values(lease_expires_at=db_now())
+            )
+
+    # -- the worker protocol ----------------------------------------------------------------
+
+    def enqueue(
+        self,
+        job_kind: str,
+        plan: Sequence[PlanStep],
+        *,
+        max_attempts: int,
+        idempotency_key: str | None,
+        singleton_key: str | None,
+        payload: Any,
+        connection: Connection | None = None,
+    ) -> int:
+        """Insert a queued job, or return the job already holding ``idempotency_key``."""
+        row = {
+            "job_kind": job_kind, "job_status": JobStatus.QUEUED.value,
+            "step_plan": [{"step_name": s.step_name, "effect_kind": s.effect_kind.value}
+                          for s in plan],
+            "max_attempts": max_attempts, "idempotency_key": idempotency_key,
+            "singleton_key": singleton_key, "job_payload": payload,
+            "available_at": db_now(), "created_at": db_now(), "updated_at": db_now(),
+        }
+        if connection is not None:
+            return self._enqueue_on(connection, row, idempotency_key)
+        with self.engine.begin() as conn:
+            return self._enqueue_on(conn, row, idempotency_key)
+
+    def _enqueue_on(self, conn: Connection, row: dict[str, Any], key: str | None) -> int:
+        stmt = _insert(conn, jobs).values(**row)
+        if key is not None:
+            stmt = stmt.on_conflict_do_nothing(index_elements=[jobs.c.idempotency_key])
+        job_id = conn.execute(stmt.returning(jobs.c.job_id)).scalar_one_or_none()
+        if job_id is None:
+            job_id = conn.execute(
+                sa.select(jobs.c.job_id).where(jobs.c.idempotency_key == key)
+            ).scalar_one()
+        return int(job_id)
+
+    def claim(self, worker: str, lease_seconds: float, kinds: Sequence[str] | None = None
+              ) -> ClaimedJob | None:
+        """Atomically take the oldest available queued job and start a new attempt on it."""
+        token = uuid.uuid4().hex
+        with self.engine.begin() as conn:
+            other = jobs.alias("other")
+            pick = (
+                sa.select(jobs.c.job_id)
+                .where(
+                    jobs.c.job_status == JobStatus.QUEUED.value,
+                    jobs.c.available_at <= db_now(),
+                    jobs.c.operator_hold.is_(False),
+                    # A singleton job waits while another job of its key is processing.
+                    sa.or_(jobs.c.singleton_key.is_(None), ~sa.exists().where(
+                        other.c.singleton_key == jobs.c.singleton_key,
+                        other.c.job_status == PROCESSING,
+                    )),
+                )
+                .order_by(jobs.c.available_at, jobs.c.job_id)
+                .limit(1)
+            )
+            if kinds:
+                pick = pick.where(jobs.c.job_kind.in_(list(kinds)))
+            pick = _for_update(conn, pick, lock=True)
+            row = conn.execute(
+                jobs.update()
+                .where(jobs.c.job_id == pick.scalar_subquery(),
+                       jobs.c.job_status == JobStatus.QUEUED.value)
+                .values(
+                    job_status=PROCESSING, status_reason=None,
+                    claim_generation=jobs.c.claim_generation + 1,
+                    attempt_count=jobs.c.attempt_count + 1,
+                    lease_token=token, lease_owner=worker,
+                    lease_expires_at=now_plus(lease_seconds),
+                    claimed_at=db_now(), last_activity_at=db_now(), updated_at=db_now(),
+                )
+                .returning(
+                    jobs.c.job_id, jobs.c.job_kind, jobs.c.claim_generation,
+                    jobs.c.attempt_count, jobs.c.max_attempts, jobs.c.resume_step_index,
+                    sa.cast(jobs.c.step_plan, sa.Text).label("plan_text"), jobs.c.job_payload,
+                )
+            ).one_or_none()
+            if row is None:
+                return None
+            conn.execute(attempts.insert().values(
+                job_id=row.job_id, claim_generation=row.claim_generation,
+                attempt_number=row.attempt_count, lease_owner=worker, claimed_at=db_now(),
+            ))
+        return ClaimedJob(
+            job_id=int(row.job_id), job_kind=row.job_kind,
+            claim_generation=int(row.claim_generation), attempt_count=int(row.attempt_count),
+            max_attempts=int(row.max_attempts), lease_token=token,
+            resume_step_index=int(row.resume_step_index), plan=_plan_specs(row.plan_text),
+            payload=row.job_payload,
+        )
+
+    def _fence(self, conn: Connection, job_id: int, token: str, **changes: Any) -> sa.Row[Any]:
+        """The fenced write every post-claim operation starts with; LeaseLost on no row."""
+        row = conn.execute(
+            jobs.update()
+            .where(jobs.c.job_id == job_id, jobs.c.lease_token == token,
+                   jobs.c.job_status == PROCESSING)
+            .values(**changes)
+            .returning(jobs.c.claim_generation, jobs.c.attempt_count, jobs.c.max_attempts,
+                       sa.cast(jobs.c.step_plan, sa.Text).label("plan_text"))
+        ).one_or_none()
+        if row is None:
+            raise LeaseLost(job_id)
+        return row
+
+    def heartbeat(self, job_id: int, token: str, lease_seconds: float) -> None:
+        """Renew this claim's lease only; activity does not move (a beat is not progress)."""
+        with self.engine.begin() as conn:
+            self._fence(conn, job_id, token, lease_expires_at=now_plus(lease_seconds))
+
+    def report_progress(self, job_id: int, token: str) -> None:
+        """Record that the handler moved: ``last_activity_at`` becomes now."""
+        with self.engine.begin() as conn:
+            self._fence(conn, job_id, token, last_activity_at=db_now(), updated_at=db_now())
+
+    def record_step(
+        self, job_id: int, token: str, step_index: int, spec: PlanStep, state: StepState,
+        *, error_code: str | None = None, retryable: bool | None = None,
+    ) -> None:
+        """Fenced step record: the job's activity and the step's row move together."""
+        with self.engine.begin() as conn:
+            fenced = self._fence(conn, job_id, token,
+                                 last_activity_at=db_now(), updated_at=db_now())
+            generation = fenced.claim_generation
+            finished = state in (StepState.SUCCEEDED, StepState.FAILED)
+            if state is StepState.SUCCEEDED:
+                done = conn.execute(
+                    steps.update()
+                    .where(steps.c.job_id == job_id, steps.c.step_index == step_index,
+                           steps.c.claim_generation == generation,
+                           steps.c.step_state.in_([StepState.STARTED.value,
+                                                   StepState.WAITING.value]))
+                    .values(step_state=state.value, finished_at=db_now(),
+                            error_code=None, failure_retryable=None)
+                )
+                if done.rowcount != 1:
+                    conn.rollback()
+                    raise StepNotStartedError(
+                        f"step {step_index} was not started by this claim")
+                return
+            stmt = _insert(conn, steps).values(
+                job_id=job_id, step_index=step_index, step_name=spec.step_name,
+                effect_kind=spec.effect_kind.value, step_state=state.value,
+                claim_generation=generation, started_at=db_now(),
+                finished_at=db_now() if finished else None,
+                error_code=error_code, failure_retryable=retryable,
+            )
+            keep_start = state is not StepState.STARTED
+            conn.execute(stmt.on_conflict_do_update(
+                index_elements=[steps.c.job_id, steps.c.step_index],
+                set_={
+                    "step_name": stmt.excluded.step_name,
+                    "effect_kind": stmt.excluded.effect_kind,
+                    "step_state": stmt.excluded.step_state,
+                    "claim_generation": stmt.excluded.claim_generation,
+                    # A failure or a wait keeps the start time of the same attempt's start.
+                    "started_at": sa.case(
+                        (sa.and_(sa.literal(keep_start),
+                                 steps.c.claim_generation == stmt.excluded.claim_generation),
+                         steps.c.started_at),
+                        else_=stmt.excluded.started_at,
+                    ),
+                    "finished_at": stmt.excluded.finished_at,
+                    "error_code": stmt.excluded.error_code,
+                    "failure_retryable": stmt.excluded.failure_retryable,
+                },
+            ))
+
+    def complete(self, job_id: int, token: str) -> None:
+        """Fenced completion: the job and its attempt end together."""
+        with self.engine.begin() as conn:
+            row = self._fence(
+                conn, job_id, token, job_status=JobStatus.COMPLETED.value, status_reason=None,
+                lease_token=None, lease_expires_at=None, finished_at=db_now(),
+                last_activity_at=db_now(), updated_at=db_now(),
+            )
+            self._end_attempt(conn, job_id, row.claim_generation, AttemptOutcome.COMPLETED)
+
+    def fail(
+        self, job_id: int, token: str, error_code: str, *, retryable: bool,
+        backoff_seconds: float, backoff_max_seconds: float,
+    ) -> bool:
+        """Fenced failure; requeues with backoff while attempts remain. True when requeued."""
+        with self.engine.begin() as conn:
+            row = self._fence(conn, job_id, token, last_error_code=error_code,
+                              updated_at=db_now())
+            requeue = retryable and row.attempt_count < row.max_attempts
+            if requeue:
+                delay = min(backoff_seconds * 2 ** max(row.attempt_count - 1, 0),
+                            backoff_max_seconds)
+                self._requeue(conn, job_id, row, available_at=now_plus(delay))
+                outcome = AttemptOutcome.RETRYING
+            else:
+                reason = (WorkerStatusReason.RETRIES_EXHAUSTED if retryable
+                          else WorkerStatusReason.JOB_FAILED)
+                conn.execute(jobs.update().where(jobs.c.job_id == job_id).values(
+                    job_status=JobStatus.FAILED.value, status_reason=reason.value,
+                    lease_token=None, lease_expires_at=None, finished_at=db_now(),
+                ))
+                outcome = AttemptOutcome.FAILED
+            self._end_attempt(conn, job_id, row.claim_generation, outcome)
+            return requeue
+
+    def release(self, job_id: int, token: str) -> None:
+        """Fenced graceful release: requeue now, give the attempt back, keep the resume point."""
+        with self.engine.begin() as conn:
+            row = self._fence(conn, job_id, token, updated_at=db_now(),
+                              attempt_count=jobs.c.attempt_count - 1)
+            self._requeue(conn, job_id, row, available_at=db_now())
+            self._end_attempt(conn, job_id, row.claim_generation, AttemptOutcome.RELEASED)
+
+    def _requeue(self, conn: Connection, job_id: int, fenced: sa.Row[Any],
+                 available_at: Any) -> None:
+        # Resume at the first step this job has not finished successfully.
+        done = set(conn.execute(
+            sa.select(steps.c.step_index).where(
+                steps.c.job_id == job_id, steps.c.step_state == StepState.SUCCEEDED.value)
+        ).scalars())
+        plan_length = len(_plan_specs(fenced.plan_text))
+        resume_at = next((i for i in range(plan_length) if i not in done), plan_length)
+        conn.execute(jobs.update().where(jobs.c.job_id == job_id).values(
+            job_status=JobStatus.QUEUED.value, status_reason=None,
+            lease_token=None, lease_owner=None, lease_expires_at=None,
+            available_at=available_at, resume_step_index=resume_at,
+        ))
+
+    def _end_attempt(self, conn: Connection, job_id: int, generation: int,
+                     outcome: AttemptOutcome) -> None:
+        conn.execute(
+            attempts.update()
+            .where(attempts.c.job_id == job_id, attempts.c.claim_generation == generation,
+                   attempts.c.ended_at.is_(None))
+            .values(ended_at=db_now(), attempt_outcome=outcome.value, ended_by="worker")
+        )
+
+    # -- public views (the views module decides what is shown) -----------------------------
+
+    def list_jobs(self, status: str | None, limit: int) -> list[JobDetail]:
+        """Newest first, optionally of one status."""
+        query = sa.select(*_DETAIL_COLUMNS).order_by(jobs.c.job_id.desc()).limit(limit)
+        if status is not None:
+            query = query.where(jobs.c.job_status == status)
+        with self.engine.connect() as conn:
+            rows = list(read_only(conn).execute(query))
+            states = self._step_states(conn, [r.job_id for r in rows])
+        return [_detail(r, states.get(r.job_id, {})) for r in rows]
+
+    def get_job(self, job_id: int) -> JobDetail | None:
+        """One job with its step states, or None."""
+        with self.engine.connect() as conn:
+            row = read_only(conn).execute(
+                sa.select(*_DETAIL_COLUMNS).where(jobs.c.job_id == job_id)
+            ).one_or_none()
+            if row is None:
+                return None
+            states = self._step_states(conn, [job_id])
+        return _detail(row, states.get(job_id, {}))
+
+    def _step_states(self, conn: Connection, job_ids: list[int]) -> dict[int, dict[int, str]]:
+        out: dict[int, dict[int, str]] = {}
+        if job_ids:
+            for job_id, index, state in conn.execute(
+                sa.select(steps.c.job_id, steps.c.step_index, steps.c.step_state)
+                .where(steps.c.job_id.in_(job_ids))
+            ):
+                out.setdefault(job_id, {})[index] = state
+        return out
+
+    def list_decisions(
+        self, reason: str | None, since_seconds: float | None, limit: int
+    ) -> list[dict[str, Any]]:
+        """Decision records as stored, newest first."""
+        query = sa.select(decisions).order_by(decisions.c.decision_id.desc()).limit(limit)
+        if reason is not None:
+            query = query.where(decisions.c.decision_reason == reason)
+        if since_seconds is not None:
+            query = query.where(decisions.c.decided_at >= now_plus(-since_seconds))
+        with self.engine.connect() as conn:
+            return [dict(r._mapping) for r in read_only(conn).execute(query)]
+
+
+_DETAIL_COLUMNS = (
+    jobs.c.job_id, jobs.c.job_kind, jobs.c.job_status, jobs.c.status_reason,
+    jobs.c.attempt_count, jobs.c.max_attempts, jobs.c.resume_step_index,
+    sa.cast(jobs.c.step_plan, sa.Text).label("plan_text"), jobs.c.operator_hold,
+    jobs.c.last_error_code, jobs.c.created_at, jobs.c.updated_at, jobs.c.finished_at,
+)
+
+
+def _detail(row: sa.Row[Any], states: dict[int, str]) -> JobDetail:
+    return JobDetail(
+        job_id=int(row.job_id), job_kind=row.job_kind, job_status=row.job_status,
+        status_reason=row.status_reason, attempt_count=row.attempt_count,
+        max_attempts=row.max_attempts, resume_step_index=row.resume_step_index,
+        plan_text=row.plan_text, operator_hold=bool(row.operator_hold),
+        last_error_code=row.last_error_code, created_at=row.created_at,
+        updated_at=row.updated_at, finished_at=row.finished_at, step_states=states,
+    )
+
+
+def _plan_specs(plan_text: str | None) -> tuple[PlanStep, ...]:
+    """The plan as the client sees it; an unreadable plan gives no steps."""
+    return parse_plan(plan_text) or ()

@@ -1,0 +1,74 @@
+"""Public, redacted projections. Privacy lives here: nothing else renders jobs or decisions.
+
+Never shown: worker identities (``lease_owner``), lease tokens, payloads, paths, messages.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from reconciler.evidence import parse_plan
+from reconciler.passes import PassReport
+from reconciler.store import JobDetail
+from reconciler.vocabulary import Disposition
+
+NOT_STARTED = "not_started"
+
+
+def _iso(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat()
+
+
+def job_view(job: JobDetail) -> dict[str, Any]:
+    """The ``jobs show --json`` shape."""
+    plan = parse_plan(job.plan_text)
+    if plan is None:
+        step_list = [
+            {"index": i, "name": None, "state": s} for i, s in sorted(job.step_states.items())
+        ]
+    else:
+        step_list = [
+            {"index": i, "name": step.step_name, "effect_kind": step.effect_kind.value,
+             "state": job.step_states.get(i, NOT_STARTED)}
+            for i, step in enumerate(plan)
+        ]
+    return {
+        "job_id": job.job_id,
+        "job_kind": job.job_kind,
+        "status": job.job_status,
+        "reason": job.status_reason,
+        "attempts_used": job.attempt_count,
+        "max_attempts": job.max_attempts,
+        "resume_step_index": job.resume_step_index,
+        "operator_hold": job.operator_hold,
+        "last_error_code": job.last_error_code,
+        "steps": step_list,
+        "created_at": _iso(job.created_at),
+        "updated_at": _iso(job.updated_at),
+        "finished_at": _iso(job.finished_at),
+    }
+
+
+def decision_view(record: dict[str, Any]) -> dict[str, Any]:
+    """A stored decision record; evidence holds only privacy-safe facts by construction."""
+    return {key: _iso(value) if isinstance(value, datetime) else value
+            for key, value in record.items()}
+
+
+def pass_view(report: PassReport) -> dict[str, Any]:
+    """The ``pass --json`` shape."""
+    return {
+        "pass_id": report.pass_id,
+        "outcome": report.outcome.value,
+        "dry_run": report.dry_run,
+        "candidates": len(report.decisions),
+        "resumed": report.count(Disposition.RESUME),
+        "terminalized": report.count(Disposition.TERMINALIZE),
+        "skipped": report.count(Disposition.SKIP),
+        "decisions": [
+            {"job_id": d.job_id, "disposition": d.disposition.value, "reason": d.reason.value,
+             "resume_step_index": d.resume_step_index}
+            for d in report.decisions
+        ],
+    }

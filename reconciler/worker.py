@@ -1,0 +1,220 @@
+"""The worker protocol: ``JobClient``, ``Claim``, ``Step`` and ``LeaseLost`` (DESIGN.md §3).
+
+Every write after a claim is fenced on (job, lease token, processing) in the database; a
+write that matches no row raises ``LeaseLost`` and changes nothing. All lease arithmetic
+uses the database's clock.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Any
+
+from sqlalchemy.engine import Connection, Engine
+
+from reconciler.db import create_engine
+from reconciler.errors import LeaseLost
+from reconciler.evidence import PlanStep
+from reconciler.schema import require_current
+from reconciler.settings import Settings, load_settings
+from reconciler.sql_store import SqlStore
+from reconciler.store import ClaimedJob
+from reconciler.vocabulary import StepState, short_code
+
+Step = PlanStep
+"""One step of a job's plan: ``Step("fetch", "idempotent")``."""
+
+__all__ = ["Claim", "JobClient", "LeaseLost", "Step"]
+
+
+class Claim:
+    """One attempt at one job, held under a lease. Every method is a fenced write."""
+
+    __slots__ = (
+        "_closed",
+        "_job",
+        "_lease_seconds",
+        "_settings",
+        "_store",
+        "_token",
+        "lease_lost",
+    )
+
+    def __init__(self, store: SqlStore, job: ClaimedJob, lease_seconds: float,
+                 settings: Settings) -> None:
+        self._store = store
+        self._job = job
+        self._token = job.lease_token
+        self._lease_seconds = lease_seconds
+        self._settings = settings
+        self._closed = False
+        self.lease_lost = threading.Event()
+        """Set once any write of this claim was refused: stop working on the job."""
+
+    def __repr__(self) -> str:
+        return f"Claim(job_id={self.job_id}, generation={self.generation})"
+
+    @property
+    def job_id(self) -> int:
+        """The public job id."""
+        return self._job.job_id
+
+    @property
+    def job_kind(self) -> str:
+        """The job's kind, as enqueued."""
+        return self._job.job_kind
+
+    @property
+    def generation(self) -> int:
+        """This claim's fencing generation."""
+        return self._job.claim_generation
+
+    @property
+    def attempt(self) -> int:
+        """Attempts used, this one included."""
+        return self._job.attempt_count
+
+    @property
+    def max_attempts(self) -> int:
+        """The job's attempt budget, shared by retries and resumes."""
+        return self._job.max_attempts
+
+    @property
+    def next_step_index(self) -> int:
+        """Where this attempt starts: the first step that never finished."""
+        return self._job.resume_step_index
+
+    @property
+    def steps(self) -> tuple[Step, ...]:
+        """The job's step plan."""
+        return self._job.plan
+
+    @property
+    def payload(self) -> Any:
+        """The job's opaque payload."""
+        return self._job.payload
+
+    def _guard(self, action: Any, *args: Any, **kwargs: Any) -> Any:
+        if self._closed:
+            self.lease_lost.set()
+            raise LeaseLost(self.job_id)
+        try:
+            return action(self.job_id, self._token, *args, **kwargs)
+        except LeaseLost:
+            self.lease_lost.set()
+            raise
+
+    def _step(self, index: int) -> Step:
+        if not isinstance(index, int) or not 0 <= index < len(self.steps):
+            raise IndexError(f"job {self.job_id} has no step {index}")
+        return self.steps[index]
+
+    def heartbeat(self) -> None:
+        """Renew this claim's lease (and only this claim's). Not progress."""
+        self._guard(self._store.heartbeat, self._lease_seconds)
+
+    def report_progress(self) -> None:
+        """Tell the reconciler the handler is moving (``last_activity_at``)."""
+        self._guard(self._store.report_progress)
+
+    def start_step(self, index: int) -> None:
+        """Record that step ``index`` started: from now its effects may have happened."""
+        self._guard(self._store.record_step, index, self._step(index), StepState.STARTED)
+
+    def finish_step(self, index: int) -> None:
+        """Record that step ``index`` succeeded."""
+        self._guard(self._store.record_step, index, self._step(index), StepState.SUCCEEDED)
+
+    def fail_step(self, index: int, error_code: str, retryable: bool = False) -> None:
+        """Record that step ``index`` failed, with a short error code (never a message)."""
+        self._guard(self._store.record_step, index, self._step(index), StepState.FAILED,
+                    error_code=short_code(error_code), retryable=retryable)
+
+    def wait_step(self, index: int) -> None:
+        """Record that step ``index`` waits on an external gate (the reconciler skips it)."""
+        self._guard(self._store.record_step, index, self._step(index), StepState.WAITING)
+
+    def complete(self) -> None:
+        """Finish the job. Fenced: a stale claim can never complete a reclaimed job."""
+        self._guard(self._store.complete)
+        self._closed = True
+
+    def fail(self, error_code: str, retryable: bool = True) -> bool:
+        """Fail this attempt; requeued with backoff while attempts remain. True if requeued."""
+        requeued = bool(self._guard(
+            self._store.fail, short_code(error_code), retryable=retryable,
+            backoff_seconds=self._settings.retry_backoff_seconds,
+            backoff_max_seconds=self._settings.retry_backoff_max_seconds,
+        ))
+        self._closed = True
+        return requeued
+
+    def release(self) -> None:
+        """Give the job back (graceful stop): requeued now, attempt returned, resume kept."""
+        self._guard(self._store.release)
+        self._closed = True
+
+
+class JobClient:
+    """The worker's and producer's handle on the job database."""
+
+    def __init__(self, database: str | Engine, *, settings: Settings | None = None) -> None:
+        self.settings = settings or load_settings()
+        self._owns_engine = isinstance(database, str)
+        self.engine = create_engine(database) if isinstance(database, str) else database
+        require_current(self.engine)
+        self.store = SqlStore(self.engine)
+
+    def __enter__(self) -> JobClient:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Release the connection pool (only when this client created the engine)."""
+        if self._owns_engine:
+            self.engine.dispose()
+
+    def enqueue(
+        self,
+        job_kind: str,
+        steps: Sequence[Step],
+        *,
+        idempotency_key: str | None = None,
+        max_attempts: int | None = None,
+        payload: Any = None,
+        singleton_key: str | None = None,
+        connection: Connection | None = None,
+    ) -> int:
+        """Queue a job; with an ``idempotency_key`` already used, return that job's id.
+
+        With ``connection``, the job is written in the caller's transaction and exists only
+        if the caller commits.
+        """
+        if not isinstance(job_kind, str) or not job_kind:
+            raise ValueError("job_kind must be a non-empty string")
+        plan = tuple(s if isinstance(s, Step) else Step(*s) for s in steps)
+        if not plan:
+            raise ValueError("a job needs at least one step")
+        attempts = self.settings.default_max_attempts if max_attempts is None else max_attempts
+        if attempts < 1:
+            raise ValueError("max_attempts must be at least 1")
+        return self.store.enqueue(
+            job_kind, plan, max_attempts=attempts, idempotency_key=idempotency_key,
+            singleton_key=singleton_key, payload=payload, connection=connection,
+        )
+
+    def claim(self, worker: str, lease_seconds: float | None = None,
+              kinds: Sequence[str] | None = None) -> Claim | None:
+        """Atomically claim the next available job, or None when there is none."""
+        if not isinstance(worker, str) or not worker:
+            raise ValueError("worker must be a non-empty name")
+        seconds = self.settings.lease_seconds if lease_seconds is None else float(lease_seconds)
+        if seconds <= 0:
+            raise ValueError("lease_seconds must be positive")
+        job = self.store.claim(worker, seconds, kinds)
+        return None if job is None else Claim(self.store, job, seconds, self.settings)
