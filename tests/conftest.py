@@ -1,0 +1,168 @@
+"""Shared fixtures: every integration test runs on SQLite and on PostgreSQL.
+
+PostgreSQL comes from ``RECONCILER_TEST_PG_DSN`` (a libpq ``host=... port=... user=...``
+string) when set, else from a throwaway server this session starts itself
+(tests/pg_server.py). Without PostgreSQL binaries the PostgreSQL half is skipped with an
+install hint, except under ``CI=true``, where that is a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from sqlalchemy.engine import Engine
+
+from reconciler.db import create_engine
+from reconciler.schema import upgrade
+from reconciler.settings import Settings
+from reconciler.sql_store import SqlStore
+from reconciler.worker import JobClient
+from tests.pg_server import DSN_ENV, INSTALL_HINT, ThrowawayPostgres, find_pg_bin
+
+ENGINES = ("sqlite", "postgresql")
+REPO_ROOT = Path(__file__).resolve().parent.parent
+TEMPLATE_DB = "reconciler_template"
+
+
+class PostgresForTests:
+    """A PostgreSQL server for this session, with a migrated template for fast databases."""
+
+    def __init__(self, dsn: str, server: ThrowawayPostgres | None) -> None:
+        self.dsn = dsn
+        self.server = server
+        self.parts = dict(p.split("=", 1) for p in dsn.split())
+        self._template_ready = False
+
+    def url(self, name: str) -> str:
+        host = self.parts.get("host", "127.0.0.1")
+        port = self.parts.get("port", "5432")
+        user = self.parts.get("user", "postgres")
+        if host.startswith("/"):
+            return f"postgresql+psycopg://{user}@/{name}?host={host}&port={port}"
+        return f"postgresql+psycopg://{user}@{host}:{port}/{name}"
+
+    def admin(self, sql: str) -> None:
+        with psycopg.connect(self.dsn + " dbname=postgres", autocommit=True) as conn:
+            conn.execute(sql)  # type: ignore[arg-type]
+
+    def new_database(self, *, migrated: bool) -> str:
+        name = "t_" + uuid.uuid4().hex[:12]
+        if migrated:
+            if not self._template_ready:
+                self.admin(f"DROP DATABASE IF EXISTS {TEMPLATE_DB} WITH (FORCE)")
+                self.admin(f"CREATE DATABASE {TEMPLATE_DB}")
+                engine = create_engine(self.url(TEMPLATE_DB))
+                upgrade(engine)
+                engine.dispose()
+                self._template_ready = True
+            self.admin(f"CREATE DATABASE {name} TEMPLATE {TEMPLATE_DB}")
+        else:
+            self.admin(f"CREATE DATABASE {name}")
+        return name
+
+    def drop(self, name: str) -> None:
+        self.admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresForTests | None]:
+    """The session's PostgreSQL, or None (skip) when it cannot be had outside CI."""
+    dsn = os.environ.get(DSN_ENV)
+    if dsn:
+        yield PostgresForTests(dsn, None)
+        return
+    if find_pg_bin() is None:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"CI=true but PostgreSQL is unavailable: {INSTALL_HINT}", pytrace=False)
+        yield None
+        return
+    with ThrowawayPostgres() as server:
+        yield PostgresForTests(server.dsn, server)
+
+
+def _database_url(request: pytest.FixtureRequest, tmp_path: Path,
+                  postgres: PostgresForTests | None, *, migrated: bool) -> Iterator[str]:
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'jobs.db'}"
+        if migrated:
+            engine = create_engine(url)
+            upgrade(engine)
+            engine.dispose()
+        yield url
+        return
+    if postgres is None:
+        pytest.skip(f"PostgreSQL not available: {INSTALL_HINT}")
+    name = postgres.new_database(migrated=migrated)
+    yield postgres.url(name)
+    postgres.drop(name)
+
+
+@pytest.fixture(params=ENGINES)
+def empty_db_url(request: pytest.FixtureRequest, tmp_path: Path,
+                 postgres: PostgresForTests | None) -> Iterator[str]:
+    """A URL of an empty database (no schema) on each engine."""
+    yield from _database_url(request, tmp_path, postgres, migrated=False)
+
+
+@pytest.fixture(params=ENGINES)
+def db_url(request: pytest.FixtureRequest, tmp_path: Path,
+           postgres: PostgresForTests | None) -> Iterator[str]:
+    """A URL of a freshly migrated database on each engine."""
+    yield from _database_url(request, tmp_path, postgres, migrated=True)
+
+
+@pytest.fixture
+def engine(db_url: str) -> Iterator[Engine]:
+    """An engine on the migrated database."""
+    eng = create_engine(db_url)
+    yield eng
+    eng.dispose()
+
+
+@pytest.fixture
+def store(engine: Engine) -> SqlStore:
+    """The store on the migrated database."""
+    return SqlStore(engine)
+
+
+@pytest.fixture
+def settings(db_url: str) -> Settings:
+    """Settings pointing at the migrated database, with fast retries for tests."""
+    return Settings(database_url=db_url, retry_backoff_seconds=0.2,
+                    retry_backoff_max_seconds=1.0)
+
+
+@pytest.fixture
+def client(engine: Engine, settings: Settings) -> Iterator[JobClient]:
+    """A JobClient on the migrated database."""
+    with JobClient(engine, settings=settings) as c:
+        yield c
+
+
+def run_python(body: str, *args: str, timeout: float = 60,
+               env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run a Python snippet in a fresh interpreter (a real, separate process)."""
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(body), *args], capture_output=True, text=True,
+        timeout=timeout, cwd=REPO_ROOT, env={**os.environ, **(env or {})},
+    )
+
+
+def run_cli(db: str, *args: str, timeout: float = 60,
+            **settings: Any) -> subprocess.CompletedProcess[str]:
+    """Run the installed ``reconciler`` command against ``db`` with settings as env vars."""
+    env = {**os.environ, "RECONCILER_DATABASE_URL": db}
+    env.update({f"RECONCILER_{k.upper()}": str(v) for k, v in settings.items()})
+    return subprocess.run(
+        [sys.executable, "-m", "reconciler.cli", *args], capture_output=True, text=True,
+        timeout=timeout, cwd=REPO_ROOT, env=env,
+    )
