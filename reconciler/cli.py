@@ -16,7 +16,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 
 from reconciler import __version__
 from reconciler.db import create_engine
-from reconciler.decisions import Thresholds, render_table
+from reconciler.decisions import Thresholds, render_markdown, render_table
 from reconciler.errors import DatabaseUnavailableError, NotFoundError, ReconcilerError
 from reconciler.passes import PassConfig, run_pass
 from reconciler.schema import require_current, upgrade
@@ -103,7 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("--limit", type=_positive_int, default=100)
     audit.add_argument("--json", action="store_true")
 
-    commands.add_parser("explain", parents=[common], help="print the decision table")
+    explain = commands.add_parser("explain", parents=[common], help="print the decision table")
+    explain.add_argument("--markdown", action="store_true",
+                         help="as Markdown (docs/decision-table.md is made from this)")
     return parser
 
 
@@ -217,6 +219,9 @@ def cmd_decisions(args: argparse.Namespace) -> int:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
+    if args.markdown:
+        sys.stdout.write(render_markdown())
+        return 0
     print("The decision table: rules in order; the first rule that matches decides.\n")
     print(render_table())
     return 0
