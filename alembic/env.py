@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 
-from alembic import context
 from sqlalchemy.engine import Connection
 
+from alembic import context
 from models import metadata
 from reconciler.db import create_engine
 

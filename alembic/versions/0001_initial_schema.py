@@ -1,7 +1,7 @@
 """Initial schema: jobs, steps, attempts, passes, decisions, leader lease.
 
 Revision ID: 0001
-Revises: 
+Revises:
 Create Date: 2026-11-29 09:12:30.339654
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import sqlalchemy as sa
-from alembic import op
 
+from alembic import op
 
 revision: str = '0001'
 down_revision: str | None = None
