@@ -152,7 +152,8 @@ def run_python(body: str, *args: str, timeout: float = 60,
                env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run a Python snippet in a fresh interpreter (a real, separate process)."""
     return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(body), *args], capture_output=True, text=True,
+        [sys.executable, "-c", textwrap.dedent(body), *args], check=False, capture_output=True,
+        text=True,
         timeout=timeout, cwd=REPO_ROOT, env={**os.environ, **(env or {})},
     )
 
@@ -163,6 +164,7 @@ def run_cli(db: str, *args: str, timeout: float = 60,
     env = {**os.environ, "RECONCILER_DATABASE_URL": db}
     env.update({f"RECONCILER_{k.upper()}": str(v) for k, v in settings.items()})
     return subprocess.run(
-        [sys.executable, "-m", "reconciler.cli", *args], capture_output=True, text=True,
+        [sys.executable, "-m", "reconciler.cli", *args], check=False, capture_output=True,
+        text=True,
         timeout=timeout, cwd=REPO_ROOT, env=env,
     )

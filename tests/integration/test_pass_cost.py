@@ -33,7 +33,7 @@ def counted(engine: Engine) -> Iterator[list[str]]:
 
 def make_stale(client: JobClient, n: int) -> None:
     plan = [Step("fetch", "idempotent"), Step("render", "pure"), Step("publish", "effectful")]
-    for i in range(n):
+    for _ in range(n):
         client.enqueue("report", steps=plan)
     for i in range(n):
         claim = client.claim(worker="w", lease_seconds=0.05)
