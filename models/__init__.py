@@ -2,12 +2,15 @@
 
 from models.base import NAMING_CONVENTION, Base, UtcDateTime
 from models.tables import (
+    JobArtifact,
     JobAttempt,
     JobRun,
+    OperatorAction,
     ReconcilerLease,
     ReconciliationDecision,
     ReconciliationPass,
     StepRun,
+    WorkerSession,
 )
 
 metadata = Base.metadata
@@ -15,12 +18,15 @@ metadata = Base.metadata
 __all__ = [
     "NAMING_CONVENTION",
     "Base",
+    "JobArtifact",
     "JobAttempt",
     "JobRun",
+    "OperatorAction",
     "ReconcilerLease",
     "ReconciliationDecision",
     "ReconciliationPass",
     "StepRun",
     "UtcDateTime",
+    "WorkerSession",
     "metadata",
 ]

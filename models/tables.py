@@ -30,6 +30,10 @@ ATTEMPT_OUTCOMES = ("completed", "failed", "retrying", "released", "abandoned", 
 ENDED_BY = ("worker", "reconciler", "operator")
 PASS_OUTCOMES = ("ok", "error", "not_leader")
 DISPOSITIONS = ("resume", "terminalize", "skip")
+ARTIFACT_STATES = ("staged", "published", "discarded")
+OPERATOR_ACTIONS = ("hold", "unhold", "retry", "cancel")
+ACTION_OUTCOMES = ("applied", "refused")
+SESSION_END_REASONS = ("stopped", "replaced", "heartbeat_lost")
 
 PROCESSING = text("job_status = 'processing'")
 QUEUED = text("job_status = 'queued'")
@@ -66,6 +70,8 @@ class JobRun(Base):
     operator_hold: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
     last_error_code: Mapped[str | None] = mapped_column(String(64))
     job_payload: Mapped[Any | None] = mapped_column(JSON)
+    # Internal: the worker session holding the claim, so a gone session frees it early.
+    worker_session_id: Mapped[int | None] = mapped_column(BigInteger)
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
     finished_at: Mapped[datetime | None]
@@ -100,6 +106,10 @@ class JobRun(Base):
         ),
         # Operator listings filter by status and page newest first.
         Index("ix_job_runs_status_job", "job_status", "job_id"),
+        Index(
+            "ix_job_runs_processing_session", "worker_session_id",
+            postgresql_where=PROCESSING, sqlite_where=PROCESSING,
+        ),
     )
 
 
@@ -208,3 +218,78 @@ class ReconcilerLease(Base):
     holder_id: Mapped[str] = mapped_column(String(200))
     fencing_token: Mapped[int] = mapped_column(BigInteger)
     lease_expires_at: Mapped[datetime]
+
+
+LIVE_SESSION = text("stopped_at IS NULL")
+
+
+class WorkerSession(Base):
+    """One row per worker process; claims record it so a gone process frees them early."""
+
+    __tablename__ = "worker_sessions"
+
+    session_id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    worker_name: Mapped[str] = mapped_column(String(200))
+    host_name: Mapped[str] = mapped_column(String(200))
+    process_id: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[datetime]
+    heartbeat_at: Mapped[datetime]
+    stopped_at: Mapped[datetime | None]
+    stop_reason: Mapped[str | None] = mapped_column(String(16))
+
+    __table_args__ = (
+        CheckConstraint(one_of("stop_reason", SESSION_END_REASONS), name="stop_reason_known"),
+        # Only live sessions are ever scanned: a restart finds its predecessor, the
+        # session sweep finds the silent ones.
+        Index("ix_worker_sessions_live_identity", "worker_name", "host_name",
+              postgresql_where=LIVE_SESSION, sqlite_where=LIVE_SESSION),
+        Index("ix_worker_sessions_live_heartbeat", "heartbeat_at",
+              postgresql_where=LIVE_SESSION, sqlite_where=LIVE_SESSION),
+    )
+
+
+STAGED = text("artifact_state = 'staged'")
+
+
+class JobArtifact(Base):
+    """An artifact staged by one attempt; only the completing generation's set is published."""
+
+    __tablename__ = "job_artifacts"
+
+    job_id: Mapped[int] = mapped_column(
+        BigInteger, ForeignKey("job_runs.job_id", ondelete="CASCADE"), primary_key=True
+    )
+    claim_generation: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    artifact_name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    artifact_state: Mapped[str] = mapped_column(String(16))
+    staged_at: Mapped[datetime]
+    settled_at: Mapped[datetime | None]
+
+    __table_args__ = (
+        CheckConstraint(one_of("artifact_state", ARTIFACT_STATES), name="artifact_state_known"),
+        Index("ix_job_artifacts_staged_job", "job_id", "claim_generation",
+              postgresql_where=STAGED, sqlite_where=STAGED),
+    )
+
+
+class OperatorAction(Base):
+    """Every operator action on a job, recorded like a reconciler decision."""
+
+    __tablename__ = "operator_actions"
+
+    action_id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    job_id: Mapped[int] = mapped_column(BigInteger)
+    operator_action: Mapped[str] = mapped_column(String(16))
+    action_outcome: Mapped[str] = mapped_column(String(16))
+    refusal_reason: Mapped[str | None] = mapped_column(String(64))
+    acted_at: Mapped[datetime]
+    status_before: Mapped[str | None] = mapped_column(String(16))
+    status_after: Mapped[str | None] = mapped_column(String(16))
+    generation_before: Mapped[int | None] = mapped_column(BigInteger)
+    generation_after: Mapped[int | None] = mapped_column(BigInteger)
+
+    __table_args__ = (
+        CheckConstraint(one_of("operator_action", OPERATOR_ACTIONS), name="operator_action_known"),
+        CheckConstraint(one_of("action_outcome", ACTION_OUTCOMES), name="action_outcome_known"),
+        Index("ix_operator_actions_job_id", "job_id"),
+    )

@@ -142,6 +142,7 @@ def cmd_pass(args: argparse.Namespace) -> int:
         thresholds=Thresholds(settings.stale_after_seconds, settings.wedged_after_seconds),
         instance=settings.instance_name or f"cli-{socket.gethostname()}-{os.getpid()}",
         leader_lease_seconds=settings.leader_lease_seconds,
+        session_timeout_seconds=settings.session_timeout_seconds,
         release_leadership_after=True,
     )
     report = run_pass(store, config, dry_run=args.dry_run)

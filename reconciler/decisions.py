@@ -65,7 +65,11 @@ def _lease_live(ev: Evidence, _t: Thresholds) -> bool:
 
 
 def _recent_activity(ev: Evidence, t: Thresholds) -> bool:
-    return ev.activity_age_seconds is not None and ev.activity_age_seconds < t.stale_after_seconds
+    return (
+        not ev.session_gone
+        and ev.activity_age_seconds is not None
+        and ev.activity_age_seconds < t.stale_after_seconds
+    )
 
 
 def _plan_unreadable(ev: Evidence, _t: Thresholds) -> bool:
@@ -118,7 +122,7 @@ RULES: tuple[Rule, ...] = (
     Rule(3, Disposition.SKIP, Reason.LEASE_LIVE, "lease live (and its worker session not gone)",
          "its worker is alive and renewing the lease", _lease_live),
     Rule(4, Disposition.SKIP, Reason.RECENT_ACTIVITY,
-         "activity newer than stale_after_seconds",
+         "activity newer than stale_after_seconds (and its worker session not gone)",
          "the job moved recently; wait before judging it dead", _recent_activity),
     Rule(5, Disposition.TERMINALIZE, Reason.UNRESUMABLE_PLAN, "step plan missing or unreadable",
          "without a readable plan no step can safely be resumed", _plan_unreadable),

@@ -24,6 +24,7 @@ class PassConfig:
     thresholds: Thresholds
     instance: str = field(default_factory=lambda: f"reconciler-{uuid.uuid4().hex[:12]}")
     leader_lease_seconds: float = 90.0
+    session_timeout_seconds: float = 30.0
     use_leader_lease: bool = True
     release_leadership_after: bool = False
 
@@ -52,7 +53,7 @@ def evidence_from(row: CandidateRow) -> Evidence:
         operator_hold=row.operator_hold, lease_live=row.lease_live,
         lease_expired_seconds=row.lease_expired_seconds,
         activity_age_seconds=row.activity_age_seconds,
-        plan=plan, steps=build_steps(plan, row.step_rows),
+        plan=plan, steps=build_steps(plan, row.step_rows), session_gone=row.session_gone,
     )
 
 
@@ -97,6 +98,7 @@ def run_pass(
                 pass_id = tx.record_not_leader(config.instance)
                 return PassReport(pass_id, PassOutcome.NOT_LEADER)
             pass_id = tx.start_pass_record(config.instance)
+            tx.expire_gone_sessions(config.session_timeout_seconds)
             rows = tx.candidates(config.batch_size, config.thresholds, after)
             planned = [plan_change(r, config.thresholds) for r in rows]
             recorded = tx.apply(pass_id, planned, config.thresholds)

@@ -31,11 +31,20 @@ class Settings(BaseSettings):
     retry_backoff_seconds: float = Field(1.0, ge=0)
     retry_backoff_max_seconds: float = Field(300.0, ge=0)
     instance_name: str = Field("", max_length=100)
+    session_timeout_seconds: float = Field(30.0, gt=0)
+    session_heartbeat_seconds: float = Field(5.0, gt=0)
+    shutdown_grace_seconds: float = Field(30.0, ge=0)
+    max_run_seconds: float = Field(600.0, gt=0)
+    poll_interval_seconds: float = Field(1.0, gt=0)
+    artifact_root: str = "artifacts"
 
     @model_validator(mode="after")
     def _consistent(self) -> Settings:
         if self.wedged_after_seconds <= self.stale_after_seconds:
             raise ValueError("wedged_after_seconds must be greater than stale_after_seconds")
+        if self.session_timeout_seconds < 2 * self.session_heartbeat_seconds:
+            raise ValueError("session_timeout_seconds must be at least twice "
+                             "session_heartbeat_seconds, or live workers look gone")
         if self.retry_backoff_max_seconds < self.retry_backoff_seconds:
             raise ValueError("retry_backoff_max_seconds must be at least retry_backoff_seconds")
         return self

@@ -18,12 +18,15 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
 from models import (
+    JobArtifact,
     JobAttempt,
     JobRun,
+    OperatorAction,
     ReconcilerLease,
     ReconciliationDecision,
     ReconciliationPass,
     StepRun,
+    WorkerSession,
 )
 from reconciler.clock import db_now, now_plus, seconds_since
 from reconciler.db import is_postgresql, read_only
@@ -55,6 +58,42 @@ attempts: sa.Table = cast(sa.Table, JobAttempt.__table__)
 passes: sa.Table = cast(sa.Table, ReconciliationPass.__table__)
 decisions: sa.Table = cast(sa.Table, ReconciliationDecision.__table__)
 leases: sa.Table = cast(sa.Table, ReconcilerLease.__table__)
+sessions: sa.Table = cast(sa.Table, WorkerSession.__table__)
+artifacts: sa.Table = cast(sa.Table, JobArtifact.__table__)
+actions: sa.Table = cast(sa.Table, OperatorAction.__table__)
+
+WAKE_CHANNEL = "reconciler_jobs"
+SINGLETON_RETRIES = 5
+
+
+def _session_gone() -> sa.ColumnElement[bool]:
+    """True when the job's claim belongs to a worker session known to be gone."""
+    return sa.exists().where(
+        sessions.c.session_id == jobs.c.worker_session_id,
+        sessions.c.stopped_at.is_not(None),
+    )
+
+
+def _wake_workers(conn: Connection) -> None:
+    # PostgreSQL delivers NOTIFY at commit, so idle workers wake only for committed jobs.
+    # SQLite has no such channel; its workers poll.
+    if is_postgresql(conn):
+        conn.execute(sa.select(sa.func.pg_notify(WAKE_CHANNEL, "")))
+
+
+def _end_sessions(conn: Connection, session_ids: Sequence[int], reason: str) -> None:
+    """Mark sessions gone and expire their claims' leases so the next pass takes them."""
+    conn.execute(
+        sessions.update()
+        .where(sessions.c.session_id.in_(list(session_ids)), sessions.c.stopped_at.is_(None))
+        .values(stopped_at=db_now(), stop_reason=reason)
+    )
+    conn.execute(
+        jobs.update()
+        .where(jobs.c.worker_session_id.in_(list(session_ids)),
+               jobs.c.job_status == PROCESSING, jobs.c.lease_expires_at > db_now())
+        .values(lease_expires_at=db_now())
+    )
 
 PROCESSING = JobStatus.PROCESSING.value
 
@@ -136,6 +175,7 @@ class SqlPassTransaction:
             # Raw text, so a malformed plan becomes evidence instead of a failed read.
             sa.cast(jobs.c.step_plan, sa.Text).label("plan_text"),
             jobs.c.lease_expires_at,
+            _session_gone().label("session_gone"),
         )
         expired = sa.select(*columns).where(
             jobs.c.job_status == PROCESSING, jobs.c.lease_expires_at <= db_now()
@@ -178,7 +218,7 @@ class SqlPassTransaction:
                 lease_expired_seconds=_float(r.lease_expired_seconds),
                 activity_age_seconds=_float(r.activity_age_seconds),
                 plan_text=r.plan_text, step_rows=tuple(step_rows[r.job_id]),
-                lease_expires_at=r.lease_expires_at,
+                lease_expires_at=r.lease_expires_at, session_gone=bool(r.session_gone),
             )
             for r in rows
         ]
@@ -266,7 +306,9 @@ class SqlPassTransaction:
         still_expired = sa.and_(
             values.c.is_wedged == 0,
             jobs.c.lease_expires_at <= db_now(),
-            jobs.c.last_activity_at <= now_plus(-thresholds.stale_after_seconds),
+            # Recent activity protects a job only while its worker session may be alive.
+            sa.or_(jobs.c.last_activity_at <= now_plus(-thresholds.stale_after_seconds),
+                   _session_gone()),
         )
         stmt = (
             jobs.update()
@@ -289,7 +331,21 @@ class SqlPassTransaction:
             )
             .returning(jobs.c.job_id)
         )
-        return {int(job_id) for job_id in self.conn.execute(stmt).scalars()}
+        swapped = {int(job_id) for job_id in self.conn.execute(stmt).scalars()}
+        if swapped and any(c.decision.disposition is Disposition.RESUME for c in acting):
+            _wake_workers(self.conn)
+        return swapped
+
+    def expire_gone_sessions(self, timeout_seconds: float) -> int:
+        """Mark silent worker sessions gone and expire their claims' leases at once."""
+        silent = sa.select(sessions.c.session_id).where(
+            sessions.c.stopped_at.is_(None),
+            sessions.c.heartbeat_at <= now_plus(-timeout_seconds),
+        )
+        ids = [int(i) for i in self.conn.execute(silent).scalars()]
+        if ids:
+            _end_sessions(self.conn, ids, "heartbeat_lost")
+        return len(ids)
 
     def _close_attempts(self, swapped: Sequence[PlannedChange]) -> None:
         """End the attempts whose claims the swap just took away."""
@@ -401,15 +457,31 @@ class SqlStore:
         if key is not None:
             stmt = stmt.on_conflict_do_nothing(index_elements=[jobs.c.idempotency_key])
         job_id = conn.execute(stmt.returning(jobs.c.job_id)).scalar_one_or_none()
+        if job_id is not None:
+            _wake_workers(conn)
         if job_id is None:
             job_id = conn.execute(
                 sa.select(jobs.c.job_id).where(jobs.c.idempotency_key == key)
             ).scalar_one()
         return int(job_id)
 
-    def claim(self, worker: str, lease_seconds: float, kinds: Sequence[str] | None = None
-              ) -> ClaimedJob | None:
-        """Atomically take the oldest available queued job and start a new attempt on it."""
+    def claim(self, worker: str, lease_seconds: float, kinds: Sequence[str] | None = None,
+              session_id: int | None = None) -> ClaimedJob | None:
+        """Atomically take the oldest available queued job and start a new attempt on it.
+
+        On PostgreSQL two claims can still race past the singleton check onto two jobs of
+        one key; the unique partial index refuses the loser, which then simply tries again.
+        """
+        for _ in range(SINGLETON_RETRIES):
+            try:
+                return self._claim_once(worker, lease_seconds, kinds, session_id)
+            except sa.exc.IntegrityError as exc:
+                if "singleton" not in str(exc.orig):
+                    raise
+        return None
+
+    def _claim_once(self, worker: str, lease_seconds: float, kinds: Sequence[str] | None,
+                    session_id: int | None) -> ClaimedJob | None:
         token = uuid.uuid4().hex
         with self.engine.begin() as conn:
             other = jobs.alias("other")
@@ -439,7 +511,7 @@ class SqlStore:
                     job_status=PROCESSING, status_reason=None,
                     claim_generation=jobs.c.claim_generation + 1,
                     attempt_count=jobs.c.attempt_count + 1,
-                    lease_token=token, lease_owner=worker,
+                    lease_token=token, lease_owner=worker, worker_session_id=session_id,
                     lease_expires_at=now_plus(lease_seconds),
                     claimed_at=db_now(), last_activity_at=db_now(), updated_at=db_now(),
                 )
@@ -463,12 +535,13 @@ class SqlStore:
             payload=row.job_payload,
         )
 
-    def _fence(self, conn: Connection, job_id: int, token: str, **changes: Any) -> sa.Row[Any]:
+    def _fence(self, conn: Connection, job_id: int, token: str, *extra: Any,
+               **changes: Any) -> sa.Row[Any]:
         """The fenced write every post-claim operation starts with; LeaseLost on no row."""
         row = conn.execute(
             jobs.update()
             .where(jobs.c.job_id == job_id, jobs.c.lease_token == token,
-                   jobs.c.job_status == PROCESSING)
+                   jobs.c.job_status == PROCESSING, *extra)
             .values(**changes)
             .returning(jobs.c.claim_generation, jobs.c.attempt_count, jobs.c.max_attempts,
                        sa.cast(jobs.c.step_plan, sa.Text).label("plan_text"))
@@ -480,7 +553,9 @@ class SqlStore:
     def heartbeat(self, job_id: int, token: str, lease_seconds: float) -> None:
         """Renew this claim's lease only; activity does not move (a beat is not progress)."""
         with self.engine.begin() as conn:
-            self._fence(conn, job_id, token, lease_expires_at=now_plus(lease_seconds))
+            # A gone session's lease was expired on purpose; its beats must not revive it.
+            self._fence(conn, job_id, token, ~_session_gone(),
+                        lease_expires_at=now_plus(lease_seconds))
 
     def report_progress(self, job_id: int, token: str) -> None:
         """Record that the handler moved: ``last_activity_at`` becomes now."""
@@ -540,19 +615,30 @@ class SqlStore:
                 },
             ))
 
-    def complete(self, job_id: int, token: str) -> None:
-        """Fenced completion: the job and its attempt end together."""
+    def complete(self, job_id: int, token: str) -> int:
+        """Fenced completion: the job, its attempt and its staged artifacts, together.
+
+        Returns the completing generation, whose artifact files the caller moves into place.
+        """
         with self.engine.begin() as conn:
             row = self._fence(
                 conn, job_id, token, job_status=JobStatus.COMPLETED.value, status_reason=None,
                 lease_token=None, lease_expires_at=None, finished_at=db_now(),
                 last_activity_at=db_now(), updated_at=db_now(),
             )
+            conn.execute(
+                artifacts.update()
+                .where(artifacts.c.job_id == job_id,
+                       artifacts.c.claim_generation == row.claim_generation,
+                       artifacts.c.artifact_state == "staged")
+                .values(artifact_state="published", settled_at=db_now())
+            )
             self._end_attempt(conn, job_id, row.claim_generation, AttemptOutcome.COMPLETED)
+            return int(row.claim_generation)
 
     def fail(
         self, job_id: int, token: str, error_code: str, *, retryable: bool,
-        backoff_seconds: float, backoff_max_seconds: float,
+        backoff_seconds: float, backoff_max_seconds: float, status_reason: str | None = None,
     ) -> bool:
         """Fenced failure; requeues with backoff while attempts remain. True when requeued."""
         with self.engine.begin() as conn:
@@ -565,10 +651,10 @@ class SqlStore:
                 self._requeue(conn, job_id, row, available_at=now_plus(delay))
                 outcome = AttemptOutcome.RETRYING
             else:
-                reason = (WorkerStatusReason.RETRIES_EXHAUSTED if retryable
-                          else WorkerStatusReason.JOB_FAILED)
+                reason = status_reason or (WorkerStatusReason.RETRIES_EXHAUSTED if retryable
+                                           else WorkerStatusReason.JOB_FAILED).value
                 conn.execute(jobs.update().where(jobs.c.job_id == job_id).values(
-                    job_status=JobStatus.FAILED.value, status_reason=reason.value,
+                    job_status=JobStatus.FAILED.value, status_reason=reason,
                     lease_token=None, lease_expires_at=None, finished_at=db_now(),
                 ))
                 outcome = AttemptOutcome.FAILED
@@ -585,13 +671,7 @@ class SqlStore:
 
     def _requeue(self, conn: Connection, job_id: int, fenced: sa.Row[Any],
                  available_at: Any) -> None:
-        # Resume at the first step this job has not finished successfully.
-        done = set(conn.execute(
-            sa.select(steps.c.step_index).where(
-                steps.c.job_id == job_id, steps.c.step_state == StepState.SUCCEEDED.value)
-        ).scalars())
-        plan_length = len(_plan_specs(fenced.plan_text))
-        resume_at = next((i for i in range(plan_length) if i not in done), plan_length)
+        resume_at = self._first_unfinished(conn, job_id, fenced.plan_text)
         conn.execute(jobs.update().where(jobs.c.job_id == job_id).values(
             job_status=JobStatus.QUEUED.value, status_reason=None,
             lease_token=None, lease_owner=None, lease_expires_at=None,
@@ -606,6 +686,160 @@ class SqlStore:
                    attempts.c.ended_at.is_(None))
             .values(ended_at=db_now(), attempt_outcome=outcome.value, ended_by="worker")
         )
+
+    # -- worker sessions --------------------------------------------------------------------
+
+    def register_session(self, worker_name: str, host_name: str, process_id: int) -> int:
+        """Start a session; a live session of the same worker on the same host is replaced."""
+        with self.engine.begin() as conn:
+            previous = [int(i) for i in conn.execute(
+                sa.select(sessions.c.session_id).where(
+                    sessions.c.worker_name == worker_name, sessions.c.host_name == host_name,
+                    sessions.c.stopped_at.is_(None))
+            ).scalars()]
+            if previous:
+                _end_sessions(conn, previous, "replaced")
+            return int(conn.execute(
+                sessions.insert().values(
+                    worker_name=worker_name, host_name=host_name, process_id=process_id,
+                    started_at=db_now(), heartbeat_at=db_now(),
+                ).returning(sessions.c.session_id)
+            ).scalar_one())
+
+    def heartbeat_session(self, session_id: int) -> bool:
+        """Renew a session; False when it was already declared gone."""
+        with self.engine.begin() as conn:
+            done = conn.execute(
+                sessions.update()
+                .where(sessions.c.session_id == session_id, sessions.c.stopped_at.is_(None))
+                .values(heartbeat_at=db_now())
+            )
+            return done.rowcount == 1
+
+    def stop_session(self, session_id: int) -> None:
+        """End a session on a graceful stop; any claim it still holds expires at once."""
+        with self.engine.begin() as conn:
+            _end_sessions(conn, [session_id], "stopped")
+
+    # -- artifacts ---------------------------------------------------------------------------
+
+    def stage_artifact(self, job_id: int, token: str, artifact_name: str) -> int:
+        """Fenced: record an artifact staged by this claim; returns its generation."""
+        with self.engine.begin() as conn:
+            row = self._fence(conn, job_id, token, last_activity_at=db_now(),
+                              updated_at=db_now())
+            stmt = _insert(conn, artifacts).values(
+                job_id=job_id, claim_generation=row.claim_generation,
+                artifact_name=artifact_name, artifact_state="staged", staged_at=db_now(),
+            )
+            conn.execute(stmt.on_conflict_do_update(
+                index_elements=[artifacts.c.job_id, artifacts.c.claim_generation,
+                                artifacts.c.artifact_name],
+                set_={"staged_at": stmt.excluded.staged_at},
+            ))
+            return int(row.claim_generation)
+
+    def unpublishable_artifacts(self, limit: int) -> list[tuple[int, int, str]]:
+        """Staged artifacts that can never be published: their attempt is over."""
+        with self.engine.connect() as conn:
+            rows = read_only(conn).execute(
+                sa.select(artifacts.c.job_id, artifacts.c.claim_generation,
+                          artifacts.c.artifact_name)
+                .join(jobs, jobs.c.job_id == artifacts.c.job_id)
+                .where(artifacts.c.artifact_state == "staged",
+                       sa.or_(jobs.c.claim_generation != artifacts.c.claim_generation,
+                              jobs.c.job_status != PROCESSING))
+                .order_by(artifacts.c.job_id, artifacts.c.claim_generation)
+                .limit(limit)
+            )
+            return [(int(j), int(g), str(n)) for j, g, n in rows]
+
+    def discard_artifact(self, job_id: int, generation: int, artifact_name: str) -> bool:
+        """Mark one stale staged artifact discarded (after its file is gone)."""
+        with self.engine.begin() as conn:
+            done = conn.execute(
+                artifacts.update()
+                .where(artifacts.c.job_id == job_id,
+                       artifacts.c.claim_generation == generation,
+                       artifacts.c.artifact_name == artifact_name,
+                       artifacts.c.artifact_state == "staged")
+                .values(artifact_state="discarded", settled_at=db_now())
+            )
+            return done.rowcount == 1
+
+    def artifacts_of(self, job_id: int) -> list[tuple[int, str, str]]:
+        """(generation, name, state) of every artifact of a job."""
+        with self.engine.connect() as conn:
+            rows = read_only(conn).execute(
+                sa.select(artifacts.c.claim_generation, artifacts.c.artifact_name,
+                          artifacts.c.artifact_state)
+                .where(artifacts.c.job_id == job_id)
+                .order_by(artifacts.c.claim_generation, artifacts.c.artifact_name)
+            )
+            return [(int(g), str(n), str(st)) for g, n, st in rows]
+
+    # -- operator actions --------------------------------------------------------------------
+
+    def operator_action(self, job_id: int, action: str) -> tuple[bool, str | None]:
+        """Apply hold, unhold, retry or cancel with the same fences; record it either way.
+
+        Returns (applied, refusal reason). Each change is a compare-and-swap on the status
+        (and generation) read in the same transaction.
+        """
+        with self.engine.begin() as conn:
+            row = conn.execute(
+                _for_update(conn, sa.select(jobs.c.job_status, jobs.c.claim_generation,
+                                            jobs.c.operator_hold, sa.cast(jobs.c.step_plan,
+                                            sa.Text).label("plan_text"))
+                            .where(jobs.c.job_id == job_id), lock=True)
+            ).one_or_none()
+            if row is None:
+                return False, "no_such_job"
+            status, generation = row.job_status, int(row.claim_generation)
+            changes, refusal = _operator_change(action, status, bool(row.operator_hold))
+            new_generation = generation
+            if changes is not None:
+                if action == "retry":
+                    changes["resume_step_index"] = self._first_unfinished(
+                        conn, job_id, row.plan_text)
+                if "claim_generation" in changes:
+                    new_generation = generation + 1
+                done = conn.execute(
+                    jobs.update()
+                    .where(jobs.c.job_id == job_id, jobs.c.job_status == status,
+                           jobs.c.claim_generation == generation)
+                    .values(**changes, updated_at=db_now())
+                )
+                if done.rowcount != 1:
+                    changes, refusal, new_generation = None, "fence_lost", generation
+                elif action == "cancel" and status == PROCESSING:
+                    conn.execute(
+                        attempts.update()
+                        .where(attempts.c.job_id == job_id,
+                               attempts.c.claim_generation == generation,
+                               attempts.c.ended_at.is_(None))
+                        .values(ended_at=db_now(), attempt_outcome=AttemptOutcome.LOST.value,
+                                ended_by="operator")
+                    )
+                if action == "retry" and changes is not None:
+                    _wake_workers(conn)
+            applied = changes is not None
+            conn.execute(actions.insert().values(
+                job_id=job_id, operator_action=action,
+                action_outcome="applied" if applied else "refused", refusal_reason=refusal,
+                acted_at=db_now(), status_before=status,
+                status_after=changes.get("job_status", status) if changes else status,
+                generation_before=generation, generation_after=new_generation,
+            ))
+            return applied, refusal
+
+    def _first_unfinished(self, conn: Connection, job_id: int, plan_text: str | None) -> int:
+        done = set(conn.execute(
+            sa.select(steps.c.step_index).where(
+                steps.c.job_id == job_id, steps.c.step_state == StepState.SUCCEEDED.value)
+        ).scalars())
+        plan_length = len(_plan_specs(plan_text))
+        return next((i for i in range(plan_length) if i not in done), plan_length)
 
     # -- public views (the views module decides what is shown) -----------------------------
 
@@ -675,3 +909,37 @@ def _detail(row: sa.Row[Any], states: dict[int, str]) -> JobDetail:
 def _plan_specs(plan_text: str | None) -> tuple[PlanStep, ...]:
     """The plan as the client sees it; an unreadable plan gives no steps."""
     return parse_plan(plan_text) or ()
+
+
+TERMINAL = (JobStatus.COMPLETED.value, JobStatus.FAILED.value, JobStatus.CANCELLED.value)
+RETRYABLE_TERMINAL = (JobStatus.FAILED.value, JobStatus.CANCELLED.value)
+
+
+def _operator_change(action: str, status: str, held: bool
+                     ) -> tuple[dict[str, Any] | None, str | None]:
+    """The column changes an operator action makes from ``status``, or why it is refused."""
+    if action in ("hold", "unhold"):
+        if status in TERMINAL:
+            return None, "job_terminal"
+        if held == (action == "hold"):
+            return None, "already_held" if held else "not_held"
+        return {"operator_hold": action == "hold"}, None
+    if action == "retry":
+        if status not in RETRYABLE_TERMINAL:
+            # Never rewinds a live job's attempt count; completed work is not redone.
+            return None, "job_not_failed_or_cancelled"
+        return {
+            "job_status": JobStatus.QUEUED.value, "status_reason": "operator_retry",
+            "attempt_count": 0, "available_at": db_now(), "finished_at": None,
+            "claim_generation": jobs.c.claim_generation + 1,
+        }, None
+    if action == "cancel":
+        if status in TERMINAL:
+            return None, "job_terminal"
+        # Bumping the generation and dropping the lease fences the worker out at once.
+        return {
+            "job_status": JobStatus.CANCELLED.value, "status_reason": "operator_cancel",
+            "lease_token": None, "lease_expires_at": None, "finished_at": db_now(),
+            "claim_generation": jobs.c.claim_generation + 1,
+        }, None
+    raise ValueError(f"unknown operator action {action!r}")

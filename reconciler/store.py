@@ -40,6 +40,7 @@ class CandidateRow:
     plan_text: str | None
     step_rows: tuple[tuple[int, str, bool | None], ...]
     lease_expires_at: datetime | None
+    session_gone: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +83,9 @@ class PassTransaction(Protocol):
 
     def record_not_leader(self, instance: str) -> int:
         """Insert a finished pass row with outcome ``not_leader``."""
+
+    def expire_gone_sessions(self, timeout_seconds: float) -> int:
+        """Declare silent worker sessions gone; their claims' leases expire at once."""
 
     def candidates(
         self, limit: int, thresholds: Thresholds, after: Cursor | None

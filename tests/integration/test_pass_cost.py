@@ -56,7 +56,7 @@ def test_statements_per_pass_do_not_grow_with_the_batch(
         report = run_pass(store, PassConfig(batch_size=60, thresholds=THRESHOLDS, instance="r1"))
     assert len(report.decisions) == 60
     assert len(large) == len(small), (small, large)
-    assert len(large) <= 10
+    assert len(large) <= 11
 
 
 def test_a_pass_with_nothing_stale_is_a_handful_of_statements(
@@ -65,4 +65,4 @@ def test_a_pass_with_nothing_stale_is_a_handful_of_statements(
     """With nothing to do, a pass leads, records itself and looks: no more."""
     with counted(engine) as statements:
         run_pass(store, PassConfig(batch_size=500, thresholds=THRESHOLDS))
-    assert len(statements) <= 6, statements
+    assert len(statements) <= 8, statements
