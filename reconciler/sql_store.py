@@ -631,7 +631,8 @@ class SqlStore:
                 .where(artifacts.c.job_id == job_id,
                        artifacts.c.claim_generation == row.claim_generation,
                        artifacts.c.artifact_state == "staged")
-                .values(artifact_state="published", settled_at=db_now())
+                # settled_at stays empty until the files are in place (see settle_artifacts).
+                .values(artifact_state="published")
             )
             self._end_attempt(conn, job_id, row.claim_generation, AttemptOutcome.COMPLETED)
             return int(row.claim_generation)
@@ -754,6 +755,30 @@ class SqlStore:
             )
             return [(int(j), int(g), str(n)) for j, g, n in rows]
 
+    def unsettled_published_artifacts(self, limit: int) -> list[tuple[int, int, str]]:
+        """Published artifacts whose files were not confirmed moved into place."""
+        with self.engine.connect() as conn:
+            rows = read_only(conn).execute(
+                sa.select(artifacts.c.job_id, artifacts.c.claim_generation,
+                          artifacts.c.artifact_name)
+                .where(artifacts.c.artifact_state == "published",
+                       artifacts.c.settled_at.is_(None))
+                .order_by(artifacts.c.job_id).limit(limit)
+            )
+            return [(int(j), int(g), str(n)) for j, g, n in rows]
+
+    def settle_artifacts(self, job_id: int, generation: int) -> None:
+        """Record that a published set's files are in place."""
+        with self.engine.begin() as conn:
+            conn.execute(
+                artifacts.update()
+                .where(artifacts.c.job_id == job_id,
+                       artifacts.c.claim_generation == generation,
+                       artifacts.c.artifact_state == "published",
+                       artifacts.c.settled_at.is_(None))
+                .values(settled_at=db_now())
+            )
+
     def discard_artifact(self, job_id: int, generation: int, artifact_name: str) -> bool:
         """Mark one stale staged artifact discarded (after its file is gone)."""
         with self.engine.begin() as conn:
@@ -766,6 +791,15 @@ class SqlStore:
                 .values(artifact_state="discarded", settled_at=db_now())
             )
             return done.rowcount == 1
+
+    def published_artifact_names(self, job_id: int, generation: int) -> list[str]:
+        """Names in the published set of one generation."""
+        with self.engine.connect() as conn:
+            return [str(n) for n in read_only(conn).execute(
+                sa.select(artifacts.c.artifact_name).where(
+                    artifacts.c.job_id == job_id, artifacts.c.claim_generation == generation,
+                    artifacts.c.artifact_state == "published")
+            ).scalars()]
 
     def artifacts_of(self, job_id: int) -> list[tuple[int, str, str]]:
         """(generation, name, state) of every artifact of a job."""

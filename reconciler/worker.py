@@ -14,6 +14,7 @@ from typing import Any
 
 from sqlalchemy.engine import Connection, Engine
 
+from reconciler.artifacts import check_name
 from reconciler.db import create_engine
 from reconciler.errors import LeaseLost
 from reconciler.evidence import PlanStep
@@ -26,7 +27,7 @@ from reconciler.vocabulary import StepState, short_code
 Step = PlanStep
 """One step of a job's plan: ``Step("fetch", "idempotent")``."""
 
-__all__ = ["Claim", "JobClient", "LeaseLost", "Step"]
+__all__ = ["Claim", "JobClient", "LeaseLost", "Step", "StepContext", "Worker"]
 
 
 class Claim:
@@ -136,20 +137,34 @@ class Claim:
         """Record that step ``index`` waits on an external gate (the reconciler skips it)."""
         self._guard(self._store.record_step, index, self._step(index), StepState.WAITING)
 
-    def complete(self) -> None:
-        """Finish the job. Fenced: a stale claim can never complete a reclaimed job."""
-        self._guard(self._store.complete)
-        self._closed = True
+    def complete(self) -> int:
+        """Finish the job. Fenced: a stale claim can never complete a reclaimed job.
 
-    def fail(self, error_code: str, retryable: bool = True) -> bool:
-        """Fail this attempt; requeued with backoff while attempts remain. True if requeued."""
+        Publishes this attempt's staged artifacts in the same transaction; returns the
+        completing generation.
+        """
+        generation = int(self._guard(self._store.complete))
+        self._closed = True
+        return generation
+
+    def fail(self, error_code: str, retryable: bool = True, *,
+             status_reason: str | None = None) -> bool:
+        """Fail this attempt; requeued with backoff while attempts remain. True if requeued.
+
+        ``status_reason`` (a short code) replaces the default reason of a final failure.
+        """
         requeued = bool(self._guard(
             self._store.fail, short_code(error_code), retryable=retryable,
             backoff_seconds=self._settings.retry_backoff_seconds,
             backoff_max_seconds=self._settings.retry_backoff_max_seconds,
+            status_reason=None if status_reason is None else short_code(status_reason),
         ))
         self._closed = True
         return requeued
+
+    def stage_artifact(self, name: str) -> None:
+        """Record a staged artifact of this attempt (the runtime writes the file first)."""
+        self._guard(self._store.stage_artifact, check_name(name))
 
     def release(self) -> None:
         """Give the job back (graceful stop): requeued now, attempt returned, resume kept."""
@@ -209,12 +224,21 @@ class JobClient:
         )
 
     def claim(self, worker: str, lease_seconds: float | None = None,
-              kinds: Sequence[str] | None = None) -> Claim | None:
-        """Atomically claim the next available job, or None when there is none."""
+              kinds: Sequence[str] | None = None, *, session_id: int | None = None
+              ) -> Claim | None:
+        """Atomically claim the next available job, or None when there is none.
+
+        ``kinds`` limits the claim to those job kinds; ``session_id`` ties the claim to a
+        worker session (the ``Worker`` runtime passes its own).
+        """
         if not isinstance(worker, str) or not worker:
             raise ValueError("worker must be a non-empty name")
         seconds = self.settings.lease_seconds if lease_seconds is None else float(lease_seconds)
         if seconds <= 0:
             raise ValueError("lease_seconds must be positive")
-        job = self.store.claim(worker, seconds, kinds)
+        job = self.store.claim(worker, seconds, kinds, session_id)
         return None if job is None else Claim(self.store, job, seconds, self.settings)
+
+
+# The runtime is built on the client above; importing it last keeps one public module.
+from reconciler.runtime import StepContext, Worker  # noqa: E402

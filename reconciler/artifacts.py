@@ -1,0 +1,98 @@
+"""Artifacts staged per attempt on disk, published only by the completing generation.
+
+Layout under the artifact root::
+
+    staging/<job_id>/<generation>/<name>    written by an attempt, fenced by its lease
+    published/<job_id>/<name>               moved into place after the fenced completion
+
+A stale attempt can write only into its own generation's staging folder, and only the
+generation that completed the job (in the same transaction) is ever moved into place.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from reconciler.sql_store import SqlStore
+
+log = logging.getLogger("reconciler.artifacts")
+
+_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}$")
+
+
+def check_name(name: str) -> str:
+    """An artifact name is one plain file name: no folders, no dot-files."""
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ValueError("artifact names are plain file names (letters, digits, '_', '.', '-')")
+    return name
+
+
+def staging_path(root: Path, job_id: int, generation: int, name: str) -> Path:
+    """Where one attempt stages an artifact."""
+    return root / "staging" / str(job_id) / str(generation) / check_name(name)
+
+
+def published_path(root: Path, job_id: int, name: str) -> Path:
+    """Where a published artifact lives."""
+    return root / "published" / str(job_id) / check_name(name)
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Write a file so readers see all of it or none of it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".staging-")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def move_published(store: SqlStore, root: Path, job_id: int, generation: int) -> None:
+    """Move a completed generation's staged files into place, then mark them settled."""
+    for name in store.published_artifact_names(job_id, generation):
+        source = staging_path(root, job_id, generation, name)
+        if source.exists():
+            target = published_path(root, job_id, name)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(source, target)
+    store.settle_artifacts(job_id, generation)
+
+
+@dataclass(frozen=True, slots=True)
+class SweepResult:
+    """What one sweep did; failures are retried by the next sweep."""
+
+    discarded: int
+    settled: int
+    failures: int
+
+
+def sweep_artifacts(store: SqlStore, root: Path, limit: int = 500) -> SweepResult:
+    """Delete and discard staged sets that can never publish; finish interrupted moves."""
+    discarded = settled = failures = 0
+    for job_id, generation, name in store.unpublishable_artifacts(limit):
+        try:
+            staging_path(root, job_id, generation, name).unlink(missing_ok=True)
+            if store.discard_artifact(job_id, generation, name):
+                discarded += 1
+        except (OSError, ValueError) as exc:
+            failures += 1
+            log.warning("event=artifact_sweep_failed job_id=%s error=%s", job_id,
+                        type(exc).__name__)
+    for job_id, generation, _name in store.unsettled_published_artifacts(limit):
+        try:
+            move_published(store, root, job_id, generation)
+            settled += 1
+        except (OSError, ValueError) as exc:
+            failures += 1
+            log.warning("event=artifact_settle_failed job_id=%s error=%s", job_id,
+                        type(exc).__name__)
+    return SweepResult(discarded, settled, failures)
