@@ -27,16 +27,6 @@ from reconciler.vocabulary import JobStatus, Reason
 
 log = logging.getLogger("reconciler.cli")
 
-SETTING_FLAGS: tuple[tuple[str, str], ...] = (
-    ("database_url", "SQLAlchemy URL: sqlite:///PATH or postgresql+psycopg://..."),
-    ("interval_seconds", "seconds between scheduled passes"),
-    ("batch_size", "most candidates one pass examines"),
-    ("stale_after_seconds", "activity younger than this protects an expired lease"),
-    ("wedged_after_seconds", "no activity for this long under a live lease is a hang"),
-    ("metrics_port", "port of /metrics and /healthz"),
-    ("metrics_host", "address /metrics binds to"),
-)
-
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 _UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -62,10 +52,11 @@ def _positive_int(text: str) -> int:
 def _settings_parent() -> argparse.ArgumentParser:
     parent = argparse.ArgumentParser(add_help=False)
     group = parent.add_argument_group("settings (flag, else RECONCILER_<NAME>, else default)")
-    for name, help_text in SETTING_FLAGS:
-        # Kept as text: Settings validates, so a bad flag and a bad env var read the same.
+    # Every setting has a flag, generated from the one declaration in Settings. Values stay
+    # text here: Settings validates, so a bad flag and a bad env var read the same.
+    for name, spec in Settings.model_fields.items():
         group.add_argument(f"--{name.replace('_', '-')}", dest=name, default=None,
-                           metavar="VALUE", help=help_text)
+                           metavar="VALUE", help=f"{spec.description} (default {spec.default})")
     parent.add_argument("--verbose", action="store_true", help="tracebacks and debug logs")
     return parent
 
@@ -110,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _settings(args: argparse.Namespace) -> Settings:
-    return load_settings(**{name: getattr(args, name, None) for name, _ in SETTING_FLAGS})
+    return load_settings(**{name: getattr(args, name, None) for name in Settings.model_fields})
 
 
 def _open_store(settings: Settings) -> SqlStore:

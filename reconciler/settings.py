@@ -18,25 +18,41 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="RECONCILER_", extra="forbid", frozen=True)
 
-    database_url: str = "sqlite:///reconciler.db"
-    interval_seconds: float = Field(30.0, gt=0)
-    batch_size: int = Field(500, ge=1, le=10_000)
-    stale_after_seconds: float = Field(60.0, ge=0)
-    wedged_after_seconds: float = Field(3600.0, gt=0)
-    metrics_port: int = Field(9464, ge=0, le=65535)
-    metrics_host: str = "127.0.0.1"
-    leader_lease_seconds: float = Field(90.0, gt=0)
-    lease_seconds: float = Field(30.0, gt=0)
-    default_max_attempts: int = Field(3, ge=1)
-    retry_backoff_seconds: float = Field(1.0, ge=0)
-    retry_backoff_max_seconds: float = Field(300.0, ge=0)
-    instance_name: str = Field("", max_length=100)
-    session_timeout_seconds: float = Field(30.0, gt=0)
-    session_heartbeat_seconds: float = Field(5.0, gt=0)
-    shutdown_grace_seconds: float = Field(30.0, ge=0)
-    max_run_seconds: float = Field(600.0, gt=0)
-    poll_interval_seconds: float = Field(1.0, gt=0)
-    artifact_root: str = "artifacts"
+    database_url: str = Field(
+        "sqlite:///reconciler.db",
+        description="SQLAlchemy URL: sqlite:///PATH or postgresql+psycopg://...")
+    interval_seconds: float = Field(30.0, gt=0, description="seconds between scheduled passes")
+    batch_size: int = Field(500, ge=1, le=10_000,
+                            description="most candidates one pass examines")
+    stale_after_seconds: float = Field(
+        60.0, ge=0, description="activity younger than this protects an expired lease")
+    wedged_after_seconds: float = Field(
+        3600.0, gt=0, description="no activity this long under a live lease is a hang")
+    metrics_port: int = Field(9464, ge=0, le=65535, description="port of /metrics and /healthz")
+    metrics_host: str = Field("127.0.0.1", description="address /metrics binds to")
+    leader_lease_seconds: float = Field(
+        90.0, gt=0, description="how long a reconciler's leadership lasts unrenewed")
+    lease_seconds: float = Field(30.0, gt=0, description="a claim's lease when none is given")
+    default_max_attempts: int = Field(
+        3, ge=1, description="a job's attempt budget when enqueue names none")
+    retry_backoff_seconds: float = Field(
+        1.0, ge=0, description="first retry delay; doubles per attempt")
+    retry_backoff_max_seconds: float = Field(300.0, ge=0, description="longest retry delay")
+    instance_name: str = Field(
+        "", max_length=100, description="this reconciler's name in the audit trail "
+        "(default: host and process id)")
+    session_timeout_seconds: float = Field(
+        30.0, gt=0, description="a worker session silent this long is gone")
+    session_heartbeat_seconds: float = Field(
+        5.0, gt=0, description="how often a worker renews its session")
+    shutdown_grace_seconds: float = Field(
+        30.0, ge=0, description="how long a stopping worker lets running steps finish")
+    max_run_seconds: float = Field(
+        600.0, gt=0, description="longest a worker lets one job's handlers run")
+    poll_interval_seconds: float = Field(
+        1.0, gt=0, description="how often an idle worker looks for work")
+    artifact_root: str = Field("artifacts", description="folder for staged and published "
+                               "artifacts")
 
     @model_validator(mode="after")
     def _consistent(self) -> Settings:

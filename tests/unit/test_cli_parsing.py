@@ -1,0 +1,180 @@
+"""Command-line parsing: durations and the DESIGN.md section 6 command lines, without a database."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from reconciler.cli import build_parser, parse_duration
+from reconciler.vocabulary import JobStatus, Reason
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    """Parse a command line the way ``reconciler`` does."""
+    return build_parser().parse_args(list(argv))
+
+
+def refused(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    """Parse a command line that must be refused with exit status 2; return the error text."""
+    with pytest.raises(SystemExit) as caught:
+        parse(*argv)
+    assert caught.value.code == 2
+    return capsys.readouterr().err
+
+
+class TestParseDuration:
+    """``--since`` durations: plain seconds or a number with s, m, h or d."""
+
+    @pytest.mark.parametrize(
+        ("text", "seconds"),
+        [
+            ("90", 90.0),
+            ("90s", 90.0),
+            ("15m", 900.0),
+            ("2h", 7200.0),
+            ("7d", 604_800.0),
+            ("1.5h", 5400.0),
+            ("0.5m", 30.0),
+            (" 2h ", 7200.0),
+        ],
+    )
+    def test_durations_in_seconds(self, text: str, seconds: float) -> None:
+        """A duration with or without a unit is converted to seconds."""
+        assert parse_duration(text) == seconds
+
+    @pytest.mark.parametrize(
+        "text", ["", "h", "abc", "2x", "2hours", "-5m", "1.5.5h", "2h30m", "1e3", "2 h h"]
+    )
+    def test_bad_durations_are_refused(self, text: str) -> None:
+        """Anything but a non-negative number with an optional s/m/h/d unit is refused."""
+        with pytest.raises(argparse.ArgumentTypeError, match="not a duration"):
+            parse_duration(text)
+
+    def test_refusal_shows_examples(self) -> None:
+        """The refusal quotes the input and shows the accepted forms."""
+        with pytest.raises(argparse.ArgumentTypeError) as caught:
+            parse_duration("soon")
+        assert "'soon'" in str(caught.value)
+        assert "15m" in str(caught.value)
+
+
+class TestCommandLines:
+    """The command lines of DESIGN.md section 6 parse to what the commands need."""
+
+    def test_pass_dry_run_json(self) -> None:
+        """`pass --dry-run --json` asks for a dry run with JSON output."""
+        args = parse("pass", "--dry-run", "--json")
+        assert (args.command, args.dry_run, args.json) == ("pass", True, True)
+
+    def test_pass_defaults(self) -> None:
+        """A bare `pass` writes its decisions and prints text."""
+        args = parse("pass")
+        assert (args.dry_run, args.json) == (False, False)
+
+    def test_jobs_list_with_filters(self) -> None:
+        """`jobs list --status queued --limit 5 --json` filters, limits and prints JSON."""
+        args = parse("jobs", "list", "--status", "queued", "--limit", "5", "--json")
+        assert (args.command, args.jobs_command) == ("jobs", "list")
+        assert (args.status, args.limit, args.json) == ("queued", 5, True)
+
+    def test_jobs_list_defaults(self) -> None:
+        """`jobs list` lists every status, at most 100 jobs, as text."""
+        args = parse("jobs", "list")
+        assert (args.status, args.limit, args.json) == (None, 100, False)
+
+    @pytest.mark.parametrize("status", [s.value for s in JobStatus])
+    def test_jobs_list_accepts_every_job_status(self, status: str) -> None:
+        """Every public job status can be listed."""
+        assert parse("jobs", "list", "--status", status).status == status
+
+    def test_jobs_show(self) -> None:
+        """`jobs show 7 --json` shows job 7 as JSON."""
+        args = parse("jobs", "show", "7", "--json")
+        assert (args.jobs_command, args.job_id, args.json) == ("show", 7, True)
+
+    def test_decisions_with_filters(self) -> None:
+        """`decisions --reason resume_exhausted --since 2h --limit 3 --json` filters the audit."""
+        args = parse("decisions", "--reason", "resume_exhausted", "--since", "2h",
+                     "--limit", "3", "--json")
+        assert args.command == "decisions"
+        assert (args.reason, args.since, args.limit, args.json) == (
+            "resume_exhausted", 7200.0, 3, True)
+
+    def test_decisions_defaults(self) -> None:
+        """A bare `decisions` has no reason or age filter and a limit of 100."""
+        args = parse("decisions")
+        assert (args.reason, args.since, args.limit, args.json) == (None, None, 100, False)
+
+    @pytest.mark.parametrize("reason", [r.value for r in Reason])
+    def test_decisions_accepts_every_reason(self, reason: str) -> None:
+        """Every decision reason, including fence_lost and reconcile_error, can be filtered on."""
+        assert parse("decisions", "--reason", reason).reason == reason
+
+    def test_explain(self) -> None:
+        """`explain` parses with no arguments."""
+        assert parse("explain").command == "explain"
+
+    def test_explain_markdown(self) -> None:
+        """`explain --markdown`, which regenerates docs/decision-table.md, parses."""
+        assert parse("explain", "--markdown").markdown is True
+
+    def test_db_upgrade(self) -> None:
+        """`db upgrade` parses."""
+        args = parse("db", "upgrade")
+        assert (args.command, args.db_command) == ("db", "upgrade")
+
+    def test_setting_flags_stay_text_until_validated(self) -> None:
+        """Setting flags are passed on as text (None when absent) for Settings to validate."""
+        args = parse("pass", "--database-url", "sqlite:///x.db", "--batch-size", "abc")
+        assert (args.database_url, args.batch_size) == ("sqlite:///x.db", "abc")
+        assert args.stale_after_seconds is None
+
+    def test_verbose_flag(self) -> None:
+        """`--verbose` is accepted after a command."""
+        assert parse("explain", "--verbose").verbose is True
+
+
+class TestRefusedCommandLines:
+    """Malformed command lines end with argparse's usage error and exit status 2."""
+
+    def test_unknown_status(self, capsys: pytest.CaptureFixture[str]) -> None:
+        """`jobs list --status` with a status outside the vocabulary is refused."""
+        err = refused(capsys, "jobs", "list", "--status", "stuck")
+        assert "--status" in err
+
+    def test_unknown_reason(self, capsys: pytest.CaptureFixture[str]) -> None:
+        """`decisions --reason` with an unknown reason is refused."""
+        err = refused(capsys, "decisions", "--reason", "because")
+        assert "--reason" in err
+
+    @pytest.mark.parametrize("command", [("jobs", "list"), ("decisions",)])
+    @pytest.mark.parametrize("limit", ["0", "-1", "ten", "2.5"])
+    def test_bad_limit(self, capsys: pytest.CaptureFixture[str], command: tuple[str, ...],
+                       limit: str) -> None:
+        """A --limit that is not a whole number of at least 1 is refused."""
+        err = refused(capsys, *command, "--limit", limit)
+        assert "--limit" in err
+
+    def test_bad_since(self, capsys: pytest.CaptureFixture[str]) -> None:
+        """`decisions --since` with a malformed duration is refused."""
+        err = refused(capsys, "decisions", "--since", "yesterday")
+        assert "not a duration" in err
+
+    def test_non_numeric_job_id(self, capsys: pytest.CaptureFixture[str]) -> None:
+        """`jobs show` needs a numeric job id."""
+        refused(capsys, "jobs", "show", "seven")
+
+    def test_no_command(self, capsys: pytest.CaptureFixture[str]) -> None:
+        """A command is required."""
+        refused(capsys)
+
+    def test_unknown_command(self, capsys: pytest.CaptureFixture[str]) -> None:
+        """An unknown command is refused."""
+        refused(capsys, "frobnicate")
+
+    @pytest.mark.parametrize("argv", [("db",), ("jobs",)])
+    def test_command_groups_need_an_action(self, capsys: pytest.CaptureFixture[str],
+                                           argv: tuple[str, ...]) -> None:
+        """`db` and `jobs` alone are refused: they need an action."""
+        refused(capsys, *argv)
