@@ -17,7 +17,12 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from reconciler import __version__
 from reconciler.db import create_engine
 from reconciler.decisions import Thresholds, render_markdown, render_table
-from reconciler.errors import DatabaseUnavailableError, NotFoundError, ReconcilerError
+from reconciler.errors import (
+    ActionRefusedError,
+    DatabaseUnavailableError,
+    NotFoundError,
+    ReconcilerError,
+)
 from reconciler.passes import PassConfig, run_pass
 from reconciler.schema import require_current, upgrade
 from reconciler.settings import Settings, load_settings
@@ -86,6 +91,11 @@ def build_parser() -> argparse.ArgumentParser:
     show = job_commands.add_parser("show", parents=[common], help="one job and its steps")
     show.add_argument("job_id", type=int)
     show.add_argument("--json", action="store_true")
+
+    for action, help_text in OPERATOR_HELP.items():
+        acting = job_commands.add_parser(action, parents=[common], help=help_text)
+        acting.add_argument("job_id", type=int)
+        acting.add_argument("--json", action="store_true")
 
     audit = commands.add_parser("decisions", parents=[common], help="the audit trail")
     audit.add_argument("--reason", choices=[r.value for r in Reason])
@@ -192,6 +202,28 @@ def cmd_jobs_show(args: argparse.Namespace) -> int:
     return 0
 
 
+OPERATOR_HELP = {
+    "hold": "hold a job: workers do not claim it and the reconciler leaves it alone",
+    "unhold": "release an operator hold",
+    "retry": "requeue a failed or cancelled job with a fresh attempt budget",
+    "cancel": "cancel a queued or processing job (its worker is fenced out at once)",
+}
+
+
+def cmd_jobs_action(args: argparse.Namespace) -> int:
+    store = _open_store(_settings(args))
+    applied, refusal = store.operator_action(args.job_id, args.jobs_command)
+    if refusal == "no_such_job":
+        raise NotFoundError(f"no job with id {args.job_id}")
+    if not applied:
+        raise ActionRefusedError(f"cannot {args.jobs_command} job {args.job_id}: {refusal}")
+    job = store.get_job(args.job_id)
+    view = job_view(job) if job is not None else {"job_id": args.job_id}
+    _emit(args, view, lambda: f"job {args.job_id}: {args.jobs_command} applied; "
+                              f"status {view.get('status')}")
+    return 0
+
+
 def cmd_decisions(args: argparse.Namespace) -> int:
     store = _open_store(_settings(args))
     records = [decision_view(r) for r in store.list_decisions(args.reason, args.since,
@@ -224,6 +256,7 @@ COMMANDS: dict[tuple[str, ...], Callable[[argparse.Namespace], int]] = {
     ("pass",): cmd_pass,
     ("jobs", "list"): cmd_jobs_list,
     ("jobs", "show"): cmd_jobs_show,
+    **{("jobs", action): cmd_jobs_action for action in OPERATOR_HELP},
     ("decisions",): cmd_decisions,
     ("explain",): cmd_explain,
 }

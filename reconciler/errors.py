@@ -33,6 +33,12 @@ class NotFoundError(ReconcilerError):
     exit_code = 5
 
 
+class ActionRefusedError(ReconcilerError):
+    """An operator action does not apply to the job in its current state."""
+
+    exit_code = 6
+
+
 class LeaseLost(Exception):  # noqa: N818 - the public name in the worker contract
     """A fenced write matched no row: this claim is no longer the job's current claim.
 

@@ -29,6 +29,7 @@ from types import FrameType
 from reconciler.artifacts import move_published, staging_path, write_atomically
 from reconciler.errors import LeaseLost
 from reconciler.vocabulary import short_code
+from reconciler.wakeups import WorkWaiter
 from reconciler.worker import Claim, JobClient
 
 log = logging.getLogger("reconciler.worker")
@@ -300,6 +301,14 @@ class Worker:
 
     def _claim_loop(self, max_jobs: int | None) -> None:
         kinds = list(self.handlers)
+        waiter = WorkWaiter(self.client.engine, self._wake)
+        try:
+            self._claim_until_stopped(kinds, max_jobs, waiter)
+        finally:
+            waiter.close()
+
+    def _claim_until_stopped(self, kinds: list[str], max_jobs: int | None,
+                             waiter: WorkWaiter) -> None:
         while not self.stopping.is_set():
             if max_jobs is not None and self.stats.claimed >= max_jobs:
                 return
@@ -314,7 +323,7 @@ class Worker:
             if claim is None:
                 self._slots.release()
                 self._wake.clear()
-                self._wake.wait(self.poll_interval_seconds)
+                waiter.wait(self.poll_interval_seconds)
                 continue
             self.stats.claimed += 1
             runner = JobRunner(self, claim)

@@ -1,0 +1,56 @@
+"""Waking idle workers: PostgreSQL LISTEN/NOTIFY, with polling as the fallback.
+
+Enqueues and resumes send ``NOTIFY reconciler_jobs`` in their own transaction (see
+sql_store), so a notification means committed work. A listener that breaks (the database
+restarted) falls back to plain polling and reconnects on the next wait.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import psycopg
+from sqlalchemy.engine import Engine
+
+from reconciler.db import is_postgresql
+from reconciler.sql_store import WAKE_CHANNEL
+
+log = logging.getLogger("reconciler.wakeups")
+
+
+class WorkWaiter:
+    """Block an idle worker until work may be there, or the poll interval passes."""
+
+    def __init__(self, engine: Engine, interrupt: threading.Event) -> None:
+        self._interrupt = interrupt
+        self._conninfo = (
+            engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+            if is_postgresql(engine) else None
+        )
+        self._conn: psycopg.Connection[tuple[object, ...]] | None = None
+
+    def wait(self, timeout: float) -> None:
+        """Return on a notification, an interrupt, or after ``timeout`` seconds."""
+        if self._conninfo is None or self._interrupt.is_set():
+            self._interrupt.wait(timeout)
+            return
+        try:
+            if self._conn is None or self._conn.closed:
+                self._conn = psycopg.connect(self._conninfo, autocommit=True,
+                                             connect_timeout=5)
+                self._conn.execute(f"LISTEN {WAKE_CHANNEL}")
+            for _ in self._conn.notifies(timeout=timeout, stop_after=1):
+                break
+        except psycopg.Error as exc:
+            log.warning("event=listen_failed error=%s", type(exc).__name__)
+            self.close()
+            self._interrupt.wait(timeout)
+
+    def close(self) -> None:
+        """Drop the listening connection."""
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            finally:
+                self._conn = None
