@@ -6,6 +6,7 @@ import logging
 import uuid
 from dataclasses import dataclass, field
 
+from reconciler import failpoints
 from reconciler.decisions import Decision, Thresholds, decide
 from reconciler.evidence import Evidence, EvidenceError, build_steps, parse_plan
 from reconciler.store import CandidateRow, Cursor, PlannedChange, RecordedDecision, Store
@@ -101,11 +102,20 @@ def run_pass(
             tx.expire_gone_sessions(config.session_timeout_seconds)
             rows = tx.candidates(config.batch_size, config.thresholds, after)
             planned = [plan_change(r, config.thresholds) for r in rows]
+            failpoints.hit("between_decide_and_apply")
             recorded = tx.apply(pass_id, planned, config.thresholds)
     finally:
         if config.use_leader_lease and config.release_leadership_after:
             store.release_leadership(LEADER_LEASE_NAME, config.instance)
-    cursor = None
-    if len(rows) >= config.batch_size and rows[-1].lease_expires_at is not None:
-        cursor = Cursor(rows[-1].lease_expires_at, rows[-1].job_id)
-    return PassReport(pass_id, PassOutcome.OK, tuple(recorded), cursor)
+    return PassReport(pass_id, PassOutcome.OK, tuple(recorded), next_cursor(rows, config))
+
+
+def next_cursor(rows: list[CandidateRow], config: PassConfig) -> Cursor | None:
+    """Where the expired-lease scan continues: only after a full page of expired leases.
+
+    Wedged candidates (live leases) fill a batch only when that scan came up short, and
+    their lease times lie in the future, so they never position the cursor.
+    """
+    expired = [Cursor(r.lease_expires_at, r.job_id)
+               for r in rows if not r.lease_live and r.lease_expires_at is not None]
+    return expired[-1] if len(expired) >= config.batch_size else None

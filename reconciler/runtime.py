@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
+from reconciler import failpoints
 from reconciler.artifacts import move_published, staging_path, write_atomically
 from reconciler.errors import LeaseLost
 from reconciler.vocabulary import short_code
@@ -119,6 +120,7 @@ class JobRunner:
             if self.worker.aborting.is_set():
                 return
             try:
+                failpoints.hit("in_heartbeat")
                 self.claim.heartbeat()
             except LeaseLost:
                 log.warning("event=lease_lost job_id=%s generation=%s", self.claim.job_id,
@@ -160,15 +162,21 @@ class JobRunner:
             if worker.stopping.is_set():
                 claim.release()
                 return "released"
+            if index > claim.next_step_index:
+                failpoints.hit("between_steps")
             name = claim.steps[index].step_name
             handler = handlers.get(name)
             if handler is None:
                 claim.fail_step(index, HANDLER_MISSING, retryable=False)
                 claim.fail(HANDLER_MISSING, retryable=False)
                 return "failed"
+            kind = claim.steps[index].effect_kind.value
+            failpoints.hit("before_step_start", kind)
             claim.start_step(index)
+            failpoints.hit("after_step_start", kind)
             context = StepContext(self, claim, index, worker.artifact_root)
             finished, error = _call_with_deadline(handler, context, deadline)
+            failpoints.hit("after_step_effect", kind)
             self.check_writable()
             if not finished:
                 log.error("event=handler_lifetime_exceeded job_id=%s step=%s",
@@ -185,7 +193,9 @@ class JobRunner:
                 return "retrying" if requeued else "failed"
             claim.finish_step(index)
         self.check_writable()
+        failpoints.hit("before_complete")
         generation = claim.complete()
+        failpoints.hit("after_complete")
         move_published(worker.client.store, worker.artifact_root, claim.job_id, generation)
         return "completed"
 

@@ -28,6 +28,7 @@ from models import (
     StepRun,
     WorkerSession,
 )
+from reconciler import failpoints
 from reconciler.clock import db_now, now_plus, seconds_since
 from reconciler.db import is_postgresql, read_only
 from reconciler.decisions import Thresholds
@@ -231,6 +232,7 @@ class SqlPassTransaction:
         applied: set[int] = set()
         if acting:
             applied = self._swap(acting, thresholds)
+            failpoints.hit("between_apply_and_record")
             self._close_attempts([c for c in acting if c.decision.job_id in applied])
         recorded: list[RecordedDecision] = []
         for change in changes:
