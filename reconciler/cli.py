@@ -23,6 +23,7 @@ from reconciler.errors import (
     NotFoundError,
     ReconcilerError,
 )
+from reconciler.logs import configure_logging
 from reconciler.passes import PassConfig, run_pass
 from reconciler.schema import require_current, upgrade
 from reconciler.settings import Settings, load_settings
@@ -77,6 +78,12 @@ def build_parser() -> argparse.ArgumentParser:
     db = commands.add_parser("db", help="schema migrations")
     db_commands = db.add_subparsers(dest="db_command", required=True, metavar="ACTION")
     db_commands.add_parser("upgrade", parents=[common], help="apply migrations up to head")
+
+    commands.add_parser("run", parents=[common],
+                        help="the sidecar: scheduled passes, /metrics, /healthz, /readyz")
+    demo = commands.add_parser("demo", parents=[common],
+                               help="crash real workers and watch the reconciler recover them")
+    demo.add_argument("--keep", action="store_true", help="keep the demo's database file")
 
     run_once = commands.add_parser("pass", parents=[common], help="run one bounded pass now")
     run_once.add_argument("--dry-run", action="store_true", help="decide, write nothing")
@@ -251,8 +258,23 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_run(args: argparse.Namespace) -> int:
+    from reconciler.service import Service  # noqa: PLC0415 - keeps other commands light
+
+    configure_logging(args.verbose)
+    return Service(_settings(args)).run_until_signalled()
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from reconciler.demo import run_demo  # noqa: PLC0415 - keeps other commands light
+
+    return run_demo(keep=args.keep)
+
+
 COMMANDS: dict[tuple[str, ...], Callable[[argparse.Namespace], int]] = {
     ("db", "upgrade"): cmd_db_upgrade,
+    ("run",): cmd_run,
+    ("demo",): cmd_demo,
     ("pass",): cmd_pass,
     ("jobs", "list"): cmd_jobs_list,
     ("jobs", "show"): cmd_jobs_show,
@@ -271,10 +293,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: run one command; errors become one line on stderr and an exit code."""
     args = build_parser().parse_args(argv)
     verbose = getattr(args, "verbose", False)
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.WARNING, stream=sys.stderr,
-        format="ts=%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
-    )
+    configure_logging(verbose, level=logging.WARNING)
     try:
         return COMMANDS[_command_key(args)](args)
     except ReconcilerError as exc:

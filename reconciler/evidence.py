@@ -23,7 +23,8 @@ class PlanStep:
     """One step of a plan: its name and what running it may do to the world."""
 
     step_name: str
-    effect_kind: EffectKind
+    effect_kind: str
+    """One of ``pure``, ``idempotent``, ``effectful``; stored as an ``EffectKind``."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.step_name, str) or not self.step_name:
@@ -35,6 +36,11 @@ class PlanStep:
                 f"step {self.step_name!r}: effect_kind must be one of "
                 f"{', '.join(k.value for k in EffectKind)}"
             ) from None
+
+    @property
+    def kind(self) -> EffectKind:
+        """The effect kind as the enum."""
+        return EffectKind(self.effect_kind)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +89,7 @@ class Evidence:
     def first_unfinished_effect(self) -> EffectKind | None:
         """Effect kind of the first unfinished step, from the plan."""
         index = self.first_unfinished_index
-        return None if index is None or self.plan is None else self.plan[index].effect_kind
+        return None if index is None or self.plan is None else self.plan[index].kind
 
     def public_facts(self) -> dict[str, Any]:
         """Privacy-safe facts recorded beside a decision: states, ages, attempts."""
@@ -105,7 +111,7 @@ class Evidence:
             "plan_readable": self.plan is not None,
             "plan_length": plan_length,
             "step_states": states,
-            "effect_kinds": None if self.plan is None else [s.effect_kind.value for s in self.plan],
+            "effect_kinds": None if self.plan is None else [s.kind.value for s in self.plan],
             "first_unfinished_step": self.first_unfinished_index,
         }
 

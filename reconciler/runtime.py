@@ -170,7 +170,7 @@ class JobRunner:
                 claim.fail_step(index, HANDLER_MISSING, retryable=False)
                 claim.fail(HANDLER_MISSING, retryable=False)
                 return "failed"
-            kind = claim.steps[index].effect_kind.value
+            kind = claim.steps[index].kind.value
             failpoints.hit("before_step_start", kind)
             claim.start_step(index)
             failpoints.hit("after_step_start", kind)

@@ -51,6 +51,8 @@ class Settings(BaseSettings):
         600.0, gt=0, description="longest a worker lets one job's handlers run")
     poll_interval_seconds: float = Field(
         1.0, gt=0, description="how often an idle worker looks for work")
+    audit_retention_days: float = Field(
+        30.0, gt=0, description="passes and decisions older than this are deleted")
     artifact_root: str = Field("artifacts", description="folder for staged and published "
                                "artifacts")
 

@@ -427,6 +427,38 @@ class SqlStore:
                 .values(lease_expires_at=db_now())
             )
 
+    def try_lead(self, lease_name: str, holder_id: str, ttl_seconds: float) -> int | None:
+        """Acquire or renew the leader lease in its own transaction; the token or None."""
+        with self.engine.begin() as conn:
+            return SqlPassTransaction(conn, lock=True).take_leadership(
+                lease_name, holder_id, ttl_seconds)
+
+    def stale_backlog(self) -> tuple[int, float | None]:
+        """How many processing jobs have an expired lease, and the oldest one's age."""
+        with self.engine.connect() as conn:
+            row = read_only(conn).execute(
+                sa.select(sa.func.count(), sa.func.max(seconds_since(jobs.c.lease_expires_at)))
+                .where(jobs.c.job_status == PROCESSING, jobs.c.lease_expires_at <= db_now())
+            ).one()
+            return int(row[0]), _float(row[1])
+
+    def delete_audit_before(self, days: float, limit: int) -> int:
+        """Delete finished passes older than ``days`` with their decisions, at most ``limit``."""
+        with self.engine.begin() as conn:
+            old = [int(i) for i in conn.execute(
+                sa.select(passes.c.pass_id)
+                .where(passes.c.started_at < now_plus(-days * 86400.0),
+                       passes.c.finished_at.is_not(None))
+                .order_by(passes.c.pass_id).limit(limit)
+            ).scalars()]
+            if not old:
+                return 0
+            # Explicit, not ON DELETE CASCADE: SQLite enforces that only with foreign_keys on.
+            deleted = conn.execute(
+                decisions.delete().where(decisions.c.pass_id.in_(old))).rowcount
+            conn.execute(passes.delete().where(passes.c.pass_id.in_(old)))
+            return int(deleted) + len(old)
+
     # -- the worker protocol ----------------------------------------------------------------
 
     def enqueue(
@@ -443,7 +475,7 @@ class SqlStore:
         """Insert a queued job, or return the job already holding ``idempotency_key``."""
         row = {
             "job_kind": job_kind, "job_status": JobStatus.QUEUED.value,
-            "step_plan": [{"step_name": s.step_name, "effect_kind": s.effect_kind.value}
+            "step_plan": [{"step_name": s.step_name, "effect_kind": s.kind.value}
                           for s in plan],
             "max_attempts": max_attempts, "idempotency_key": idempotency_key,
             "singleton_key": singleton_key, "job_payload": payload,
@@ -591,7 +623,7 @@ class SqlStore:
                 return
             stmt = _insert(conn, steps).values(
                 job_id=job_id, step_index=step_index, step_name=spec.step_name,
-                effect_kind=spec.effect_kind.value, step_state=state.value,
+                effect_kind=spec.kind.value, step_state=state.value,
                 claim_generation=generation, started_at=db_now(),
                 finished_at=db_now() if finished else None,
                 error_code=error_code, failure_retryable=retryable,

@@ -29,7 +29,7 @@ def job_view(job: JobDetail) -> dict[str, Any]:
         ]
     else:
         step_list = [
-            {"index": i, "name": step.step_name, "effect_kind": step.effect_kind.value,
+            {"index": i, "name": step.step_name, "effect_kind": step.kind.value,
              "state": job.step_states.get(i, NOT_STARTED)}
             for i, step in enumerate(plan)
         ]

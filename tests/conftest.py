@@ -30,7 +30,6 @@ from tests.pg_server import DSN_ENV, INSTALL_HINT, ThrowawayPostgres, find_pg_bi
 
 ENGINES = ("sqlite", "postgresql")
 REPO_ROOT = Path(__file__).resolve().parent.parent
-TEMPLATE_DB = "reconciler_template"
 
 
 class PostgresForTests:
@@ -40,6 +39,8 @@ class PostgresForTests:
         self.dsn = dsn
         self.server = server
         self.parts = dict(p.split("=", 1) for p in dsn.split())
+        # One template per test session: sessions may share a server (a developer's, CI's).
+        self.template = f"reconciler_template_{uuid.uuid4().hex[:8]}"
         self._template_ready = False
 
     def url(self, name: str) -> str:
@@ -58,13 +59,12 @@ class PostgresForTests:
         name = "t_" + uuid.uuid4().hex[:12]
         if migrated:
             if not self._template_ready:
-                self.admin(f"DROP DATABASE IF EXISTS {TEMPLATE_DB} WITH (FORCE)")
-                self.admin(f"CREATE DATABASE {TEMPLATE_DB}")
-                engine = create_engine(self.url(TEMPLATE_DB))
+                self.admin(f"CREATE DATABASE {self.template}")
+                engine = create_engine(self.url(self.template))
                 upgrade(engine)
                 engine.dispose()
                 self._template_ready = True
-            self.admin(f"CREATE DATABASE {name} TEMPLATE {TEMPLATE_DB}")
+            self.admin(f"CREATE DATABASE {name} TEMPLATE {self.template}")
         else:
             self.admin(f"CREATE DATABASE {name}")
         return name
@@ -72,13 +72,19 @@ class PostgresForTests:
     def drop(self, name: str) -> None:
         self.admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
+    def close(self) -> None:
+        if self._template_ready:
+            self.drop(self.template)
+
 
 @pytest.fixture(scope="session")
 def postgres() -> Iterator[PostgresForTests | None]:
     """The session's PostgreSQL, or None (skip) when it cannot be had outside CI."""
     dsn = os.environ.get(DSN_ENV)
     if dsn:
-        yield PostgresForTests(dsn, None)
+        shared = PostgresForTests(dsn, None)
+        yield shared
+        shared.close()
         return
     if find_pg_bin() is None:
         if os.environ.get("CI", "").lower() == "true":

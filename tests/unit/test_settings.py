@@ -34,6 +34,7 @@ DEFAULTS: dict[str, Any] = {
     "shutdown_grace_seconds": 30.0,
     "max_run_seconds": 600.0,  # DESIGN.md section 3a: Worker(max_run_seconds=600)
     "poll_interval_seconds": 1.0,
+    "audit_retention_days": 30.0,  # issue 4: bounded retention of the audit trail
     "artifact_root": "artifacts",
 }
 

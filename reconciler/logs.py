@@ -1,0 +1,38 @@
+"""Structured logs: one event per line, ``key=value`` pairs (logfmt)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+
+
+class LogfmtFormatter(logging.Formatter):
+    """``ts=... level=... logger=... event=... key=value``; never more than one line."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+        message = record.getMessage().replace("\n", " ").replace("\r", " ")
+        if not message.startswith("event="):
+            message = f'event=message text="{message}"'
+        line = (f"ts={ts}.{int(record.msecs):03d}Z level={record.levelname.lower()} "
+                f"logger={record.name} {message}")
+        if record.exc_info and record.exc_info[0] is not None:
+            line += f" error={record.exc_info[0].__name__}"
+        return line
+
+
+def configure_logging(verbose: bool = False, level: int = logging.INFO) -> None:
+    """Send logfmt lines to stderr; ``verbose`` adds debug lines and tracebacks."""
+    handler = logging.StreamHandler(sys.stderr)
+    formatter: logging.Formatter = (
+        logging.Formatter("ts=%(asctime)s level=%(levelname)s logger=%(name)s %(message)s")
+        if verbose else LogfmtFormatter()
+    )
+    handler.setFormatter(formatter)
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.DEBUG if verbose else level)
+    # Library chatter (alembic's migration notes, APScheduler's per-run lines) stays quiet.
+    for noisy in ("alembic", "apscheduler", "sqlalchemy"):
+        logging.getLogger(noisy).setLevel(logging.DEBUG if verbose else logging.WARNING)

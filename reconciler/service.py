@@ -1,0 +1,273 @@
+"""``reconciler run``: scheduled passes and chores, /metrics /healthz /readyz, signals.
+
+The scheduler only calls ``run_pass`` and the chores, logs and updates metrics. A pass
+never overlaps the next (``max_instances=1``), a paused process does not fire a burst on
+wake (``coalesce``), and a pass longer than the interval is reported. Leadership saves
+duplicate work only; correctness comes from each job's compare-and-swap.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from apscheduler.events import EVENT_JOB_MAX_INSTANCES, JobExecutionEvent
+from apscheduler.schedulers.background import BackgroundScheduler
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
+
+from reconciler.artifacts import sweep_artifacts
+from reconciler.db import create_engine
+from reconciler.decisions import Thresholds
+from reconciler.errors import ReconcilerError
+from reconciler.metrics import Metrics
+from reconciler.passes import LEADER_LEASE_NAME, PassConfig, PassReport, run_pass
+from reconciler.schema import require_current
+from reconciler.settings import Settings
+from reconciler.sql_store import SqlStore
+from reconciler.store import Cursor
+from reconciler.vocabulary import Disposition, PassOutcome
+
+log = logging.getLogger("reconciler.service")
+
+JITTER_FRACTION = 0.1
+RETENTION_INTERVAL_SECONDS = 600.0
+RETENTION_BATCH_ROWS = 5000
+SHUTDOWN_TIMEOUT_SECONDS = 30.0
+
+
+def pass_config(settings: Settings, instance: str) -> PassConfig:
+    """The pass configuration a service instance runs with."""
+    return PassConfig(
+        batch_size=settings.batch_size,
+        thresholds=Thresholds(settings.stale_after_seconds, settings.wedged_after_seconds),
+        instance=instance,
+        leader_lease_seconds=settings.leader_lease_seconds,
+        session_timeout_seconds=settings.session_timeout_seconds,
+    )
+
+
+class Service:
+    """One reconciler instance: passes, chores, HTTP endpoints."""
+
+    def __init__(self, settings: Settings, *, instance: str | None = None) -> None:
+        self.settings = settings
+        self.instance = (instance or settings.instance_name
+                         or f"{socket.gethostname()}-{os.getpid()}")
+        self.engine = create_engine(settings.database_url)
+        require_current(self.engine)
+        self.store = SqlStore(self.engine)
+        self.metrics = Metrics()
+        self.pass_overruns = Counter("reconciler_pass_overruns",
+                                     "Scheduled passes skipped because the previous one ran on",
+                                     registry=self.metrics.registry)
+        self.config = pass_config(settings, self.instance)
+        self.cursor: Cursor | None = None
+        self.last_pass_finished: float | None = None
+        self.stopping = threading.Event()
+        self.scheduler = BackgroundScheduler(timezone="UTC")
+        self.http: ThreadingHTTPServer | None = None
+
+    # -- the jobs the scheduler runs ---------------------------------------------------------
+
+    def run_one_pass(self) -> PassReport | None:
+        """One pass with its logging and metrics; never raises."""
+        started = time.monotonic()
+        try:
+            report = run_pass(self.store, self.config, after=self.cursor)
+        except Exception as exc:
+            elapsed = time.monotonic() - started
+            self.metrics.observe_failed_pass(elapsed)
+            self.metrics.is_leader.set(0)
+            log.error("event=pass_failed instance=%s error=%s seconds=%.3f", self.instance,
+                      type(exc).__name__, elapsed)
+            self._record_failure(type(exc).__name__)
+            return None
+        elapsed = time.monotonic() - started
+        self.cursor = report.next_cursor
+        self.metrics.observe_pass(report, elapsed, time.time())
+        if report.outcome is PassOutcome.OK:
+            self.last_pass_finished = time.monotonic()
+        log.info(
+            "event=pass_finished instance=%s pass_id=%s outcome=%s candidates=%d resumed=%d "
+            "terminalized=%d skipped=%d seconds=%.3f", self.instance, report.pass_id,
+            report.outcome.value, len(report.decisions), report.count(Disposition.RESUME),
+            report.count(Disposition.TERMINALIZE), report.count(Disposition.SKIP), elapsed)
+        return report
+
+    def _record_failure(self, error_code: str) -> None:
+        try:
+            self.store.record_failed_pass(self.instance, error_code[:64])
+        except Exception as exc:  # the database is down: the metric and the log carry it
+            log.debug("event=failed_pass_not_recorded error=%s", type(exc).__name__)
+
+    def renew_leadership(self) -> None:
+        """Keep the leader lease between passes and say whether this instance leads."""
+        try:
+            token = self.store.try_lead(LEADER_LEASE_NAME, self.instance,
+                                        self.settings.leader_lease_seconds)
+        except Exception as exc:
+            self.metrics.is_leader.set(0)
+            log.warning("event=leader_renewal_failed error=%s", type(exc).__name__)
+            return
+        self.metrics.is_leader.set(0 if token is None else 1)
+
+    def refresh_backlog(self) -> None:
+        """The stale backlog gauges."""
+        try:
+            count, oldest = self.store.stale_backlog()
+        except Exception as exc:
+            log.warning("event=backlog_refresh_failed error=%s", type(exc).__name__)
+            return
+        self.metrics.stale_claims.set(count)
+        self.metrics.oldest_stale_age.set(oldest or 0.0)
+
+    def apply_retention(self) -> None:
+        """Delete audit rows older than ``audit_retention_days``, a bounded chunk per run."""
+        try:
+            deleted = self.store.delete_audit_before(self.settings.audit_retention_days,
+                                                     RETENTION_BATCH_ROWS)
+        except Exception as exc:
+            log.warning("event=retention_failed error=%s", type(exc).__name__)
+            return
+        self.metrics.retention_deleted.inc(deleted)
+        if deleted:
+            log.info("event=retention_deleted rows=%d", deleted)
+
+    def sweep_artifacts(self) -> None:
+        """Discard stale staged artifacts; failures are counted and retried next run."""
+        try:
+            result = sweep_artifacts(self.store, Path(self.settings.artifact_root))
+        except Exception as exc:
+            self.metrics.artifact_sweep_failures.inc()
+            log.warning("event=artifact_sweep_failed error=%s", type(exc).__name__)
+            return
+        self.metrics.artifacts_discarded.inc(result.discarded)
+        self.metrics.artifact_sweep_failures.inc(result.failures)
+
+    # -- HTTP -------------------------------------------------------------------------------
+
+    def readiness(self) -> tuple[bool, str]:
+        """Ready when the database answers, the schema is current and a pass ran lately."""
+        try:
+            require_current(self.engine)
+        except ReconcilerError as exc:
+            return False, str(exc)
+        if self.last_pass_finished is None:
+            return False, "no pass has finished yet"
+        age = time.monotonic() - self.last_pass_finished
+        if age > 3 * self.settings.interval_seconds + 10:
+            return False, f"last successful pass {age:.0f}s ago"
+        return True, "ready"
+
+    def start_http(self) -> None:
+        """Serve /metrics, /healthz and /readyz on metrics_host:metrics_port."""
+        service = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                path = self.path.split("?", 1)[0]
+                if path == "/metrics":
+                    self._reply(200, generate_latest(service.metrics.registry),
+                                CONTENT_TYPE_LATEST)
+                elif path == "/healthz":
+                    self._reply(200, b"ok\n")
+                elif path == "/readyz":
+                    ready, why = service.readiness()
+                    self._reply(200 if ready else 503, (why + "\n").encode())
+                else:
+                    self._reply(404, b"not found\n")
+
+            def _reply(self, status: int, body: bytes,
+                       content_type: str = "text/plain; charset=utf-8") -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                return
+
+        self.http = ThreadingHTTPServer((self.settings.metrics_host, self.settings.metrics_port),
+                                        Handler)
+        self.http.daemon_threads = True
+        threading.Thread(target=self.http.serve_forever, daemon=True, name="http").start()
+        log.info("event=http_listening host=%s port=%d", self.settings.metrics_host,
+                 self.http.server_address[1])
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def _schedule(self, func: Callable[[], object], seconds: float, name: str) -> None:
+        self.scheduler.add_job(
+            func, "interval", seconds=seconds, jitter=seconds * JITTER_FRACTION, id=name,
+            name=name, max_instances=1, coalesce=True, misfire_grace_time=max(seconds, 1.0),
+            next_run_time=_soon(),
+        )
+
+    def _on_overrun(self, event: JobExecutionEvent) -> None:
+        if event.job_id == "pass":
+            self.pass_overruns.inc()
+            log.warning("event=pass_overrun instance=%s interval_seconds=%s", self.instance,
+                        self.settings.interval_seconds)
+
+    def start(self) -> None:
+        """Start HTTP and the scheduler (non-blocking)."""
+        self.start_http()
+        interval = self.settings.interval_seconds
+        self._schedule(self.run_one_pass, interval, "pass")
+        self._schedule(self.renew_leadership, self.settings.leader_lease_seconds / 3,
+                       "leadership")
+        self._schedule(self.refresh_backlog, min(interval, 15.0), "backlog")
+        self._schedule(self.sweep_artifacts, interval, "artifacts")
+        self._schedule(self.apply_retention, RETENTION_INTERVAL_SECONDS, "retention")
+        self.scheduler.add_listener(self._on_overrun, EVENT_JOB_MAX_INSTANCES)
+        self.scheduler.start()
+        log.info("event=service_started instance=%s interval_seconds=%s", self.instance,
+                 interval)
+
+    def stop(self) -> None:
+        """Finish the pass in flight, give up leadership, stop serving."""
+        self.scheduler.shutdown(wait=True)
+        try:
+            self.store.release_leadership(LEADER_LEASE_NAME, self.instance)
+        except Exception as exc:
+            log.warning("event=leader_release_failed error=%s", type(exc).__name__)
+        self.metrics.is_leader.set(0)
+        if self.http is not None:
+            self.http.shutdown()
+            self.http.server_close()
+        self.engine.dispose()
+        log.info("event=service_stopped instance=%s", self.instance)
+
+    def run_until_signalled(self) -> int:
+        """Run until SIGTERM or SIGINT, then stop cleanly; the exit code."""
+        def on_signal(signum: int, _frame: object) -> None:
+            log.info("event=signal signal=%s", signal.Signals(signum).name)
+            self.stopping.set()
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        self.start()
+        self.stopping.wait()
+        stopper = threading.Thread(target=self.stop, daemon=True)
+        stopper.start()
+        stopper.join(SHUTDOWN_TIMEOUT_SECONDS)
+        if stopper.is_alive():
+            log.error("event=shutdown_timeout seconds=%s", SHUTDOWN_TIMEOUT_SECONDS)
+            return 1
+        return 0
+
+
+def _soon() -> datetime:
+    # A little jitter on the first run too, so replicas started together do not collide.
+    return datetime.now(UTC) + timedelta(seconds=random.uniform(0, 0.2))
