@@ -6,6 +6,7 @@ measured by the database's clock, and attempt counts. No payload, owner or messa
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -67,17 +68,16 @@ class Evidence:
     plan: tuple[PlanStep, ...] | None
     steps: Mapping[int, StepRecord] = field(default_factory=dict)
     session_gone: bool = False
+    first_unfinished_index: int | None = field(init=False, default=None)
+    """Index of the first step that has not succeeded; None when all have (or no plan)."""
 
-    @property
-    def first_unfinished_index(self) -> int | None:
-        """Index of the first step that has not succeeded; None when all have."""
-        if self.plan is None:
-            return None
-        for index in range(len(self.plan)):
-            record = self.steps.get(index)
-            if record is None or record.step_state is not StepState.SUCCEEDED:
-                return index
-        return None
+    def __post_init__(self) -> None:
+        # Derived once: every rule of the table reads it.
+        if self.plan is not None:
+            first = next((i for i in range(len(self.plan))
+                          if (r := self.steps.get(i)) is None
+                          or r.step_state is not StepState.SUCCEEDED), None)
+            object.__setattr__(self, "first_unfinished_index", first)
 
     @property
     def first_unfinished(self) -> StepRecord | None:
@@ -124,10 +124,26 @@ def parse_plan(raw: str | bytes | Sequence[Any] | None) -> tuple[PlanStep, ...] 
     """Parse a stored step plan; None when it is missing or unreadable (rule 5)."""
     if raw is None:
         return None
+    if isinstance(raw, str):
+        return _parse_plan_text(raw)
     try:
-        data = json.loads(raw) if isinstance(raw, str | bytes) else raw
+        data = json.loads(raw) if isinstance(raw, bytes) else raw
     except ValueError:
         return None
+    return _plan_from(data)
+
+
+@functools.lru_cache(maxsize=1024)
+def _parse_plan_text(raw: str) -> tuple[PlanStep, ...] | None:
+    # Jobs of one kind share a plan: a batch parses each distinct text once.
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return None
+    return _plan_from(data)
+
+
+def _plan_from(data: Any) -> tuple[PlanStep, ...] | None:
     if not isinstance(data, list) or not data:
         return None
     steps: list[PlanStep] = []

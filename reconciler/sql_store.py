@@ -8,6 +8,7 @@ statement without the locking clause is equally atomic there.
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -16,6 +17,7 @@ from typing import Any, cast
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.ext.compiler import compiles
 
 from models import (
     JobArtifact,
@@ -250,20 +252,23 @@ class SqlPassTransaction:
                 ))
         if recorded:
             evidence_by_job = {c.decision.job_id: c.evidence for c in changes}
-            self.conn.execute(
-                decisions.insert().values(pass_id=pass_id, decided_at=db_now()),
-                [
-                    {
-                        "job_id": r.job_id, "disposition": r.disposition.value,
-                        "decision_reason": r.reason.value,
-                        "generation_before": r.generation_before,
-                        "generation_after": r.generation_after,
-                        "resume_step_index": r.resume_step_index,
-                        "decision_evidence": evidence_by_job[r.job_id],
-                    }
-                    for r in recorded
-                ],
-            )
+            source = _json_rows(self.conn, "recorded", DECISION_COLUMNS, [
+                {
+                    "job_id": r.job_id, "disposition": r.disposition.value,
+                    "decision_reason": r.reason.value,
+                    "generation_before": r.generation_before,
+                    "generation_after": r.generation_after,
+                    "resume_step_index": r.resume_step_index,
+                    "decision_evidence": evidence_by_job[r.job_id],
+                }
+                for r in recorded
+            ])
+            names = [name for name, _ in DECISION_COLUMNS]
+            self.conn.execute(decisions.insert().from_select(
+                ["pass_id", "decided_at", *names],
+                sa.select(sa.literal(pass_id, sa.BigInteger()), db_now(),
+                          *(source.c[name] for name in names)),
+            ))
         counts = _count(recorded)
         self.conn.execute(
             passes.update().where(passes.c.pass_id == pass_id).values(
@@ -282,24 +287,18 @@ class SqlPassTransaction:
         Generation and status catch a reclaim or a finish; the time predicates catch a
         heartbeat (which renews the lease without bumping the generation) and progress.
         """
-        values = sa.values(
-            sa.column("job_id", sa.BigInteger), sa.column("generation_before", sa.BigInteger),
-            sa.column("new_status", sa.String), sa.column("new_reason", sa.String),
-            sa.column("resume_at", sa.Integer), sa.column("is_resume", sa.Integer),
-            sa.column("is_wedged", sa.Integer),
-            name="planned",
-        ).data([
-            (
-                c.decision.job_id, c.generation_before,
-                JobStatus.QUEUED.value if c.decision.disposition is Disposition.RESUME
-                else JobStatus.FAILED.value,
-                c.decision.reason.value,
-                c.decision.resume_step_index if c.decision.resume_step_index is not None else 0,
-                int(c.decision.disposition is Disposition.RESUME),
-                int(c.decision.reason is Reason.WORKER_WEDGED),
-            )
+        values = _json_rows(self.conn, "planned", PLANNED_COLUMNS, [
+            {
+                "job_id": c.decision.job_id, "generation_before": c.generation_before,
+                "new_status": JobStatus.QUEUED.value
+                if c.decision.disposition is Disposition.RESUME else JobStatus.FAILED.value,
+                "new_reason": c.decision.reason.value,
+                "resume_at": c.decision.resume_step_index or 0,
+                "is_resume": int(c.decision.disposition is Disposition.RESUME),
+                "is_wedged": int(c.decision.reason is Reason.WORKER_WEDGED),
+            }
             for c in acting
-        ]).cte("planned")
+        ])
         resume = values.c.is_resume == 1
         still_wedged = sa.and_(
             values.c.is_wedged == 1,
@@ -316,8 +315,8 @@ class SqlPassTransaction:
             jobs.update()
             .where(
                 jobs.c.job_id == values.c.job_id,
-                jobs.c.claim_generation == values.c.generation_before,
-                jobs.c.job_status == PROCESSING,
+                _unindexed(jobs.c.claim_generation) == values.c.generation_before,
+                _unindexed(jobs.c.job_status) == PROCESSING,
                 sa.or_(still_wedged, still_expired),
             )
             .values(
@@ -353,17 +352,14 @@ class SqlPassTransaction:
         """End the attempts whose claims the swap just took away."""
         if not swapped:
             return
-        values = sa.values(
-            sa.column("job_id", sa.BigInteger), sa.column("generation", sa.BigInteger),
-            sa.column("outcome", sa.String), name="ended",
-        ).data([
-            (
-                c.decision.job_id, c.generation_before,
-                AttemptOutcome.ABANDONED.value if c.decision.reason is Reason.WORKER_WEDGED
-                else AttemptOutcome.LOST.value,
-            )
+        values = _json_rows(self.conn, "ended", ENDED_COLUMNS, [
+            {
+                "job_id": c.decision.job_id, "generation": c.generation_before,
+                "outcome": AttemptOutcome.ABANDONED.value
+                if c.decision.reason is Reason.WORKER_WEDGED else AttemptOutcome.LOST.value,
+            }
             for c in swapped
-        ]).cte("ended")
+        ])
         self.conn.execute(
             attempts.update()
             .where(
@@ -373,6 +369,70 @@ class SqlPassTransaction:
             )
             .values(ended_at=db_now(), attempt_outcome=values.c.outcome, ended_by="reconciler")
         )
+
+
+PLANNED_COLUMNS: tuple[tuple[str, Any], ...] = (
+    ("job_id", sa.BigInteger()), ("generation_before", sa.BigInteger()),
+    ("new_status", sa.String()), ("new_reason", sa.String()), ("resume_at", sa.Integer()),
+    ("is_resume", sa.Integer()), ("is_wedged", sa.Integer()),
+)
+ENDED_COLUMNS: tuple[tuple[str, Any], ...] = (
+    ("job_id", sa.BigInteger()), ("generation", sa.BigInteger()), ("outcome", sa.String()),
+)
+DECISION_COLUMNS: tuple[tuple[str, Any], ...] = (
+    ("job_id", sa.BigInteger()), ("disposition", sa.String()),
+    ("decision_reason", sa.String()), ("generation_before", sa.BigInteger()),
+    ("generation_after", sa.BigInteger()), ("resume_step_index", sa.Integer()),
+    ("decision_evidence", sa.JSON()),
+)
+
+
+class _unindexed(sa.sql.expression.ColumnElement[Any]):  # noqa: N801 - reads as SQL
+    """A column SQLite must not use an index for: ``+column`` (PostgreSQL: the column).
+
+    In ``UPDATE job_runs ... FROM <json rows>``, an index on ``job_status`` tempts SQLite
+    to scan every processing job and probe the JSON rows for each; with the index ruled
+    out it loops over the batch and finds each job by primary key.
+    """
+
+    inherit_cache = True
+
+    def __init__(self, column: sa.ColumnElement[Any]) -> None:
+        self.column = column
+        self.type = column.type
+
+
+@compiles(_unindexed, "sqlite")
+def _sqlite_unindexed(element: _unindexed, compiler: Any, **kw: Any) -> str:
+    return f"+{compiler.process(element.column, **kw)}"
+
+
+@compiles(_unindexed, "postgresql")
+def _pg_unindexed(element: _unindexed, compiler: Any, **kw: Any) -> str:
+    return str(compiler.process(element.column, **kw))
+
+
+def _json_rows(conn: Connection, name: str, columns: Sequence[tuple[str, Any]],
+               rows: Sequence[dict[str, Any]]) -> Any:
+    """A whole batch as one JSON parameter, read back as a table by the database.
+
+    One bind parameter instead of one per value: the statement text stays the same for
+    every batch size, so it is compiled once and cached, and a batch of thousands costs
+    one round trip. PostgreSQL reads it with ``jsonb_to_recordset``; SQLite with
+    ``json_each`` and ``json_extract`` (which returns nested objects as JSON text).
+    """
+    payload = sa.bindparam(f"{name}_rows", json.dumps(rows), type_=sa.Text())
+    if is_postgresql(conn):
+        return (
+            sa.func.jsonb_to_recordset(sa.cast(payload, postgresql.JSONB))
+            .table_valued(*(sa.column(column, kind) for column, kind in columns))
+            .render_derived(name=name, with_types=True)
+        )
+    each = sa.func.json_each(payload).table_valued("value").alias(f"{name}_each")
+    return sa.select(*(
+        sa.func.json_extract(each.c.value, f"$.{column}").label(column)
+        for column, _ in columns
+    )).subquery(name)
 
 
 def _float(value: Any) -> float | None:
