@@ -10,7 +10,7 @@ import re
 import socket
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from sqlalchemy.exc import DBAPIError, OperationalError
 
@@ -55,8 +55,15 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _settings_parent() -> argparse.ArgumentParser:
-    parent = argparse.ArgumentParser(add_help=False)
+class OneLineParser(argparse.ArgumentParser):
+    """Usage mistakes end with one line naming the fix, like every other error."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _settings_parent() -> OneLineParser:
+    parent = OneLineParser(add_help=False)
     group = parent.add_argument_group("settings (flag, else RECONCILER_<NAME>, else default)")
     # Every setting has a flag, generated from the one declaration in Settings. Values stay
     # text here: Settings validates, so a bad flag and a bad env var read the same.
@@ -70,7 +77,7 @@ def _settings_parent() -> argparse.ArgumentParser:
 def build_parser() -> argparse.ArgumentParser:
     """The whole command tree."""
     common = _settings_parent()
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="reconciler", description="Find jobs whose workers died and recover them.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
