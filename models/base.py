@@ -19,11 +19,12 @@ NAMING_CONVENTION: dict[str, str] = {
 
 
 class UtcDateTime(TypeDecorator[datetime]):
-    """A timezone-aware UTC timestamp with microseconds on both engines.
+    """A timezone-aware UTC timestamp with sub-second precision on both engines.
 
-    PostgreSQL stores ``timestamptz``. SQLite has no timestamp type: values are stored as
-    fixed-width ``YYYY-MM-DD HH:MM:SS.ffffff`` text in UTC, the same text the database
-    clock expression renders, so comparisons in SQL are plain string comparisons.
+    PostgreSQL stores ``timestamptz`` (microseconds). SQLite has no timestamp type: values
+    are stored as fixed-width ``YYYY-MM-DD HH:MM:SS.ffffff`` text in UTC, the same text the
+    database clock expression renders, so comparisons in SQL are plain string comparisons.
+    SQLite's clock ticks in milliseconds; its values carry ``000`` as the last digits.
     """
 
     impl = DateTime(timezone=True)
