@@ -160,16 +160,18 @@ def _plan_from(data: Any) -> tuple[PlanStep, ...] | None:
     return tuple(steps)
 
 
+_STEP_STATES: dict[str, StepState] = {state.value: state for state in StepState}
+
+
 def build_steps(
     plan: tuple[PlanStep, ...] | None, rows: Sequence[tuple[int, str, bool | None]]
 ) -> dict[int, StepRecord]:
     """Step records keyed by index; raises EvidenceError when they contradict the plan."""
     records: dict[int, StepRecord] = {}
     for step_index, state, retryable in rows:
-        try:
-            step_state = StepState(state)
-        except ValueError as exc:
-            raise EvidenceError("step record has an unknown state") from exc
+        step_state = _STEP_STATES.get(state)
+        if step_state is None:
+            raise EvidenceError("step record has an unknown state")
         if plan is not None and not 0 <= step_index < len(plan):
             raise EvidenceError("step record lies outside the job's plan")
         records[step_index] = StepRecord(step_index, step_state, retryable)

@@ -1,0 +1,1 @@
+"""Benchmarks of the reconciliation pass: ``python -m benchmarks --help``."""

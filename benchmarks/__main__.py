@@ -1,0 +1,286 @@
+"""Benchmarks of the reconciliation pass, each beside a baseline measured in the same run.
+
+    python -m benchmarks --engine sqlite --jobs 1000000 --stale 10000
+    python -m benchmarks --engine postgresql --jobs 1000000 --stale 10000 [--peers]
+    python -m benchmarks --smoke            # N = 10k on both engines, checks it runs
+
+PostgreSQL: ``--database-url`` names an empty database to use, else a throwaway server is
+started (tests/pg_server.py; Debian's postgresql binaries).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from benchmarks.dataset import Shape, build, floor_update, restore_stale
+from reconciler.db import create_engine
+from reconciler.decisions import Thresholds
+from reconciler.passes import PassConfig, PassReport, run_pass
+from reconciler.schema import upgrade
+from reconciler.sql_store import SqlStore
+
+THRESHOLDS = Thresholds(stale_after_seconds=60.0, wedged_after_seconds=3600.0)
+BATCH_SIZES = (100, 500, 2000)
+QUIET_PASSES = 50
+
+
+@dataclass
+class Measurement:
+    """One row of the report; ``as_json`` is one line of ``--json`` output."""
+
+    measurement: str
+    engine: str
+    jobs: int
+    stale: int
+    value: float
+    unit: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def as_json(self) -> str:
+        return json.dumps({"measurement": self.measurement, "engine": self.engine,
+                           "jobs": self.jobs, "stale": self.stale, "value": self.value,
+                           "unit": self.unit, **self.extra})
+
+
+class Databases:
+    """Fresh, migrated databases on one engine."""
+
+    def __init__(self, engine_name: str, base_url: str | None) -> None:
+        self.engine_name = engine_name
+        self.base_url = base_url
+        self._server: Any = None
+        self._tmp = Path(tempfile.mkdtemp(prefix="reconciler-bench-"))
+        self._created: list[str] = []
+
+    @contextmanager
+    def fresh(self) -> Iterator[Engine]:
+        """An empty migrated database, dropped afterwards."""
+        if self.engine_name == "sqlite":
+            path = self._tmp / f"{uuid.uuid4().hex[:8]}.db"
+            url = f"sqlite:///{path}"
+        else:
+            url = self._postgres_database()
+        engine = create_engine(url)
+        upgrade(engine)
+        try:
+            yield engine
+        finally:
+            engine.dispose()
+            if self.engine_name == "sqlite":
+                for suffix in ("", "-wal", "-shm"):
+                    Path(f"{path}{suffix}").unlink(missing_ok=True)
+
+    def _postgres_database(self) -> str:
+        if self.base_url is not None:
+            return self.base_url
+        if self._server is None:
+            sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+            from tests.pg_server import ThrowawayPostgres  # noqa: PLC0415 - only for PostgreSQL
+
+            self._server = ThrowawayPostgres().start()
+        name = f"bench_{uuid.uuid4().hex[:8]}"
+        self._server.create_database(name)
+        return str(self._server.url(name))
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.stop()
+
+
+def _timed(func: Callable[[], Any]) -> tuple[float, Any]:
+    started = time.perf_counter()
+    result = func()
+    return time.perf_counter() - started, result
+
+
+def _config(batch_size: int) -> PassConfig:
+    return PassConfig(batch_size=batch_size, thresholds=THRESHOLDS, instance="bench")
+
+
+def drain(store: SqlStore, batch_size: int) -> tuple[int, int]:
+    """Run passes until nothing is stale; (jobs decided, passes)."""
+    decided = passes = 0
+    config = _config(batch_size)
+    while True:
+        report: PassReport = run_pass(store, config)
+        passes += 1
+        decided += len(report.decisions)
+        if len(report.decisions) < batch_size:
+            return decided, passes
+
+
+def measure_recovery(dbs: Databases, shape: Shape, batch_size: int) -> list[Measurement]:
+    """Recovered jobs per second over all S stale jobs, beside the set-based floor."""
+    with dbs.fresh() as engine:
+        build(engine, shape)
+        floor_seconds, floor_rows = _timed(lambda: floor_update(engine))
+        restore_stale(engine, shape)
+        store = SqlStore(engine)
+        seconds, (decided, passes) = _timed(lambda: drain(store, batch_size))
+    rate, floor_rate = decided / seconds, floor_rows / floor_seconds
+    return [Measurement(
+        "recovery", dbs.engine_name, shape.jobs, shape.stale, round(rate), "jobs/s",
+        {"floor_value": round(floor_rate), "ratio_to_floor": round(rate / floor_rate, 3),
+         "batch_size": batch_size, "passes": passes, "seconds": round(seconds, 3)},
+    )]
+
+
+def quiet_pass_ms(engine: Engine) -> float:
+    """Median wall time of a full pass (lease, pass record, scans) with nothing stale."""
+    store = SqlStore(engine)
+    config = _config(500)
+    run_pass(store, config)
+    samples = []
+    for _ in range(QUIET_PASSES):
+        seconds, report = _timed(lambda: run_pass(store, config))
+        if report.decisions:
+            raise RuntimeError("the quiet-pass measurement found stale jobs")
+        samples.append(seconds * 1000)
+    return statistics.median(samples)
+
+
+def measure_quiet(dbs: Databases, jobs: int) -> Measurement:
+    """A pass with nothing stale over ``jobs`` jobs, 1% of them live and running."""
+    with dbs.fresh() as engine:
+        build(engine, Shape(jobs=jobs, stale=0))
+        return Measurement("quiet_pass", dbs.engine_name, jobs, 0,
+                           round(quiet_pass_ms(engine), 3), "ms",
+                           {"live_running": Shape(jobs, 0).live, "samples": QUIET_PASSES})
+
+
+def measure_round_trips(dbs: Databases) -> list[Measurement]:
+    """Statements one pass issues, per batch size: they must not grow with the batch."""
+    out = []
+    for batch_size in BATCH_SIZES:
+        shape = Shape(jobs=max(10_000, batch_size * 3), stale=batch_size * 2)
+        with dbs.fresh() as engine:
+            build(engine, shape)
+            statements: list[str] = []
+
+            def count(*args: Any) -> None:
+                statements.append(str(args[2]))
+
+            sa.event.listen(engine, "before_cursor_execute", count)
+            report = run_pass(SqlStore(engine), _config(batch_size))
+            sa.event.remove(engine, "before_cursor_execute", count)
+        out.append(Measurement("round_trips_per_batch", dbs.engine_name, shape.jobs,
+                               shape.stale, len(statements), "statements",
+                               {"batch_size": batch_size, "decided": len(report.decisions)}))
+    return out
+
+
+MEMORY_PROBE = """
+import json, resource, sys, tracemalloc
+from reconciler.db import create_engine
+from reconciler.sql_store import SqlStore
+from benchmarks.__main__ import drain
+engine = create_engine(sys.argv[1])
+store = SqlStore(engine)
+tracemalloc.start()
+decided, passes = drain(store, int(sys.argv[2]))
+peak = tracemalloc.get_traced_memory()[1]
+print(json.dumps({"decided": decided, "peak_python_bytes": peak,
+                  "max_rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
+"""
+
+
+def measure_memory(dbs: Databases, stale_counts: tuple[int, ...]) -> list[Measurement]:
+    """Peak memory of a process that drains S stale jobs, for each S."""
+    out = []
+    for stale in stale_counts:
+        shape = Shape(jobs=max(stale * 2, 10_000), stale=stale)
+        with dbs.fresh() as engine:
+            build(engine, shape)
+            url = engine.url.render_as_string(hide_password=False)
+            probe = subprocess.run(
+                [sys.executable, "-c", MEMORY_PROBE, url, "500"], capture_output=True,
+                text=True, check=True, cwd=Path(__file__).resolve().parent.parent,
+            )
+        result = json.loads(probe.stdout)
+        out.append(Measurement("peak_memory", dbs.engine_name, shape.jobs, stale,
+                               round(result["peak_python_bytes"] / 1024 / 1024, 2), "MiB",
+                               {"max_rss_mib": round(result["max_rss_kib"] / 1024, 1),
+                                "decided": result["decided"]}))
+    return out
+
+
+def run(engine_name: str, base_url: str | None, jobs: int, stale: int, *,
+        memory: tuple[int, ...], peers: bool, emit: Callable[[Measurement], None]) -> None:
+    """Every measurement for one engine, printed as it is made."""
+    dbs = Databases(engine_name, base_url)
+    try:
+        for m in measure_recovery(dbs, Shape(jobs, stale), 500):
+            emit(m)
+        for size in sorted({min(10_000, jobs), jobs}):
+            emit(measure_quiet(dbs, size))
+        for m in measure_round_trips(dbs):
+            emit(m)
+        for m in measure_memory(dbs, memory):
+            emit(m)
+        if peers:
+            from benchmarks.peers import measure_procrastinate  # noqa: PLC0415 - optional
+
+            for m in measure_procrastinate(dbs, Shape(jobs, stale)):
+                emit(m)
+    finally:
+        dbs.close()
+
+
+def _table_row(m: Measurement) -> str:
+    extra = " ".join(f"{k}={v}" for k, v in m.extra.items())
+    return (f"{m.measurement:<22} {m.engine:<10} {m.jobs:>9} {m.stale:>7} "
+            f"{m.value:>12} {m.unit:<10} {extra}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--engine", choices=("sqlite", "postgresql", "both"), default="both")
+    parser.add_argument("--database-url", help="an empty PostgreSQL database to use")
+    parser.add_argument("--jobs", type=int, default=1_000_000)
+    parser.add_argument("--stale", type=int, default=None, help="default: 1%% of --jobs")
+    parser.add_argument("--memory", default="1000,100000",
+                        help="stale counts for the peak-memory probe")
+    parser.add_argument("--peers", action="store_true",
+                        help="also measure Procrastinate's stalled-job recovery (PostgreSQL)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="N = 10k, small memory probe: checks the benchmark runs")
+    parser.add_argument("--json", action="store_true", help="one JSON object per line")
+    args = parser.parse_args(argv)
+    jobs = 10_000 if args.smoke else args.jobs
+    stale = args.stale if args.stale is not None else max(jobs // 100, 1)
+    memory = (100, 1000) if args.smoke else tuple(int(x) for x in args.memory.split(","))
+    engines = ("sqlite", "postgresql") if args.engine == "both" else (args.engine,)
+
+    def emit(m: Measurement) -> None:
+        print(m.as_json() if args.json else _table_row(m), flush=True)
+
+    if not args.json:
+        print(f"{'measurement':<22} {'engine':<10} {'jobs':>9} {'stale':>7} {'value':>12} "
+              f"{'unit':<10} details")
+        print(f"machine: {os.cpu_count()} cores, python {sys.version.split()[0]}, "
+              f"sqlite {__import__('sqlite3').sqlite_version}")
+    for name in engines:
+        run(name, args.database_url if name == "postgresql" else None, jobs, stale,
+            memory=memory, peers=args.peers and name == "postgresql", emit=emit)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
