@@ -164,6 +164,21 @@ def measure_quiet(dbs: Databases, jobs: int) -> Measurement:
                            {"live_running": Shape(jobs, 0).live, "samples": QUIET_PASSES})
 
 
+@contextmanager
+def _counting(engine: Engine) -> Iterator[list[str]]:
+    """Every statement sent to the database while the block runs."""
+    statements: list[str] = []
+
+    def count(*args: Any) -> None:
+        statements.append(str(args[2]))
+
+    sa.event.listen(engine, "before_cursor_execute", count)
+    try:
+        yield statements
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", count)
+
+
 def measure_round_trips(dbs: Databases) -> list[Measurement]:
     """Statements one pass issues, per batch size: they must not grow with the batch."""
     out = []
@@ -171,14 +186,8 @@ def measure_round_trips(dbs: Databases) -> list[Measurement]:
         shape = Shape(jobs=max(10_000, batch_size * 3), stale=batch_size * 2)
         with dbs.fresh() as engine:
             build(engine, shape)
-            statements: list[str] = []
-
-            def count(*args: Any) -> None:
-                statements.append(str(args[2]))
-
-            sa.event.listen(engine, "before_cursor_execute", count)
-            report = run_pass(SqlStore(engine), _config(batch_size))
-            sa.event.remove(engine, "before_cursor_execute", count)
+            with _counting(engine) as statements:
+                report = run_pass(SqlStore(engine), _config(batch_size))
         out.append(Measurement("round_trips_per_batch", dbs.engine_name, shape.jobs,
                                shape.stale, len(statements), "statements",
                                {"batch_size": batch_size, "decided": len(report.decisions)}))
