@@ -24,7 +24,7 @@ from reconciler.errors import (
     ReconcilerError,
 )
 from reconciler.logs import configure_logging
-from reconciler.passes import PassConfig, run_pass
+from reconciler.passes import PassConfig, explain_jobs, run_pass
 from reconciler.schema import require_current, upgrade
 from reconciler.settings import Settings, load_settings
 from reconciler.sql_store import SqlStore
@@ -106,6 +106,11 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("job_id", type=int)
     show.add_argument("--json", action="store_true")
 
+    why = job_commands.add_parser(
+        "explain", parents=[common],
+        help="what the decision table says about a processing job right now (read only)")
+    why.add_argument("job_id", type=int)
+    why.add_argument("--json", action="store_true")
     for action, help_text in OPERATOR_HELP.items():
         acting = job_commands.add_parser(action, parents=[common], help=help_text)
         acting.add_argument("job_id", type=int)
@@ -216,6 +221,33 @@ def cmd_jobs_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_jobs_explain(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    store = _open_store(settings)
+    planned = explain_jobs(store, [args.job_id], Thresholds(settings.stale_after_seconds,
+                                                            settings.wedged_after_seconds))
+    if not planned:
+        job = store.get_job(args.job_id)
+        if job is None:
+            raise NotFoundError(f"no job with id {args.job_id}")
+        raise ActionRefusedError(f"job {args.job_id} is {job.job_status}, not processing: "
+                                 "the reconciler only judges processing jobs")
+    change = planned[0]
+    d = change.decision
+    view = {"job_id": d.job_id, "disposition": d.disposition.value, "reason": d.reason.value,
+            "rule": d.rule_number, "resume_step_index": d.resume_step_index,
+            "evidence": change.evidence}
+
+    def human() -> str:
+        rule = f"rule {d.rule_number}" if d.rule_number else "pass outcome"
+        lines = [f"job {d.job_id}: {d.disposition.value} ({d.reason.value}, {rule})"]
+        lines += [f"  {key}: {value}" for key, value in change.evidence.items()]
+        return "\n".join(lines)
+
+    _emit(args, view, human)
+    return 0
+
+
 OPERATOR_HELP = {
     "hold": "hold a job: workers do not claim it and the reconciler leaves it alone",
     "unhold": "release an operator hold",
@@ -285,6 +317,7 @@ COMMANDS: dict[tuple[str, ...], Callable[[argparse.Namespace], int]] = {
     ("pass",): cmd_pass,
     ("jobs", "list"): cmd_jobs_list,
     ("jobs", "show"): cmd_jobs_show,
+    ("jobs", "explain"): cmd_jobs_explain,
     **{("jobs", action): cmd_jobs_action for action in OPERATOR_HELP},
     ("decisions",): cmd_decisions,
     ("explain",): cmd_explain,

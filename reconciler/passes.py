@@ -72,6 +72,17 @@ def plan_change(row: CandidateRow, thresholds: Thresholds) -> PlannedChange:
         )
 
 
+def explain_jobs(store: Store, job_ids: list[int], thresholds: Thresholds
+                 ) -> list[PlannedChange]:
+    """What the table decides for named processing jobs now; reads only, writes nothing.
+
+    Unlike a pass it looks at jobs whatever their lease, so an operator can ask why a
+    live job is left alone (``lease_live``) as well as what would happen to a stale one.
+    """
+    with store.pass_transaction(dry_run=True) as tx:
+        return [plan_change(row, thresholds) for row in tx.evidence_for(job_ids)]
+
+
 def run_pass(
     store: Store, config: PassConfig, *, dry_run: bool = False, after: Cursor | None = None
 ) -> PassReport:

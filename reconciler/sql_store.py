@@ -117,6 +117,21 @@ def _for_update(conn: Connection, query: sa.Select[Any], *, lock: bool) -> sa.Se
     return query
 
 
+def _evidence_columns() -> tuple[Any, ...]:
+    """The facts a decision reads, ages measured by the database clock in the statement."""
+    return (
+        jobs.c.job_id, jobs.c.claim_generation, jobs.c.attempt_count, jobs.c.max_attempts,
+        jobs.c.operator_hold,
+        (jobs.c.lease_expires_at > db_now()).label("lease_live"),
+        seconds_since(jobs.c.lease_expires_at).label("lease_expired_seconds"),
+        seconds_since(jobs.c.last_activity_at).label("activity_age_seconds"),
+        # Raw text, so a malformed plan becomes evidence instead of a failed read.
+        sa.cast(jobs.c.step_plan, sa.Text).label("plan_text"),
+        jobs.c.lease_expires_at,
+        _session_gone().label("session_gone"),
+    )
+
+
 class SqlPassTransaction:
     """One pass's transaction on one connection (see ``store.PassTransaction``)."""
 
@@ -169,17 +184,7 @@ class SqlPassTransaction:
         self, limit: int, thresholds: Thresholds, after: Cursor | None
     ) -> list[CandidateRow]:
         """Expired leases first (paged by key), then wedged live leases, within ``limit``."""
-        columns = (
-            jobs.c.job_id, jobs.c.claim_generation, jobs.c.attempt_count, jobs.c.max_attempts,
-            jobs.c.operator_hold,
-            (jobs.c.lease_expires_at > db_now()).label("lease_live"),
-            seconds_since(jobs.c.lease_expires_at).label("lease_expired_seconds"),
-            seconds_since(jobs.c.last_activity_at).label("activity_age_seconds"),
-            # Raw text, so a malformed plan becomes evidence instead of a failed read.
-            sa.cast(jobs.c.step_plan, sa.Text).label("plan_text"),
-            jobs.c.lease_expires_at,
-            _session_gone().label("session_gone"),
-        )
+        columns = _evidence_columns()
         expired = sa.select(*columns).where(
             jobs.c.job_status == PROCESSING, jobs.c.lease_expires_at <= db_now()
         )
@@ -203,6 +208,19 @@ class SqlPassTransaction:
                 .limit(limit - len(rows))
             )
             rows += list(self.conn.execute(_for_update(self.conn, wedged, lock=self.lock)))
+        return self._with_steps(rows)
+
+    def evidence_for(self, job_ids: Sequence[int]) -> list[CandidateRow]:
+        """The same facts for named processing jobs, whatever their lease (for explain)."""
+        rows = list(self.conn.execute(
+            sa.select(*_evidence_columns())
+            .where(jobs.c.job_id.in_(list(job_ids)), jobs.c.job_status == PROCESSING)
+            .order_by(jobs.c.job_id)
+        ))
+        return self._with_steps(rows)
+
+    def _with_steps(self, rows: list[sa.Row[Any]]) -> list[CandidateRow]:
+        """Candidate rows with their step records, loaded in one query for the batch."""
         if not rows:
             return []
         step_rows: dict[int, list[tuple[int, str, bool | None]]] = {r.job_id: [] for r in rows}

@@ -92,6 +92,9 @@ class PassTransaction(Protocol):
     ) -> list[CandidateRow]:
         """Expired-lease and wedged processing jobs, at most ``limit``, locked where possible."""
 
+    def evidence_for(self, job_ids: Sequence[int]) -> list[CandidateRow]:
+        """The candidate facts of named processing jobs, whatever their lease."""
+
     def apply(
         self, pass_id: int, changes: Sequence[PlannedChange], thresholds: Thresholds
     ) -> list[RecordedDecision]:
