@@ -4,6 +4,10 @@ Each construct compiles per engine. PostgreSQL uses ``statement_timestamp()`` so
 statement sees one instant. SQLite's ``'now'`` is fixed for one statement step too; it is
 rendered as the same fixed-width UTC text that ``UtcDateTime`` stores, so comparisons are
 exact string comparisons with microsecond width.
+
+On SQLite, ``'now'`` is shifted by ``reconciler_clock_offset()``, a function every
+connection registers (reconciler.db). It is ``+0`` unless a test moves the clock forward
+with ``set_sqlite_clock_offset``: the state-machine tests use that to let time pass.
 """
 
 from __future__ import annotations
@@ -19,6 +23,20 @@ from sqlalchemy.sql.functions import FunctionElement
 from models.base import UtcDateTime
 
 SQLITE_FORMAT = "'%Y-%m-%d %H:%M:%f'"
+SQLITE_NOW = "'now', reconciler_clock_offset()"
+
+_sqlite_offset_seconds = 0.0
+
+
+def set_sqlite_clock_offset(seconds: float) -> None:
+    """Move every SQLite connection's clock (in this process) ``seconds`` ahead. Tests only."""
+    global _sqlite_offset_seconds  # noqa: PLW0603 - one process-wide test clock
+    _sqlite_offset_seconds = float(seconds)
+
+
+def sqlite_clock_offset() -> str:
+    """The modifier SQLite applies to 'now' (registered as ``reconciler_clock_offset``)."""
+    return f"{_sqlite_offset_seconds:+.3f} seconds"
 
 
 class db_now(FunctionElement[Any]):  # noqa: N801 - reads as a SQL function at call sites
@@ -53,7 +71,7 @@ def _pg_now(element: db_now, compiler: SQLCompiler, **kw: Any) -> str:
 @compiles(db_now, "sqlite")
 def _sqlite_now(element: db_now, compiler: SQLCompiler, **kw: Any) -> str:
     # strftime's %f gives milliseconds; pad to the six digits UtcDateTime stores.
-    return f"(strftime({SQLITE_FORMAT}, 'now') || '000')"
+    return f"(strftime({SQLITE_FORMAT}, {SQLITE_NOW}) || '000')"
 
 
 @compiles(db_now_plus, "postgresql")
@@ -66,7 +84,7 @@ def _pg_now_plus(element: db_now_plus, compiler: SQLCompiler, **kw: Any) -> str:
 def _sqlite_now_plus(element: db_now_plus, compiler: SQLCompiler, **kw: Any) -> str:
     (seconds,) = element.clauses
     modifier = f"printf('%+.3f seconds', {compiler.process(seconds, **kw)})"
-    return f"(strftime({SQLITE_FORMAT}, 'now', {modifier}) || '000')"
+    return f"(strftime({SQLITE_FORMAT}, {SQLITE_NOW}, {modifier}) || '000')"
 
 
 @compiles(seconds_since, "postgresql")
@@ -78,7 +96,8 @@ def _pg_seconds_since(element: seconds_since, compiler: SQLCompiler, **kw: Any) 
 @compiles(seconds_since, "sqlite")
 def _sqlite_seconds_since(element: seconds_since, compiler: SQLCompiler, **kw: Any) -> str:
     (column,) = element.clauses
-    return f"((julianday('now') - julianday({compiler.process(column, **kw)})) * 86400.0)"
+    return (f"((julianday({SQLITE_NOW}) - julianday({compiler.process(column, **kw)}))"
+            " * 86400.0)")
 
 
 def now_plus(seconds: float | ColumnElement[Any]) -> db_now_plus:

@@ -15,6 +15,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.engine.url import make_url
 from sqlalchemy.exc import ArgumentError
 
+from reconciler.clock import sqlite_clock_offset
 from reconciler.errors import ConfigError
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
@@ -58,6 +59,8 @@ def _sqlite_engine(url: sa.URL, **kwargs: Any) -> Engine:
         cursor.execute("PRAGMA synchronous = NORMAL")
         cursor.execute("PRAGMA foreign_keys = ON")
         cursor.close()
+        # The database clock's offset: "+0.000 seconds" except in tests that move time.
+        dbapi_connection.create_function("reconciler_clock_offset", 0, sqlite_clock_offset)
 
     @sa.event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:

@@ -94,11 +94,15 @@ def _end_sessions(conn: Connection, session_ids: Sequence[int], reason: str) -> 
     conn.execute(
         jobs.update()
         .where(jobs.c.worker_session_id.in_(list(session_ids)),
-               jobs.c.job_status == PROCESSING, jobs.c.lease_expires_at > db_now())
+               IN_PROCESSING, jobs.c.lease_expires_at > db_now())
         .values(lease_expires_at=db_now())
     )
 
 PROCESSING = JobStatus.PROCESSING.value
+# Partial indexes are declared WHERE job_status = 'processing' (or 'queued'). A bound
+# parameter in its place can keep a generic (prepared) plan from proving the index
+# applies, so the scans that rely on those indexes spell the status out as a literal.
+IN_PROCESSING = jobs.c.job_status == sa.literal_column(f"'{PROCESSING}'")
 
 
 class StepNotStartedError(ValueError):
@@ -186,7 +190,7 @@ class SqlPassTransaction:
         """Expired leases first (paged by key), then wedged live leases, within ``limit``."""
         columns = _evidence_columns()
         expired = sa.select(*columns).where(
-            jobs.c.job_status == PROCESSING, jobs.c.lease_expires_at <= db_now()
+            IN_PROCESSING, jobs.c.lease_expires_at <= db_now()
         )
         if after is not None:
             expired = expired.where(
@@ -200,7 +204,7 @@ class SqlPassTransaction:
             wedged = (
                 sa.select(*columns)
                 .where(
-                    jobs.c.job_status == PROCESSING,
+                    IN_PROCESSING,
                     jobs.c.last_activity_at <= now_plus(-thresholds.wedged_after_seconds),
                     jobs.c.lease_expires_at > db_now(),
                 )
@@ -516,7 +520,7 @@ class SqlStore:
         with self.engine.connect() as conn:
             row = read_only(conn).execute(
                 sa.select(sa.func.count(), sa.func.max(seconds_since(jobs.c.lease_expires_at)))
-                .where(jobs.c.job_status == PROCESSING, jobs.c.lease_expires_at <= db_now())
+                .where(IN_PROCESSING, jobs.c.lease_expires_at <= db_now())
             ).one()
             return int(row[0]), _float(row[1])
 
@@ -600,13 +604,13 @@ class SqlStore:
             pick = (
                 sa.select(jobs.c.job_id)
                 .where(
-                    jobs.c.job_status == JobStatus.QUEUED.value,
+                    jobs.c.job_status == sa.literal_column(f"'{JobStatus.QUEUED.value}'"),
                     jobs.c.available_at <= db_now(),
                     jobs.c.operator_hold.is_(False),
                     # A singleton job waits while another job of its key is processing.
                     sa.or_(jobs.c.singleton_key.is_(None), ~sa.exists().where(
                         other.c.singleton_key == jobs.c.singleton_key,
-                        other.c.job_status == PROCESSING,
+                        other.c.job_status == sa.literal_column(f"'{PROCESSING}'"),
                     )),
                 )
                 .order_by(jobs.c.available_at, jobs.c.job_id)
