@@ -55,14 +55,25 @@ def write_atomically(path: Path, data: bytes) -> None:
         raise
 
 
+class ArtifactMissingError(OSError):
+    """A published artifact's file is neither staged nor in place on this filesystem."""
+
+
 def move_published(store: SqlStore, root: Path, job_id: int, generation: int) -> None:
-    """Move a completed generation's staged files into place, then mark them settled."""
+    """Move a completed generation's staged files into place, then mark them settled.
+
+    Settles only when every file is in place: a process that cannot see the staged files
+    (another machine's folder) raises instead of marking them settled and losing them.
+    """
     for name in store.published_artifact_names(job_id, generation):
         source = staging_path(root, job_id, generation, name)
+        target = published_path(root, job_id, name)
         if source.exists():
-            target = published_path(root, job_id, name)
             target.parent.mkdir(parents=True, exist_ok=True)
             os.replace(source, target)
+        elif not target.exists():
+            raise ArtifactMissingError(f"artifact {name!r} of job {job_id} is not on this "
+                                       "filesystem")
     store.settle_artifacts(job_id, generation)
 
 

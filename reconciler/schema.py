@@ -7,11 +7,14 @@ from pathlib import Path
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from sqlalchemy import text
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from alembic import command
 from reconciler.errors import DatabaseUnavailableError, SchemaOutOfDateError
+
+UPGRADE_LOCK = 0x5C0A11  # an advisory lock key of our own, held while migrating
 
 
 def _script_location() -> Path:
@@ -51,6 +54,9 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
     config = alembic_config()
     try:
         with engine.begin() as conn:
+            if conn.dialect.name == "postgresql":
+                # Replicas started together upgrade one at a time; the others find it done.
+                conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": UPGRADE_LOCK})
             config.attributes["connection"] = conn
             command.upgrade(config, revision)
     except (OperationalError, DBAPIError) as exc:

@@ -35,7 +35,7 @@ from reconciler.schema import require_current
 from reconciler.settings import Settings
 from reconciler.sql_store import SqlStore
 from reconciler.store import Cursor
-from reconciler.vocabulary import Disposition, PassOutcome
+from reconciler.vocabulary import Disposition
 
 log = logging.getLogger("reconciler.service")
 
@@ -95,8 +95,9 @@ class Service:
         elapsed = time.monotonic() - started
         self.cursor = report.next_cursor
         self.metrics.observe_pass(report, elapsed, time.time())
-        if report.outcome is PassOutcome.OK:
-            self.last_pass_finished = time.monotonic()
+        # A follower's not_leader pass is a healthy pass too: readiness must not stall a
+        # rolling update of the replicas that are not leading.
+        self.last_pass_finished = time.monotonic()
         log.info(
             "event=pass_finished instance=%s pass_id=%s outcome=%s candidates=%d resumed=%d "
             "terminalized=%d skipped=%d seconds=%.3f", self.instance, report.pass_id,
@@ -210,7 +211,8 @@ class Service:
     def _schedule(self, func: Callable[[], object], seconds: float, name: str) -> None:
         self.scheduler.add_job(
             func, "interval", seconds=seconds, jitter=seconds * JITTER_FRACTION, id=name,
-            name=name, max_instances=1, coalesce=True, misfire_grace_time=max(seconds, 1.0),
+            # APScheduler 3 wants whole seconds here.
+            name=name, max_instances=1, coalesce=True, misfire_grace_time=max(int(seconds), 1),
             next_run_time=_soon(),
         )
 

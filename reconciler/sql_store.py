@@ -114,10 +114,12 @@ def _insert(conn: Connection, table: sa.Table) -> Any:
     return (postgresql.insert if is_postgresql(conn) else sqlite.insert)(table)
 
 
-def _for_update(conn: Connection, query: sa.Select[Any], *, lock: bool) -> sa.Select[Any]:
+def _for_update(conn: Connection, query: sa.Select[Any], *, lock: bool,
+                skip_locked: bool = True) -> sa.Select[Any]:
     # Row locks exist only on PostgreSQL; SQLite's BEGIN IMMEDIATE already excludes writers.
+    # Scans (claim, pass) skip rows others hold; a single named row waits for its lock.
     if lock and is_postgresql(conn):
-        return query.with_for_update(skip_locked=True)
+        return query.with_for_update(skip_locked=skip_locked)
     return query
 
 
@@ -941,7 +943,7 @@ class SqlStore:
                 _for_update(conn, sa.select(jobs.c.job_status, jobs.c.claim_generation,
                                             jobs.c.operator_hold, sa.cast(jobs.c.step_plan,
                                             sa.Text).label("plan_text"))
-                            .where(jobs.c.job_id == job_id), lock=True)
+                            .where(jobs.c.job_id == job_id), lock=True, skip_locked=False)
             ).one_or_none()
             if row is None:
                 return False, "no_such_job"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import psycopg
 from sqlalchemy.engine import Engine
@@ -17,6 +18,8 @@ from reconciler.db import is_postgresql
 from reconciler.sql_store import WAKE_CHANNEL
 
 log = logging.getLogger("reconciler.wakeups")
+
+SLICE_SECONDS = 0.2
 
 
 class WorkWaiter:
@@ -40,8 +43,14 @@ class WorkWaiter:
                 self._conn = psycopg.connect(self._conninfo, autocommit=True,
                                              connect_timeout=5)
                 self._conn.execute(f"LISTEN {WAKE_CHANNEL}")
-            for _ in self._conn.notifies(timeout=timeout, stop_after=1):
-                break
+            # Listen in short slices so a stop request is noticed promptly.
+            deadline = time.monotonic() + timeout
+            while not self._interrupt.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                for _ in self._conn.notifies(timeout=min(left, SLICE_SECONDS), stop_after=1):
+                    return
         except psycopg.Error as exc:
             log.warning("event=listen_failed error=%s", type(exc).__name__)
             self.close()
