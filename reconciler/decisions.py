@@ -7,7 +7,7 @@ matches; ``reconciler explain`` and docs/decision-table.md print the same list.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from reconciler.evidence import Evidence
 from reconciler.vocabulary import Disposition, EffectKind, Reason, StepState
@@ -45,6 +45,10 @@ class Rule:
     evidence: str
     description: str
     matches: Predicate
+    resumes: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "resumes", self.disposition is Disposition.RESUME)
 
 
 def _held(ev: Evidence, _t: Thresholds) -> bool:
@@ -97,11 +101,11 @@ def _failed_for_good(ev: Evidence, _t: Thresholds) -> bool:
     )
 
 
+_first_started = _first_state_is(StepState.STARTED)
+
+
 def _died_in_effect(ev: Evidence, t: Thresholds) -> bool:
-    return (
-        _first_state_is(StepState.STARTED)(ev, t)
-        and ev.first_unfinished_effect is EffectKind.EFFECTFUL
-    )
+    return _first_started(ev, t) and ev.first_unfinished_effect is EffectKind.EFFECTFUL
 
 
 def _exhausted(ev: Evidence, _t: Thresholds) -> bool:
@@ -143,8 +147,7 @@ RULES: tuple[Rule, ...] = (
          "the shared attempt budget (retries and resumes) is spent", _exhausted),
     Rule(11, Disposition.RESUME, Reason.RESUMED_IDEMPOTENT_STEP,
          "first unfinished step started, pure/idempotent",
-         "the interrupted step is safe to run again; resume at it",
-         _first_state_is(StepState.STARTED)),
+         "the interrupted step is safe to run again; resume at it", _first_started),
     Rule(12, Disposition.RESUME, Reason.RESUMED_FROM_UNSTARTED_STEP,
          "otherwise (first unfinished step never started)",
          "nothing of the next step was applied (or it failed retryably); resume at it",
@@ -156,8 +159,7 @@ def decide(ev: Evidence, thresholds: Thresholds) -> Decision:
     """Apply the ordered table to one job's evidence; the first matching rule decides."""
     for rule in RULES:
         if rule.matches(ev, thresholds):
-            resuming = rule.disposition is Disposition.RESUME
-            resume_at = ev.first_unfinished_index if resuming else None
+            resume_at = ev.first_unfinished_index if rule.resumes else None
             return Decision(ev.job_id, rule.disposition, rule.reason, resume_at, rule.number)
     raise AssertionError("the last rule matches everything")  # pragma: no cover
 

@@ -93,13 +93,14 @@ class Evidence:
 
     def public_facts(self) -> dict[str, Any]:
         """Privacy-safe facts recorded beside a decision: states, ages, attempts."""
-        plan_length = len(self.plan) if self.plan is not None else None
-        states = None
-        if self.plan is not None:
-            states = [
-                self.steps[i].step_state.value if i in self.steps else "not_started"
-                for i in range(len(self.plan))
-            ]
+        plan, steps = self.plan, self.steps
+        plan_length = states = kinds = None
+        if plan is not None:
+            # StrEnum members are str: stored as their values without a .value lookup each.
+            plan_length = len(plan)
+            states = [steps[i].step_state if i in steps else "not_started"
+                      for i in range(plan_length)]
+            kinds = [step.effect_kind for step in plan]
         return {
             "attempts_used": self.attempt_count,
             "max_attempts": self.max_attempts,
@@ -111,7 +112,7 @@ class Evidence:
             "plan_readable": self.plan is not None,
             "plan_length": plan_length,
             "step_states": states,
-            "effect_kinds": None if self.plan is None else [s.kind.value for s in self.plan],
+            "effect_kinds": kinds,
             "first_unfinished_step": self.first_unfinished_index,
         }
 

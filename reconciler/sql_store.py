@@ -237,17 +237,13 @@ class SqlPassTransaction:
         )
         for job_id, step_index, state, retryable in found:
             step_rows[job_id].append((step_index, state, retryable))
+        # Positional unpacking: attribute access on a Row costs more than the rest together.
         return [
-            CandidateRow(
-                job_id=r.job_id, claim_generation=r.claim_generation,
-                attempt_count=r.attempt_count, max_attempts=r.max_attempts,
-                operator_hold=bool(r.operator_hold), lease_live=bool(r.lease_live),
-                lease_expired_seconds=_float(r.lease_expired_seconds),
-                activity_age_seconds=_float(r.activity_age_seconds),
-                plan_text=r.plan_text, step_rows=tuple(step_rows[r.job_id]),
-                lease_expires_at=r.lease_expires_at, session_gone=bool(r.session_gone),
-            )
-            for r in rows
+            CandidateRow(job_id, generation, attempts, budget, bool(held), bool(live),
+                         _float(expired_for), _float(idle_for), plan_text,
+                         tuple(step_rows[job_id]), expires_at, bool(gone))
+            for (job_id, generation, attempts, budget, held, live, expired_for, idle_for,
+                 plan_text, expires_at, gone) in cast(list[tuple[Any, ...]], rows)
         ]
 
     def apply(
