@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 import time
@@ -14,7 +15,7 @@ class LogfmtFormatter(logging.Formatter):
         ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
         message = record.getMessage().replace("\n", " ").replace("\r", " ")
         if not message.startswith("event="):
-            message = f'event=message text="{message}"'
+            message = f"event=message text={json.dumps(message)}"
         line = (f"ts={ts}.{int(record.msecs):03d}Z level={record.levelname.lower()} "
                 f"logger={record.name} {message}")
         if record.exc_info and record.exc_info[0] is not None:
@@ -33,6 +34,8 @@ def configure_logging(verbose: bool = False, level: int = logging.INFO) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.DEBUG if verbose else level)
-    # Library chatter (alembic's migration notes, APScheduler's per-run lines) stays quiet.
-    for noisy in ("alembic", "apscheduler", "sqlalchemy"):
-        logging.getLogger(noisy).setLevel(logging.DEBUG if verbose else logging.WARNING)
+    # Library chatter stays quiet: alembic's migration notes, and APScheduler's per-run and
+    # skipped-run lines (the service logs its own event=pass_overrun for the latter).
+    for noisy, quiet_level in (("alembic", logging.WARNING), ("sqlalchemy", logging.WARNING),
+                               ("apscheduler", logging.ERROR)):
+        logging.getLogger(noisy).setLevel(logging.DEBUG if verbose else quiet_level)

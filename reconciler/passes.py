@@ -107,11 +107,15 @@ def run_pass(
             if config.use_leader_lease and tx.take_leadership(
                 LEADER_LEASE_NAME, config.instance, config.leader_lease_seconds
             ) is None:
-                pass_id = tx.record_not_leader(config.instance)
+                pass_id = tx.record_finished_pass(config.instance, PassOutcome.NOT_LEADER)
                 return PassReport(pass_id, PassOutcome.NOT_LEADER)
-            pass_id = tx.start_pass_record(config.instance)
             tx.expire_gone_sessions(config.session_timeout_seconds)
             rows = tx.candidates(config.batch_size, config.thresholds, after)
+            if not rows:
+                # Nothing stale: the pass row is the whole record, written in one statement.
+                pass_id = tx.record_finished_pass(config.instance, PassOutcome.OK)
+                return PassReport(pass_id, PassOutcome.OK)
+            pass_id = tx.start_pass_record(config.instance)
             planned = [plan_change(r, config.thresholds) for r in rows]
             failpoints.hit("between_decide_and_apply")
             recorded = tx.apply(pass_id, planned, config.thresholds)

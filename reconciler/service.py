@@ -28,7 +28,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
 from reconciler.artifacts import sweep_artifacts
 from reconciler.db import create_engine
 from reconciler.decisions import Thresholds
-from reconciler.errors import ReconcilerError
+from reconciler.errors import ConfigError, ReconcilerError
 from reconciler.metrics import Metrics
 from reconciler.passes import LEADER_LEASE_NAME, PassConfig, PassReport, run_pass
 from reconciler.schema import require_current
@@ -199,8 +199,13 @@ class Service:
             def log_message(self, format: str, *args: Any) -> None:
                 return
 
-        self.http = ThreadingHTTPServer((self.settings.metrics_host, self.settings.metrics_port),
-                                        Handler)
+        address = (self.settings.metrics_host, self.settings.metrics_port)
+        try:
+            self.http = ThreadingHTTPServer(address, Handler)
+        except OSError as exc:
+            raise ConfigError(f"cannot serve metrics on {address[0]}:{address[1]}: "
+                              f"{exc.strerror or type(exc).__name__} (set metrics_host / "
+                              "metrics_port)") from None
         self.http.daemon_threads = True
         threading.Thread(target=self.http.serve_forever, daemon=True, name="http").start()
         log.info("event=http_listening host=%s port=%d", self.settings.metrics_host,

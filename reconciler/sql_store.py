@@ -177,14 +177,25 @@ class SqlPassTransaction:
             .returning(passes.c.pass_id)
         ).scalar_one())
 
-    def record_not_leader(self, instance: str) -> int:
-        """Insert a finished pass row with outcome ``not_leader``."""
+    def record_finished_pass(self, instance: str, outcome: PassOutcome) -> int:
+        """Insert a pass that decided nothing (not leader, or nothing stale) in one statement."""
         return int(self.conn.execute(
             passes.insert().values(
                 reconciler_instance=instance, started_at=db_now(), finished_at=db_now(),
-                pass_outcome=PassOutcome.NOT_LEADER.value,
+                pass_outcome=outcome.value,
             ).returning(passes.c.pass_id)
         ).scalar_one())
+
+    def expire_gone_sessions(self, timeout_seconds: float) -> int:
+        """Mark silent worker sessions gone and expire their claims' leases at once."""
+        silent = sa.select(sessions.c.session_id).where(
+            sessions.c.stopped_at.is_(None),
+            sessions.c.heartbeat_at <= now_plus(-timeout_seconds),
+        )
+        ids = [int(i) for i in self.conn.execute(silent).scalars()]
+        if ids:
+            _end_sessions(self.conn, ids, "heartbeat_lost")
+        return len(ids)
 
     def candidates(
         self, limit: int, thresholds: Thresholds, after: Cursor | None
@@ -357,16 +368,6 @@ class SqlPassTransaction:
             _wake_workers(self.conn)
         return swapped
 
-    def expire_gone_sessions(self, timeout_seconds: float) -> int:
-        """Mark silent worker sessions gone and expire their claims' leases at once."""
-        silent = sa.select(sessions.c.session_id).where(
-            sessions.c.stopped_at.is_(None),
-            sessions.c.heartbeat_at <= now_plus(-timeout_seconds),
-        )
-        ids = [int(i) for i in self.conn.execute(silent).scalars()]
-        if ids:
-            _end_sessions(self.conn, ids, "heartbeat_lost")
-        return len(ids)
 
     def _close_attempts(self, swapped: Sequence[PlannedChange]) -> None:
         """End the attempts whose claims the swap just took away."""

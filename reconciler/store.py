@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from reconciler.decisions import Decision, Thresholds
 from reconciler.evidence import PlanStep
-from reconciler.vocabulary import Disposition, Reason
+from reconciler.vocabulary import Disposition, PassOutcome, Reason
 
 # Bump when the semantics below change: a backend declaring another version is refused.
 STORE_CAPABILITY_VERSION = 1
@@ -81,8 +81,8 @@ class PassTransaction(Protocol):
     def start_pass_record(self, instance: str) -> int:
         """Insert the pass row and return its id."""
 
-    def record_not_leader(self, instance: str) -> int:
-        """Insert a finished pass row with outcome ``not_leader``."""
+    def record_finished_pass(self, instance: str, outcome: PassOutcome) -> int:
+        """Insert a pass row that decided nothing (``not_leader``, or ``ok`` when quiet)."""
 
     def expire_gone_sessions(self, timeout_seconds: float) -> int:
         """Declare silent worker sessions gone; their claims' leases expire at once."""
