@@ -8,8 +8,6 @@ artifact root. Layout: ``staging/<job_id>/<generation>/<name>`` while an attempt
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -33,6 +31,7 @@ from reconciler.passes import PassConfig, run_pass
 from reconciler.runtime import StepContext, WorkerStats
 from reconciler.sql_store import SqlStore
 from reconciler.worker import Claim, JobClient, LeaseLost, Step, Worker
+from tests.helpers import wait_for
 
 JOBS = cast(sa.Table, JobRun.__table__)
 ARTIFACTS = cast(sa.Table, JobArtifact.__table__)
@@ -41,19 +40,6 @@ DEADLINE_SECONDS = 15.0
 
 BAD_NAMES = ("a/b", "../escape.txt", "..", ".", "/etc/passwd", "nested/../x", "a\\b",
              ".hidden", "", "x" * 101)
-
-
-def wait_for(condition: Callable[[], Any], what: str,
-             timeout: float = DEADLINE_SECONDS) -> Any:
-    """Poll until ``condition()`` is truthy; fail naming ``what`` at the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.01)
 
 
 def artifact_rows(engine: Engine, job_id: int) -> list[dict[str, Any]]:

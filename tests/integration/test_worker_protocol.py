@@ -30,6 +30,7 @@ from reconciler.views import job_view
 from reconciler.vocabulary import Disposition, Reason, StepState
 from reconciler.worker import Claim, JobClient, LeaseLost, Step
 from tests.conftest import run_cli, run_python
+from tests.helpers import job_row, wait_for
 
 JOBS = cast(sa.Table, JobRun.__table__)
 STEP_RUNS = cast(sa.Table, StepRun.__table__)
@@ -42,13 +43,6 @@ DEADLINE_SECONDS = 10.0
 
 
 # -- helpers: read the database directly, poll it, run a real pass ---------------------------
-
-
-def job_row(engine: Engine, job_id: int) -> dict[str, Any]:
-    """The job's ``job_runs`` row, every column."""
-    with engine.connect() as conn:
-        return dict(conn.execute(
-            sa.select(JOBS).where(JOBS.c.job_id == job_id)).one()._mapping)
 
 
 def attempt_rows(engine: Engine, job_id: int) -> list[dict[str, Any]]:
@@ -85,19 +79,6 @@ def count_jobs(engine: Engine) -> int:
     """How many job rows exist at all."""
     with engine.connect() as conn:
         return int(conn.execute(sa.select(sa.func.count()).select_from(JOBS)).scalar_one())
-
-
-def wait_for(condition: Callable[[], Any], what: str,
-             timeout: float = DEADLINE_SECONDS) -> Any:
-    """Poll until ``condition()`` is truthy; fail with ``what`` at the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
 
 
 def wait_until_leases_expired(engine: Engine) -> None:

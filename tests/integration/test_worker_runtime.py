@@ -40,6 +40,7 @@ from reconciler.sql_store import SqlStore
 from reconciler.vocabulary import Disposition, Reason
 from reconciler.worker import JobClient, LeaseLost, Step, Worker
 from tests.conftest import REPO_ROOT, run_cli
+from tests.helpers import job_row, rows_of, wait_for
 
 JOBS = cast(sa.Table, JobRun.__table__)
 STEP_RUNS = cast(sa.Table, StepRun.__table__)
@@ -56,35 +57,6 @@ HOST = socket.gethostname()
 
 
 # -- helpers: read the database, poll it, run real passes ------------------------------------
-
-
-def wait_for(condition: Callable[[], Any], what: str,
-             timeout: float = DEADLINE_SECONDS) -> Any:
-    """Poll until ``condition()`` is truthy; fail naming ``what`` at the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.01)
-
-
-def rows_of(engine: Engine, table: sa.Table, *where: Any,
-            order: Any = None) -> list[dict[str, Any]]:
-    """Every column of the matching rows."""
-    query = sa.select(table).where(*where)
-    if order is not None:
-        query = query.order_by(order)
-    with engine.connect() as conn:
-        return [dict(r._mapping) for r in conn.execute(query)]
-
-
-def job_row(engine: Engine, job_id: int) -> dict[str, Any]:
-    """The job's ``job_runs`` row."""
-    [row] = rows_of(engine, JOBS, JOBS.c.job_id == job_id)
-    return row
 
 
 def attempt_rows(engine: Engine, job_id: int) -> list[dict[str, Any]]:

@@ -1,0 +1,45 @@
+"""Small helpers the integration tests share: polling database state, reading rows."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from models import JobRun
+
+JOBS = JobRun.__table__
+DEADLINE_SECONDS = 15.0
+
+
+def wait_for(condition: Callable[[], Any], what: str,
+             timeout: float = DEADLINE_SECONDS) -> Any:
+    """Poll until ``condition()`` is truthy and return it; fail naming ``what`` at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.01)
+
+
+def rows_of(engine: Engine, table: Any, *where: Any, order: Any = None
+            ) -> list[dict[str, Any]]:
+    """Every column of the matching rows."""
+    query = sa.select(table).where(*where)
+    if order is not None:
+        query = query.order_by(order)
+    with engine.connect() as conn:
+        return [dict(r._mapping) for r in conn.execute(query)]
+
+
+def job_row(engine: Engine, job_id: int) -> dict[str, Any]:
+    """The job's ``job_runs`` row."""
+    [row] = rows_of(engine, JOBS, JOBS.c.job_id == job_id)
+    return row
