@@ -442,7 +442,8 @@ def _json_rows(conn: Connection, name: str, columns: Sequence[tuple[str, Any]],
     one round trip. PostgreSQL reads it with ``jsonb_to_recordset``; SQLite with
     ``json_each`` and ``json_extract`` (which returns nested objects as JSON text).
     """
-    payload = sa.bindparam(f"{name}_rows", json.dumps(rows), type_=sa.Text())
+    payload = sa.bindparam(f"{name}_rows", json.dumps(rows, separators=(",", ":")),
+                           type_=sa.Text())
     if is_postgresql(conn):
         return (
             sa.func.jsonb_to_recordset(sa.cast(payload, postgresql.JSONB))
