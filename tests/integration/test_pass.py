@@ -719,7 +719,9 @@ def test_heartbeat_after_the_decision_makes_the_resume_lose_its_fence(
     assert [(p.decision.job_id, p.decision.reason) for p in planned] == [
         (crashed.job_id, Reason.RESUMED_FROM_UNSTARTED_STEP)]
 
-    crashed.claim.heartbeat()  # the worker was only slow: its lease is live again
+    # The worker was only slow: its heartbeat makes the lease live again, for long enough
+    # that the late apply cannot see it expired a second time on a loaded machine.
+    store.heartbeat(crashed.job_id, crashed.claim._token, 30.0)
     before = snapshot(engine)
     assert before["job_runs"][0]["claim_generation"] == crashed.generation
     pass_id, recorded = apply_late(store, planned, thresholds)
