@@ -631,6 +631,11 @@ class SqlStore:
             )
             if kinds:
                 pick = pick.where(jobs.c.job_kind.in_(list(kinds)))
+            if session_id is not None:
+                # A session already declared gone claims nothing: its claims could not be
+                # heartbeated, and the runtime replaces the session on its next beat.
+                pick = pick.where(sa.exists().where(sessions.c.session_id == session_id,
+                                                    sessions.c.stopped_at.is_(None)))
             pick = _for_update(conn, pick, lock=True)
             row = conn.execute(
                 jobs.update()
