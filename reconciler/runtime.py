@@ -25,13 +25,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from reconciler import failpoints
 from reconciler.artifacts import move_published, staging_path, write_atomically
 from reconciler.errors import LeaseLost
 from reconciler.vocabulary import short_code
 from reconciler.wakeups import WorkWaiter
-from reconciler.worker import Claim, JobClient
+
+if TYPE_CHECKING:  # reconciler.worker imports this module to re-export Worker
+    from reconciler.worker import Claim, JobClient
 
 log = logging.getLogger("reconciler.worker")
 
@@ -56,8 +59,8 @@ def error_code_of(exc: BaseException) -> str:
 class StepContext:
     """What a step callable gets: ids, payload, the lease-lost event, artifact staging."""
 
-    __slots__ = ("_claim", "_root", "_runner", "attempt", "job_id", "lease_lost", "payload",
-                 "step_index", "step_name")
+    __slots__ = ("_claim", "_root", "_runner", "attempt", "generation", "job_id",
+                 "lease_lost", "payload", "step_index", "step_name")
 
     def __init__(self, runner: JobRunner, claim: Claim, step_index: int, root: Path) -> None:
         self._runner = runner
@@ -68,6 +71,9 @@ class StepContext:
         self.step_index = step_index
         self.step_name = claim.steps[step_index].step_name
         self.attempt = claim.attempt
+        # The claim's fencing token: unique per attempt, for handlers that hand it on to
+        # systems of their own (attempt numbers repeat after a release).
+        self.generation = claim.generation
         self.lease_lost = claim.lease_lost
 
     def stage_artifact(self, name: str, data: bytes | str) -> Path:
@@ -292,7 +298,7 @@ class Worker:
     def run(self, max_jobs: int | None = None) -> WorkerStats:
         """Claim and run jobs until stopped (SIGTERM/SIGINT) or ``max_jobs`` were claimed."""
         store = self.client.store
-        self.session_id = store.register_session(self.name, self.host_name, os.getpid())
+        self.session_id = self._register_session()
         log.info("event=worker_started worker=%s session=%s", self.name, self.session_id)
         restore = self._install_signal_handlers()
         session_beat = threading.Thread(target=self._session_loop, daemon=True,
@@ -308,6 +314,18 @@ class Worker:
             store.stop_session(self.session_id)
         log.info("event=worker_stopped worker=%s outcomes=%s", self.name, self.stats.outcomes)
         return self.stats
+
+    def _register_session(self) -> int:
+        """Register this process's session, waiting out a database that is not there yet."""
+        while True:
+            try:
+                return self.client.store.register_session(self.name, self.host_name,
+                                                          os.getpid())
+            except Exception as exc:
+                if self.stopping.is_set():
+                    raise
+                log.warning("event=session_register_failed error=%s", type(exc).__name__)
+                self.stopping.wait(self.poll_interval_seconds)
 
     def _claim_loop(self, max_jobs: int | None) -> None:
         kinds = list(self.handlers)
