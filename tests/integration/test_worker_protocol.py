@@ -126,6 +126,20 @@ def seconds(delta: timedelta) -> float:
 # -- enqueue ---------------------------------------------------------------------------------
 
 
+
+def assert_failed_for_good(client: JobClient, engine: Engine, job_id: int, reason: str,
+                           code: str) -> None:
+    """The job ended failed by its worker, lease gone, and nobody can claim it again."""
+    row = job_row(engine, job_id)
+    assert (row["job_status"], row["status_reason"], row["last_error_code"]) == (
+        "failed", reason, code)
+    assert row["finished_at"] is not None
+    assert row["lease_token"] is None
+    assert row["lease_expires_at"] is None
+    [attempt] = attempt_rows(engine, job_id)
+    assert (attempt["attempt_outcome"], attempt["ended_by"]) == ("failed", "worker")
+    assert client.claim("w2", lease_seconds=5) is None
+
 class TestEnqueue:
     def test_enqueue_returns_a_new_integer_id_per_job(self, client: JobClient) -> None:
         """Each enqueue without a key creates its own job and returns its integer id."""
@@ -858,16 +872,7 @@ class TestFail:
         claim = client.claim("w1", lease_seconds=5)
         assert claim is not None
         assert claim.fail("flaky", retryable=True) is False
-        row = job_row(engine, job_id)
-        assert row["job_status"] == "failed"
-        assert row["status_reason"] == "retries_exhausted"
-        assert row["last_error_code"] == "flaky"
-        assert row["finished_at"] is not None
-        assert row["lease_token"] is None
-        assert row["lease_expires_at"] is None
-        [attempt] = attempt_rows(engine, job_id)
-        assert (attempt["attempt_outcome"], attempt["ended_by"]) == ("failed", "worker")
-        assert client.claim("w2", lease_seconds=5) is None
+        assert_failed_for_good(client, engine, job_id, "retries_exhausted", "flaky")
 
     def test_non_retryable_failure_fails_the_job_at_once(
         self, client: JobClient, engine: Engine
@@ -877,14 +882,7 @@ class TestFail:
         claim = client.claim("w1", lease_seconds=5)
         assert claim is not None
         assert claim.fail("bad_input", retryable=False) is False
-        row = job_row(engine, job_id)
-        assert row["job_status"] == "failed"
-        assert row["status_reason"] == "job_failed"
-        assert row["last_error_code"] == "bad_input"
-        assert row["finished_at"] is not None
-        [attempt] = attempt_rows(engine, job_id)
-        assert (attempt["attempt_outcome"], attempt["ended_by"]) == ("failed", "worker")
-        assert client.claim("w2", lease_seconds=5) is None
+        assert_failed_for_good(client, engine, job_id, "job_failed", "bad_input")
 
     def test_error_codes_must_be_short_codes(
         self, client: JobClient, engine: Engine
