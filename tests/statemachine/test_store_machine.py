@@ -9,6 +9,22 @@ lease. The model predicts every rule's outcome. A comparison of a time against t
 clock that falls within the few milliseconds a call takes is accepted either way, and the
 model then adopts what the database did (see ``harness.Window``).
 
+Rules. Producers: ``enqueue`` (1-3 steps of random effect kinds, budget 1-3, with or
+without an idempotency key). Workers: ``claim`` (10 s lease, with or without a worker
+session), ``heartbeat``, ``report_progress``, ``start_step`` / ``finish_step`` /
+``fail_step`` / ``wait_step`` at the worker's next step, ``stage_artifact``, ``complete``,
+``fail``, ``release``; ``crash`` forgets a claim object without a write; ``stale_write``
+calls any write through a superseded claim. Sessions: ``register_session`` (a restart
+replaces the previous one), ``heartbeat_session``, ``stop_session``. Operators: hold,
+unhold, retry, cancel. The reconciler: ``reconcile`` (with or without the leader lease,
+two instances, batch 1, 2 or 50), ``dry_run``. Time: ``time_passes`` (0.5 s to 120 s). A few
+rules string these together the way real processes do, so short runs reach deep states:
+``work`` (run steps in order, maybe leave one running), ``die_mid_step``, ``worker_alive``
+(time passes while the heart beats, with or without progress: a wedged handler),
+``heart_stops`` (progress without heartbeats, then a pass), ``taken_over`` (a stalled
+worker's job is reclaimed by another: the stalled claim becomes a zombie) and
+``sidecar_tick`` (time passes, then a pass).
+
 After every step the invariants are checked against the database, read with SQL:
 
 - every job's status is one of the six; a processing job has a lease token, a lease expiry
@@ -20,19 +36,25 @@ After every step the invariants are checked against the database, read with SQL:
 - every generation of every job was made by exactly one writer: a claim (its attempt
   row), an applied operator action, or a reconciler decision (``resume``/``terminalize``
   with ``generation_after = generation_before + 1``); skips record no generation after;
-- a completed job stays completed, at its generation, with its finish time;
+- a completed job stays completed, at its generation, with its finish time; only the
+  completing generation's artifacts are published;
 - an idempotency key names exactly one job;
-- every row agrees with the model.
+- every row of every table agrees with the model.
 
 And in the rules themselves: a write through a superseded claim raises ``LeaseLost`` and
-changes no row of any table; a pass decides only what the decision table allows for the
-evidence (so it never changes a job whose lease is live and whose activity is recent); an
-effectful step that started and never finished is never started again after the
-reconciler requeued its job; a job ended ``worker_died_mid_step`` is never claimed again
-(unless an operator retries it); a dry run writes nothing.
+changes no row of any table; a claim takes the oldest available job; a pass decides only
+what the decision table allows for the evidence (so it never changes a job whose lease is
+live and whose activity is recent), takes the oldest expired leases first, and records
+exactly what it did; an effectful step that started and never finished is never started
+again after the reconciler requeued its job; a job ended ``worker_died_mid_step`` is never
+claimed again (unless an operator retries it); a dry run, a refused write, a repeated
+enqueue and a pass that does not lead write nothing.
 
-CI runs a modest number of examples (``RECONCILER_STATEMACHINE_EXAMPLES``, default 60).
-The full run is::
+What it cannot see: races between two processes inside one pass's transaction (SQLite
+serialises them); those belong to the chaos harness.
+
+CI runs a modest number of examples (``RECONCILER_STATEMACHINE_EXAMPLES``, default 60, of
+``RECONCILER_STATEMACHINE_STEPS`` steps, default 40). The full run is::
 
     RECONCILER_STATEMACHINE_EXAMPLES=10000 python -m pytest tests/statemachine
 """
@@ -341,16 +363,20 @@ class StoreMachine(RuleBasedStateMachine):
     @initialize(target=jobs, kinds=PLANS, key=KEYS, max_attempts=BUDGETS)
     def first_job(self, kinds: list[str], key: str | None, max_attempts: int) -> int:
         """Every run starts with work to do."""
-        return self.enqueue(kinds, key, max_attempts)
+        return self._enqueue(kinds, key, max_attempts)
 
     @initialize(target=claims, kinds=PLANS, max_attempts=BUDGETS)
     def first_claim(self, kinds: list[str], max_attempts: int) -> Any:
         """...and a worker already at work on something."""
-        self.enqueue(kinds, None, max_attempts)
+        self._enqueue(kinds, None, max_attempts)
         return self.claim("w1", with_session=False)
 
     @rule(target=jobs, kinds=PLANS, key=KEYS, max_attempts=BUDGETS)
     def enqueue(self, kinds: list[str], key: str | None, max_attempts: int) -> int:
+        """A producer queues a job (a known idempotency key gives back the same job)."""
+        return self._enqueue(kinds, key, max_attempts)
+
+    def _enqueue(self, kinds: list[str], key: str | None, max_attempts: int) -> int:
         plan = [Step(f"step{i}", kind) for i, kind in enumerate(kinds)]
         known = key is not None and key in self.keys
         before = snapshot(self.engine) if known else None
@@ -752,6 +778,13 @@ class StoreMachine(RuleBasedStateMachine):
             assert job_id in processing, f"a pass decided on job {job_id}, not processing"
         full = len(decided) == batch_size
         for job_id, job in processing.items():
+            assert job.lease_expires_at is not None
+            assert job.last_activity_at is not None
+            if (job.lease_expires_at > window.hi and not gone[job_id] and job_id not in cut
+                    and job.last_activity_at + timedelta(seconds=WEDGED_AFTER_SECONDS)
+                    > window.hi):
+                assert job_id not in decided, (
+                    f"a pass touched job {job_id}, whose lease is live and activity recent")
             allowed = self._pass_outcomes(job, window, gone[job_id], job_id in cut, apply)
             d = decided.get(job_id)
             actual: Outcome = None if d is None else (
@@ -928,11 +961,13 @@ class StoreMachine(RuleBasedStateMachine):
     def time_passes(self, seconds: float) -> None:
         self.clock.advance(seconds)
 
-    @rule(claim=claims, seconds=DURATIONS, progress=st.booleans())
-    def worker_alive(self, claim: Claim, seconds: float, progress: bool) -> None:
+    @rule(claim=claims, seconds=DURATIONS, progress=st.booleans(), then_pass=st.booleans())
+    def worker_alive(self, claim: Claim, seconds: float, progress: bool,
+                     then_pass: bool) -> None:
         """Time passes while a living worker's heart beats every few seconds.
 
         With ``progress`` its handler moves too; without, it hangs (a wedged worker).
+        ``then_pass``: the sidecar looks at once.
         """
         remaining = seconds
         while remaining > 0:
@@ -942,6 +977,8 @@ class StoreMachine(RuleBasedStateMachine):
             self.heartbeat(claim)
             if progress:
                 self.report_progress(claim)
+        if then_pass:
+            self.reconcile(None, 50, release_after=False)
 
     @rule(claim=claims,
           seconds=st.floats(LEASE_SECONDS, LEASE_SECONDS + 2 * STALE_AFTER_SECONDS))
@@ -1049,11 +1086,11 @@ class StoreMachine(RuleBasedStateMachine):
             artifacts_by_job[a["job_id"]][(a["claim_generation"], a["artifact_name"])] = (
                 a["artifact_state"])
             if a["artifact_state"] == "published":
-                job = job_rows[a["job_id"]]
-                assert job["job_status"] == "completed", "artifact of an unfinished job published"
-                assert a["claim_generation"] == job["claim_generation"], (
+                owner = job_rows[a["job_id"]]
+                assert owner["job_status"] == "completed", "artifact of an unfinished job published"
+                assert a["claim_generation"] == owner["claim_generation"], (
                     f"artifact of generation {a['claim_generation']} published, job completed "
-                    f"at {job['claim_generation']}")
+                    f"at {owner['claim_generation']}")
         attempts_by_job: dict[int, dict[int, AttemptModel]] = {j: {} for j in job_rows}
         for a in attempt_rows:
             attempts_by_job[a["job_id"]][a["claim_generation"]] = AttemptModel(
