@@ -2,26 +2,29 @@
 
 Each machine run (and each regression test) gets its own migrated SQLite file, copied from
 one template migrated once per process, so a run starts in milliseconds. Time moves only by
-``set_sqlite_clock_offset``; ``DbClock`` reads the same clock from Python, and ``Window``
-brackets a call: every database instant inside the call lies between the clock read just
-before it and the clock read just after it (widened by ``SLACK`` for SQLite's millisecond
-ticks).
+``set_sqlite_clock_offset``: ``DbClock`` pins the database clock to a virtual instant before
+each call, and ``Window`` brackets a call: every database instant inside the call lies
+between the clock read just before it and the clock read just after it (widened by
+``SLACK`` for SQLite's millisecond ticks).
 """
 
 from __future__ import annotations
 
 import atexit
 import functools
+import math
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
+from hypothesis import event
+from hypothesis.control import currently_in_test_context
 from sqlalchemy.engine import Engine
 
 from models import Base
@@ -31,6 +34,13 @@ from reconciler.schema import upgrade
 
 SLACK = timedelta(milliseconds=50)
 """How far a database instant may sit outside the Python clock reads around its call."""
+GRID_SECONDS = 0.5
+"""Virtual time moves in steps of this; every threshold of the machine is a multiple."""
+CALLS_PER_INSTANT = 10
+"""Calls at one virtual instant before the clock steps on by itself (keeps each timestamp
+well under a step past its instant: calls take milliseconds)."""
+ORDER_GAP_SECONDS = 0.002
+"""Between two calls at one instant: the later call's timestamps sort after the earlier's."""
 
 T = TypeVar("T")
 
@@ -91,6 +101,8 @@ class Window:
             return {True}
         if instant > self.hi:
             return {False}
+        if currently_in_test_context():
+            event("a time comparison fell inside a call's window")
         return {True, False}
 
     def after(self, seconds: float) -> Window:
@@ -100,28 +112,74 @@ class Window:
 
 
 class DbClock:
-    """The SQLite database clock of this process, as Python sees it, and its offset."""
+    """A repeatable database clock: virtual time on a half-second grid.
+
+    The SQLite clock offset is pinned before each call so that the database's 'now' is the
+    virtual instant plus the real time earlier calls at the same instant took (never the
+    time Python spent between calls): within one instant timestamps follow the order of
+    the calls, and each lies well under half a second past the instant. After
+    ``CALLS_PER_INSTANT`` calls the clock steps on by itself. ``bracket`` also steps the
+    clock past any instant in ``avoid``: the machine passes every boundary its model knows
+    (lease expiries, activity plus a threshold, availability, session and leader
+    timeouts), so no comparison lands within milliseconds of its boundary, where the answer
+    would depend on the scheduler. Runs are then repeatable, as Hypothesis needs to replay
+    and shrink them.
+    """
 
     def __init__(self) -> None:
-        self.offset_seconds = 0.0
-        set_sqlite_clock_offset(0.0)
+        self.origin = float(int(time.time()))
+        self.ticks = 0
+        self._calls = 0
+        self._since_instant = 0.0
+        self.pin()
+
+    @property
+    def virtual(self) -> float:
+        """The virtual instant, as a POSIX timestamp."""
+        return self.origin + self.ticks * GRID_SECONDS
+
+    def pin(self) -> None:
+        """From now on the database's 'now' continues from where the last call left it."""
+        self._base = self.virtual + self._since_instant
+        self._pinned_at = time.time()
+        set_sqlite_clock_offset(self._base - self._pinned_at)
 
     def now(self) -> datetime:
         """The database's 'now' (to within SQLite's millisecond tick)."""
-        return datetime.fromtimestamp(time.time() + self.offset_seconds, UTC)
+        return datetime.fromtimestamp(self._base + time.time() - self._pinned_at, UTC)
+
+    def tick_of(self, instant: datetime) -> int:
+        """The grid instant a database timestamp was taken at (or lies on).
+
+        Timestamps fall at or just after their instant (a millisecond before, at worst,
+        from SQLite's rounding), so this rounds down with a little room.
+        """
+        return math.floor((instant.timestamp() - self.origin) / GRID_SECONDS + 0.01)
+
+    def _step(self, ticks: int) -> None:
+        self.ticks += ticks
+        self._calls = 0
+        self._since_instant = 0.0
 
     def advance(self, seconds: float) -> None:
-        """Let ``seconds`` pass for every connection in this process."""
-        self.offset_seconds += seconds
-        set_sqlite_clock_offset(self.offset_seconds)
+        """Let ``seconds`` (rounded to the grid, at least one step) pass for every connection."""
+        self._step(max(1, round(seconds / GRID_SECONDS)))
+        self.pin()
 
     def reset(self) -> None:
         """Back to the real clock (always, at the end of a run)."""
-        self.offset_seconds = 0.0
         set_sqlite_clock_offset(0.0)
 
-    def bracket(self, call: Callable[[], T]) -> tuple[T, Window]:
-        """Run ``call`` and return its result with the window its statements ran in."""
+    def bracket(self, call: Callable[[], T], avoid: Collection[int] = ()) -> tuple[T, Window]:
+        """Run ``call`` at the first grid instant not in ``avoid``, with its window."""
+        if self._calls >= CALLS_PER_INSTANT:
+            self._step(1)
+        while self.ticks in avoid:
+            self._step(1)
+        self.pin()
         lo = self.now() - SLACK
         result = call()
-        return result, Window(lo, self.now() + SLACK)
+        end = self.now()
+        self._calls += 1
+        self._since_instant = end.timestamp() - self.virtual + ORDER_GAP_SECONDS
+        return result, Window(lo, end + SLACK)

@@ -1,9 +1,8 @@
 """Counterexamples the state machine found, shrunk and kept as plain tests.
 
 Each test is the machine's shrunk sequence of calls, on a fresh SQLite database with the
-controllable database clock, asserting what DESIGN.md promises. A test here fails until its
-bug is fixed; the machine's docstring names the switch that keeps it away from a known bug
-meanwhile.
+controllable database clock, asserting what DESIGN.md promises, so the bug stays fixed
+whatever becomes of the machine's rules.
 """
 
 from __future__ import annotations
@@ -49,10 +48,11 @@ def test_claim_under_a_gone_session_is_taken_back_at_once(client: JobClient,
     DESIGN §3a: a session that stopped (or stopped heartbeating, or was replaced) is gone,
     and the reconciler treats its claims as expired at once. The worker runtime can claim
     under its old session id in the seconds before its session loop notices the session
-    is gone. Today ``claim`` accepts the gone session: the job gets a live lease that no
-    heartbeat can renew (heartbeat is fenced on the session being alive), and passes leave
-    it alone until that lease runs out. Either fix keeps the promise: ``claim`` refuses a
-    gone session, or the next pass takes the job back.
+    is gone. The machine found ``claim`` accepting the gone session: the job got a live
+    lease that no heartbeat could renew (heartbeat is fenced on the session being alive),
+    and passes left it alone until that lease ran out (shrunk: register w1, stop its
+    session, claim under it, one second, a pass). Either fix keeps the promise: ``claim``
+    refuses a gone session (the fix taken), or the next pass takes the job back.
     """
     store = client.store
     session = store.register_session("w1", "host-a", 4242)
