@@ -90,7 +90,9 @@ def _sqlite_now_plus(element: db_now_plus, compiler: SQLCompiler, **kw: Any) -> 
 @compiles(seconds_since, "postgresql")
 def _pg_seconds_since(element: seconds_since, compiler: SQLCompiler, **kw: Any) -> str:
     (column,) = element.clauses
-    return f"EXTRACT(EPOCH FROM (statement_timestamp() - {compiler.process(column, **kw)}))"
+    # EXTRACT yields numeric; float8 reaches Python as a float, not a Decimal.
+    return (f"EXTRACT(EPOCH FROM (statement_timestamp() - {compiler.process(column, **kw)}))"
+            "::float8")
 
 
 @compiles(seconds_since, "sqlite")

@@ -8,10 +8,12 @@ statement without the locking clause is equally atomic there.
 
 from __future__ import annotations
 
+import functools
 import json
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, cast
 
 import sqlalchemy as sa
@@ -109,16 +111,16 @@ class StepNotStartedError(ValueError):
     """``finish_step`` for a step this claim never started."""
 
 
-def _insert(conn: Connection, table: sa.Table) -> Any:
+def _insert(postgres: bool, table: sa.Table) -> Any:
     """The dialect's INSERT, which knows ON CONFLICT on both engines."""
-    return (postgresql.insert if is_postgresql(conn) else sqlite.insert)(table)
+    return (postgresql.insert if postgres else sqlite.insert)(table)
 
 
-def _for_update(conn: Connection, query: sa.Select[Any], *, lock: bool,
+def _for_update(postgres: bool, query: sa.Select[Any], *, lock: bool,
                 skip_locked: bool = True) -> sa.Select[Any]:
     # Row locks exist only on PostgreSQL; SQLite's BEGIN IMMEDIATE already excludes writers.
     # Scans (claim, pass) skip rows others hold; a single named row waits for its lock.
-    if lock and is_postgresql(conn):
+    if lock and postgres:
         return query.with_for_update(skip_locked=skip_locked)
     return query
 
@@ -138,61 +140,224 @@ def _evidence_columns() -> tuple[Any, ...]:
     )
 
 
+def _seconds(name: str) -> sa.BindParameter[float]:
+    return sa.bindparam(name, type_=sa.Float())
+
+
+@dataclass(frozen=True, slots=True)
+class _PassStatements:
+    """Every statement of a pass, built once per engine kind and locking mode.
+
+    A pass runs every few seconds and most passes find nothing: building the Core
+    constructs anew each time cost more than executing them. Built once, with every
+    varying value a bound parameter, they also keep their compiled form cached.
+    """
+
+    lead: Any
+    start_pass: Any
+    finished_pass: Any
+    silent_sessions: Any
+    expired: Any
+    expired_after: Any
+    wedged: Any
+    steps: Any
+    swap: Any
+    close_attempts: Any
+    record_decisions: Any
+    finish_pass: Any
+
+
+@functools.cache
+def _pass_statements(postgres: bool, lock: bool) -> _PassStatements:
+    columns = _evidence_columns()
+    limit = sa.bindparam("batch_limit", type_=sa.Integer())
+    expired = (sa.select(*columns).where(IN_PROCESSING, jobs.c.lease_expires_at <= db_now())
+               .order_by(jobs.c.lease_expires_at, jobs.c.job_id).limit(limit))
+    expired_after = expired.where(
+        sa.tuple_(jobs.c.lease_expires_at, jobs.c.job_id)
+        > sa.tuple_(sa.bindparam("after_expires_at", type_=jobs.c.lease_expires_at.type),
+                    sa.bindparam("after_job_id", type_=sa.BigInteger()))
+    )
+    wedged = (
+        sa.select(*columns)
+        .where(IN_PROCESSING,
+               jobs.c.last_activity_at <= now_plus(_seconds("wedged_cutoff_seconds")),
+               jobs.c.lease_expires_at > db_now())
+        .order_by(jobs.c.last_activity_at, jobs.c.job_id)
+        .limit(limit)
+    )
+    finished = {"started_at": db_now(), "finished_at": db_now()}
+    return _PassStatements(
+        lead=_leadership_statement(postgres),
+        start_pass=passes.insert()
+        .values(reconciler_instance=sa.bindparam("pass_instance"), started_at=db_now())
+        .returning(passes.c.pass_id),
+        finished_pass=passes.insert()
+        .values(reconciler_instance=sa.bindparam("pass_instance"),
+                pass_outcome=sa.bindparam("outcome_value"), **finished)
+        .returning(passes.c.pass_id),
+        silent_sessions=sa.select(sessions.c.session_id).where(
+            sessions.c.stopped_at.is_(None),
+            sessions.c.heartbeat_at <= now_plus(_seconds("session_cutoff_seconds")),
+        ),
+        expired=_for_update(postgres, expired, lock=lock),
+        expired_after=_for_update(postgres, expired_after, lock=lock),
+        wedged=_for_update(postgres, wedged, lock=lock),
+        steps=sa.select(steps.c.job_id, steps.c.step_index, steps.c.step_state,
+                        steps.c.failure_retryable)
+        .where(_in_batch(postgres, steps.c.job_id)),
+        swap=_swap_statement(postgres),
+        close_attempts=_close_attempts_statement(postgres),
+        record_decisions=_record_decisions_statement(postgres),
+        finish_pass=passes.update()
+        .where(passes.c.pass_id == sa.bindparam("finished_pass_id"))
+        .values(candidates_seen=sa.bindparam("n_candidates"),
+                resumed_count=sa.bindparam("n_resumed"),
+                terminalized_count=sa.bindparam("n_terminalized"),
+                skipped_count=sa.bindparam("n_skipped"),
+                finished_at=db_now(), pass_outcome=PassOutcome.OK.value),
+    )
+
+
+def _leadership_statement(postgres: bool) -> Any:
+    """Acquire or renew the leader lease (fenced by holder and expiry); the token or no row."""
+    table = leases
+    stmt = _insert(postgres, table).values(
+        lease_name=sa.bindparam("lead_name"), holder_id=sa.bindparam("lead_holder"),
+        fencing_token=1, lease_expires_at=now_plus(_seconds("lead_ttl_seconds")),
+    )
+    excluded = stmt.excluded
+    return stmt.on_conflict_do_update(
+        index_elements=[table.c.lease_name],
+        set_={
+            "holder_id": excluded.holder_id,
+            # A new holder gets a new token; a renewal keeps its own.
+            "fencing_token": sa.case(
+                (table.c.holder_id == excluded.holder_id, table.c.fencing_token),
+                else_=table.c.fencing_token + 1,
+            ),
+            "lease_expires_at": excluded.lease_expires_at,
+        },
+        where=sa.or_(table.c.holder_id == excluded.holder_id,
+                     table.c.lease_expires_at <= db_now()),
+    ).returning(table.c.fencing_token)
+
+
+def _swap_statement(postgres: bool) -> Any:
+    """One UPDATE for the whole batch; each row repeats the evidence its rule relied on.
+
+    Generation and status catch a reclaim or a finish; the time predicates catch a
+    heartbeat (which renews the lease without bumping the generation) and progress.
+    """
+    values = _json_rows(postgres, "planned", PLANNED_COLUMNS)
+    resume = values.c.is_resume == 1
+    still_wedged = sa.and_(
+        values.c.is_wedged == 1,
+        jobs.c.last_activity_at <= now_plus(_seconds("wedged_cutoff_seconds")),
+    )
+    still_expired = sa.and_(
+        values.c.is_wedged == 0,
+        jobs.c.lease_expires_at <= db_now(),
+        # Recent activity protects a job only while its worker session may be alive.
+        sa.or_(jobs.c.last_activity_at <= now_plus(_seconds("stale_cutoff_seconds")),
+               _session_gone()),
+    )
+    return (
+        jobs.update()
+        .where(
+            jobs.c.job_id == values.c.job_id,
+            _unindexed(jobs.c.claim_generation) == values.c.generation_before,
+            _unindexed(jobs.c.job_status) == PROCESSING,
+            sa.or_(still_wedged, still_expired),
+        )
+        .values(
+            job_status=values.c.new_status,
+            status_reason=values.c.new_reason,
+            resume_step_index=sa.case((resume, values.c.resume_at),
+                                      else_=jobs.c.resume_step_index),
+            claim_generation=jobs.c.claim_generation + 1,
+            lease_token=None, lease_owner=None, lease_expires_at=None,
+            available_at=sa.case((resume, db_now()), else_=jobs.c.available_at),
+            finished_at=sa.case((resume, sa.null()), else_=db_now()),
+            updated_at=db_now(),
+        )
+        .returning(jobs.c.job_id)
+    )
+
+
+def _close_attempts_statement(postgres: bool) -> Any:
+    """End the attempts whose claims the swap just took away."""
+    values = _json_rows(postgres, "ended", ENDED_COLUMNS)
+    return (
+        attempts.update()
+        .where(
+            attempts.c.job_id == values.c.job_id,
+            attempts.c.claim_generation == values.c.generation,
+            attempts.c.ended_at.is_(None),
+        )
+        .values(ended_at=db_now(), attempt_outcome=values.c.outcome, ended_by="reconciler")
+    )
+
+
+def _record_decisions_statement(postgres: bool) -> Any:
+    """Insert a batch's decisions, stamped with the pass and the database's now."""
+    source = _json_rows(postgres, "recorded", DECISION_COLUMNS)
+    names = [name for name, _ in DECISION_COLUMNS]
+    return decisions.insert().from_select(
+        ["pass_id", "decided_at", *names],
+        sa.select(sa.bindparam("recording_pass_id", type_=sa.BigInteger()), db_now(),
+                  *(source.c[name] for name in names)),
+    )
+
+
+def planned_rows(acting: Sequence[PlannedChange]) -> str:
+    """The ``planned`` parameter of the swap: what each acting change would write."""
+    return _encode([
+        {
+            "job_id": c.decision.job_id, "generation_before": c.generation_before,
+            "new_status": _NEW_STATUS[c.decision.disposition],
+            "new_reason": c.decision.reason,
+            "resume_at": c.decision.resume_step_index or 0,
+            "is_resume": int(c.decision.disposition is Disposition.RESUME),
+            "is_wedged": int(c.decision.reason is Reason.WORKER_WEDGED),
+        }
+        for c in acting
+    ])
+
+
+_NEW_STATUS = {Disposition.RESUME: JobStatus.QUEUED, Disposition.TERMINALIZE: JobStatus.FAILED}
+
+
 class SqlPassTransaction:
     """One pass's transaction on one connection (see ``store.PassTransaction``)."""
 
     def __init__(self, conn: Connection, *, lock: bool) -> None:
         self.conn = conn
-        self.lock = lock
+        self.postgres = is_postgresql(conn)
+        self.sql = _pass_statements(self.postgres, lock)
 
     def take_leadership(self, lease_name: str, holder_id: str, ttl_seconds: float) -> int | None:
         """Acquire or renew the leader lease in this transaction (fenced by holder and expiry)."""
-        table = leases
-        stmt = _insert(self.conn, table).values(
-            lease_name=lease_name, holder_id=holder_id, fencing_token=1,
-            lease_expires_at=now_plus(ttl_seconds),
-        )
-        excluded = stmt.excluded
-        stmt = stmt.on_conflict_do_update(
-            index_elements=[table.c.lease_name],
-            set_={
-                "holder_id": excluded.holder_id,
-                # A new holder gets a new token; a renewal keeps its own.
-                "fencing_token": sa.case(
-                    (table.c.holder_id == excluded.holder_id, table.c.fencing_token),
-                    else_=table.c.fencing_token + 1,
-                ),
-                "lease_expires_at": excluded.lease_expires_at,
-            },
-            where=sa.or_(table.c.holder_id == excluded.holder_id,
-                         table.c.lease_expires_at <= db_now()),
-        ).returning(table.c.fencing_token)
-        token = self.conn.execute(stmt).scalar_one_or_none()
+        token = self.conn.execute(self.sql.lead, {
+            "lead_name": lease_name, "lead_holder": holder_id, "lead_ttl_seconds": ttl_seconds,
+        }).scalar_one_or_none()
         return None if token is None else int(token)
 
     def start_pass_record(self, instance: str) -> int:
         """Insert this pass's row; outcome and counts are filled in by ``apply``."""
-        return int(self.conn.execute(
-            passes.insert().values(reconciler_instance=instance, started_at=db_now())
-            .returning(passes.c.pass_id)
-        ).scalar_one())
+        return int(self.conn.execute(self.sql.start_pass, {"pass_instance": instance})
+                   .scalar_one())
 
     def record_finished_pass(self, instance: str, outcome: PassOutcome) -> int:
         """Insert a pass that decided nothing (not leader, or nothing stale) in one statement."""
-        return int(self.conn.execute(
-            passes.insert().values(
-                reconciler_instance=instance, started_at=db_now(), finished_at=db_now(),
-                pass_outcome=outcome.value,
-            ).returning(passes.c.pass_id)
-        ).scalar_one())
+        return int(self.conn.execute(self.sql.finished_pass, {
+            "pass_instance": instance, "outcome_value": outcome.value,
+        }).scalar_one())
 
     def expire_gone_sessions(self, timeout_seconds: float) -> int:
         """Mark silent worker sessions gone and expire their claims' leases at once."""
-        silent = sa.select(sessions.c.session_id).where(
-            sessions.c.stopped_at.is_(None),
-            sessions.c.heartbeat_at <= now_plus(-timeout_seconds),
-        )
-        ids = [int(i) for i in self.conn.execute(silent).scalars()]
+        ids = [int(i) for i in self.conn.execute(
+            self.sql.silent_sessions, {"session_cutoff_seconds": -timeout_seconds}).scalars()]
         if ids:
             _end_sessions(self.conn, ids, "heartbeat_lost")
         return len(ids)
@@ -201,30 +366,18 @@ class SqlPassTransaction:
         self, limit: int, thresholds: Thresholds, after: Cursor | None
     ) -> list[CandidateRow]:
         """Expired leases first (paged by key), then wedged live leases, within ``limit``."""
-        columns = _evidence_columns()
-        expired = sa.select(*columns).where(
-            IN_PROCESSING, jobs.c.lease_expires_at <= db_now()
-        )
-        if after is not None:
-            expired = expired.where(
-                sa.tuple_(jobs.c.lease_expires_at, jobs.c.job_id)
-                > sa.tuple_(sa.literal(after.lease_expires_at, jobs.c.lease_expires_at.type),
-                            sa.literal(after.job_id, sa.BigInteger()))
-            )
-        expired = expired.order_by(jobs.c.lease_expires_at, jobs.c.job_id).limit(limit)
-        rows = list(self.conn.execute(_for_update(self.conn, expired, lock=self.lock)))
+        if after is None:
+            rows = list(self.conn.execute(self.sql.expired, {"batch_limit": limit}))
+        else:
+            rows = list(self.conn.execute(self.sql.expired_after, {
+                "batch_limit": limit, "after_expires_at": after.lease_expires_at,
+                "after_job_id": after.job_id,
+            }))
         if len(rows) < limit:
-            wedged = (
-                sa.select(*columns)
-                .where(
-                    IN_PROCESSING,
-                    jobs.c.last_activity_at <= now_plus(-thresholds.wedged_after_seconds),
-                    jobs.c.lease_expires_at > db_now(),
-                )
-                .order_by(jobs.c.last_activity_at, jobs.c.job_id)
-                .limit(limit - len(rows))
-            )
-            rows += list(self.conn.execute(_for_update(self.conn, wedged, lock=self.lock)))
+            rows += self.conn.execute(self.sql.wedged, {
+                "batch_limit": limit - len(rows),
+                "wedged_cutoff_seconds": -thresholds.wedged_after_seconds,
+            })
         return self._with_steps(rows)
 
     def evidence_for(self, job_ids: Sequence[int]) -> list[CandidateRow]:
@@ -240,12 +393,9 @@ class SqlPassTransaction:
         """Candidate rows with their step records, loaded in one query for the batch."""
         if not rows:
             return []
-        step_rows: dict[int, list[tuple[int, str, bool | None]]] = {r.job_id: [] for r in rows}
+        step_rows: dict[int, list[tuple[int, str, bool | None]]] = {r[0]: [] for r in rows}
         found = self.conn.execute(
-            sa.select(steps.c.job_id, steps.c.step_index, steps.c.step_state,
-                      steps.c.failure_retryable)
-            .where(_in_batch(self.conn, steps.c.job_id, list(step_rows)))
-        )
+            self.sql.steps, {"batch_ids": _batch_ids(self.postgres, list(step_rows))})
         for job_id, step_index, state, retryable in found:
             step_rows[job_id].append((step_index, state, retryable))
         # Positional unpacking: attribute access on a Row costs more than the rest together.
@@ -283,113 +433,52 @@ class SqlPassTransaction:
                 ))
         if recorded:
             evidence_by_job = {c.decision.job_id: c.evidence for c in changes}
-            source = _json_rows(self.conn, "recorded", DECISION_COLUMNS, [
-                {
-                    "job_id": r.job_id, "disposition": r.disposition.value,
-                    "decision_reason": r.reason.value,
-                    "generation_before": r.generation_before,
-                    "generation_after": r.generation_after,
-                    "resume_step_index": r.resume_step_index,
-                    "decision_evidence": evidence_by_job[r.job_id],
-                }
-                for r in recorded
-            ])
-            names = [name for name, _ in DECISION_COLUMNS]
-            self.conn.execute(decisions.insert().from_select(
-                ["pass_id", "decided_at", *names],
-                sa.select(sa.literal(pass_id, sa.BigInteger()), db_now(),
-                          *(source.c[name] for name in names)),
-            ))
+            self.conn.execute(self.sql.record_decisions, {
+                "recording_pass_id": pass_id,
+                "recorded_rows": _encode([
+                    {
+                        "job_id": r.job_id, "disposition": r.disposition,
+                        "decision_reason": r.reason,
+                        "generation_before": r.generation_before,
+                        "generation_after": r.generation_after,
+                        "resume_step_index": r.resume_step_index,
+                        "decision_evidence": evidence_by_job[r.job_id],
+                    }
+                    for r in recorded
+                ]),
+            })
         counts = _count(recorded)
-        self.conn.execute(
-            passes.update().where(passes.c.pass_id == pass_id).values(
-                candidates_seen=len(changes),
-                resumed_count=counts[Disposition.RESUME],
-                terminalized_count=counts[Disposition.TERMINALIZE],
-                skipped_count=counts[Disposition.SKIP],
-                finished_at=db_now(), pass_outcome=PassOutcome.OK.value,
-            )
-        )
+        self.conn.execute(self.sql.finish_pass, {
+            "finished_pass_id": pass_id, "n_candidates": len(changes),
+            "n_resumed": counts[Disposition.RESUME],
+            "n_terminalized": counts[Disposition.TERMINALIZE],
+            "n_skipped": counts[Disposition.SKIP],
+        })
         return recorded
 
     def _swap(self, acting: Sequence[PlannedChange], thresholds: Thresholds) -> set[int]:
-        """One UPDATE for the whole batch; each row repeats the evidence its rule relied on.
-
-        Generation and status catch a reclaim or a finish; the time predicates catch a
-        heartbeat (which renews the lease without bumping the generation) and progress.
-        """
-        values = _json_rows(self.conn, "planned", PLANNED_COLUMNS, [
-            {
-                "job_id": c.decision.job_id, "generation_before": c.generation_before,
-                "new_status": JobStatus.QUEUED.value
-                if c.decision.disposition is Disposition.RESUME else JobStatus.FAILED.value,
-                "new_reason": c.decision.reason.value,
-                "resume_at": c.decision.resume_step_index or 0,
-                "is_resume": int(c.decision.disposition is Disposition.RESUME),
-                "is_wedged": int(c.decision.reason is Reason.WORKER_WEDGED),
-            }
-            for c in acting
-        ])
-        resume = values.c.is_resume == 1
-        still_wedged = sa.and_(
-            values.c.is_wedged == 1,
-            jobs.c.last_activity_at <= now_plus(-thresholds.wedged_after_seconds),
-        )
-        still_expired = sa.and_(
-            values.c.is_wedged == 0,
-            jobs.c.lease_expires_at <= db_now(),
-            # Recent activity protects a job only while its worker session may be alive.
-            sa.or_(jobs.c.last_activity_at <= now_plus(-thresholds.stale_after_seconds),
-                   _session_gone()),
-        )
-        stmt = (
-            jobs.update()
-            .where(
-                jobs.c.job_id == values.c.job_id,
-                _unindexed(jobs.c.claim_generation) == values.c.generation_before,
-                _unindexed(jobs.c.job_status) == PROCESSING,
-                sa.or_(still_wedged, still_expired),
-            )
-            .values(
-                job_status=values.c.new_status,
-                status_reason=values.c.new_reason,
-                resume_step_index=sa.case((resume, values.c.resume_at),
-                                          else_=jobs.c.resume_step_index),
-                claim_generation=jobs.c.claim_generation + 1,
-                lease_token=None, lease_owner=None, lease_expires_at=None,
-                available_at=sa.case((resume, db_now()), else_=jobs.c.available_at),
-                finished_at=sa.case((resume, sa.null()), else_=db_now()),
-                updated_at=db_now(),
-            )
-            .returning(jobs.c.job_id)
-        )
-        swapped = {int(job_id) for job_id in self.conn.execute(stmt).scalars()}
+        """Compare-and-swap the acting changes (``_swap_statement``); the job ids swapped."""
+        swapped = {int(job_id) for job_id in self.conn.execute(self.sql.swap, {
+            "planned_rows": planned_rows(acting),
+            "wedged_cutoff_seconds": -thresholds.wedged_after_seconds,
+            "stale_cutoff_seconds": -thresholds.stale_after_seconds,
+        }).scalars()}
         if swapped and any(c.decision.disposition is Disposition.RESUME for c in acting):
             _wake_workers(self.conn)
         return swapped
-
 
     def _close_attempts(self, swapped: Sequence[PlannedChange]) -> None:
         """End the attempts whose claims the swap just took away."""
         if not swapped:
             return
-        values = _json_rows(self.conn, "ended", ENDED_COLUMNS, [
+        self.conn.execute(self.sql.close_attempts, {"ended_rows": _encode([
             {
                 "job_id": c.decision.job_id, "generation": c.generation_before,
-                "outcome": AttemptOutcome.ABANDONED.value
-                if c.decision.reason is Reason.WORKER_WEDGED else AttemptOutcome.LOST.value,
+                "outcome": AttemptOutcome.ABANDONED
+                if c.decision.reason is Reason.WORKER_WEDGED else AttemptOutcome.LOST,
             }
             for c in swapped
-        ])
-        self.conn.execute(
-            attempts.update()
-            .where(
-                attempts.c.job_id == values.c.job_id,
-                attempts.c.claim_generation == values.c.generation,
-                attempts.c.ended_at.is_(None),
-            )
-            .values(ended_at=db_now(), attempt_outcome=values.c.outcome, ended_by="reconciler")
-        )
+        ])})
 
 
 PLANNED_COLUMNS: tuple[tuple[str, Any], ...] = (
@@ -433,20 +522,27 @@ def _pg_unindexed(element: _unindexed, compiler: Any, **kw: Any) -> str:
     return str(compiler.process(element.column, **kw))
 
 
-def _json_rows(conn: Connection, name: str, columns: Sequence[tuple[str, Any]],
-               rows: Sequence[dict[str, Any]]) -> Any:
-    """A whole batch as one JSON parameter, read back as a table by the database.
+_encoder = json.JSONEncoder(separators=(",", ":"))
+
+
+def _encode(rows: list[dict[str, Any]]) -> str:
+    """A batch's rows as the JSON text of one parameter (StrEnum members encode as text)."""
+    return _encoder.encode(rows)
+
+
+def _json_rows(postgres: bool, name: str, columns: Sequence[tuple[str, Any]]) -> Any:
+    """A whole batch as one JSON parameter ``<name>_rows``, read back as a table.
 
     One bind parameter instead of one per value: the statement text stays the same for
     every batch size, so it is compiled once and cached, and a batch of thousands costs
-    one round trip. PostgreSQL reads it with ``jsonb_to_recordset``; SQLite with
-    ``json_each`` and ``json_extract`` (which returns nested objects as JSON text).
+    one round trip. PostgreSQL reads it with ``json_to_recordset`` (``json``, not
+    ``jsonb``: the text is read once, nested evidence is passed through unparsed); SQLite
+    with ``json_each`` and ``json_extract`` (which returns nested objects as JSON text).
     """
-    payload = sa.bindparam(f"{name}_rows", json.dumps(rows, separators=(",", ":")),
-                           type_=sa.Text())
-    if is_postgresql(conn):
+    payload = sa.bindparam(f"{name}_rows", type_=sa.Text())
+    if postgres:
         return (
-            sa.func.jsonb_to_recordset(sa.cast(payload, postgresql.JSONB))
+            sa.func.json_to_recordset(sa.cast(payload, postgresql.JSON))
             .table_valued(*(sa.column(column, kind) for column, kind in columns))
             .render_derived(name=name, with_types=True)
         )
@@ -457,18 +553,22 @@ def _json_rows(conn: Connection, name: str, columns: Sequence[tuple[str, Any]],
     )).subquery(name)
 
 
-def _in_batch(conn: Connection, column: Any, ids: list[int]) -> Any:
-    """``column`` in a batch of ids passed as one parameter (see ``_json_rows``).
+def _in_batch(postgres: bool, column: Any) -> Any:
+    """``column`` in the batch of ids bound as ``batch_ids`` (see ``_batch_ids``).
 
     PostgreSQL: ``= ANY(array)``, which an index scan takes directly. SQLite: ``IN`` over
     ``json_each``, which it probes the index with.
     """
-    if is_postgresql(conn):
+    if postgres:
         return column == sa.any_(
-            sa.bindparam("batch_ids", ids, type_=postgresql.ARRAY(sa.BigInteger())))
-    each = sa.func.json_each(sa.bindparam("batch_ids", json.dumps(ids), type_=sa.Text()))
+            sa.bindparam("batch_ids", type_=postgresql.ARRAY(sa.BigInteger())))
+    each = sa.func.json_each(sa.bindparam("batch_ids", type_=sa.Text()))
     return column.in_(sa.select(each.table_valued("value").c.value))
 
+
+def _batch_ids(postgres: bool, ids: list[int]) -> list[int] | str:
+    """The value of ``batch_ids``: an array on PostgreSQL, JSON text on SQLite."""
+    return ids if postgres else json.dumps(ids)
 
 def _float(value: Any) -> float | None:
     return None if value is None else float(value)
@@ -582,7 +682,7 @@ class SqlStore:
             return self._enqueue_on(conn, row, idempotency_key)
 
     def _enqueue_on(self, conn: Connection, row: dict[str, Any], key: str | None) -> int:
-        stmt = _insert(conn, jobs).values(**row)
+        stmt = _insert(is_postgresql(conn), jobs).values(**row)
         if key is not None:
             stmt = stmt.on_conflict_do_nothing(index_elements=[jobs.c.idempotency_key])
         job_id = conn.execute(stmt.returning(jobs.c.job_id)).scalar_one_or_none()
@@ -636,7 +736,7 @@ class SqlStore:
                 # heartbeated, and the runtime replaces the session on its next beat.
                 pick = pick.where(sa.exists().where(sessions.c.session_id == session_id,
                                                     sessions.c.stopped_at.is_(None)))
-            pick = _for_update(conn, pick, lock=True)
+            pick = _for_update(is_postgresql(conn), pick, lock=True)
             row = conn.execute(
                 jobs.update()
                 .where(jobs.c.job_id == pick.scalar_subquery(),
@@ -721,7 +821,7 @@ class SqlStore:
                     raise StepNotStartedError(
                         f"step {step_index} was not started by this claim")
                 return
-            stmt = _insert(conn, steps).values(
+            stmt = _insert(is_postgresql(conn), steps).values(
                 job_id=job_id, step_index=step_index, step_name=spec.step_name,
                 effect_kind=spec.kind.value, step_state=state.value,
                 claim_generation=generation, started_at=db_now(),
@@ -863,7 +963,7 @@ class SqlStore:
         with self.engine.begin() as conn:
             row = self._fence(conn, job_id, token, last_activity_at=db_now(),
                               updated_at=db_now())
-            stmt = _insert(conn, artifacts).values(
+            stmt = _insert(is_postgresql(conn), artifacts).values(
                 job_id=job_id, claim_generation=row.claim_generation,
                 artifact_name=artifact_name, artifact_state="staged", staged_at=db_now(),
             )
@@ -955,12 +1055,12 @@ class SqlStore:
         (and generation) read in the same transaction.
         """
         with self.engine.begin() as conn:
-            row = conn.execute(
-                _for_update(conn, sa.select(jobs.c.job_status, jobs.c.claim_generation,
-                                            jobs.c.operator_hold, sa.cast(jobs.c.step_plan,
-                                            sa.Text).label("plan_text"))
-                            .where(jobs.c.job_id == job_id), lock=True, skip_locked=False)
-            ).one_or_none()
+            current = sa.select(
+                jobs.c.job_status, jobs.c.claim_generation, jobs.c.operator_hold,
+                sa.cast(jobs.c.step_plan, sa.Text).label("plan_text"),
+            ).where(jobs.c.job_id == job_id)
+            row = conn.execute(_for_update(is_postgresql(conn), current, lock=True,
+                                           skip_locked=False)).one_or_none()
             if row is None:
                 return False, "no_such_job"
             status, generation = row.job_status, int(row.claim_generation)

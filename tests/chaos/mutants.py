@@ -42,26 +42,16 @@ from reconciler.sql_store import (
     _plan_specs,
     attempts,
     jobs,
+    planned_rows,
 )
 from reconciler.store import ClaimedJob, PlannedChange
-from reconciler.vocabulary import Disposition, JobStatus, Reason
+from reconciler.vocabulary import JobStatus
 
 
 def swap_without_evidence(self: SqlPassTransaction, acting: Sequence[PlannedChange],
                           thresholds: Thresholds) -> set[int]:
     """``_swap`` matching the job by id alone: whatever happened since the read is lost."""
-    values = _json_rows(self.conn, "planned", PLANNED_COLUMNS, [
-        {
-            "job_id": c.decision.job_id, "generation_before": c.generation_before,
-            "new_status": JobStatus.QUEUED.value
-            if c.decision.disposition is Disposition.RESUME else JobStatus.FAILED.value,
-            "new_reason": c.decision.reason.value,
-            "resume_at": c.decision.resume_step_index or 0,
-            "is_resume": int(c.decision.disposition is Disposition.RESUME),
-            "is_wedged": int(c.decision.reason is Reason.WORKER_WEDGED),
-        }
-        for c in acting
-    ])
+    values = _json_rows(self.postgres, "planned", PLANNED_COLUMNS)
     resume = values.c.is_resume == 1
     stmt = (
         jobs.update()
@@ -79,7 +69,8 @@ def swap_without_evidence(self: SqlPassTransaction, acting: Sequence[PlannedChan
         )
         .returning(jobs.c.job_id)
     )
-    return {int(job_id) for job_id in self.conn.execute(stmt).scalars()}
+    return {int(job_id) for job_id in self.conn.execute(
+        stmt, {"planned_rows": planned_rows(acting)}).scalars()}
 
 
 def fence_without_lease(self: SqlStore, conn: Connection, job_id: int, token: str,
