@@ -74,10 +74,12 @@ class Evidence:
     def __post_init__(self) -> None:
         # Derived once: every rule of the table reads it.
         if self.plan is not None:
-            first = next((i for i in range(len(self.plan))
-                          if (r := self.steps.get(i)) is None
-                          or r.step_state is not StepState.SUCCEEDED), None)
-            object.__setattr__(self, "first_unfinished_index", first)
+            steps = self.steps
+            for i in range(len(self.plan)):
+                record = steps.get(i)
+                if record is None or record.step_state is not StepState.SUCCEEDED:
+                    object.__setattr__(self, "first_unfinished_index", i)
+                    break
 
     @property
     def first_unfinished(self) -> StepRecord | None:

@@ -367,17 +367,17 @@ class SqlPassTransaction:
     ) -> list[CandidateRow]:
         """Expired leases first (paged by key), then wedged live leases, within ``limit``."""
         if after is None:
-            rows = list(self.conn.execute(self.sql.expired, {"batch_limit": limit}))
+            rows = list(self.conn.execute(self.sql.expired, {"batch_limit": limit}).all())
         else:
             rows = list(self.conn.execute(self.sql.expired_after, {
                 "batch_limit": limit, "after_expires_at": after.lease_expires_at,
                 "after_job_id": after.job_id,
-            }))
+            }).all())
         if len(rows) < limit:
             rows += self.conn.execute(self.sql.wedged, {
                 "batch_limit": limit - len(rows),
                 "wedged_cutoff_seconds": -thresholds.wedged_after_seconds,
-            })
+            }).all()
         return self._with_steps(rows)
 
     def evidence_for(self, job_ids: Sequence[int]) -> list[CandidateRow]:
@@ -389,13 +389,13 @@ class SqlPassTransaction:
         ))
         return self._with_steps(rows)
 
-    def _with_steps(self, rows: list[sa.Row[Any]]) -> list[CandidateRow]:
+    def _with_steps(self, rows: Sequence[sa.Row[Any]]) -> list[CandidateRow]:
         """Candidate rows with their step records, loaded in one query for the batch."""
         if not rows:
             return []
         step_rows: dict[int, list[tuple[int, str, bool | None]]] = {r[0]: [] for r in rows}
         found = self.conn.execute(
-            self.sql.steps, {"batch_ids": _batch_ids(self.postgres, list(step_rows))})
+            self.sql.steps, {"batch_ids": _batch_ids(self.postgres, list(step_rows))}).all()
         for job_id, step_index, state, retryable in found:
             step_rows[job_id].append((step_index, state, retryable))
         # Positional unpacking: attribute access on a Row costs more than the rest together.
@@ -418,35 +418,29 @@ class SqlPassTransaction:
             failpoints.hit("between_apply_and_record")
             self._close_attempts([c for c in acting if c.decision.job_id in applied])
         recorded: list[RecordedDecision] = []
+        rows: list[dict[str, Any]] = []
         for change in changes:
-            d = change.decision
-            if d.disposition is Disposition.SKIP or d.job_id in applied:
-                recorded.append(RecordedDecision(
-                    d.job_id, d.disposition, d.reason, d.resume_step_index,
-                    change.generation_before,
-                    None if d.disposition is Disposition.SKIP else change.generation_before + 1,
-                ))
+            d, before = change.decision, change.generation_before
+            if d.disposition is Disposition.SKIP:
+                r = RecordedDecision(d.job_id, d.disposition, d.reason, d.resume_step_index,
+                                     before, None)
+            elif d.job_id in applied:
+                r = RecordedDecision(d.job_id, d.disposition, d.reason, d.resume_step_index,
+                                     before, before + 1)
             else:
-                recorded.append(RecordedDecision(
-                    d.job_id, Disposition.SKIP, Reason.FENCE_LOST, None,
-                    change.generation_before, None,
-                ))
-        if recorded:
-            evidence_by_job = {c.decision.job_id: c.evidence for c in changes}
-            self.conn.execute(self.sql.record_decisions, {
-                "recording_pass_id": pass_id,
-                "recorded_rows": _encode([
-                    {
-                        "job_id": r.job_id, "disposition": r.disposition,
-                        "decision_reason": r.reason,
-                        "generation_before": r.generation_before,
-                        "generation_after": r.generation_after,
-                        "resume_step_index": r.resume_step_index,
-                        "decision_evidence": evidence_by_job[r.job_id],
-                    }
-                    for r in recorded
-                ]),
+                r = RecordedDecision(d.job_id, Disposition.SKIP, Reason.FENCE_LOST, None,
+                                     before, None)
+            recorded.append(r)
+            rows.append({
+                "job_id": r.job_id, "disposition": r.disposition,
+                "decision_reason": r.reason, "generation_before": before,
+                "generation_after": r.generation_after,
+                "resume_step_index": r.resume_step_index,
+                "decision_evidence": change.evidence,
             })
+        if rows:
+            self.conn.execute(self.sql.record_decisions, {
+                "recording_pass_id": pass_id, "recorded_rows": _encode(rows)})
         counts = _count(recorded)
         self.conn.execute(self.sql.finish_pass, {
             "finished_pass_id": pass_id, "n_candidates": len(changes),
