@@ -6,12 +6,13 @@ rendered as the same fixed-width UTC text that ``UtcDateTime`` stores, so compar
 exact string comparisons with microsecond width.
 
 On SQLite, ``'now'`` is shifted by ``reconciler_clock_offset()``, a function every
-connection registers (reconciler.db). It is ``+0`` unless a test moves the clock forward
-with ``set_sqlite_clock_offset``: the state-machine tests use that to let time pass.
+connection registers (reconciler.db). It is ``+0`` unless a test freezes the clock with
+``freeze_sqlite_clock``: the state-machine tests use that to let virtual time pass.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from sqlalchemy import Float, literal
@@ -25,18 +26,28 @@ from models.base import UtcDateTime
 SQLITE_FORMAT = "'%Y-%m-%d %H:%M:%f'"
 SQLITE_NOW = "'now', reconciler_clock_offset()"
 
-_sqlite_offset_seconds = 0.0
+_sqlite_frozen_at: float | None = None
 
 
-def set_sqlite_clock_offset(seconds: float) -> None:
-    """Move every SQLite connection's clock (in this process) ``seconds`` ahead. Tests only."""
-    global _sqlite_offset_seconds  # noqa: PLW0603 - one process-wide test clock
-    _sqlite_offset_seconds = float(seconds)
+def freeze_sqlite_clock(posix_seconds: float | None) -> None:
+    """Make every SQLite statement's 'now' (in this process) this instant. Tests only.
+
+    ``None`` gives the real clock back. Frozen, the database's time does not run while a
+    statement waits for the CPU, so a test's notion of time cannot drift from it.
+    """
+    global _sqlite_frozen_at  # noqa: PLW0603 - one process-wide test clock
+    _sqlite_frozen_at = posix_seconds
 
 
 def sqlite_clock_offset() -> str:
-    """The modifier SQLite applies to 'now' (registered as ``reconciler_clock_offset``)."""
-    return f"{_sqlite_offset_seconds:+.3f} seconds"
+    """The modifier SQLite applies to 'now' (registered as ``reconciler_clock_offset``).
+
+    Registered deterministic, so SQLite calls it once per statement, beside its one
+    reading of 'now' for that statement.
+    """
+    if _sqlite_frozen_at is None:
+        return "+0.000 seconds"
+    return f"{_sqlite_frozen_at - time.time():+.3f} seconds"
 
 
 class db_now(FunctionElement[Any]):  # noqa: N801 - reads as a SQL function at call sites

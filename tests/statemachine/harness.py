@@ -2,10 +2,10 @@
 
 Each machine run (and each regression test) gets its own migrated SQLite file, copied from
 one template migrated once per process, so a run starts in milliseconds. Time moves only by
-``set_sqlite_clock_offset``: ``DbClock`` pins the database clock to a virtual instant before
+``freeze_sqlite_clock``: ``DbClock`` freezes the database clock at a virtual instant before
 each call, and ``Window`` brackets a call: every database instant inside the call lies
-between the clock read just before it and the clock read just after it (widened by
-``SLACK`` for SQLite's millisecond ticks).
+within ``SLACK`` of that instant (SQLite's millisecond ticks, and the moment between its
+reading of 'now' and of the offset).
 """
 
 from __future__ import annotations
@@ -28,19 +28,20 @@ from hypothesis.control import currently_in_test_context
 from sqlalchemy.engine import Engine
 
 from models import Base
-from reconciler.clock import set_sqlite_clock_offset
+from reconciler.clock import freeze_sqlite_clock
 from reconciler.db import create_engine, read_only
 from reconciler.schema import upgrade
 
-SLACK = timedelta(milliseconds=50)
-"""How far a database instant may sit outside the Python clock reads around its call."""
+SLACK = timedelta(milliseconds=10)
+"""How far a database instant may sit from the frozen instant of its call."""
 GRID_SECONDS = 0.5
 """Virtual time moves in steps of this; every threshold of the machine is a multiple."""
 CALLS_PER_INSTANT = 10
 """Calls at one virtual instant before the clock steps on by itself (keeps each timestamp
-well under a step past its instant: calls take milliseconds)."""
-ORDER_GAP_SECONDS = 0.002
-"""Between two calls at one instant: the later call's timestamps sort after the earlier's."""
+well under a step past its instant)."""
+ORDER_GAP_SECONDS = 0.025
+"""Between two calls at one instant: more than twice ``SLACK``, so the later call's
+timestamps sort after the earlier's."""
 
 T = TypeVar("T")
 
@@ -114,23 +115,20 @@ class Window:
 class DbClock:
     """A repeatable database clock: virtual time on a half-second grid.
 
-    The SQLite clock offset is pinned before each call so that the database's 'now' is the
-    virtual instant plus the real time earlier calls at the same instant took (never the
-    time Python spent between calls): within one instant timestamps follow the order of
-    the calls, and each lies well under half a second past the instant. After
+    Before each call the database clock is frozen at the virtual instant plus
+    ``ORDER_GAP_SECONDS`` for every earlier call at that instant: within one instant
+    timestamps follow the order of the calls, whatever the calls cost in real time. After
     ``CALLS_PER_INSTANT`` calls the clock steps on by itself. ``bracket`` also steps the
     clock past any instant in ``avoid``: the machine passes every boundary its model knows
     (lease expiries, activity plus a threshold, availability, session and leader
-    timeouts), so no comparison lands within milliseconds of its boundary, where the answer
-    would depend on the scheduler. Runs are then repeatable, as Hypothesis needs to replay
-    and shrink them.
+    timeouts), so no comparison lands near its boundary. Runs are then repeatable, as
+    Hypothesis needs to replay and shrink them, even on a loaded machine.
     """
 
     def __init__(self) -> None:
         self.origin = float(int(time.time()))
         self.ticks = 0
         self._calls = 0
-        self._since_instant = 0.0
         self.pin()
 
     @property
@@ -139,27 +137,25 @@ class DbClock:
         return self.origin + self.ticks * GRID_SECONDS
 
     def pin(self) -> None:
-        """From now on the database's 'now' continues from where the last call left it."""
-        self._base = self.virtual + self._since_instant
-        self._pinned_at = time.time()
-        set_sqlite_clock_offset(self._base - self._pinned_at)
+        """Freeze the database's 'now' for the next call."""
+        self._frozen = self.virtual + self._calls * ORDER_GAP_SECONDS
+        freeze_sqlite_clock(self._frozen)
 
     def now(self) -> datetime:
-        """The database's 'now' (to within SQLite's millisecond tick)."""
-        return datetime.fromtimestamp(self._base + time.time() - self._pinned_at, UTC)
+        """The database's 'now' (to within ``SLACK``)."""
+        return datetime.fromtimestamp(self._frozen, UTC)
 
     def tick_of(self, instant: datetime) -> int:
         """The grid instant a database timestamp was taken at (or lies on).
 
-        Timestamps fall at or just after their instant (a millisecond before, at worst,
-        from SQLite's rounding), so this rounds down with a little room.
+        Timestamps fall at or just after their instant (a few milliseconds before, at
+        worst), so this rounds down with a little room.
         """
-        return math.floor((instant.timestamp() - self.origin) / GRID_SECONDS + 0.01)
+        return math.floor((instant.timestamp() - self.origin) / GRID_SECONDS + 0.05)
 
     def _step(self, ticks: int) -> None:
         self.ticks += ticks
         self._calls = 0
-        self._since_instant = 0.0
 
     def advance(self, seconds: float) -> None:
         """Let ``seconds`` (rounded to the grid, at least one step) pass for every connection."""
@@ -168,7 +164,7 @@ class DbClock:
 
     def reset(self) -> None:
         """Back to the real clock (always, at the end of a run)."""
-        set_sqlite_clock_offset(0.0)
+        freeze_sqlite_clock(None)
 
     def bracket(self, call: Callable[[], T], avoid: Collection[int] = ()) -> tuple[T, Window]:
         """Run ``call`` at the first grid instant not in ``avoid``, with its window."""
@@ -177,9 +173,7 @@ class DbClock:
         while self.ticks in avoid:
             self._step(1)
         self.pin()
-        lo = self.now() - SLACK
+        instant = self.now()
         result = call()
-        end = self.now()
         self._calls += 1
-        self._since_instant = end.timestamp() - self.virtual + ORDER_GAP_SECONDS
-        return result, Window(lo, end + SLACK)
+        return result, Window(instant - SLACK, instant + SLACK)
