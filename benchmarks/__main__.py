@@ -28,7 +28,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from benchmarks.dataset import Shape, build, floor_update, restore_stale
+from benchmarks.dataset import Shape, build, floor_update, restore_stale, writes_floor
 from reconciler.db import create_engine
 from reconciler.decisions import Thresholds
 from reconciler.passes import PassConfig, PassReport, run_pass
@@ -131,12 +131,17 @@ def measure_recovery(dbs: Databases, shape: Shape, batch_size: int) -> list[Meas
         build(engine, shape)
         floor_seconds, floor_rows = _timed(lambda: floor_update(engine))
         restore_stale(engine, shape)
+        writes_seconds, writes_rows = _timed(lambda: writes_floor(engine))
+        restore_stale(engine, shape)
         store = SqlStore(engine)
         seconds, (decided, passes) = _timed(lambda: drain(store, batch_size))
     rate, floor_rate = decided / seconds, floor_rows / floor_seconds
+    writes_rate = writes_rows / writes_seconds
     return [Measurement(
         "recovery", dbs.engine_name, shape.jobs, shape.stale, round(rate), "jobs/s",
         {"floor_value": round(floor_rate), "ratio_to_floor": round(rate / floor_rate, 3),
+         "writes_floor_value": round(writes_rate),
+         "ratio_to_writes_floor": round(rate / writes_rate, 3),
          "batch_size": batch_size, "passes": passes, "seconds": round(seconds, 3)},
     )]
 

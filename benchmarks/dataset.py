@@ -126,12 +126,59 @@ def floor_update(engine: Engine) -> int:
             WHERE job_status = 'processing' AND lease_expires_at <= {now}""")).rowcount)
 
 
+# An audit row's evidence as the pass records it for a three-step plan (same size).
+EVIDENCE = ('{"attempts_used":1,"max_attempts":3,"operator_hold":false,"lease_live":false,'
+            '"session_gone":false,"lease_expired_seconds":313.916,'
+            '"activity_age_seconds":613.916,"plan_readable":true,"plan_length":3,'
+            '"step_states":["succeeded","started","not_started"],'
+            '"effect_kinds":["idempotent","pure","effectful"],"first_unfinished_step":1}')
+
+
+def writes_floor(engine: Engine) -> int:
+    """The pass's three writes per job, set-based, with no decision made: rows changed.
+
+    One INSERT of an audit row per expired claim (evidence of the real size), one UPDATE
+    closing their attempts, then the floor's UPDATE: the database work of a pass without
+    its reads, its decision table or its compare-and-swap predicates. How close the pass
+    gets to this is how much its Python and its fences cost.
+    """
+    with engine.begin() as conn:
+        now = _ts(conn, 0)
+        evidence = "CAST(:evidence AS json)" if is_postgresql(conn) else ":evidence"
+        expired = f"job_status = 'processing' AND lease_expires_at <= {now}"
+        pass_id = conn.execute(sa.text(
+            f"INSERT INTO reconciliation_passes (reconciler_instance, started_at) "
+            f"VALUES ('writes-floor', {now}) RETURNING pass_id")).scalar_one()
+        conn.execute(sa.text(f"""
+            INSERT INTO reconciliation_decisions (pass_id, job_id, decided_at, disposition,
+                decision_reason, generation_before, generation_after, resume_step_index,
+                decision_evidence)
+            SELECT {pass_id}, job_id, {now}, 'resume', 'resumed_idempotent_step',
+                claim_generation, claim_generation + 1, 1, {evidence}
+            FROM job_runs WHERE {expired}"""), {"evidence": EVIDENCE})
+        conn.execute(sa.text(f"""
+            UPDATE job_attempts SET ended_at = {now}, attempt_outcome = 'lost',
+                ended_by = 'reconciler'
+            WHERE ended_at IS NULL AND (job_id, claim_generation) IN (
+                SELECT job_id, claim_generation FROM job_runs WHERE {expired})"""))
+        return int(conn.execute(sa.text(f"""
+            UPDATE job_runs SET job_status = 'queued', claim_generation = claim_generation + 1,
+                lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL,
+                available_at = {now}, updated_at = {now}
+            WHERE {expired}""")).rowcount)
+
+
 def restore_stale(engine: Engine, shape: Shape) -> None:
-    """Put the floor's rows back as they were built (not timed)."""
+    """Put the floors' rows back as they were built (not timed)."""
     with engine.begin() as conn:
         conn.execute(sa.text(f"""
             UPDATE job_runs SET job_status = 'processing', claim_generation = 1,
                 lease_token = 'bench-token-' || job_id, lease_owner = 'bench-worker',
                 lease_expires_at = {_ts(conn, -300)}, available_at = created_at
             WHERE job_id <= {shape.stale}"""))
+        conn.execute(sa.text(f"""
+            UPDATE job_attempts SET ended_at = NULL, attempt_outcome = NULL, ended_by = NULL
+            WHERE job_id <= {shape.stale}"""))
+        conn.execute(sa.text("DELETE FROM reconciliation_decisions"))
+        conn.execute(sa.text("DELETE FROM reconciliation_passes"))
     analyze(engine)
