@@ -75,7 +75,7 @@ class Databases:
             path = self._tmp / f"{uuid.uuid4().hex[:8]}.db"
             url = f"sqlite:///{path}"
         else:
-            url = self._postgres_database()
+            url = self.postgres_database()
         engine = create_engine(url)
         upgrade(engine)
         try:
@@ -86,7 +86,8 @@ class Databases:
                 for suffix in ("", "-wal", "-shm"):
                     Path(f"{path}{suffix}").unlink(missing_ok=True)
 
-    def _postgres_database(self) -> str:
+    def postgres_database(self) -> str:
+        """The URL of a new empty PostgreSQL database (``--database-url`` if one was named)."""
         if self.base_url is not None:
             return self.base_url
         if self._server is None:
