@@ -250,7 +250,6 @@ def _swap_statement(postgres: bool) -> Any:
     heartbeat (which renews the lease without bumping the generation) and progress.
     """
     values = _json_rows(postgres, "planned", PLANNED_COLUMNS)
-    resume = values.c.is_resume == 1
     still_wedged = sa.and_(
         values.c.is_wedged == 1,
         jobs.c.last_activity_at <= now_plus(_seconds("wedged_cutoff_seconds")),
@@ -270,19 +269,26 @@ def _swap_statement(postgres: bool) -> Any:
             _unindexed(jobs.c.job_status) == PROCESSING,
             sa.or_(still_wedged, still_expired),
         )
-        .values(
-            job_status=values.c.new_status,
-            status_reason=values.c.new_reason,
-            resume_step_index=sa.case((resume, values.c.resume_at),
-                                      else_=jobs.c.resume_step_index),
-            claim_generation=jobs.c.claim_generation + 1,
-            lease_token=None, lease_owner=None, lease_expires_at=None,
-            available_at=sa.case((resume, db_now()), else_=jobs.c.available_at),
-            finished_at=sa.case((resume, sa.null()), else_=db_now()),
-            updated_at=db_now(),
-        )
+        .values(swap_changes(values))
         .returning(jobs.c.job_id)
     )
+
+
+def swap_changes(values: Any) -> dict[str, Any]:
+    """What the swap writes into a job from its ``planned`` row: the new status, reason and
+    resume point, a bumped generation, no lease; a resume is available at once."""
+    resume = values.c.is_resume == 1
+    return {
+        "job_status": values.c.new_status,
+        "status_reason": values.c.new_reason,
+        "resume_step_index": sa.case((resume, values.c.resume_at),
+                                     else_=jobs.c.resume_step_index),
+        "claim_generation": jobs.c.claim_generation + 1,
+        "lease_token": None, "lease_owner": None, "lease_expires_at": None,
+        "available_at": sa.case((resume, db_now()), else_=jobs.c.available_at),
+        "finished_at": sa.case((resume, sa.null()), else_=db_now()),
+        "updated_at": db_now(),
+    }
 
 
 def _close_attempts_statement(postgres: bool) -> Any:

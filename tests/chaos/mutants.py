@@ -43,6 +43,7 @@ from reconciler.sql_store import (
     attempts,
     jobs,
     planned_rows,
+    swap_changes,
 )
 from reconciler.store import ClaimedJob, PlannedChange
 from reconciler.vocabulary import JobStatus
@@ -52,21 +53,10 @@ def swap_without_evidence(self: SqlPassTransaction, acting: Sequence[PlannedChan
                           thresholds: Thresholds) -> set[int]:
     """``_swap`` matching the job by id alone: whatever happened since the read is lost."""
     values = _json_rows(self.postgres, "planned", PLANNED_COLUMNS)
-    resume = values.c.is_resume == 1
     stmt = (
         jobs.update()
         .where(jobs.c.job_id == values.c.job_id)  # MUTATION: no generation/status/time
-        .values(
-            job_status=values.c.new_status,
-            status_reason=values.c.new_reason,
-            resume_step_index=sa.case((resume, values.c.resume_at),
-                                      else_=jobs.c.resume_step_index),
-            claim_generation=jobs.c.claim_generation + 1,
-            lease_token=None, lease_owner=None, lease_expires_at=None,
-            available_at=sa.case((resume, db_now()), else_=jobs.c.available_at),
-            finished_at=sa.case((resume, sa.null()), else_=db_now()),
-            updated_at=db_now(),
-        )
+        .values(swap_changes(values))
         .returning(jobs.c.job_id)
     )
     return {int(job_id) for job_id in self.conn.execute(
