@@ -5,14 +5,15 @@ statement sees one instant. SQLite's ``'now'`` is fixed for one statement step t
 rendered as the same fixed-width UTC text that ``UtcDateTime`` stores, so comparisons are
 exact string comparisons with microsecond width.
 
-On SQLite, ``'now'`` is shifted by ``reconciler_clock_offset()``, a function every
-connection registers (reconciler.db). It is ``+0`` unless a test freezes the clock with
-``freeze_sqlite_clock``: the state-machine tests use that to let virtual time pass.
+On SQLite, every clock expression starts from ``reconciler_clock()``, a function every
+connection registers (reconciler.db). It returns ``'now'``, SQLite's own reading, unless
+a test froze the clock with ``freeze_sqlite_clock``: the state-machine tests use that to
+let virtual time pass.
 """
 
 from __future__ import annotations
 
-import time
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import Float, literal
@@ -24,30 +25,31 @@ from sqlalchemy.sql.functions import FunctionElement
 from models.base import UtcDateTime
 
 SQLITE_FORMAT = "'%Y-%m-%d %H:%M:%f'"
-SQLITE_NOW = "'now', reconciler_clock_offset()"
+SQLITE_NOW = "reconciler_clock()"
 
-_sqlite_frozen_at: float | None = None
+_sqlite_frozen_at: str | None = None
 
 
 def freeze_sqlite_clock(posix_seconds: float | None) -> None:
     """Make every SQLite statement's 'now' (in this process) this instant. Tests only.
 
-    ``None`` gives the real clock back. Frozen, the database's time does not run while a
-    statement waits for the CPU, so a test's notion of time cannot drift from it.
+    ``None`` gives the real clock back. Frozen, the database's time neither runs while a
+    call waits for the CPU nor differs between statements, so a test's model of time is
+    exact to the millisecond.
     """
     global _sqlite_frozen_at  # noqa: PLW0603 - one process-wide test clock
-    _sqlite_frozen_at = posix_seconds
+    _sqlite_frozen_at = None if posix_seconds is None else (
+        datetime.fromtimestamp(round(posix_seconds, 3), UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3])
 
 
-def sqlite_clock_offset() -> str:
-    """The modifier SQLite applies to 'now' (registered as ``reconciler_clock_offset``).
+def sqlite_clock() -> str:
+    """The time value SQLite's clock expressions start from (registered as ``reconciler_clock``).
 
-    Registered deterministic, so SQLite calls it once per statement, beside its one
-    reading of 'now' for that statement.
+    ``'now'``: SQLite reads its clock once per statement step, so one statement sees one
+    instant, as ``statement_timestamp()`` does on PostgreSQL. Registered deterministic, so
+    SQLite calls this once per statement rather than once per row.
     """
-    if _sqlite_frozen_at is None:
-        return "+0.000 seconds"
-    return f"{_sqlite_frozen_at - time.time():+.3f} seconds"
+    return "now" if _sqlite_frozen_at is None else _sqlite_frozen_at
 
 
 class db_now(FunctionElement[Any]):  # noqa: N801 - reads as a SQL function at call sites

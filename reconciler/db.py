@@ -15,7 +15,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.engine.url import make_url
 from sqlalchemy.exc import ArgumentError
 
-from reconciler.clock import sqlite_clock_offset
+from reconciler.clock import sqlite_clock
 from reconciler.errors import ConfigError
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
@@ -59,9 +59,8 @@ def _sqlite_engine(url: sa.URL, **kwargs: Any) -> Engine:
         cursor.execute("PRAGMA synchronous = NORMAL")
         cursor.execute("PRAGMA foreign_keys = ON")
         cursor.close()
-        # The database clock's offset: "+0.000 seconds" except in tests that move time.
-        # Deterministic, so SQLite evaluates it once per statement rather than once per row.
-        dbapi_connection.create_function("reconciler_clock_offset", 0, sqlite_clock_offset,
+        # Where the database clock starts: 'now', except in tests that freeze it.
+        dbapi_connection.create_function("reconciler_clock", 0, sqlite_clock,
                                          deterministic=True)
 
     @sa.event.listens_for(engine, "begin")

@@ -4,8 +4,7 @@ Each machine run (and each regression test) gets its own migrated SQLite file, c
 one template migrated once per process, so a run starts in milliseconds. Time moves only by
 ``freeze_sqlite_clock``: ``DbClock`` freezes the database clock at a virtual instant before
 each call, and ``Window`` brackets a call: every database instant inside the call lies
-within ``SLACK`` of that instant (SQLite's millisecond ticks, and the moment between its
-reading of 'now' and of the offset).
+within ``SLACK`` of that instant (it is the instant itself, to SQLite's millisecond).
 """
 
 from __future__ import annotations
