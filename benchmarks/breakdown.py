@@ -1,0 +1,125 @@
+"""Where one batch of the recovery pass spends its time, part by part.
+
+    python -m benchmarks.breakdown --engine sqlite --jobs 1000000 --stale 10000
+    python -m benchmarks.breakdown --engine postgresql --jobs 1000000 --stale 10000
+
+Builds the recovery dataset, drains it as ``python -m benchmarks`` does (batches of 500),
+and prints the mean milliseconds per batch of each part of a pass: the pass's own store
+methods are wrapped with timers, so each figure is that part's SQL and its Python
+together. The timers add a few microseconds per call; the main benchmark has none.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from benchmarks.__main__ import Databases, drain
+from benchmarks.dataset import Shape, build
+from reconciler import passes
+from reconciler.sql_store import SqlPassTransaction, SqlStore
+
+BATCH_SIZE = 500
+PARTS = (
+    ("take_leadership", "leader lease"),
+    ("expire_gone_sessions", "worker session sweep"),
+    ("start_pass_record", "pass row"),
+    ("candidates", "candidate scan and step records (rows built)"),
+    ("plan_change", "evidence and decision table, per job"),
+    ("_swap", "compare-and-swap UPDATE (rows encoded)"),
+    ("_close_attempts", "attempt closing UPDATE (rows encoded)"),
+    ("record", "audit INSERT and pass counts (rows encoded)"),
+    ("commit", "commit"),
+)
+
+
+@contextmanager
+def _timers() -> Iterator[dict[str, float]]:
+    """Seconds spent in each part while the block runs; the wrapped methods are restored."""
+    spent: dict[str, float] = defaultdict(float)
+    saved: list[tuple[Any, str, Any]] = []
+
+    def wrap(owner: Any, name: str, part: str) -> None:
+        original = getattr(owner, name)
+
+        @functools.wraps(original)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                spent[part] += time.perf_counter() - started
+
+        saved.append((owner, name, original))
+        setattr(owner, name, timed)
+
+    for name in ("take_leadership", "expire_gone_sessions", "start_pass_record", "candidates",
+                 "apply", "_swap", "_close_attempts"):
+        wrap(SqlPassTransaction, name, name)
+    wrap(passes, "plan_change", "plan_change")
+    original_transaction = SqlStore.pass_transaction
+
+    @contextmanager
+    def transaction(self: SqlStore, *, dry_run: bool) -> Iterator[SqlPassTransaction]:
+        with original_transaction(self, dry_run=dry_run) as tx:
+            yield tx
+            committing = time.perf_counter()
+        spent["commit"] += time.perf_counter() - committing
+
+    saved.append((SqlStore, "pass_transaction", original_transaction))
+    SqlStore.pass_transaction = transaction  # type: ignore[method-assign]
+    try:
+        yield spent
+    finally:
+        for owner, name, original in reversed(saved):
+            setattr(owner, name, original)
+    # apply() contains the swap and the attempt closing; the rest of it is the record.
+    spent["record"] = spent.pop("apply", 0.0) - spent["_swap"] - spent["_close_attempts"]
+
+
+def breakdown(engine_name: str, base_url: str | None, shape: Shape) -> list[tuple[str, float]]:
+    """(part, milliseconds per full batch) for one drain of ``shape``; the total last."""
+    dbs = Databases(engine_name, base_url)
+    try:
+        with dbs.fresh() as engine:
+            build(engine, shape)
+            store = SqlStore(engine)
+            with _timers() as spent:
+                started = time.perf_counter()
+                decided, _ = drain(store, BATCH_SIZE)
+                total = time.perf_counter() - started
+    finally:
+        dbs.close()
+    batches = decided / BATCH_SIZE
+    rows = [(label, spent.get(part, 0.0) * 1000 / batches) for part, label in PARTS]
+    rows.append(("everything else (pass loop, connection checkout)",
+                 total * 1000 / batches - sum(ms for _, ms in rows)))
+    rows.append(("total per batch", total * 1000 / batches))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.breakdown",
+                                     description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--engine", choices=("sqlite", "postgresql"), default="sqlite")
+    parser.add_argument("--database-url", help="an empty PostgreSQL database to use")
+    parser.add_argument("--jobs", type=int, default=1_000_000)
+    parser.add_argument("--stale", type=int, default=10_000)
+    args = parser.parse_args(argv)
+    rows = breakdown(args.engine, args.database_url, Shape(args.jobs, args.stale))
+    print(f"{args.engine}, N = {args.jobs}, S = {args.stale}, batches of {BATCH_SIZE}")
+    print(f"{'part':<52} {'ms/batch':>9}")
+    for label, ms in rows:
+        print(f"{label:<52} {ms:>9.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
