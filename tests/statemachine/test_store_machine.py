@@ -1,19 +1,20 @@
 """A Hypothesis state machine over the real store on SQLite with a controllable clock.
 
 Every rule is a real call through ``JobClient``, ``Claim``, ``SqlStore`` or ``run_pass`` on
-a fresh migrated SQLite file per run; time passes only through the database clock offset
-(``set_sqlite_clock_offset``). Beside the database the machine keeps a small model: each
+a fresh migrated SQLite file per run; time passes only through the frozen database clock
+(``freeze_sqlite_clock``). Beside the database the machine keeps a small model: each
 job's status, generation, attempts used and budget, resume point, hold, step records,
 attempt rows and artifacts; which claim object is current; the worker sessions; the leader
 lease. The model predicts every rule's outcome.
 
 Time is virtual (``harness.DbClock``): it moves on a half-second grid, the database clock is
-pinned to it before each call, and a call never runs on an instant where one of the model's
-boundaries lies (a lease expiry, activity plus a threshold, an availability, a session or
-leader timeout): the clock steps half a second past it. Each comparison is therefore at
-least half a second from its boundary, and a run is repeatable, as Hypothesis needs to
-replay and shrink it. Should a comparison still fall within the milliseconds of a call, the
-model accepts either answer and adopts what the database did (see ``harness.Window``).
+frozen on it for each call (calls at one instant 25 ms apart), and a call never runs on an
+instant where one of the model's boundaries lies (a lease expiry, activity plus a
+threshold, an availability, a session or leader timeout): the clock steps half a second
+past it. Each comparison is therefore at least half a second from its boundary, and a run
+is repeatable, as Hypothesis needs to replay and shrink it, however slow the machine.
+Should a comparison still fall within a call's window, the model accepts either answer and
+adopts what the database did (see ``harness.Window``).
 
 Rules. Producers: ``enqueue`` (1-3 steps of random effect kinds, budget 1-3, with or
 without an idempotency key). Workers: ``claim`` (10 s lease, with or without a worker
@@ -138,7 +139,7 @@ SESSION_TIMEOUT_SECONDS = 30.0
 BACKOFF_SECONDS = 1.0
 BACKOFF_MAX_SECONDS = 8.0
 THRESHOLDS = Thresholds(STALE_AFTER_SECONDS, WEDGED_AFTER_SECONDS)
-BACKOFF_DELAYS = (1.0, 2.0, 4.0, 8.0)
+BACKOFF_DELAYS = tuple(min(BACKOFF_SECONDS * 2 ** n, BACKOFF_MAX_SECONDS) for n in range(4))
 
 PLANS = st.lists(st.sampled_from(EFFECT_KINDS), min_size=1, max_size=3)
 KEYS = st.none() | st.sampled_from(IDEMPOTENCY_KEYS)
@@ -866,15 +867,11 @@ class StoreMachine(RuleBasedStateMachine):
         chosen = [job_id for _, job_id in sorted(expired)[:batch_size]]
         return chosen + [job_id for _, job_id in sorted(silent)[:batch_size - len(chosen)]]
 
-    @rule(instance=st.sampled_from((None, "r1", "r2")), release_after=st.booleans())
+    @rule(instance=st.sampled_from((None, "r1", "r2")), release_after=st.booleans(),
+          batch_size=st.sampled_from((1, 2, 50)))
     def reconcile(self, instance: str | None, release_after: bool,
                   batch_size: int = 50) -> None:
-        """One pass; ``instance`` None runs without the leader lease.
-
-        Its batch holds every candidate: which jobs a smaller batch takes depends on the
-        order of timestamps taken at one instant, which is the scheduler's, and a run must
-        be repeatable. ``dry_run`` checks small batches' order, which changes nothing.
-        """
+        """One pass; ``instance`` None runs without the leader lease."""
         config = PassConfig(
             batch_size=batch_size, thresholds=THRESHOLDS, instance=instance or "solo",
             leader_lease_seconds=LEADER_LEASE_SECONDS,
