@@ -70,7 +70,8 @@ class Databases:
 
     @contextmanager
     def fresh(self) -> Iterator[Engine]:
-        """An empty migrated database, dropped afterwards."""
+        """A migrated database: a new one (a SQLite file removed afterwards), or the one
+        ``--database-url`` names."""
         if self.engine_name == "sqlite":
             path = self._tmp / f"{uuid.uuid4().hex[:8]}.db"
             url = f"sqlite:///{path}"
@@ -87,7 +88,7 @@ class Databases:
                     Path(f"{path}{suffix}").unlink(missing_ok=True)
 
     def postgres_database(self) -> str:
-        """The URL of a new empty PostgreSQL database (``--database-url`` if one was named)."""
+        """The URL of a new empty database on the throwaway server, or ``--database-url``."""
         if self.base_url is not None:
             return self.base_url
         if self._server is None:

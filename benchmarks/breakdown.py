@@ -96,6 +96,8 @@ def breakdown(engine_name: str, base_url: str | None, shape: Shape) -> list[tupl
                 total = time.perf_counter() - started
     finally:
         dbs.close()
+    if not decided:
+        raise SystemExit("nothing was stale: give --stale a positive number")
     batches = decided / BATCH_SIZE
     rows = [(label, spent.get(part, 0.0) * 1000 / batches) for part, label in PARTS]
     rows.append(("everything else (pass loop, connection checkout)",

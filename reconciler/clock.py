@@ -45,9 +45,9 @@ def freeze_sqlite_clock(posix_seconds: float | None) -> None:
 def sqlite_clock() -> str:
     """The time value SQLite's clock expressions start from (registered as ``reconciler_clock``).
 
-    ``'now'``: SQLite reads its clock once per statement step, so one statement sees one
-    instant, as ``statement_timestamp()`` does on PostgreSQL. Registered deterministic, so
-    SQLite calls this once per statement rather than once per row.
+    ``'now'``: SQLite's own clock. Registered deterministic, so SQLite computes each clock
+    expression once per statement rather than once per row, and one statement sees one
+    instant, as with ``statement_timestamp()`` on PostgreSQL.
     """
     return "now" if _sqlite_frozen_at is None else _sqlite_frozen_at
 

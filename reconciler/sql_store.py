@@ -536,7 +536,7 @@ def _json_rows(postgres: bool, name: str, columns: Sequence[tuple[str, Any]]) ->
     One bind parameter instead of one per value: the statement text stays the same for
     every batch size, so it is compiled once and cached, and a batch of thousands costs
     one round trip. PostgreSQL reads it with ``json_to_recordset`` (``json``, not
-    ``jsonb``: the text is read once, nested evidence is passed through unparsed); SQLite
+    ``jsonb``: nested evidence passes through as text, never converted to binary); SQLite
     with ``json_each`` and ``json_extract`` (which returns nested objects as JSON text).
     """
     payload = sa.bindparam(f"{name}_rows", type_=sa.Text())
@@ -569,6 +569,7 @@ def _in_batch(postgres: bool, column: Any) -> Any:
 def _batch_ids(postgres: bool, ids: list[int]) -> list[int] | str:
     """The value of ``batch_ids``: an array on PostgreSQL, JSON text on SQLite."""
     return ids if postgres else json.dumps(ids)
+
 
 def _float(value: Any) -> float | None:
     return None if value is None else float(value)
