@@ -26,6 +26,7 @@ from reconciler.schema import upgrade
 from reconciler.settings import Settings
 from reconciler.sql_store import SqlStore
 from reconciler.worker import JobClient
+from tests.helpers import require_pg_bin
 from tests.pg_server import DSN_ENV, INSTALL_HINT, ThrowawayPostgres, find_pg_bin
 
 ENGINES = ("sqlite", "postgresql")
@@ -93,6 +94,15 @@ def postgres() -> Iterator[PostgresForTests | None]:
         return
     with ThrowawayPostgres() as server:
         yield PostgresForTests(server.dsn, server)
+
+
+@pytest.fixture
+def own_postgres() -> Iterator[ThrowawayPostgres]:
+    """A PostgreSQL server of the test's own, which it may restart and stop (never the
+    session's shared one)."""
+    require_pg_bin()
+    with ThrowawayPostgres() as server:
+        yield server
 
 
 def _database_url(request: pytest.FixtureRequest, tmp_path: Path,

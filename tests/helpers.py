@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -11,6 +12,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from models import JobRun
+from tests.pg_server import INSTALL_HINT, find_pg_bin
 
 JOBS = JobRun.__table__
 DEADLINE_SECONDS = 15.0
@@ -43,3 +45,11 @@ def job_row(engine: Engine, job_id: int) -> dict[str, Any]:
     """The job's ``job_runs`` row."""
     [row] = rows_of(engine, JOBS, JOBS.c.job_id == job_id)
     return row
+
+
+def require_pg_bin() -> None:
+    """Skip when PostgreSQL's server binaries are missing; with CI=true, fail instead."""
+    if find_pg_bin() is None:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"CI=true but PostgreSQL is unavailable: {INSTALL_HINT}", pytrace=False)
+        pytest.skip(f"PostgreSQL not available: {INSTALL_HINT}")

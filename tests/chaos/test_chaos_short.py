@@ -7,12 +7,10 @@ binaries the PostgreSQL run is skipped, except under ``CI=true``, where that fai
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from tests.chaos.harness import PASS_FAILPOINTS, ChaosParams, run_chaos
-from tests.pg_server import INSTALL_HINT, find_pg_bin
+from tests.helpers import require_pg_bin
 
 pytestmark = pytest.mark.chaos
 
@@ -28,10 +26,8 @@ MIN_KILLS = 30
 @pytest.mark.parametrize("engine", list(SHORT_RUNS))
 def test_short_chaos_run_keeps_every_invariant(engine: str) -> None:
     """Workers and replicas die at failpoints and at random; no job, effect or write goes wrong."""
-    if engine == "postgresql" and find_pg_bin() is None:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"CI=true but PostgreSQL is unavailable: {INSTALL_HINT}", pytrace=False)
-        pytest.skip(f"PostgreSQL not available: {INSTALL_HINT}")
+    if engine == "postgresql":
+        require_pg_bin()
     params = SHORT_RUNS[engine]
     result = run_chaos(params)
     print(result.render())

@@ -8,7 +8,6 @@ fed by the same ledger, so a check that could not catch the bug would fail here.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -32,7 +31,7 @@ from reconciler.worker import Claim, JobClient, Step, StepContext, Worker
 from tests.chaos import mutants
 from tests.chaos.checks import CheckReport, jobs_table, run_checks
 from tests.chaos.ledger import Ledger, instrument
-from tests.pg_server import INSTALL_HINT, ThrowawayPostgres, find_pg_bin
+from tests.pg_server import ThrowawayPostgres
 
 pytestmark = pytest.mark.chaos
 
@@ -334,17 +333,6 @@ def test_heartbeat_that_never_renews_does_not_duplicate_on_its_own(
 
 
 # -- DBOS #716: a PostgreSQL restart stranded recovery for good -----------------------------
-
-
-@pytest.fixture
-def own_postgres() -> Iterator[ThrowawayPostgres]:
-    """A PostgreSQL server of this test's own, so it can be restarted."""
-    if find_pg_bin() is None:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"CI=true but PostgreSQL is unavailable: {INSTALL_HINT}", pytrace=False)
-        pytest.skip(f"PostgreSQL not available: {INSTALL_HINT}")
-    with ThrowawayPostgres() as server:
-        yield server
 
 
 def _failed_passes(service: Service) -> float:

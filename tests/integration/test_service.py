@@ -44,7 +44,7 @@ from reconciler.settings import Settings
 from reconciler.vocabulary import PassOutcome
 from reconciler.worker import JobClient, Step
 from tests.conftest import REPO_ROOT, PostgresForTests, run_cli
-from tests.pg_server import INSTALL_HINT, ThrowawayPostgres, find_pg_bin
+from tests.pg_server import INSTALL_HINT, ThrowawayPostgres
 
 jobs: sa.Table = cast(sa.Table, JobRun.__table__)
 passes: sa.Table = cast(sa.Table, ReconciliationPass.__table__)
@@ -750,17 +750,6 @@ def test_three_replicas_one_leader_and_failover_after_sigkill(
 # --------------------------------------------------------------------------------------------
 # Resilience of the service itself
 # --------------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def own_postgres() -> Iterator[ThrowawayPostgres]:
-    """A PostgreSQL server this test may restart and stop (never the shared one)."""
-    if find_pg_bin() is None:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"CI=true but PostgreSQL is unavailable: {INSTALL_HINT}", pytrace=False)
-        pytest.skip(f"PostgreSQL not available: {INSTALL_HINT}")
-    with ThrowawayPostgres() as server:
-        yield server
 
 
 def _stop_server(server: ThrowawayPostgres) -> None:
