@@ -8,7 +8,7 @@ from sqlalchemy.engine import Connection
 
 from alembic import context
 from models import metadata
-from reconciler.db import create_engine
+from reconciler.storage.engines import create_engine
 
 config = context.config
 

@@ -29,11 +29,11 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from benchmarks.dataset import Shape, build, floor_update, restore_stale, writes_floor
-from reconciler.db import create_engine
-from reconciler.decisions import Thresholds
-from reconciler.passes import PassConfig, PassReport, run_pass
-from reconciler.schema import upgrade
-from reconciler.sql_store import SqlStore
+from reconciler.core.decisions import Thresholds
+from reconciler.core.passes import PassConfig, PassReport, run_pass
+from reconciler.storage.engines import create_engine
+from reconciler.storage.schema import upgrade
+from reconciler.storage.sql_store import SqlStore
 
 THRESHOLDS = Thresholds(stale_after_seconds=60.0, wedged_after_seconds=3600.0)
 BATCH_SIZES = (100, 500, 2000)
@@ -203,8 +203,8 @@ def measure_round_trips(dbs: Databases) -> list[Measurement]:
 
 MEMORY_PROBE = """
 import json, resource, sys, tracemalloc
-from reconciler.db import create_engine
-from reconciler.sql_store import SqlStore
+from reconciler.storage.engines import create_engine
+from reconciler.storage.sql_store import SqlStore
 from benchmarks.__main__ import drain
 engine = create_engine(sys.argv[1])
 store = SqlStore(engine)

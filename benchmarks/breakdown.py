@@ -22,8 +22,8 @@ from typing import Any
 
 from benchmarks.__main__ import Databases, drain
 from benchmarks.dataset import Shape, build
-from reconciler import passes
-from reconciler.sql_store import SqlPassTransaction, SqlStore
+from reconciler.core import passes
+from reconciler.storage.sql_store import SqlPassTransaction, SqlStore
 
 BATCH_SIZE = 500
 PARTS = (

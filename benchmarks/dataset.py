@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from reconciler.db import is_postgresql
+from reconciler.storage.engines import is_postgresql
 
 PLAN = ('[{"step_name": "fetch", "effect_kind": "idempotent"}, '
         '{"step_name": "render", "effect_kind": "pure"}, '

@@ -21,10 +21,10 @@ import psycopg
 import pytest
 from sqlalchemy.engine import Engine
 
-from reconciler.db import create_engine
-from reconciler.schema import upgrade
 from reconciler.settings import Settings
-from reconciler.sql_store import SqlStore
+from reconciler.storage.engines import create_engine
+from reconciler.storage.schema import upgrade
+from reconciler.storage.sql_store import SqlStore
 from reconciler.worker import JobClient
 from tests.helpers import require_pg_bin
 from tests.pg_server import DSN_ENV, INSTALL_HINT, ThrowawayPostgres, find_pg_bin

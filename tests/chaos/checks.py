@@ -35,7 +35,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from models import JobAttempt, JobRun, OperatorAction, ReconciliationDecision, StepRun
-from reconciler.vocabulary import Reason
+from reconciler.core.vocabulary import Reason
 from tests.chaos.ledger import FENCED_OPS, LedgerData, read_ledger
 
 jobs_table = cast(sa.Table, JobRun.__table__)

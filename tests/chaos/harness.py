@@ -3,7 +3,7 @@
 One run:
 
 1. its own database: a SQLite file, or its own throwaway PostgreSQL server (so it can
-   restart it), migrated with ``reconciler.schema.upgrade``;
+   restart it), migrated with ``reconciler.storage.schema.upgrade``;
 2. a fault phase of ``seconds``: jobs are enqueued at a steady pace; ``workers`` worker
    processes (tests/chaos/chaos_worker.py, the real ``Worker``) and ``replicas``
    ``reconciler run`` processes run them. Processes are started with a failpoint (worker
@@ -41,8 +41,8 @@ from sqlalchemy.engine import Engine
 
 from models import ReconcilerLease
 from reconciler import failpoints
-from reconciler.db import create_engine
-from reconciler.schema import upgrade
+from reconciler.storage.engines import create_engine
+from reconciler.storage.schema import upgrade
 from reconciler.worker import JobClient
 from tests.chaos import chaos_worker
 from tests.chaos.checks import TERMINAL, CheckReport, jobs_table, run_checks

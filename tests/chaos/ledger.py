@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from reconciler.errors import LeaseLost
-from reconciler.sql_store import SqlStore
+from reconciler.storage.sql_store import SqlStore
 
 SUFFIX = ".jsonl"
 

@@ -28,12 +28,14 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from reconciler.clock import db_now, now_plus
-from reconciler.decisions import Thresholds
+from reconciler.core.decisions import Thresholds
+from reconciler.core.passes import PassReport, run_pass
+from reconciler.core.ports import ClaimedJob, PlannedChange
+from reconciler.core.vocabulary import JobStatus
 from reconciler.errors import LeaseLost
-from reconciler.passes import PassReport, run_pass
-from reconciler.service import Service
-from reconciler.sql_store import (
+from reconciler.sidecar.service import Service
+from reconciler.storage.clock import db_now, now_plus
+from reconciler.storage.sql_store import (
     PLANNED_COLUMNS,
     PROCESSING,
     SqlPassTransaction,
@@ -45,8 +47,6 @@ from reconciler.sql_store import (
     planned_rows,
     swap_changes,
 )
-from reconciler.store import ClaimedJob, PlannedChange
-from reconciler.vocabulary import JobStatus
 
 
 def swap_without_evidence(self: SqlPassTransaction, acting: Sequence[PlannedChange],

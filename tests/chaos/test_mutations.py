@@ -18,15 +18,15 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from reconciler.db import create_engine
-from reconciler.decisions import Thresholds
+from reconciler.core.decisions import Thresholds
+from reconciler.core.passes import PassConfig, PassReport, plan_change, run_pass
+from reconciler.core.vocabulary import Reason
 from reconciler.errors import LeaseLost
-from reconciler.passes import PassConfig, PassReport, plan_change, run_pass
-from reconciler.schema import upgrade
-from reconciler.service import Service
 from reconciler.settings import Settings
-from reconciler.sql_store import SqlPassTransaction, SqlStore
-from reconciler.vocabulary import Reason
+from reconciler.sidecar.service import Service
+from reconciler.storage.engines import create_engine
+from reconciler.storage.schema import upgrade
+from reconciler.storage.sql_store import SqlPassTransaction, SqlStore
 from reconciler.worker import Claim, JobClient, Step, StepContext, Worker
 from tests.chaos import mutants
 from tests.chaos.checks import CheckReport, jobs_table, run_checks

@@ -16,7 +16,12 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from models import JobArtifact, JobRun
-from reconciler.artifacts import (
+from reconciler.core.decisions import Thresholds
+from reconciler.core.passes import PassConfig, run_pass
+from reconciler.storage.clock import db_now
+from reconciler.storage.sql_store import SqlStore
+from reconciler.worker import Claim, JobClient, LeaseLost, Step, Worker
+from reconciler.worker.artifacts import (
     SweepResult,
     check_name,
     move_published,
@@ -25,12 +30,7 @@ from reconciler.artifacts import (
     sweep_artifacts,
     write_atomically,
 )
-from reconciler.clock import db_now
-from reconciler.decisions import Thresholds
-from reconciler.passes import PassConfig, run_pass
-from reconciler.runtime import StepContext, WorkerStats
-from reconciler.sql_store import SqlStore
-from reconciler.worker import Claim, JobClient, LeaseLost, Step, Worker
+from reconciler.worker.runtime import StepContext, WorkerStats
 from tests.helpers import wait_for
 
 JOBS = cast(sa.Table, JobRun.__table__)

@@ -16,8 +16,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from models import JobRun, ReconcilerLease, ReconciliationDecision, ReconciliationPass
-from reconciler.clock import db_now, now_plus
-from reconciler.db import read_only
+from reconciler.storage.clock import db_now, now_plus
+from reconciler.storage.engines import read_only
 from reconciler.worker import Claim, JobClient, Step
 from tests.conftest import run_cli
 

@@ -25,8 +25,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from models import JobAttempt, JobRun, ReconcilerLease, ReconciliationDecision, ReconciliationPass
-from reconciler.clock import db_now
-from reconciler.db import read_only
+from reconciler.storage.clock import db_now
+from reconciler.storage.engines import read_only
 from reconciler.worker import JobClient, Step
 from tests.conftest import REPO_ROOT, run_cli, run_python
 
@@ -59,10 +59,10 @@ def block_until_killed(**facts):
 
 RACER_SCRIPT = """
 import json, os, sys, time
-from reconciler.db import create_engine
-from reconciler.decisions import Thresholds
-from reconciler.passes import PassConfig, run_pass
-from reconciler.sql_store import SqlStore
+from reconciler.storage.engines import create_engine
+from reconciler.core.decisions import Thresholds
+from reconciler.core.passes import PassConfig, run_pass
+from reconciler.storage.sql_store import SqlStore
 
 url, instance, use_leader = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
 gates = sys.argv[4:]

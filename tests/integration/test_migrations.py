@@ -12,9 +12,9 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy.engine import Engine
 
 import models
-from reconciler.db import create_engine
 from reconciler.errors import SchemaOutOfDateError
-from reconciler.schema import current_revision, downgrade, head_revision, upgrade
+from reconciler.storage.engines import create_engine
+from reconciler.storage.schema import current_revision, downgrade, head_revision, upgrade
 from reconciler.worker import JobClient
 
 # DESIGN.md §2: the tables of the lease contract and the audit trail.

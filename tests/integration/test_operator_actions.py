@@ -17,13 +17,13 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from models import JobArtifact, JobAttempt, JobRun, OperatorAction, StepRun
-from reconciler.clock import db_now
-from reconciler.decisions import Thresholds
-from reconciler.passes import PassConfig, PassReport, run_pass
-from reconciler.runtime import StepContext, WorkerStats
-from reconciler.sql_store import SqlStore
-from reconciler.vocabulary import Disposition, Reason
+from reconciler.core.decisions import Thresholds
+from reconciler.core.passes import PassConfig, PassReport, run_pass
+from reconciler.core.vocabulary import Disposition, Reason
+from reconciler.storage.clock import db_now
+from reconciler.storage.sql_store import SqlStore
 from reconciler.worker import Claim, JobClient, LeaseLost, Step, Worker
+from reconciler.worker.runtime import StepContext, WorkerStats
 from tests.conftest import run_cli
 from tests.helpers import job_row, rows_of, wait_for
 

@@ -30,13 +30,13 @@ from models import (
     ReconciliationPass,
     StepRun,
 )
-from reconciler.clock import db_now, seconds_since
-from reconciler.db import is_postgresql, read_only
-from reconciler.decisions import Thresholds
-from reconciler.passes import LEADER_LEASE_NAME, PassConfig, PassReport, plan_change, run_pass
-from reconciler.sql_store import SqlStore
-from reconciler.store import PlannedChange, RecordedDecision
-from reconciler.vocabulary import Disposition, PassOutcome, Reason
+from reconciler.core.decisions import Thresholds
+from reconciler.core.passes import LEADER_LEASE_NAME, PassConfig, PassReport, plan_change, run_pass
+from reconciler.core.ports import PlannedChange, RecordedDecision
+from reconciler.core.vocabulary import Disposition, PassOutcome, Reason
+from reconciler.storage.clock import db_now, seconds_since
+from reconciler.storage.engines import is_postgresql, read_only
+from reconciler.storage.sql_store import SqlStore
 from reconciler.worker import Claim, JobClient, LeaseLost, Step
 
 jobs = cast(sa.Table, JobRun.__table__)

@@ -9,9 +9,9 @@ from contextlib import contextmanager
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from reconciler.decisions import Thresholds
-from reconciler.passes import PassConfig, run_pass
-from reconciler.sql_store import SqlStore
+from reconciler.core.decisions import Thresholds
+from reconciler.core.passes import PassConfig, run_pass
+from reconciler.storage.sql_store import SqlStore
 from reconciler.worker import JobClient, Step
 
 THRESHOLDS = Thresholds(stale_after_seconds=0, wedged_after_seconds=3600)

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from reconciler.db import create_engine
-from reconciler.schema import upgrade
+from reconciler.storage.engines import create_engine
+from reconciler.storage.schema import upgrade
 from tests.integration.test_service import (
     RESUMED_FROM_UNSTARTED,
     Launcher,

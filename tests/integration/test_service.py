@@ -36,12 +36,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.engine import Connection, Engine
 
 from models import JobRun, ReconcilerLease, ReconciliationDecision, ReconciliationPass
-from reconciler.clock import db_now
-from reconciler.db import create_engine, is_postgresql, read_only
-from reconciler.schema import upgrade
-from reconciler.service import Service
+from reconciler.core.vocabulary import PassOutcome
 from reconciler.settings import Settings
-from reconciler.vocabulary import PassOutcome
+from reconciler.sidecar.service import Service
+from reconciler.storage.clock import db_now
+from reconciler.storage.engines import create_engine, is_postgresql, read_only
+from reconciler.storage.schema import upgrade
 from reconciler.worker import JobClient, Step
 from tests.conftest import REPO_ROOT, PostgresForTests, run_cli
 from tests.pg_server import INSTALL_HINT, ThrowawayPostgres

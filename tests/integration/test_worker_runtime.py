@@ -30,15 +30,15 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from models import JobArtifact, JobAttempt, JobRun, StepRun, WorkerSession
-from reconciler.artifacts import published_path, staging_path, sweep_artifacts
-from reconciler.clock import db_now, now_plus
-from reconciler.decisions import Thresholds
-from reconciler.passes import PassConfig, PassReport, run_pass
-from reconciler.runtime import StepContext, WorkerStats
+from reconciler.core.decisions import Thresholds
+from reconciler.core.passes import PassConfig, PassReport, run_pass
+from reconciler.core.vocabulary import Disposition, Reason
 from reconciler.settings import Settings
-from reconciler.sql_store import SqlStore
-from reconciler.vocabulary import Disposition, Reason
+from reconciler.storage.clock import db_now, now_plus
+from reconciler.storage.sql_store import SqlStore
 from reconciler.worker import JobClient, LeaseLost, Step, Worker
+from reconciler.worker.artifacts import published_path, staging_path, sweep_artifacts
+from reconciler.worker.runtime import StepContext, WorkerStats
 from tests.conftest import REPO_ROOT, run_cli
 from tests.helpers import job_row, rows_of, wait_for
 

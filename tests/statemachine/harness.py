@@ -27,9 +27,9 @@ from hypothesis.control import currently_in_test_context
 from sqlalchemy.engine import Engine
 
 from models import Base
-from reconciler.clock import freeze_sqlite_clock
-from reconciler.db import create_engine, read_only
-from reconciler.schema import upgrade
+from reconciler.storage.clock import freeze_sqlite_clock
+from reconciler.storage.engines import create_engine, read_only
+from reconciler.storage.schema import upgrade
 
 SLACK = timedelta(milliseconds=10)
 """How far a database instant may sit from the frozen instant of its call."""

@@ -1,4 +1,4 @@
-"""The frozen database clock the state machine stands on (reconciler.clock's test hook).
+"""The frozen database clock the state machine stands on (reconciler.storage.clock's test hook).
 
 The machine is repeatable only if the database's 'now' is the instant it froze, however
 long a call takes on a loaded machine; a run that drifted failed with
@@ -16,8 +16,8 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from reconciler.clock import db_now, freeze_sqlite_clock
-from reconciler.db import create_engine
+from reconciler.storage.clock import db_now, freeze_sqlite_clock
+from reconciler.storage.engines import create_engine
 from tests.statemachine.harness import fresh_database
 
 FROZEN = datetime(2031, 5, 17, 8, 30, 0, 250000, tzinfo=UTC)

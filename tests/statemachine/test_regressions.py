@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.db import create_engine
-from reconciler.decisions import Thresholds
-from reconciler.passes import PassConfig, run_pass
+from reconciler.core.decisions import Thresholds
+from reconciler.core.passes import PassConfig, run_pass
 from reconciler.settings import Settings
+from reconciler.storage.engines import create_engine
 from reconciler.worker import JobClient, LeaseLost, Step
 from tests.statemachine.harness import DbClock, fresh_database
 

@@ -102,11 +102,11 @@ from models import (
     StepRun,
     WorkerSession,
 )
-from reconciler.db import create_engine
-from reconciler.decisions import Thresholds
-from reconciler.passes import LEADER_LEASE_NAME, PassConfig, PassReport, run_pass
+from reconciler.core.decisions import Thresholds
+from reconciler.core.passes import LEADER_LEASE_NAME, PassConfig, PassReport, run_pass
 from reconciler.settings import Settings
-from reconciler.sql_store import SqlStore, StepNotStartedError
+from reconciler.storage.engines import create_engine
+from reconciler.storage.sql_store import SqlStore, StepNotStartedError
 from reconciler.worker import Claim, JobClient, LeaseLost, Step
 from tests.statemachine.harness import DbClock, Window, fresh_database, rows, snapshot
 

@@ -7,7 +7,7 @@ import argparse
 import pytest
 
 from reconciler.cli import build_parser, parse_duration
-from reconciler.vocabulary import JobStatus, Reason
+from reconciler.core.vocabulary import JobStatus, Reason
 
 
 def parse(*argv: str) -> argparse.Namespace:

@@ -18,10 +18,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reconciler import decisions
-from reconciler.decisions import RULES, Decision, Rule, Thresholds, decide
-from reconciler.evidence import Evidence, PlanStep, StepRecord
-from reconciler.vocabulary import Disposition, EffectKind, Reason, StepState
+from reconciler.core import decisions
+from reconciler.core.decisions import RULES, Decision, Rule, Thresholds, decide
+from reconciler.core.evidence import Evidence, PlanStep, StepRecord
+from reconciler.core.vocabulary import Disposition, EffectKind, Reason, StepState
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

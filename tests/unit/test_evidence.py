@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from reconciler.evidence import (
+from reconciler.core.evidence import (
     Evidence,
     EvidenceError,
     PlanStep,
@@ -16,7 +16,7 @@ from reconciler.evidence import (
     build_steps,
     parse_plan,
 )
-from reconciler.vocabulary import EffectKind, StepState
+from reconciler.core.vocabulary import EffectKind, StepState
 
 PLAN = (
     PlanStep("fetch-customer-secret", EffectKind.IDEMPOTENT),

@@ -29,10 +29,10 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from reconciler.cli import build_parser
-from reconciler.metrics import Metrics
-from reconciler.runtime import LIFETIME_EXCEEDED
+from reconciler.core.vocabulary import Disposition, PassOutcome, Reason, WorkerStatusReason
 from reconciler.settings import Settings
-from reconciler.vocabulary import Disposition, PassOutcome, Reason, WorkerStatusReason
+from reconciler.sidecar.metrics import Metrics
+from reconciler.worker.runtime import LIFETIME_EXCEEDED
 
 REPO = Path(__file__).resolve().parents[2]
 OPS = REPO / "ops"
@@ -43,8 +43,8 @@ DASHBOARD = OPS / "grafana" / "reconciler-dashboard.json"
 RUNBOOK = OPS / "runbook.md"
 KUBERNETES = OPS / "kubernetes" / "reconciler-sidecar.yaml"
 SYSTEMD = OPS / "systemd" / "stale-claim-reconciler.service"
-SERVICE_SOURCE = REPO / "reconciler" / "service.py"
-STORE_SOURCE = REPO / "reconciler" / "sql_store.py"
+SERVICE_SOURCE = REPO / "reconciler" / "sidecar" / "service.py"
+STORE_SOURCE = REPO / "reconciler" / "storage" / "sql_store.py"
 
 # Labels Prometheus attaches to every scraped series.
 TARGET_LABELS = frozenset({"job", "instance"})
@@ -91,7 +91,7 @@ _TYPE_SAMPLES = {"counter": ("",), "gauge": ("",), "untyped": ("",),
 
 
 def register_service_metrics(registry: CollectorRegistry) -> list[str]:
-    """Register the metrics reconciler/service.py declares beside Metrics(), read from source.
+    """Register the metrics reconciler/sidecar/service.py declares beside Metrics(), read from source.
 
     The service is too heavy to construct here (it opens the database), so each
     ``Counter(...)``/``Gauge(...)``/``Histogram(...)`` call in its source is repeated on
@@ -111,7 +111,7 @@ def register_service_metrics(registry: CollectorRegistry) -> list[str]:
             if keyword.arg == "labelnames":
                 labels = list(ast.literal_eval(keyword.value))
         name = str(node.args[0].value)
-        kinds[node.func.id](name, "declared in reconciler/service.py", labels,
+        kinds[node.func.id](name, "declared in reconciler/sidecar/service.py", labels,
                             registry=registry)
         names.append(name)
     return names
@@ -122,7 +122,7 @@ def exported() -> dict[str, frozenset[str]]:
     """Every sample name /metrics serves, with the label names its samples carry."""
     metrics = Metrics()
     assert register_service_metrics(metrics.registry), (
-        "found no metric declared in reconciler/service.py (its pass overrun counter)")
+        "found no metric declared in reconciler/sidecar/service.py (its pass overrun counter)")
     found: dict[str, set[str]] = {}
     for line in generate_latest(metrics.registry).decode().splitlines():
         type_line = _TYPE_LINE.match(line)
@@ -331,7 +331,7 @@ def runbook_anchors() -> frozenset[str]:
 def operator_status_reasons() -> set[str]:
     """The status reasons operator actions write, read from the store's source."""
     reasons = set(re.findall(r'"status_reason":\s*"([a-z_]+)"', STORE_SOURCE.read_text()))
-    assert reasons, "found no operator status reason in reconciler/sql_store.py"
+    assert reasons, "found no operator status reason in reconciler/storage/sql_store.py"
     return reasons
 
 

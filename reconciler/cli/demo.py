@@ -18,15 +18,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from reconciler.db import create_engine
-from reconciler.decisions import Thresholds
+from reconciler.core.decisions import Thresholds
+from reconciler.core.passes import PassConfig, run_pass
+from reconciler.core.ports import RecordedDecision
+from reconciler.core.vocabulary import Disposition
 from reconciler.failpoints import ENV as FAILPOINTS_ENV
-from reconciler.passes import PassConfig, run_pass
-from reconciler.schema import upgrade
 from reconciler.settings import Settings
-from reconciler.sql_store import SqlStore
-from reconciler.store import RecordedDecision
-from reconciler.vocabulary import Disposition
+from reconciler.storage.engines import create_engine
+from reconciler.storage.schema import upgrade
+from reconciler.storage.sql_store import SqlStore
 from reconciler.worker import JobClient, Step, StepContext, Worker
 
 LEASE_SECONDS = 1.0
@@ -77,7 +77,7 @@ def _start_worker(url: str, name: str, max_jobs: int, failpoint: str | None
     if failpoint:
         env[FAILPOINTS_ENV] = failpoint
     return subprocess.Popen(
-        [sys.executable, "-m", "reconciler.demo", url, name, str(max_jobs)], env=env,
+        [sys.executable, "-m", "reconciler.cli.demo", url, name, str(max_jobs)], env=env,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
 

@@ -15,8 +15,8 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.engine.url import make_url
 from sqlalchemy.exc import ArgumentError
 
-from reconciler.clock import sqlite_clock
 from reconciler.errors import ConfigError
+from reconciler.storage.clock import sqlite_clock
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 READ_ONLY = "reconciler_read_only"

@@ -14,20 +14,20 @@ from typing import Any
 
 from sqlalchemy.engine import Connection, Engine
 
-from reconciler.artifacts import check_name
-from reconciler.db import create_engine
+from reconciler.core.evidence import PlanStep
+from reconciler.core.ports import ClaimedJob
+from reconciler.core.vocabulary import StepState, short_code
 from reconciler.errors import LeaseLost
-from reconciler.evidence import PlanStep
-from reconciler.schema import require_current
 from reconciler.settings import Settings, load_settings
-from reconciler.sql_store import SqlStore
-from reconciler.store import ClaimedJob
-from reconciler.vocabulary import StepState, short_code
+from reconciler.storage.engines import create_engine
+from reconciler.storage.schema import require_current
+from reconciler.storage.sql_store import SqlStore
+from reconciler.worker.artifacts import check_name
 
 Step = PlanStep
 """One step of a job's plan: ``Step("fetch", "idempotent")``."""
 
-__all__ = ["Claim", "JobClient", "LeaseLost", "Step", "StepContext", "Worker"]
+__all__ = ["Claim", "JobClient", "LeaseLost", "Step"]
 
 
 class Claim:
@@ -238,7 +238,3 @@ class JobClient:
             raise ValueError("lease_seconds must be positive")
         job = self.store.claim(worker, seconds, kinds, session_id)
         return None if job is None else Claim(self.store, job, seconds, self.settings)
-
-
-# The runtime is built on the client above; importing it last keeps one public module.
-from reconciler.runtime import StepContext, Worker  # noqa: E402

@@ -8,10 +8,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from reconciler.evidence import parse_plan
-from reconciler.passes import PassReport
-from reconciler.store import JobDetail
-from reconciler.vocabulary import Disposition
+from reconciler.core.evidence import parse_plan
+from reconciler.core.passes import PassReport
+from reconciler.core.ports import JobDetail
+from reconciler.core.vocabulary import Disposition
 
 NOT_STARTED = "not_started"
 

@@ -18,9 +18,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from reconciler.sql_store import SqlStore
+from reconciler.storage.sql_store import SqlStore
 
-log = logging.getLogger("reconciler.artifacts")
+log = logging.getLogger("reconciler.worker.artifacts")
 
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}$")
 

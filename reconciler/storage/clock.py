@@ -6,9 +6,9 @@ rendered as the same fixed-width UTC text that ``UtcDateTime`` stores, so compar
 exact string comparisons with microsecond width.
 
 On SQLite, every clock expression starts from ``reconciler_clock()``, a function every
-connection registers (reconciler.db). It returns ``'now'``, SQLite's own reading, unless
-a test froze the clock with ``freeze_sqlite_clock``: the state-machine tests use that to
-let virtual time pass.
+connection registers (reconciler.storage.engines). It returns ``'now'``, SQLite's own
+reading, unless a test froze the clock with ``freeze_sqlite_clock``: the state-machine tests
+use that to let virtual time pass.
 """
 
 from __future__ import annotations

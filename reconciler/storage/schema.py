@@ -19,10 +19,11 @@ UPGRADE_LOCK = 0x5C0A11  # an advisory lock key of our own, held while migrating
 
 def _script_location() -> Path:
     # A wheel carries the migrations inside the package; a checkout keeps them at the root.
-    packaged = Path(__file__).with_name("migrations")
+    package = Path(__file__).resolve().parents[1]
+    packaged = package / "migrations"
     if (packaged / "env.py").exists():
         return packaged
-    return Path(__file__).resolve().parent.parent / "alembic"
+    return package.parent / "alembic"
 
 
 def alembic_config() -> Config:

@@ -25,19 +25,19 @@ from apscheduler.events import EVENT_JOB_MAX_INSTANCES, JobExecutionEvent
 from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
 
-from reconciler.artifacts import sweep_artifacts
-from reconciler.db import create_engine
-from reconciler.decisions import Thresholds
+from reconciler.core.decisions import Thresholds
+from reconciler.core.passes import LEADER_LEASE_NAME, PassConfig, PassReport, run_pass
+from reconciler.core.ports import Cursor
+from reconciler.core.vocabulary import Disposition
 from reconciler.errors import ConfigError, ReconcilerError
-from reconciler.metrics import Metrics
-from reconciler.passes import LEADER_LEASE_NAME, PassConfig, PassReport, run_pass
-from reconciler.schema import require_current
 from reconciler.settings import Settings
-from reconciler.sql_store import SqlStore
-from reconciler.store import Cursor
-from reconciler.vocabulary import Disposition
+from reconciler.sidecar.metrics import Metrics
+from reconciler.storage.engines import create_engine
+from reconciler.storage.schema import require_current
+from reconciler.storage.sql_store import SqlStore
+from reconciler.worker.artifacts import sweep_artifacts
 
-log = logging.getLogger("reconciler.service")
+log = logging.getLogger("reconciler.sidecar.service")
 
 JITTER_FRACTION = 0.1
 RETENTION_INTERVAL_SECONDS = 600.0

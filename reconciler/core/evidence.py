@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from reconciler.vocabulary import EffectKind, StepState
+from reconciler.core.vocabulary import EffectKind, StepState
 
 
 class EvidenceError(ValueError):

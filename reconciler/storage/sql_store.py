@@ -2,7 +2,7 @@
 
 One statement per operation, written once for both engines. Where PostgreSQL and SQLite
 differ, a comment says why: PostgreSQL takes row locks with ``FOR UPDATE SKIP LOCKED``;
-SQLite serialises writers with ``BEGIN IMMEDIATE`` (see reconciler.db), so the same
+SQLite serialises writers with ``BEGIN IMMEDIATE`` (see reconciler.storage.engines), so the same
 statement without the locking clause is equally atomic there.
 """
 
@@ -33,12 +33,9 @@ from models import (
     WorkerSession,
 )
 from reconciler import failpoints
-from reconciler.clock import db_now, now_plus, seconds_since
-from reconciler.db import is_postgresql, read_only
-from reconciler.decisions import Thresholds
-from reconciler.errors import LeaseLost
-from reconciler.evidence import PlanStep, parse_plan
-from reconciler.store import (
+from reconciler.core.decisions import Thresholds
+from reconciler.core.evidence import PlanStep, parse_plan
+from reconciler.core.ports import (
     STORE_CAPABILITY_VERSION,
     CandidateRow,
     ClaimedJob,
@@ -47,7 +44,7 @@ from reconciler.store import (
     PlannedChange,
     RecordedDecision,
 )
-from reconciler.vocabulary import (
+from reconciler.core.vocabulary import (
     AttemptOutcome,
     Disposition,
     JobStatus,
@@ -56,6 +53,9 @@ from reconciler.vocabulary import (
     StepState,
     WorkerStatusReason,
 )
+from reconciler.errors import LeaseLost
+from reconciler.storage.clock import db_now, now_plus, seconds_since
+from reconciler.storage.engines import is_postgresql, read_only
 
 jobs: sa.Table = cast(sa.Table, JobRun.__table__)
 steps: sa.Table = cast(sa.Table, StepRun.__table__)

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
-from reconciler.decisions import Decision, Thresholds
-from reconciler.evidence import PlanStep
-from reconciler.vocabulary import Disposition, PassOutcome, Reason
+from reconciler.core.decisions import Decision, Thresholds
+from reconciler.core.evidence import PlanStep
+from reconciler.core.vocabulary import Disposition, PassOutcome, Reason
 
 # Bump when the semantics below change: a backend declaring another version is refused.
 STORE_CAPABILITY_VERSION = 1

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from reconciler.decisions import RULES
-from reconciler.passes import PassReport
-from reconciler.vocabulary import Disposition, PassOutcome, Reason
+from reconciler.core.decisions import RULES
+from reconciler.core.passes import PassReport
+from reconciler.core.vocabulary import Disposition, PassOutcome, Reason
 
 PASS_DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
                          5.0, 10.0, 30.0)

@@ -28,13 +28,13 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 from reconciler import failpoints
-from reconciler.artifacts import move_published, staging_path, write_atomically
+from reconciler.core.vocabulary import short_code
 from reconciler.errors import LeaseLost
-from reconciler.vocabulary import short_code
-from reconciler.wakeups import WorkWaiter
+from reconciler.worker.artifacts import move_published, staging_path, write_atomically
+from reconciler.worker.wakeups import WorkWaiter
 
-if TYPE_CHECKING:  # reconciler.worker imports this module to re-export Worker
-    from reconciler.worker import Claim, JobClient
+if TYPE_CHECKING:
+    from reconciler.worker.client import Claim, JobClient
 
 log = logging.getLogger("reconciler.worker")
 

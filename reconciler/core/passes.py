@@ -7,10 +7,10 @@ import uuid
 from dataclasses import dataclass, field
 
 from reconciler import failpoints
-from reconciler.decisions import Decision, Thresholds, decide
-from reconciler.evidence import Evidence, EvidenceError, build_steps, parse_plan
-from reconciler.store import CandidateRow, Cursor, PlannedChange, RecordedDecision, Store
-from reconciler.vocabulary import Disposition, PassOutcome, Reason
+from reconciler.core.decisions import Decision, Thresholds, decide
+from reconciler.core.evidence import Evidence, EvidenceError, build_steps, parse_plan
+from reconciler.core.ports import CandidateRow, Cursor, PlannedChange, RecordedDecision, Store
+from reconciler.core.vocabulary import Disposition, PassOutcome, Reason
 
 log = logging.getLogger("reconciler.pass")
 

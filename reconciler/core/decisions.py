@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from reconciler.evidence import Evidence
-from reconciler.vocabulary import Disposition, EffectKind, Reason, StepState
+from reconciler.core.evidence import Evidence
+from reconciler.core.vocabulary import Disposition, EffectKind, Reason, StepState
 
 
 @dataclass(frozen=True, slots=True)

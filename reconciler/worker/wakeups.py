@@ -14,10 +14,10 @@ import time
 import psycopg
 from sqlalchemy.engine import Engine
 
-from reconciler.db import is_postgresql
-from reconciler.sql_store import WAKE_CHANNEL
+from reconciler.storage.engines import is_postgresql
+from reconciler.storage.sql_store import WAKE_CHANNEL
 
-log = logging.getLogger("reconciler.wakeups")
+log = logging.getLogger("reconciler.worker.wakeups")
 
 SLICE_SECONDS = 0.2
 

@@ -15,8 +15,10 @@ from typing import Any, NoReturn
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from reconciler import __version__
-from reconciler.db import create_engine
-from reconciler.decisions import Thresholds, render_markdown, render_table
+from reconciler.cli.views import decision_view, job_view, pass_view
+from reconciler.core.decisions import Thresholds, render_markdown, render_table
+from reconciler.core.passes import PassConfig, explain_jobs, run_pass
+from reconciler.core.vocabulary import JobStatus, Reason
 from reconciler.errors import (
     ActionRefusedError,
     DatabaseUnavailableError,
@@ -24,12 +26,10 @@ from reconciler.errors import (
     ReconcilerError,
 )
 from reconciler.logs import configure_logging
-from reconciler.passes import PassConfig, explain_jobs, run_pass
-from reconciler.schema import require_current, upgrade
 from reconciler.settings import Settings, load_settings
-from reconciler.sql_store import SqlStore
-from reconciler.views import decision_view, job_view, pass_view
-from reconciler.vocabulary import JobStatus, Reason
+from reconciler.storage.engines import create_engine
+from reconciler.storage.schema import require_current, upgrade
+from reconciler.storage.sql_store import SqlStore
 
 log = logging.getLogger("reconciler.cli")
 
@@ -298,14 +298,14 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from reconciler.service import Service  # noqa: PLC0415 - keeps other commands light
+    from reconciler.sidecar.service import Service  # noqa: PLC0415 - keeps other commands light
 
     configure_logging(args.verbose)
     return Service(_settings(args)).run_until_signalled()
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from reconciler.demo import run_demo  # noqa: PLC0415 - keeps other commands light
+    from reconciler.cli.demo import run_demo  # noqa: PLC0415 - keeps other commands light
 
     return run_demo(keep=args.keep)
 
@@ -351,6 +351,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
 
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

@@ -1,0 +1,5 @@
+"""The command line: ``reconciler`` and its subcommands, the public redacted views, the demo."""
+
+from reconciler.cli.commands import build_parser, main, parse_duration
+
+__all__ = ["build_parser", "main", "parse_duration"]

@@ -1,0 +1,1 @@
+"""The long-running service: scheduled passes (APScheduler), chores, metrics and HTTP probes."""
