@@ -23,18 +23,21 @@ from typing import Any
 from benchmarks.__main__ import Databases, drain
 from benchmarks.dataset import Shape, build
 from reconciler.core import passes
-from reconciler.storage.sql_store import SqlPassTransaction, SqlStore
+from reconciler.storage.audit import SqlAudit, SqlLease
+from reconciler.storage.native_source import NativeSource
+from reconciler.storage.pass_store import SqlPassStore, SqlPassUnit
+from reconciler.storage.sql_store import SqlStore
 
 BATCH_SIZE = 500
 PARTS = (
-    ("take_leadership", "leader lease"),
-    ("expire_gone_sessions", "worker session sweep"),
-    ("start_pass_record", "pass row"),
+    ("take", "leader lease"),
+    ("expire_gone_owners", "worker session sweep"),
+    ("start_pass", "pass row"),
     ("candidates", "candidate scan and step records (rows built)"),
     ("plan_change", "evidence and decision table, per job"),
     ("_swap", "compare-and-swap UPDATE (rows encoded)"),
-    ("_close_attempts", "attempt closing UPDATE (rows encoded)"),
-    ("record", "audit INSERT and pass counts (rows encoded)"),
+    ("close_attempts", "attempt closing UPDATE (rows encoded)"),
+    ("finish_pass", "audit INSERT and pass counts (rows encoded)"),
     ("commit", "commit"),
 )
 
@@ -59,28 +62,30 @@ def _timers() -> Iterator[dict[str, float]]:
         saved.append((owner, name, original))
         setattr(owner, name, timed)
 
-    for name in ("take_leadership", "expire_gone_sessions", "start_pass_record", "candidates",
-                 "apply", "_swap", "_close_attempts"):
-        wrap(SqlPassTransaction, name, name)
+    wrap(SqlLease, "take", "take")
+    for name in ("expire_gone_owners", "candidates", "apply", "_swap"):
+        wrap(NativeSource, name, name)
+    wrap(SqlAudit, "start_pass", "start_pass")
+    wrap(SqlAudit, "finish_pass", "finish_pass")
     wrap(passes, "plan_change", "plan_change")
-    original_transaction = SqlStore.pass_transaction
+    original_transaction = SqlPassStore.pass_transaction
 
     @contextmanager
-    def transaction(self: SqlStore, *, dry_run: bool) -> Iterator[SqlPassTransaction]:
+    def transaction(self: SqlPassStore, *, dry_run: bool) -> Iterator[SqlPassUnit]:
         with original_transaction(self, dry_run=dry_run) as tx:
             yield tx
             committing = time.perf_counter()
         spent["commit"] += time.perf_counter() - committing
 
-    saved.append((SqlStore, "pass_transaction", original_transaction))
-    SqlStore.pass_transaction = transaction  # type: ignore[method-assign]
+    saved.append((SqlPassStore, "pass_transaction", original_transaction))
+    SqlPassStore.pass_transaction = transaction  # type: ignore[method-assign]
     try:
         yield spent
     finally:
         for owner, name, original in reversed(saved):
             setattr(owner, name, original)
-    # apply() contains the swap and the attempt closing; the rest of it is the record.
-    spent["record"] = spent.pop("apply", 0.0) - spent["_swap"] - spent["_close_attempts"]
+    # The source's apply() is the swap and the attempt closing.
+    spent["close_attempts"] = spent.pop("apply", 0.0) - spent["_swap"]
 
 
 def breakdown(engine_name: str, base_url: str | None, shape: Shape) -> list[tuple[str, float]]:

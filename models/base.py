@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
-from sqlalchemy import DateTime, Dialect, MetaData
+from sqlalchemy import DateTime, Dialect, MetaData, String
 from sqlalchemy.orm import DeclarativeBase
 from sqlalchemy.types import TypeDecorator
 
@@ -48,6 +48,21 @@ class UtcDateTime(TypeDecorator[datetime]):
         if value.tzinfo is None:
             return value.replace(tzinfo=UTC)
         return value.astimezone(UTC)
+
+
+class JobKeyText(TypeDecorator[str]):
+    """A job id as its source spells it, stored as text (a pg-boss UUID, a Procrastinate
+    integer). Integers bind as their decimal text, so a lookup by an integer id matches
+    on both engines; values read back are text."""
+
+    impl = String(200)
+    cache_ok = True
+
+    def process_bind_param(self, value: object, dialect: Dialect) -> str | None:
+        return None if value is None else str(value)
+
+    def process_result_value(self, value: object, dialect: Dialect) -> str | None:
+        return None if value is None else str(value)
 
 
 class Base(DeclarativeBase):

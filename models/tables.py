@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import (
@@ -18,30 +19,44 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
-from models.base import Base
+from models.base import Base, JobKeyText
+from reconciler.core import vocabulary as v
+from reconciler.core.vocabulary import (
+    ActionOutcome,
+    ArtifactState,
+    AttemptOutcome,
+    Disposition,
+    EffectKind,
+    EndedBy,
+    JobStatus,
+    PassOutcome,
+    SessionEndReason,
+    StepState,
+)
 
 # SQLite only auto-assigns keys to a column declared exactly INTEGER PRIMARY KEY.
 BigId = BigInteger().with_variant(Integer(), "sqlite")
 
-JOB_STATUSES = ("queued", "processing", "waiting", "completed", "failed", "cancelled")
-STEP_STATES = ("started", "succeeded", "failed", "waiting")
-EFFECT_KINDS = ("pure", "idempotent", "effectful")
-ATTEMPT_OUTCOMES = ("completed", "failed", "retrying", "released", "abandoned", "lost")
-ENDED_BY = ("worker", "reconciler", "operator")
-PASS_OUTCOMES = ("ok", "error", "not_leader")
-DISPOSITIONS = ("resume", "terminalize", "skip")
-ARTIFACT_STATES = ("staged", "published", "discarded")
-OPERATOR_ACTIONS = ("hold", "unhold", "retry", "cancel")
-ACTION_OUTCOMES = ("applied", "refused")
-SESSION_END_REASONS = ("stopped", "replaced", "heartbeat_lost")
+# Every vocabulary comes from the one definition in reconciler.core.vocabulary.
+JOB_STATUSES = tuple(JobStatus)
+STEP_STATES = tuple(StepState)
+EFFECT_KINDS = tuple(EffectKind)
+ATTEMPT_OUTCOMES = tuple(AttemptOutcome)
+ENDED_BY = tuple(EndedBy)
+PASS_OUTCOMES = tuple(PassOutcome)
+DISPOSITIONS = tuple(Disposition)
+ARTIFACT_STATES = tuple(ArtifactState)
+OPERATOR_ACTIONS = tuple(v.OperatorAction)
+ACTION_OUTCOMES = tuple(ActionOutcome)
+SESSION_END_REASONS = tuple(SessionEndReason)
 
 PROCESSING = text("job_status = 'processing'")
 QUEUED = text("job_status = 'queued'")
 
 
-def one_of(column: str, values: tuple[str, ...]) -> str:
+def one_of(column: str, values: tuple[StrEnum, ...]) -> str:
     """SQL for a CHECK that keeps a short-code column inside its vocabulary."""
-    quoted = ", ".join(f"'{v}'" for v in values)
+    quoted = ", ".join(f"'{v.value}'" for v in values)
     return f"{column} IN ({quoted})"
 
 
@@ -190,8 +205,11 @@ class ReconciliationDecision(Base):
     pass_id: Mapped[int] = mapped_column(
         BigInteger, ForeignKey("reconciliation_passes.pass_id", ondelete="CASCADE")
     )
-    # No foreign key to job_runs: the audit trail outlives the jobs it describes.
-    job_id: Mapped[int] = mapped_column(BigInteger)
+    # Which job source the job lives in (native: job_runs), and its id as that source
+    # spells it (a pg-boss UUID, a Procrastinate integer), as text. No foreign key: the
+    # audit trail outlives the jobs it describes.
+    job_source: Mapped[str] = mapped_column(String(32), server_default=text("'native'"))
+    job_id: Mapped[str] = mapped_column(JobKeyText())
     decided_at: Mapped[datetime]
     disposition: Mapped[str] = mapped_column(String(16))
     decision_reason: Mapped[str] = mapped_column(String(64))
@@ -203,7 +221,7 @@ class ReconciliationDecision(Base):
     __table_args__ = (
         CheckConstraint(one_of("disposition", DISPOSITIONS), name="disposition_known"),
         Index("ix_reconciliation_decisions_pass_id", "pass_id"),
-        Index("ix_reconciliation_decisions_job_id", "job_id"),
+        Index("ix_reconciliation_decisions_source_job", "job_source", "job_id"),
         Index("ix_reconciliation_decisions_decided_at", "decided_at"),
         Index("ix_reconciliation_decisions_reason_decision", "decision_reason", "decision_id"),
     )

@@ -10,14 +10,16 @@ import re
 import socket
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any, NoReturn
 
+from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from reconciler import __version__
 from reconciler.cli.views import decision_view, job_view, pass_view
 from reconciler.core.decisions import Thresholds, render_markdown, render_table
-from reconciler.core.passes import PassConfig, explain_jobs, run_pass
+from reconciler.core.passes import explain_jobs, run_pass
 from reconciler.core.vocabulary import JobStatus, Reason
 from reconciler.errors import (
     ActionRefusedError,
@@ -27,9 +29,14 @@ from reconciler.errors import (
 )
 from reconciler.logs import configure_logging
 from reconciler.settings import Settings, load_settings
-from reconciler.storage.engines import create_engine
-from reconciler.storage.schema import require_current, upgrade
-from reconciler.storage.sql_store import SqlStore
+from reconciler.wiring import (
+    check_schema,
+    open_engine,
+    open_pass_store,
+    open_store,
+    pass_config,
+    upgrade_schema,
+)
 
 log = logging.getLogger("reconciler.cli")
 
@@ -133,10 +140,10 @@ def _settings(args: argparse.Namespace) -> Settings:
     return load_settings(**{name: getattr(args, name, None) for name in Settings.model_fields})
 
 
-def _open_store(settings: Settings) -> SqlStore:
-    engine = create_engine(settings.database_url)
-    require_current(engine)
-    return SqlStore(engine)
+def _open_engine(settings: Settings) -> Engine:
+    engine = open_engine(settings.database_url)
+    check_schema(engine)
+    return engine
 
 
 def _emit(args: argparse.Namespace, data: Any, human: Callable[[], str]) -> None:
@@ -148,23 +155,17 @@ def _emit(args: argparse.Namespace, data: Any, human: Callable[[], str]) -> None
 
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
     settings = _settings(args)
-    engine = create_engine(settings.database_url)
-    upgrade(engine)
+    engine = open_engine(settings.database_url)
+    upgrade_schema(engine)
     print(f"database at {engine.url.render_as_string(hide_password=True)} is up to date")
     return 0
 
 
 def cmd_pass(args: argparse.Namespace) -> int:
     settings = _settings(args)
-    store = _open_store(settings)
-    config = PassConfig(
-        batch_size=settings.batch_size,
-        thresholds=Thresholds(settings.stale_after_seconds, settings.wedged_after_seconds),
-        instance=settings.instance_name or f"cli-{socket.gethostname()}-{os.getpid()}",
-        leader_lease_seconds=settings.leader_lease_seconds,
-        session_timeout_seconds=settings.session_timeout_seconds,
-        release_leadership_after=True,
-    )
+    store = open_pass_store(_open_engine(settings))
+    instance = settings.instance_name or f"cli-{socket.gethostname()}-{os.getpid()}"
+    config = replace(pass_config(settings, instance), release_leadership_after=True)
     report = run_pass(store, config, dry_run=args.dry_run)
     view = pass_view(report)
 
@@ -184,7 +185,7 @@ def cmd_pass(args: argparse.Namespace) -> int:
 
 
 def cmd_jobs_list(args: argparse.Namespace) -> int:
-    store = _open_store(_settings(args))
+    store = open_store(_open_engine(_settings(args)))
     views = [job_view(j) for j in store.list_jobs(args.status, args.limit)]
 
     def human() -> str:
@@ -201,7 +202,7 @@ def cmd_jobs_list(args: argparse.Namespace) -> int:
 
 
 def cmd_jobs_show(args: argparse.Namespace) -> int:
-    store = _open_store(_settings(args))
+    store = open_store(_open_engine(_settings(args)))
     job = store.get_job(args.job_id)
     if job is None:
         raise NotFoundError(f"no job with id {args.job_id}")
@@ -223,9 +224,11 @@ def cmd_jobs_show(args: argparse.Namespace) -> int:
 
 def cmd_jobs_explain(args: argparse.Namespace) -> int:
     settings = _settings(args)
-    store = _open_store(settings)
-    planned = explain_jobs(store, [args.job_id], Thresholds(settings.stale_after_seconds,
-                                                            settings.wedged_after_seconds))
+    engine = _open_engine(settings)
+    store = open_store(engine)
+    planned = explain_jobs(open_pass_store(engine), [args.job_id],
+                           Thresholds(settings.stale_after_seconds,
+                                      settings.wedged_after_seconds))
     if not planned:
         job = store.get_job(args.job_id)
         if job is None:
@@ -257,7 +260,7 @@ OPERATOR_HELP = {
 
 
 def cmd_jobs_action(args: argparse.Namespace) -> int:
-    store = _open_store(_settings(args))
+    store = open_store(_open_engine(_settings(args)))
     applied, refusal = store.operator_action(args.job_id, args.jobs_command)
     if refusal == "no_such_job":
         raise NotFoundError(f"no job with id {args.job_id}")
@@ -271,7 +274,7 @@ def cmd_jobs_action(args: argparse.Namespace) -> int:
 
 
 def cmd_decisions(args: argparse.Namespace) -> int:
-    store = _open_store(_settings(args))
+    store = open_store(_open_engine(_settings(args)))
     records = [decision_view(r) for r in store.list_decisions(args.reason, args.since,
                                                                args.limit)]
 

@@ -20,13 +20,11 @@ from pathlib import Path
 
 from reconciler.core.decisions import Thresholds
 from reconciler.core.passes import PassConfig, run_pass
-from reconciler.core.ports import RecordedDecision
+from reconciler.core.ports import JobKey, OperatorStore, RecordedDecision
 from reconciler.core.vocabulary import Disposition
 from reconciler.failpoints import ENV as FAILPOINTS_ENV
 from reconciler.settings import Settings
-from reconciler.storage.engines import create_engine
-from reconciler.storage.schema import upgrade
-from reconciler.storage.sql_store import SqlStore
+from reconciler.wiring import open_engine, open_pass_store, open_store, upgrade_schema
 from reconciler.worker import JobClient, Step, StepContext, Worker
 
 LEASE_SECONDS = 1.0
@@ -101,8 +99,8 @@ def _crash_workers(client: JobClient, url: str) -> dict[int, Scenario]:
     return jobs
 
 
-def _print_outcomes(store: SqlStore, jobs: dict[int, Scenario],
-                    decided: dict[int, RecordedDecision]) -> None:
+def _print_outcomes(store: OperatorStore, jobs: dict[int, Scenario],
+                    decided: dict[JobKey, RecordedDecision]) -> None:
     print(f"\n{'job':>4}  {'what happened':<38} {'reconciler decision':<36} "
           f"{'final status':<32} attempts")
     for job_id, scenario in sorted(jobs.items()):
@@ -123,9 +121,9 @@ def run_demo(keep: bool = False) -> int:
     started = time.monotonic()
     workdir = Path(tempfile.mkdtemp(prefix="reconciler-demo-"))
     url = f"sqlite:///{workdir / 'demo.db'}"
-    engine = create_engine(url)
-    upgrade(engine)
-    store = SqlStore(engine)
+    engine = open_engine(url)
+    upgrade_schema(engine)
+    store = open_store(engine)
     client = JobClient(engine)
     try:
         print("1. crash workers: each worker process claims one job and is SIGKILLed")
@@ -138,7 +136,7 @@ def run_demo(keep: bool = False) -> int:
         config = PassConfig(batch_size=100,
                             thresholds=Thresholds(STALE_AFTER_SECONDS, 3600.0),
                             instance="demo-reconciler", release_leadership_after=True)
-        report = run_pass(store, config)
+        report = run_pass(open_pass_store(engine), config)
         for d in report.decisions:
             at = f" at step {d.resume_step_index}" if d.resume_step_index is not None else ""
             print(f"   job {d.job_id}: {d.disposition.value} ({d.reason.value}){at}")

@@ -11,7 +11,7 @@ from typing import Any
 from reconciler.core.evidence import parse_plan
 from reconciler.core.passes import PassReport
 from reconciler.core.ports import JobDetail
-from reconciler.core.vocabulary import Disposition
+from reconciler.core.vocabulary import INTEGER_KEYED_SOURCES, Disposition
 
 NOT_STARTED = "not_started"
 
@@ -51,9 +51,18 @@ def job_view(job: JobDetail) -> dict[str, Any]:
 
 
 def decision_view(record: dict[str, Any]) -> dict[str, Any]:
-    """A stored decision record; evidence holds only privacy-safe facts by construction."""
-    return {key: _iso(value) if isinstance(value, datetime) else value
+    """A stored decision record; evidence holds only privacy-safe facts by construction.
+
+    The audit keeps job ids as text (a pg-boss id is a UUID); a source whose ids are
+    integers gets them back as numbers.
+    """
+    view = {key: _iso(value) if isinstance(value, datetime) else value
             for key, value in record.items()}
+    job_id = view.get("job_id")
+    if view.get("job_source") in INTEGER_KEYED_SOURCES and isinstance(job_id, str) \
+            and job_id.lstrip("-").isdigit():
+        view["job_id"] = int(job_id)
+    return view
 
 
 def pass_view(report: PassReport) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from reconciler.core.evidence import Evidence
-from reconciler.core.vocabulary import Disposition, EffectKind, Reason, StepState
+from reconciler.core.vocabulary import Disposition, EffectKind, JobKey, Reason, StepState
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,7 +25,7 @@ class Thresholds:
 class Decision:
     """What to do with one job. ``resume_step_index`` is set only for resumes."""
 
-    job_id: int
+    job_id: JobKey
     disposition: Disposition
     reason: Reason
     resume_step_index: int | None = None

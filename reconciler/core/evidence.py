@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from reconciler.core.vocabulary import EffectKind, StepState
+from reconciler.core.vocabulary import EffectKind, JobKey, StepState
 
 
 class EvidenceError(ValueError):
@@ -57,8 +57,7 @@ class StepRecord:
 class Evidence:
     """What the reconciler knows about one processing job, as of one database instant."""
 
-    job_id: int
-    claim_generation: int
+    job_id: JobKey
     attempt_count: int
     max_attempts: int
     operator_hold: bool
@@ -124,9 +123,14 @@ def _round(value: float | None) -> float | None:
 
 
 def parse_plan(raw: str | bytes | Sequence[Any] | None) -> tuple[PlanStep, ...] | None:
-    """Parse a stored step plan; None when it is missing or unreadable (rule 5)."""
+    """Parse a stored step plan; None when it is missing or unreadable (rule 5).
+
+    A tuple of ``PlanStep`` is a plan a source built itself, already valid.
+    """
     if raw is None:
         return None
+    if isinstance(raw, tuple) and raw and all(isinstance(s, PlanStep) for s in raw):
+        return raw
     if isinstance(raw, str):
         return _parse_plan_text(raw)
     try:

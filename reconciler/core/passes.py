@@ -1,15 +1,29 @@
-"""One bounded reconciliation pass: compose the store and the decision table. No SQL here."""
+"""One bounded reconciliation pass: compose the ports and the decision table. No SQL here.
+
+The pass reads candidates from a job source, decides each with the pure table, applies
+the non-skip decisions through the same source as compare-and-swaps, and records the
+pass and every decision in the audit log, all in one unit of work.
+"""
 
 from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from reconciler import failpoints
 from reconciler.core.decisions import Decision, Thresholds, decide
 from reconciler.core.evidence import Evidence, EvidenceError, build_steps, parse_plan
-from reconciler.core.ports import CandidateRow, Cursor, PlannedChange, RecordedDecision, Store
+from reconciler.core.ports import (
+    Candidate,
+    Cursor,
+    JobKey,
+    PassStore,
+    PassUnit,
+    PlannedChange,
+    RecordedDecision,
+)
 from reconciler.core.vocabulary import Disposition, PassOutcome, Reason
 
 log = logging.getLogger("reconciler.pass")
@@ -45,12 +59,11 @@ class PassReport:
         return sum(1 for d in self.decisions if d.disposition is disposition)
 
 
-def evidence_from(row: CandidateRow) -> Evidence:
+def evidence_from(row: Candidate) -> Evidence:
     """Turn raw candidate facts into evidence; EvidenceError when they contradict."""
-    plan = parse_plan(row.plan_text)
+    plan = parse_plan(row.plan)
     return Evidence(
-        job_id=row.job_id, claim_generation=row.claim_generation,
-        attempt_count=row.attempt_count, max_attempts=row.max_attempts,
+        job_id=row.job_id, attempt_count=row.attempt_count, max_attempts=row.max_attempts,
         operator_hold=row.operator_hold, lease_live=row.lease_live,
         lease_expired_seconds=row.lease_expired_seconds,
         activity_age_seconds=row.activity_age_seconds,
@@ -58,33 +71,52 @@ def evidence_from(row: CandidateRow) -> Evidence:
     )
 
 
-def plan_change(row: CandidateRow, thresholds: Thresholds) -> PlannedChange:
+def plan_change(row: Candidate, thresholds: Thresholds) -> PlannedChange:
     """Decide one candidate; a job that cannot be evaluated becomes ``reconcile_error``."""
     try:
         evidence = evidence_from(row)
-        return PlannedChange(decide(evidence, thresholds), row.claim_generation,
+        return PlannedChange(decide(evidence, thresholds), row.fence, thresholds,
                              evidence.public_facts())
     except (EvidenceError, ValueError, TypeError) as exc:
         log.warning("event=reconcile_error job_id=%s error=%s", row.job_id, type(exc).__name__)
         return PlannedChange(
             Decision(row.job_id, Disposition.SKIP, Reason.RECONCILE_ERROR),
-            row.claim_generation, {"error": type(exc).__name__},
+            row.fence, thresholds, {"error": type(exc).__name__},
         )
 
 
-def explain_jobs(store: Store, job_ids: list[int], thresholds: Thresholds
+def outcomes(planned: Sequence[PlannedChange], applied: Mapping[JobKey, int | None]
+             ) -> list[RecordedDecision]:
+    """What each planned change became: as decided, or skip ``fence_lost`` when its
+    compare-and-swap matched nothing (the job changed between reading and applying)."""
+    recorded: list[RecordedDecision] = []
+    for change in planned:
+        d, before = change.decision, change.generation_before
+        if d.disposition is Disposition.SKIP:
+            recorded.append(RecordedDecision(d.job_id, d.disposition, d.reason,
+                                             d.resume_step_index, before, None))
+        elif d.job_id in applied:
+            recorded.append(RecordedDecision(d.job_id, d.disposition, d.reason,
+                                             d.resume_step_index, before, applied[d.job_id]))
+        else:
+            recorded.append(RecordedDecision(d.job_id, Disposition.SKIP, Reason.FENCE_LOST,
+                                             None, before, None))
+    return recorded
+
+
+def explain_jobs(store: PassStore, job_ids: Sequence[JobKey], thresholds: Thresholds
                  ) -> list[PlannedChange]:
-    """What the table decides for named processing jobs now; reads only, writes nothing.
+    """What the table decides for named running jobs now; reads only, writes nothing.
 
     Unlike a pass it looks at jobs whatever their lease, so an operator can ask why a
     live job is left alone (``lease_live``) as well as what would happen to a stale one.
     """
     with store.pass_transaction(dry_run=True) as tx:
-        return [plan_change(row, thresholds) for row in tx.evidence_for(job_ids)]
+        return [plan_change(row, thresholds) for row in tx.jobs.evidence_for(job_ids)]
 
 
 def run_pass(
-    store: Store, config: PassConfig, *, dry_run: bool = False, after: Cursor | None = None
+    store: PassStore, config: PassConfig, *, dry_run: bool = False, after: Cursor | None = None
 ) -> PassReport:
     """Run one bounded pass: lead, select, decide, compare-and-swap, record; one transaction.
 
@@ -93,7 +125,7 @@ def run_pass(
     """
     if dry_run:
         with store.pass_transaction(dry_run=True) as tx:
-            rows = tx.candidates(config.batch_size, config.thresholds, after)
+            rows = tx.jobs.candidates(config.batch_size, config.thresholds, after)
             planned = [plan_change(r, config.thresholds) for r in rows]
         previewed = tuple(
             RecordedDecision(p.decision.job_id, p.decision.disposition, p.decision.reason,
@@ -103,34 +135,63 @@ def run_pass(
         return PassReport(None, PassOutcome.OK, previewed, dry_run=True)
 
     try:
-        with store.pass_transaction(dry_run=False) as tx:
-            if config.use_leader_lease and tx.take_leadership(
-                LEADER_LEASE_NAME, config.instance, config.leader_lease_seconds
-            ) is None:
-                pass_id = tx.record_finished_pass(config.instance, PassOutcome.NOT_LEADER)
-                return PassReport(pass_id, PassOutcome.NOT_LEADER)
-            tx.expire_gone_sessions(config.session_timeout_seconds)
-            rows = tx.candidates(config.batch_size, config.thresholds, after)
-            if not rows:
-                # Nothing stale: the pass row is the whole record, written in one statement.
-                pass_id = tx.record_finished_pass(config.instance, PassOutcome.OK)
-                return PassReport(pass_id, PassOutcome.OK)
-            pass_id = tx.start_pass_record(config.instance)
-            planned = [plan_change(r, config.thresholds) for r in rows]
-            failpoints.hit("between_decide_and_apply")
-            recorded = tx.apply(pass_id, planned, config.thresholds)
-    finally:
-        if config.use_leader_lease and config.release_leadership_after:
-            store.release_leadership(LEADER_LEASE_NAME, config.instance)
+        report = _decide_and_apply(store, config, after)
+    except BaseException:
+        # The pass's own error wins: releasing leadership is best effort here.
+        _release_quietly(store, config)
+        raise
+    _release_quietly(store, config)
+    return report
+
+
+def _decide_and_apply(store: PassStore, config: PassConfig, after: Cursor | None
+                      ) -> PassReport:
+    with store.pass_transaction(dry_run=False) as tx:
+        if config.use_leader_lease and tx.lease.take(
+            LEADER_LEASE_NAME, config.instance, config.leader_lease_seconds
+        ) is None:
+            pass_id = tx.audit.record_quiet_pass(config.instance, PassOutcome.NOT_LEADER)
+            return PassReport(pass_id, PassOutcome.NOT_LEADER)
+        tx.jobs.expire_gone_owners(config.session_timeout_seconds)
+        rows = tx.jobs.candidates(config.batch_size, config.thresholds, after)
+        if not rows:
+            # Nothing stale: the pass row is the whole record, written in one statement.
+            pass_id = tx.audit.record_quiet_pass(config.instance, PassOutcome.OK)
+            return PassReport(pass_id, PassOutcome.OK)
+        planned = [plan_change(r, config.thresholds) for r in rows]
+        failpoints.hit("between_decide_and_apply")
+        pass_id, recorded = apply_and_record(tx, config.instance, planned)
     return PassReport(pass_id, PassOutcome.OK, tuple(recorded), next_cursor(rows, config))
 
 
-def next_cursor(rows: list[CandidateRow], config: PassConfig) -> Cursor | None:
+def apply_and_record(tx: PassUnit, instance: str, planned: Sequence[PlannedChange]
+                     ) -> tuple[int, list[RecordedDecision]]:
+    """Start a pass record, compare-and-swap the non-skip changes through the source, and
+    record every decision as it turned out; the pass id and the recorded decisions."""
+    pass_id = tx.audit.start_pass(instance)
+    acting = [p for p in planned if p.decision.disposition is not Disposition.SKIP]
+    applied = tx.jobs.apply(acting) if acting else {}
+    failpoints.hit("between_apply_and_record")
+    recorded = outcomes(planned, applied)
+    tx.audit.finish_pass(pass_id, tx.jobs.source_name,
+                         [(r, p.evidence) for r, p in zip(recorded, planned, strict=True)])
+    return pass_id, recorded
+
+
+def _release_quietly(store: PassStore, config: PassConfig) -> None:
+    if not (config.use_leader_lease and config.release_leadership_after):
+        return
+    try:
+        store.release_leadership(LEADER_LEASE_NAME, config.instance)
+    except Exception as exc:  # the lease expires on its own; the pass's result stands
+        log.warning("event=leader_release_failed error=%s", type(exc).__name__)
+
+
+def next_cursor(rows: Sequence[Candidate], config: PassConfig) -> Cursor | None:
     """Where the expired-lease scan continues: only after a full page of expired leases.
 
     Wedged candidates (live leases) fill a batch only when that scan came up short, and
-    their lease times lie in the future, so they never position the cursor.
+    carry no position, so they never move the cursor.
     """
-    expired = [Cursor(r.lease_expires_at, r.job_id)
-               for r in rows if not r.lease_live and r.lease_expires_at is not None]
-    return expired[-1] if len(expired) >= config.batch_size else None
+    positions = [r.position for r in rows if r.position is not None]
+    return positions[-1] if len(positions) >= config.batch_size else None

@@ -1,12 +1,40 @@
-"""The short codes shared across modules: statuses, states, dispositions, reasons."""
+"""The short codes shared across modules: statuses, states, dispositions, reasons.
+
+The one definition of every vocabulary: the schema's CHECK constraints (models/tables.py)
+are built from these enums, so a code cannot exist in one and not the other.
+"""
 
 from __future__ import annotations
 
 import re
 from enum import StrEnum
 
+JobKey = int | str
+"""A job's id as its source spells it: opaque, compared for equality only."""
+
+
+class SourceKind(StrEnum):
+    """Where a pass reads jobs (DESIGN.md section 9): this project's own tables or a
+    foreign job system's, named in the audit beside every decision."""
+
+    NATIVE = "native"
+    PROCRASTINATE = "procrastinate"
+    GRAPHILE_WORKER = "graphile-worker"
+    PG_BOSS = "pg-boss"
+    TABLE = "table"
+
+
+# Sources whose job ids are integers: the audit keeps ids as text, views show these as
+# numbers again.
+INTEGER_KEYED_SOURCES = frozenset({SourceKind.NATIVE, SourceKind.PROCRASTINATE,
+                                   SourceKind.GRAPHILE_WORKER})
+
 
 class JobStatus(StrEnum):
+    """``job_runs.job_status``. ``waiting`` is in the contract's vocabulary (DESIGN.md §2)
+    but set by no release yet: a job waiting on a gate stays ``processing`` with its step
+    ``waiting``, so its lease and the table keep watching it."""
+
     QUEUED = "queued"
     PROCESSING = "processing"
     WAITING = "waiting"
@@ -62,6 +90,40 @@ class AttemptOutcome(StrEnum):
     LOST = "lost"
 
 
+class EndedBy(StrEnum):
+    """Who ended an attempt."""
+
+    WORKER = "worker"
+    RECONCILER = "reconciler"
+    OPERATOR = "operator"
+
+
+class ArtifactState(StrEnum):
+    STAGED = "staged"
+    PUBLISHED = "published"
+    DISCARDED = "discarded"
+
+
+class OperatorAction(StrEnum):
+    HOLD = "hold"
+    UNHOLD = "unhold"
+    RETRY = "retry"
+    CANCEL = "cancel"
+
+
+class ActionOutcome(StrEnum):
+    APPLIED = "applied"
+    REFUSED = "refused"
+
+
+class SessionEndReason(StrEnum):
+    """Why a worker session ended: a graceful stop, a restart under the same name, silence."""
+
+    STOPPED = "stopped"
+    REPLACED = "replaced"
+    HEARTBEAT_LOST = "heartbeat_lost"
+
+
 class PassOutcome(StrEnum):
     OK = "ok"
     ERROR = "error"
@@ -73,6 +135,13 @@ class WorkerStatusReason(StrEnum):
 
     JOB_FAILED = "job_failed"
     RETRIES_EXHAUSTED = "retries_exhausted"
+
+
+class OperatorStatusReason(StrEnum):
+    """``status_reason`` values an operator action sets."""
+
+    OPERATOR_RETRY = "operator_retry"
+    OPERATOR_CANCEL = "operator_cancel"
 
 
 _CODE = re.compile(r"^[A-Za-z][A-Za-z0-9_.]{0,63}$")

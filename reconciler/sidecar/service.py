@@ -25,17 +25,14 @@ from apscheduler.events import EVENT_JOB_MAX_INSTANCES, JobExecutionEvent
 from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
 
-from reconciler.core.decisions import Thresholds
-from reconciler.core.passes import LEADER_LEASE_NAME, PassConfig, PassReport, run_pass
+from reconciler.core.passes import LEADER_LEASE_NAME, PassReport, run_pass
 from reconciler.core.ports import Cursor
 from reconciler.core.vocabulary import Disposition
 from reconciler.errors import ConfigError, ReconcilerError
 from reconciler.settings import Settings
+from reconciler.sidecar.artifact_sweep import sweep_artifacts
 from reconciler.sidecar.metrics import Metrics
-from reconciler.storage.engines import create_engine
-from reconciler.storage.schema import require_current
-from reconciler.storage.sql_store import SqlStore
-from reconciler.worker.artifacts import sweep_artifacts
+from reconciler.wiring import check_schema, open_engine, open_pass_store, open_store, pass_config
 
 log = logging.getLogger("reconciler.sidecar.service")
 
@@ -45,17 +42,6 @@ RETENTION_BATCH_ROWS = 5000
 SHUTDOWN_TIMEOUT_SECONDS = 30.0
 
 
-def pass_config(settings: Settings, instance: str) -> PassConfig:
-    """The pass configuration a service instance runs with."""
-    return PassConfig(
-        batch_size=settings.batch_size,
-        thresholds=Thresholds(settings.stale_after_seconds, settings.wedged_after_seconds),
-        instance=instance,
-        leader_lease_seconds=settings.leader_lease_seconds,
-        session_timeout_seconds=settings.session_timeout_seconds,
-    )
-
-
 class Service:
     """One reconciler instance: passes, chores, HTTP endpoints."""
 
@@ -63,9 +49,10 @@ class Service:
         self.settings = settings
         self.instance = (instance or settings.instance_name
                          or f"{socket.gethostname()}-{os.getpid()}")
-        self.engine = create_engine(settings.database_url)
-        require_current(self.engine)
-        self.store = SqlStore(self.engine)
+        self.engine = open_engine(settings.database_url)
+        check_schema(self.engine)
+        self.store = open_store(self.engine)
+        self.passes = open_pass_store(self.engine)
         self.metrics = Metrics()
         self.pass_overruns = Counter("reconciler_pass_overruns",
                                      "Scheduled passes skipped because the previous one ran on",
@@ -83,7 +70,7 @@ class Service:
         """One pass with its logging and metrics; never raises."""
         started = time.monotonic()
         try:
-            report = run_pass(self.store, self.config, after=self.cursor)
+            report = run_pass(self.passes, self.config, after=self.cursor)
         except Exception as exc:
             elapsed = time.monotonic() - started
             self.metrics.observe_failed_pass(elapsed)
@@ -107,14 +94,14 @@ class Service:
 
     def _record_failure(self, error_code: str) -> None:
         try:
-            self.store.record_failed_pass(self.instance, error_code[:64])
+            self.passes.record_failed_pass(self.instance, error_code[:64])
         except Exception as exc:  # the database is down: the metric and the log carry it
             log.debug("event=failed_pass_not_recorded error=%s", type(exc).__name__)
 
     def renew_leadership(self) -> None:
         """Keep the leader lease between passes and say whether this instance leads."""
         try:
-            token = self.store.try_lead(LEADER_LEASE_NAME, self.instance,
+            token = self.passes.try_lead(LEADER_LEASE_NAME, self.instance,
                                         self.settings.leader_lease_seconds)
         except Exception as exc:
             self.metrics.is_leader.set(0)
@@ -125,7 +112,7 @@ class Service:
     def refresh_backlog(self) -> None:
         """The stale backlog gauges."""
         try:
-            count, oldest = self.store.stale_backlog()
+            count, oldest = self.passes.stale_backlog()
         except Exception as exc:
             log.warning("event=backlog_refresh_failed error=%s", type(exc).__name__)
             return
@@ -135,7 +122,7 @@ class Service:
     def apply_retention(self) -> None:
         """Delete audit rows older than ``audit_retention_days``, a bounded chunk per run."""
         try:
-            deleted = self.store.delete_audit_before(self.settings.audit_retention_days,
+            deleted = self.passes.delete_audit_before(self.settings.audit_retention_days,
                                                      RETENTION_BATCH_ROWS)
         except Exception as exc:
             log.warning("event=retention_failed error=%s", type(exc).__name__)
@@ -160,7 +147,7 @@ class Service:
     def readiness(self) -> tuple[bool, str]:
         """Ready when the database answers, the schema is current and a pass ran lately."""
         try:
-            require_current(self.engine)
+            check_schema(self.engine)
         except ReconcilerError as exc:
             return False, str(exc)
         if self.last_pass_finished is None:
@@ -246,7 +233,7 @@ class Service:
         """Finish the pass in flight, give up leadership, stop serving."""
         self.scheduler.shutdown(wait=True)
         try:
-            self.store.release_leadership(LEADER_LEASE_NAME, self.instance)
+            self.passes.release_leadership(LEADER_LEASE_NAME, self.instance)
         except Exception as exc:
             log.warning("event=leader_release_failed error=%s", type(exc).__name__)
         self.metrics.is_leader.set(0)

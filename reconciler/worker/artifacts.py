@@ -15,10 +15,9 @@ import logging
 import os
 import re
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
-from reconciler.storage.sql_store import SqlStore
+from reconciler.core.worker_ports import ArtifactRecords
 
 log = logging.getLogger("reconciler.worker.artifacts")
 
@@ -59,7 +58,7 @@ class ArtifactMissingError(OSError):
     """A published artifact's file is neither staged nor in place on this filesystem."""
 
 
-def move_published(store: SqlStore, root: Path, job_id: int, generation: int) -> None:
+def move_published(store: ArtifactRecords, root: Path, job_id: int, generation: int) -> None:
     """Move a completed generation's staged files into place, then mark them settled.
 
     Settles only when every file is in place: a process that cannot see the staged files
@@ -75,35 +74,3 @@ def move_published(store: SqlStore, root: Path, job_id: int, generation: int) ->
             raise ArtifactMissingError(f"artifact {name!r} of job {job_id} is not on this "
                                        "filesystem")
     store.settle_artifacts(job_id, generation)
-
-
-@dataclass(frozen=True, slots=True)
-class SweepResult:
-    """What one sweep did; failures are retried by the next sweep."""
-
-    discarded: int
-    settled: int
-    failures: int
-
-
-def sweep_artifacts(store: SqlStore, root: Path, limit: int = 500) -> SweepResult:
-    """Delete and discard staged sets that can never publish; finish interrupted moves."""
-    discarded = settled = failures = 0
-    for job_id, generation, name in store.unpublishable_artifacts(limit):
-        try:
-            staging_path(root, job_id, generation, name).unlink(missing_ok=True)
-            if store.discard_artifact(job_id, generation, name):
-                discarded += 1
-        except (OSError, ValueError) as exc:
-            failures += 1
-            log.warning("event=artifact_sweep_failed job_id=%s error=%s", job_id,
-                        type(exc).__name__)
-    for job_id, generation, _name in store.unsettled_published_artifacts(limit):
-        try:
-            move_published(store, root, job_id, generation)
-            settled += 1
-        except (OSError, ValueError) as exc:
-            failures += 1
-            log.warning("event=artifact_settle_failed job_id=%s error=%s", job_id,
-                        type(exc).__name__)
-    return SweepResult(discarded, settled, failures)

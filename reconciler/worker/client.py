@@ -17,11 +17,10 @@ from sqlalchemy.engine import Connection, Engine
 from reconciler.core.evidence import PlanStep
 from reconciler.core.ports import ClaimedJob
 from reconciler.core.vocabulary import StepState, short_code
+from reconciler.core.worker_ports import WorkerStore, WorkWaiter
 from reconciler.errors import LeaseLost
 from reconciler.settings import Settings, load_settings
-from reconciler.storage.engines import create_engine
-from reconciler.storage.schema import require_current
-from reconciler.storage.sql_store import SqlStore
+from reconciler.wiring import check_schema, open_engine, open_store, work_waiter
 from reconciler.worker.artifacts import check_name
 
 Step = PlanStep
@@ -43,7 +42,7 @@ class Claim:
         "lease_lost",
     )
 
-    def __init__(self, store: SqlStore, job: ClaimedJob, lease_seconds: float,
+    def __init__(self, store: WorkerStore, job: ClaimedJob, lease_seconds: float,
                  settings: Settings) -> None:
         self._store = store
         self._job = job
@@ -178,9 +177,9 @@ class JobClient:
     def __init__(self, database: str | Engine, *, settings: Settings | None = None) -> None:
         self.settings = settings or load_settings()
         self._owns_engine = isinstance(database, str)
-        self.engine = create_engine(database) if isinstance(database, str) else database
-        require_current(self.engine)
-        self.store = SqlStore(self.engine)
+        self.engine = open_engine(database)
+        check_schema(self.engine)
+        self.store: WorkerStore = open_store(self.engine)
 
     def __enter__(self) -> JobClient:
         return self
@@ -188,6 +187,10 @@ class JobClient:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.close()
+
+    def work_waiter(self, interrupt: threading.Event) -> WorkWaiter:
+        """What an idle worker of this client waits on until work may be there."""
+        return work_waiter(self.engine, interrupt)
 
     def close(self) -> None:
         """Release the connection pool (only when this client created the engine)."""

@@ -31,9 +31,9 @@ from reconciler import failpoints
 from reconciler.core.vocabulary import short_code
 from reconciler.errors import LeaseLost
 from reconciler.worker.artifacts import move_published, staging_path, write_atomically
-from reconciler.worker.wakeups import WorkWaiter
 
 if TYPE_CHECKING:
+    from reconciler.core.worker_ports import WorkWaiter
     from reconciler.worker.client import Claim, JobClient
 
 log = logging.getLogger("reconciler.worker")
@@ -329,7 +329,7 @@ class Worker:
 
     def _claim_loop(self, max_jobs: int | None) -> None:
         kinds = list(self.handlers)
-        waiter = WorkWaiter(self.client.engine, self._wake)
+        waiter = self.client.work_waiter(self._wake)
         try:
             self._claim_until_stopped(kinds, max_jobs, waiter)
         finally:

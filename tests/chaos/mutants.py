@@ -5,7 +5,7 @@ removed, so a test can swap it in (``monkeypatch.setattr``) and show that the ch
 catch what the peer project shipped. Nothing here is used outside tests/chaos.
 
 - River #1302, a rescuer overwrote a job completed after its fetch:
-  ``swap_without_evidence`` (SqlPassTransaction._swap without the generation, status and
+  ``swap_without_evidence`` (NativeSource._swap without the generation, status and
   staleness predicates: River's rescue UPDATE did not repeat its evidence).
 - Solid Queue #589, a finished job later marked failed: ``fence_without_lease``
   (SqlStore._fence without the lease-token and status predicates).
@@ -28,39 +28,34 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from reconciler.core.decisions import Thresholds
 from reconciler.core.passes import PassReport, run_pass
-from reconciler.core.ports import ClaimedJob, PlannedChange
+from reconciler.core.ports import ClaimedJob, JobKey, PlannedChange
 from reconciler.core.vocabulary import JobStatus
 from reconciler.errors import LeaseLost
 from reconciler.sidecar.service import Service
 from reconciler.storage.clock import db_now, now_plus
-from reconciler.storage.sql_store import (
+from reconciler.storage.native_source import (
     PLANNED_COLUMNS,
-    PROCESSING,
-    SqlPassTransaction,
-    SqlStore,
-    _json_rows,
-    _plan_specs,
-    attempts,
-    jobs,
+    NativeSource,
     planned_rows,
     swap_changes,
 )
+from reconciler.storage.sql import PROCESSING, attempts, jobs, json_rows, plan_steps
+from reconciler.storage.sql_store import SqlStore
 
 
-def swap_without_evidence(self: SqlPassTransaction, acting: Sequence[PlannedChange],
-                          thresholds: Thresholds) -> set[int]:
+def swap_without_evidence(self: NativeSource, acting: Sequence[PlannedChange]
+                          ) -> dict[JobKey, int | None]:
     """``_swap`` matching the job by id alone: whatever happened since the read is lost."""
-    values = _json_rows(self.postgres, "planned", PLANNED_COLUMNS)
+    values = json_rows(self.postgres, "planned", PLANNED_COLUMNS)
     stmt = (
         jobs.update()
         .where(jobs.c.job_id == values.c.job_id)  # MUTATION: no generation/status/time
         .values(swap_changes(values))
-        .returning(jobs.c.job_id)
+        .returning(jobs.c.job_id, jobs.c.claim_generation)
     )
-    return {int(job_id) for job_id in self.conn.execute(
-        stmt, {"planned_rows": planned_rows(acting)}).scalars()}
+    return {int(job_id): int(generation) for job_id, generation in self.conn.execute(
+        stmt, {"planned_rows": planned_rows(acting)})}
 
 
 def fence_without_lease(self: SqlStore, conn: Connection, job_id: int, token: str,
@@ -121,7 +116,7 @@ def claim_redelivering_expired(self: SqlStore, worker: str, lease_seconds: float
         job_id=int(row.job_id), job_kind=row.job_kind,
         claim_generation=int(row.claim_generation), attempt_count=int(row.attempt_count),
         max_attempts=int(row.max_attempts), lease_token=token,
-        resume_step_index=int(row.resume_step_index), plan=_plan_specs(row.plan_text),
+        resume_step_index=int(row.resume_step_index), plan=plan_steps(row.plan_text),
         payload=row.job_payload,
     )
 
@@ -139,7 +134,7 @@ def pass_loop_that_dies(self: Service) -> PassReport | None:
         return None
     started = time.monotonic()
     try:
-        report = run_pass(self.store, self.config, after=self.cursor)
+        report = run_pass(self.passes, self.config, after=self.cursor)
     except Exception:
         self.metrics.observe_failed_pass(time.monotonic() - started)
         self._loop_died = True  # type: ignore[attr-defined]  # MUTATION: never again

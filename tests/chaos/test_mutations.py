@@ -19,14 +19,15 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from reconciler.core.decisions import Thresholds
-from reconciler.core.passes import PassConfig, PassReport, plan_change, run_pass
+from reconciler.core.passes import PassConfig, PassReport, apply_and_record, plan_change, run_pass
 from reconciler.core.vocabulary import Reason
 from reconciler.errors import LeaseLost
 from reconciler.settings import Settings
 from reconciler.sidecar.service import Service
 from reconciler.storage.engines import create_engine
+from reconciler.storage.native_source import NativeSource
 from reconciler.storage.schema import upgrade
-from reconciler.storage.sql_store import SqlPassTransaction, SqlStore
+from reconciler.storage.sql_store import SqlStore
 from reconciler.worker import Claim, JobClient, Step, StepContext, Worker
 from tests.chaos import mutants
 from tests.chaos.checks import CheckReport, jobs_table, run_checks
@@ -149,7 +150,7 @@ def test_river_1302_job_completed_after_the_pass_read_it_stays_completed(
     transactions as River's rescuer did, to test the compare-and-swap on its own.
     """
     if mutated:
-        monkeypatch.setattr(SqlPassTransaction, "_swap", mutants.swap_without_evidence)
+        monkeypatch.setattr(NativeSource, "_swap", mutants.swap_without_evidence)
     client, ledger = scene.client("worker-a")
     job_id = client.enqueue("mutation", PLAN, max_attempts=3)
     claim = client.claim("worker-a", lease_seconds=SHORT_LEASE_SECONDS)
@@ -158,13 +159,14 @@ def test_river_1302_job_completed_after_the_pass_read_it_stays_completed(
     scene.wait_until_stale()
 
     with scene.store.pass_transaction(dry_run=True) as tx:
-        planned = [plan_change(row, THRESHOLDS) for row in tx.candidates(100, THRESHOLDS, None)]
+        planned = [plan_change(row, THRESHOLDS)
+                   for row in tx.jobs.candidates(100, THRESHOLDS, None)]
     assert [(p.decision.job_id, p.decision.reason) for p in planned] == [
         (job_id, Reason.RESUMED_FROM_UNSTARTED_STEP)]
     scene.run_step(claim, ledger, 1)  # the worker was alive after all, and finishes
     claim.complete()
     with scene.store.pass_transaction(dry_run=False) as tx:
-        recorded = tx.apply(tx.start_pass_record("rescuer"), planned, THRESHOLDS)
+        _, recorded = apply_and_record(tx, "rescuer", planned)
     scene.drain()
     report = scene.check()
 

@@ -18,16 +18,15 @@ from sqlalchemy.engine import Engine
 from models import JobArtifact, JobRun
 from reconciler.core.decisions import Thresholds
 from reconciler.core.passes import PassConfig, run_pass
+from reconciler.sidecar.artifact_sweep import SweepResult, sweep_artifacts
 from reconciler.storage.clock import db_now
 from reconciler.storage.sql_store import SqlStore
 from reconciler.worker import Claim, JobClient, LeaseLost, Step, Worker
 from reconciler.worker.artifacts import (
-    SweepResult,
     check_name,
     move_published,
     published_path,
     staging_path,
-    sweep_artifacts,
     write_atomically,
 )
 from reconciler.worker.runtime import StepContext, WorkerStats

@@ -37,9 +37,9 @@ PASS_KEYS = {"pass_id", "candidates", "resumed", "terminalized", "skipped", "dec
 PASS_EXTRA_KEYS = {"outcome", "dry_run"}
 PASS_DECISION_KEYS = {"job_id", "disposition", "reason", "resume_step_index"}
 # "decision records as stored": the reconciliation_decisions columns.
-STORED_DECISION_KEYS = {"decision_id", "pass_id", "job_id", "decided_at", "disposition",
-                        "decision_reason", "generation_before", "generation_after",
-                        "resume_step_index", "decision_evidence"}
+STORED_DECISION_KEYS = {"decision_id", "pass_id", "job_source", "job_id", "decided_at",
+                        "disposition", "decision_reason", "generation_before",
+                        "generation_after", "resume_step_index", "decision_evidence"}
 # DESIGN.md §5, in table order, then the pass's own outcomes.
 TABLE_REASONS = ("operator_hold", "worker_wedged", "lease_live", "recent_activity",
                  "unresumable_plan", "waiting_on_gate", "completion_unrecorded", "step_failed",

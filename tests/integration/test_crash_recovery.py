@@ -333,7 +333,7 @@ def _race_round(racers: Sequence[Process], gate: Path, round_number: int) -> lis
 
 def _assert_each_job_resumed_exactly_once(engine: Engine, held: dict[int, int]) -> None:
     ids = list(held)
-    resumes = Counter(row.job_id for row in fetch(engine, sa.select(decisions.c.job_id).where(
+    resumes = Counter(int(row.job_id) for row in fetch(engine, sa.select(decisions.c.job_id).where(
         decisions.c.job_id.in_(ids), decisions.c.disposition == "resume")))
     assert resumes == dict.fromkeys(ids, 1), "exactly one resume decision per job"
     for row in fetch(engine, sa.select(jobs).where(jobs.c.job_id.in_(ids))):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from enum import StrEnum
 
 import pytest
 import sqlalchemy as sa
@@ -12,6 +13,19 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy.engine import Engine
 
 import models
+from reconciler.core.vocabulary import (
+    ActionOutcome,
+    ArtifactState,
+    AttemptOutcome,
+    Disposition,
+    EffectKind,
+    EndedBy,
+    JobStatus,
+    OperatorAction,
+    PassOutcome,
+    SessionEndReason,
+    StepState,
+)
 from reconciler.errors import SchemaOutOfDateError
 from reconciler.storage.engines import create_engine
 from reconciler.storage.schema import current_revision, downgrade, head_revision, upgrade
@@ -239,3 +253,35 @@ def test_job_client_refuses_a_schema_at_another_revision(empty_engine: Engine) -
     assert "\n" not in message
     assert "older_revision" in message
     assert head_revision() in message
+
+
+# Each vocabulary CHECK of the migrated schema, and the enum it must hold exactly.
+VOCABULARY_CHECKS: dict[tuple[str, str], type[StrEnum]] = {
+    ("job_runs", "ck_job_runs_job_status_known"): JobStatus,
+    ("step_runs", "ck_step_runs_step_state_known"): StepState,
+    ("step_runs", "ck_step_runs_effect_kind_known"): EffectKind,
+    ("job_attempts", "ck_job_attempts_attempt_outcome_known"): AttemptOutcome,
+    ("job_attempts", "ck_job_attempts_ended_by_known"): EndedBy,
+    ("reconciliation_passes", "ck_reconciliation_passes_pass_outcome_known"): PassOutcome,
+    ("reconciliation_decisions", "ck_reconciliation_decisions_disposition_known"): Disposition,
+    ("worker_sessions", "ck_worker_sessions_stop_reason_known"): SessionEndReason,
+    ("job_artifacts", "ck_job_artifacts_artifact_state_known"): ArtifactState,
+    ("operator_actions", "ck_operator_actions_operator_action_known"): OperatorAction,
+    ("operator_actions", "ck_operator_actions_action_outcome_known"): ActionOutcome,
+}
+
+
+def test_every_vocabulary_check_of_the_migrated_schema_holds_exactly_its_enum(
+    empty_engine: Engine,
+) -> None:
+    """The migrations' CHECK constraints and the code's enums name the same codes: a code
+    added to an enum without a migration (or the reverse) fails here."""
+    upgrade(empty_engine)
+    inspector = sa.inspect(empty_engine)
+    found: dict[tuple[str, str], set[str]] = {}
+    for table in {table for table, _ in VOCABULARY_CHECKS}:
+        for check in inspector.get_check_constraints(table):
+            found[(table, str(check["name"]))] = set(re.findall(r"'([a-z_]+)'",
+                                                                check["sqltext"]))
+    assert {key: found.get(key) for key in VOCABULARY_CHECKS} == {
+        key: {member.value for member in enum} for key, enum in VOCABULARY_CHECKS.items()}

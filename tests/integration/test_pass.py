@@ -31,7 +31,14 @@ from models import (
     StepRun,
 )
 from reconciler.core.decisions import Thresholds
-from reconciler.core.passes import LEADER_LEASE_NAME, PassConfig, PassReport, plan_change, run_pass
+from reconciler.core.passes import (
+    LEADER_LEASE_NAME,
+    PassConfig,
+    PassReport,
+    apply_and_record,
+    plan_change,
+    run_pass,
+)
 from reconciler.core.ports import PlannedChange, RecordedDecision
 from reconciler.core.vocabulary import Disposition, PassOutcome, Reason
 from reconciler.storage.clock import db_now, seconds_since
@@ -675,17 +682,15 @@ def test_unreadable_step_record_is_reconcile_error_and_the_batch_goes_on(
 def decide_now(store: SqlStore, thresholds: Thresholds) -> list[PlannedChange]:
     """Load the candidates and decide them in one transaction, as a pass would."""
     with store.pass_transaction(dry_run=False) as tx:
-        rows = tx.candidates(50, thresholds, None)
+        rows = tx.jobs.candidates(50, thresholds, None)
         return [plan_change(r, thresholds) for r in rows]
 
 
-def apply_late(
-    store: SqlStore, planned: list[PlannedChange], thresholds: Thresholds
-) -> tuple[int, list[RecordedDecision]]:
+def apply_late(store: SqlStore, planned: list[PlannedChange]
+               ) -> tuple[int, list[RecordedDecision]]:
     """Apply planned changes in a fresh pass transaction with its own pass row."""
     with store.pass_transaction(dry_run=False) as tx:
-        pass_id = tx.start_pass_record(INSTANCE)
-        return pass_id, tx.apply(pass_id, planned, thresholds)
+        return apply_and_record(tx, INSTANCE, planned)
 
 
 def assert_fence_lost(
@@ -700,7 +705,7 @@ def assert_fence_lost(
         assert after[table] == before[table], table
     (stored,) = decisions_in(engine, pass_id)
     assert (stored["job_id"], stored["disposition"], stored["decision_reason"]) == (
-        crashed.job_id, "skip", "fence_lost")
+        str(crashed.job_id), "skip", "fence_lost")
     assert (stored["generation_before"], stored["generation_after"],
             stored["resume_step_index"]) == (crashed.generation, None, None)
     row = pass_row(engine, pass_id)
@@ -724,7 +729,7 @@ def test_heartbeat_after_the_decision_makes_the_resume_lose_its_fence(
     store.heartbeat(crashed.job_id, crashed.claim._token, 30.0)
     before = snapshot(engine)
     assert before["job_runs"][0]["claim_generation"] == crashed.generation
-    pass_id, recorded = apply_late(store, planned, thresholds)
+    pass_id, recorded = apply_late(store, planned)
 
     assert_fence_lost(engine, crashed, pass_id, recorded, before)
     assert job(engine, crashed.job_id)["job_status"] == "processing"
@@ -748,7 +753,7 @@ def test_reclaim_after_the_decision_makes_the_resume_lose_its_fence(
     assert second.generation == crashed.generation + 2
     wait_expired(engine, crashed.job_id)
     before = snapshot(engine)
-    pass_id, recorded = apply_late(store, planned, thresholds)
+    pass_id, recorded = apply_late(store, planned)
 
     assert_fence_lost(engine, crashed, pass_id, recorded, before)
     row = job(engine, crashed.job_id)
@@ -767,7 +772,7 @@ def test_late_completion_after_the_decision_makes_the_terminalize_lose_its_fence
 
     crashed.claim.complete()
     before = snapshot(engine)
-    pass_id, recorded = apply_late(store, planned, thresholds)
+    pass_id, recorded = apply_late(store, planned)
 
     assert_fence_lost(engine, crashed, pass_id, recorded, before)
     assert job(engine, crashed.job_id)["job_status"] == "completed"
@@ -785,7 +790,7 @@ def test_progress_after_a_wedged_decision_makes_it_lose_its_fence(
 
     crashed.claim.report_progress()  # the handler was slow, not hung
     before = snapshot(engine)
-    pass_id, recorded = apply_late(store, planned, thresholds)
+    pass_id, recorded = apply_late(store, planned)
 
     assert_fence_lost(engine, crashed, pass_id, recorded, before)
     crashed.claim.complete()

@@ -589,7 +589,7 @@ def test_sigterm_during_a_pass_finishes_it_and_loses_no_decision(
     decision_rows = fetch(engine, sa.select(decisions))
     pass_rows = fetch(engine, sa.select(passes))
     bumped = {job_id for job_id in job_ids if job_rows[job_id].claim_generation != 1}
-    per_job = Counter(d.job_id for d in decision_rows)
+    per_job = Counter(int(d.job_id) for d in decision_rows)
     acted = [d for d in decision_rows if d.disposition in ("resume", "terminalize")]
     print(f"\nresumed {len(bumped)} of {len(job_ids)} jobs; "
           f"{resumed_at_signal} before SIGTERM, {after_signal[0].resumed} by the pass in flight")
@@ -601,10 +601,10 @@ def test_sigterm_during_a_pass_finishes_it_and_loses_no_decision(
         assert (row.claim_generation, row.job_status, row.lease_token) == (2, "queued", None)
         assert per_job[job_id] == 1, job_id
     # No record without its change: every resume/terminalize row matches a bumped job.
-    assert {d.job_id for d in acted} == bumped
+    assert {int(d.job_id) for d in acted} == bumped
     for d in acted:
         assert (d.disposition, d.generation_before, d.generation_after) == ("resume", 1, 2)
-        assert job_rows[d.job_id].claim_generation == d.generation_after
+        assert job_rows[int(d.job_id)].claim_generation == d.generation_after
     for job_id in set(job_ids) - bumped:
         assert job_rows[job_id].job_status == "processing"
         assert per_job[job_id] == 0
@@ -883,7 +883,7 @@ def test_retention_deletes_old_audit_rows_and_keeps_new_ones(
         service.apply_retention()
 
         kept_passes = [r.pass_id for r in fetch(engine, sa.select(passes.c.pass_id))]
-        kept_decisions = [(r.pass_id, r.job_id)
+        kept_decisions = [(r.pass_id, int(r.job_id))
                           for r in fetch(engine, sa.select(decisions.c.pass_id,
                                                            decisions.c.job_id))]
         assert kept_passes == [new_report.pass_id]

@@ -26,8 +26,9 @@ from reconciler.core.decisions import Thresholds
 from reconciler.core.passes import PassConfig, PassReport, run_pass
 from reconciler.core.vocabulary import Disposition, Reason, StepState
 from reconciler.settings import Settings
+from reconciler.storage.claims import StepNotStartedError
 from reconciler.storage.clock import db_now, now_plus
-from reconciler.storage.sql_store import SqlStore, StepNotStartedError
+from reconciler.storage.sql_store import SqlStore
 from reconciler.worker import Claim, JobClient, LeaseLost, Step
 from tests.conftest import run_cli, run_python
 from tests.helpers import job_row, wait_for
@@ -129,13 +130,14 @@ def seconds(delta: timedelta) -> float:
 
 def assert_failed_for_good(client: JobClient, engine: Engine, job_id: int, reason: str,
                            code: str) -> None:
-    """The job ended failed by its worker, lease gone, and nobody can claim it again."""
+    """The job ended failed by its worker, its claim gone as a requeue would leave it (no
+    lease, no owner, no session), and nobody can claim it again."""
     row = job_row(engine, job_id)
     assert (row["job_status"], row["status_reason"], row["last_error_code"]) == (
         "failed", reason, code)
     assert row["finished_at"] is not None
-    assert row["lease_token"] is None
-    assert row["lease_expires_at"] is None
+    assert (row["lease_token"], row["lease_expires_at"], row["lease_owner"],
+            row["worker_session_id"]) == (None, None, None, None)
     [attempt] = attempt_rows(engine, job_id)
     assert (attempt["attempt_outcome"], attempt["ended_by"]) == ("failed", "worker")
     assert client.claim("w2", lease_seconds=5) is None

@@ -34,10 +34,11 @@ from reconciler.core.decisions import Thresholds
 from reconciler.core.passes import PassConfig, PassReport, run_pass
 from reconciler.core.vocabulary import Disposition, Reason
 from reconciler.settings import Settings
+from reconciler.sidecar.artifact_sweep import sweep_artifacts
 from reconciler.storage.clock import db_now, now_plus
 from reconciler.storage.sql_store import SqlStore
 from reconciler.worker import JobClient, LeaseLost, Step, Worker
-from reconciler.worker.artifacts import published_path, staging_path, sweep_artifacts
+from reconciler.worker.artifacts import published_path, staging_path
 from reconciler.worker.runtime import StepContext, WorkerStats
 from tests.conftest import REPO_ROOT, run_cli
 from tests.helpers import job_row, rows_of, wait_for

@@ -105,8 +105,9 @@ from models import (
 from reconciler.core.decisions import Thresholds
 from reconciler.core.passes import LEADER_LEASE_NAME, PassConfig, PassReport, run_pass
 from reconciler.settings import Settings
+from reconciler.storage.claims import StepNotStartedError
 from reconciler.storage.engines import create_engine
-from reconciler.storage.sql_store import SqlStore, StepNotStartedError
+from reconciler.storage.sql_store import SqlStore
 from reconciler.worker import Claim, JobClient, LeaseLost, Step
 from tests.statemachine.harness import DbClock, Window, fresh_database, rows, snapshot
 

@@ -203,7 +203,7 @@ def evidence(
 ) -> Evidence:
     """Evidence of an expired, stale, resumable job unless told otherwise."""
     return Evidence(
-        job_id=7, claim_generation=4, attempt_count=attempts, max_attempts=max_attempts,
+        job_id=7, attempt_count=attempts, max_attempts=max_attempts,
         operator_hold=hold, lease_live=lease_live,
         lease_expired_seconds=None if lease_live else 120.0,
         activity_age_seconds=age, plan=plan, steps=dict(steps or {}), session_gone=session_gone,
@@ -572,7 +572,6 @@ def arbitrary_evidence(draw: st.DrawFn) -> Evidence:
             steps[i] = StepRecord(i, StepState.SUCCEEDED)
     return Evidence(
         job_id=draw(st.integers(min_value=1, max_value=2**53)),
-        claim_generation=draw(st.integers(min_value=0, max_value=10**6)),
         attempt_count=draw(st.integers(min_value=0, max_value=10)),
         max_attempts=draw(st.integers(min_value=0, max_value=10)),
         operator_hold=draw(st.booleans()),

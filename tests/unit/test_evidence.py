@@ -44,7 +44,7 @@ def evidence(plan: tuple[PlanStep, ...] | None = PLAN,
              steps: dict[int, StepRecord] | None = None, **fields: Any) -> Evidence:
     """Evidence of an expired claim; fields override the defaults."""
     values: dict[str, Any] = {
-        "job_id": 41, "claim_generation": 3, "attempt_count": 2, "max_attempts": 5,
+        "job_id": 41, "attempt_count": 2, "max_attempts": 5,
         "operator_hold": False, "lease_live": False, "lease_expired_seconds": 12.34567,
         "activity_age_seconds": 98.76543, "plan": plan, "steps": steps or {},
         "session_gone": False,
@@ -266,15 +266,14 @@ class TestPublicFacts:
         assert facts["lease_expired_seconds"] is None
 
     def test_no_step_names_or_identities(self) -> None:
-        """Step names, job id and generation never appear in the recorded facts."""
-        ev = evidence(job_id=987_654_321, claim_generation=123_456_789,
+        """Step names and the job id never appear in the recorded facts."""
+        ev = evidence(job_id=987_654_321,
                       steps={0: record(0, StepState.FAILED, False)})
         text = json.dumps(ev.public_facts())
         assert "secret" not in text
         for step in PLAN:
             assert step.step_name not in text
         assert "987654321" not in text
-        assert "123456789" not in text
 
     def test_facts_are_json_serialisable(self) -> None:
         """The facts round-trip through JSON unchanged (they are stored as a JSON column)."""

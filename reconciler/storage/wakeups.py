@@ -1,8 +1,8 @@
 """Waking idle workers: PostgreSQL LISTEN/NOTIFY, with polling as the fallback.
 
 Enqueues and resumes send ``NOTIFY reconciler_jobs`` in their own transaction (see
-sql_store), so a notification means committed work. A listener that breaks (the database
-restarted) falls back to plain polling and reconnects on the next wait.
+reconciler.storage.sql), so a notification means committed work. A listener that breaks
+(the database restarted) falls back to plain polling and reconnects on the next wait.
 """
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ import psycopg
 from sqlalchemy.engine import Engine
 
 from reconciler.storage.engines import is_postgresql
-from reconciler.storage.sql_store import WAKE_CHANNEL
+from reconciler.storage.sql import WAKE_CHANNEL
 
 log = logging.getLogger("reconciler.worker.wakeups")
 
 SLICE_SECONDS = 0.2
 
 
-class WorkWaiter:
+class NotifyWaiter:
     """Block an idle worker until work may be there, or the poll interval passes."""
 
     def __init__(self, engine: Engine, interrupt: threading.Event) -> None:

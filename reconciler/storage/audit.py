@@ -1,0 +1,199 @@
+"""The audit log (passes, decisions) and the leader lease, in this project's own tables.
+
+Every source's decisions land here, with the job id as that source spells it, so the
+trail, ``reconciler decisions`` and the metrics read the same for every source.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from reconciler.core.ports import RecordedDecision
+from reconciler.core.vocabulary import Disposition, PassOutcome
+from reconciler.storage.clock import db_now, now_plus
+from reconciler.storage.engines import is_postgresql
+from reconciler.storage.sql import (
+    decisions,
+    encode_rows,
+    insert_into,
+    json_rows,
+    leases,
+    passes,
+    seconds_param,
+)
+
+DECISION_COLUMNS: tuple[tuple[str, Any], ...] = (
+    ("job_source", sa.String()), ("job_id", sa.String()), ("disposition", sa.String()),
+    ("decision_reason", sa.String()), ("generation_before", sa.BigInteger()),
+    ("generation_after", sa.BigInteger()), ("resume_step_index", sa.Integer()),
+    ("decision_evidence", sa.JSON()),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class _Statements:
+    """The audit's statements, built once per engine kind (see native_source._Statements)."""
+
+    start_pass: Any
+    quiet_pass: Any
+    record_decisions: Any
+    finish_pass: Any
+    lead: Any
+
+
+@functools.cache
+def _statements(postgres: bool) -> _Statements:
+    finished = {"started_at": db_now(), "finished_at": db_now()}
+    source = json_rows(postgres, "recorded", DECISION_COLUMNS)
+    names = [name for name, _ in DECISION_COLUMNS]
+    return _Statements(
+        start_pass=passes.insert()
+        .values(reconciler_instance=sa.bindparam("pass_instance"), started_at=db_now())
+        .returning(passes.c.pass_id),
+        quiet_pass=passes.insert()
+        .values(reconciler_instance=sa.bindparam("pass_instance"),
+                pass_outcome=sa.bindparam("outcome_value"), **finished)
+        .returning(passes.c.pass_id),
+        record_decisions=decisions.insert().from_select(
+            ["pass_id", "decided_at", *names],
+            sa.select(sa.bindparam("recording_pass_id", type_=sa.BigInteger()), db_now(),
+                      *(source.c[name] for name in names)),
+        ),
+        finish_pass=passes.update()
+        .where(passes.c.pass_id == sa.bindparam("finished_pass_id"))
+        .values(candidates_seen=sa.bindparam("n_candidates"),
+                resumed_count=sa.bindparam("n_resumed"),
+                terminalized_count=sa.bindparam("n_terminalized"),
+                skipped_count=sa.bindparam("n_skipped"),
+                finished_at=db_now(), pass_outcome=PassOutcome.OK.value),
+        lead=_leadership_statement(postgres),
+    )
+
+
+def _leadership_statement(postgres: bool) -> Any:
+    """Acquire or renew the leader lease (fenced by holder and expiry); the token or no row."""
+    stmt = insert_into(postgres, leases).values(
+        lease_name=sa.bindparam("lead_name"), holder_id=sa.bindparam("lead_holder"),
+        fencing_token=1, lease_expires_at=now_plus(seconds_param("lead_ttl_seconds")),
+    )
+    excluded = stmt.excluded
+    return stmt.on_conflict_do_update(
+        index_elements=[leases.c.lease_name],
+        set_={
+            "holder_id": excluded.holder_id,
+            # A new holder gets a new token; a renewal keeps its own.
+            "fencing_token": sa.case(
+                (leases.c.holder_id == excluded.holder_id, leases.c.fencing_token),
+                else_=leases.c.fencing_token + 1,
+            ),
+            "lease_expires_at": excluded.lease_expires_at,
+        },
+        where=sa.or_(leases.c.holder_id == excluded.holder_id,
+                     leases.c.lease_expires_at <= db_now()),
+    ).returning(leases.c.fencing_token)
+
+
+def decision_rows(source_name: str,
+                  recorded: Sequence[tuple[RecordedDecision, dict[str, Any]]]
+                  ) -> list[dict[str, Any]]:
+    """The audit rows of a batch's decisions, the job id as text."""
+    return [
+        {
+            "job_source": source_name, "job_id": str(r.job_id), "disposition": r.disposition,
+            "decision_reason": r.reason, "generation_before": r.generation_before,
+            "generation_after": r.generation_after,
+            "resume_step_index": r.resume_step_index, "decision_evidence": evidence,
+        }
+        for r, evidence in recorded
+    ]
+
+
+class SqlAudit:
+    """Passes and decisions on the pass's connection (see ``ports.AuditLog``)."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.sql = _statements(is_postgresql(conn))
+
+    def start_pass(self, instance: str) -> int:
+        """Insert this pass's row; outcome and counts are filled in by ``finish_pass``."""
+        return int(self.conn.execute(self.sql.start_pass, {"pass_instance": instance})
+                   .scalar_one())
+
+    def record_quiet_pass(self, instance: str, outcome: PassOutcome) -> int:
+        """Insert a pass that decided nothing (not leader, or nothing stale) in one statement."""
+        return int(self.conn.execute(self.sql.quiet_pass, {
+            "pass_instance": instance, "outcome_value": outcome.value,
+        }).scalar_one())
+
+    def finish_pass(self, pass_id: int, source_name: str,
+                    recorded: Sequence[tuple[RecordedDecision, dict[str, Any]]]) -> None:
+        """Insert every decision in one statement, then the pass's counts."""
+        if recorded:
+            self.conn.execute(self.sql.record_decisions, {
+                "recording_pass_id": pass_id,
+                "recorded_rows": encode_rows(decision_rows(source_name, recorded))})
+        counts = dict.fromkeys(Disposition, 0)
+        for r, _ in recorded:
+            counts[r.disposition] += 1
+        self.conn.execute(self.sql.finish_pass, {
+            "finished_pass_id": pass_id, "n_candidates": len(recorded),
+            "n_resumed": counts[Disposition.RESUME],
+            "n_terminalized": counts[Disposition.TERMINALIZE],
+            "n_skipped": counts[Disposition.SKIP],
+        })
+
+
+class SqlLease:
+    """The leader lease on one connection (see ``ports.Lease``)."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.sql = _statements(is_postgresql(conn))
+
+    def take(self, lease_name: str, holder_id: str, ttl_seconds: float) -> int | None:
+        """Acquire or renew the leader lease in this transaction (fenced by holder and expiry)."""
+        token = self.conn.execute(self.sql.lead, {
+            "lead_name": lease_name, "lead_holder": holder_id, "lead_ttl_seconds": ttl_seconds,
+        }).scalar_one_or_none()
+        return None if token is None else int(token)
+
+    def release(self, lease_name: str, holder_id: str) -> None:
+        """Expire the lease now if this holder has it, so a successor need not wait."""
+        self.conn.execute(
+            leases.update()
+            .where(leases.c.lease_name == lease_name, leases.c.holder_id == holder_id)
+            .values(lease_expires_at=db_now())
+        )
+
+
+def record_failed_pass(conn: Connection, instance: str, error_code: str) -> int:
+    """Insert a pass that failed before it could record itself."""
+    return int(conn.execute(
+        passes.insert().values(
+            reconciler_instance=instance, started_at=db_now(), finished_at=db_now(),
+            pass_outcome=PassOutcome.ERROR.value, error_code=error_code,
+        ).returning(passes.c.pass_id)
+    ).scalar_one())
+
+
+def delete_audit_before(conn: Connection, days: float, limit: int) -> int:
+    """Delete finished passes older than ``days`` with their decisions, at most ``limit``."""
+    old = [int(i) for i in conn.execute(
+        sa.select(passes.c.pass_id)
+        .where(passes.c.started_at < now_plus(-days * 86400.0),
+               passes.c.finished_at.is_not(None))
+        .order_by(passes.c.pass_id).limit(limit)
+    ).scalars()]
+    if not old:
+        return 0
+    # Explicit, not ON DELETE CASCADE: SQLite enforces that only with foreign_keys on.
+    deleted = conn.execute(decisions.delete().where(decisions.c.pass_id.in_(old))).rowcount
+    conn.execute(passes.delete().where(passes.c.pass_id.in_(old)))
+    return int(deleted) + len(old)

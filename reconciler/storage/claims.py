@@ -1,0 +1,348 @@
+"""Enqueue, claim, and every fenced write a claim makes afterwards (DESIGN.md section 3).
+
+Every write after a claim is an UPDATE fenced on (job, lease token, processing); no row
+means the claim was lost, and ``LeaseLost`` is raised before anything else is written.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from reconciler.core.evidence import PlanStep
+from reconciler.core.policy import first_unfinished_step, retry_delay_seconds
+from reconciler.core.ports import ClaimedJob
+from reconciler.core.vocabulary import (
+    ArtifactState,
+    AttemptOutcome,
+    EndedBy,
+    JobStatus,
+    StepState,
+    WorkerStatusReason,
+)
+from reconciler.errors import LeaseLost
+from reconciler.storage.clock import db_now, now_plus
+from reconciler.storage.engines import is_postgresql
+from reconciler.storage.sql import (
+    IN_QUEUE,
+    NO_CLAIM,
+    PLAN_TEXT,
+    PROCESSING,
+    artifacts,
+    attempts,
+    for_update,
+    insert_into,
+    jobs,
+    plan_steps,
+    session_gone,
+    sessions,
+    steps,
+    wake_workers,
+)
+
+SINGLETON_RETRIES = 5
+
+
+class StepNotStartedError(ValueError):
+    """``finish_step`` for a step this claim never started."""
+
+
+def first_unfinished(conn: Connection, job_id: int, plan_text: str | None) -> int:
+    """The step a requeued or retried job resumes at, from its succeeded step records."""
+    done = set(conn.execute(
+        sa.select(steps.c.step_index).where(
+            steps.c.job_id == job_id, steps.c.step_state == StepState.SUCCEEDED.value)
+    ).scalars())
+    return first_unfinished_step(len(plan_steps(plan_text)), done)
+
+
+class ClaimsSql:
+    """Enqueue, claim and the fenced writes of a claim, on one engine."""
+
+    engine: Engine
+
+    def enqueue(
+        self,
+        job_kind: str,
+        plan: Sequence[PlanStep],
+        *,
+        max_attempts: int,
+        idempotency_key: str | None,
+        singleton_key: str | None,
+        payload: Any,
+        connection: Connection | None = None,
+    ) -> int:
+        """Insert a queued job, or return the job already holding ``idempotency_key``."""
+        row = {
+            "job_kind": job_kind, "job_status": JobStatus.QUEUED.value,
+            "step_plan": [{"step_name": s.step_name, "effect_kind": s.kind.value}
+                          for s in plan],
+            "max_attempts": max_attempts, "idempotency_key": idempotency_key,
+            "singleton_key": singleton_key, "job_payload": payload,
+            "available_at": db_now(), "created_at": db_now(), "updated_at": db_now(),
+        }
+        if connection is not None:
+            return self._enqueue_on(connection, row, idempotency_key)
+        with self.engine.begin() as conn:
+            return self._enqueue_on(conn, row, idempotency_key)
+
+    def _enqueue_on(self, conn: Connection, row: dict[str, Any], key: str | None) -> int:
+        stmt = insert_into(is_postgresql(conn), jobs).values(**row)
+        if key is not None:
+            stmt = stmt.on_conflict_do_nothing(index_elements=[jobs.c.idempotency_key])
+        job_id = conn.execute(stmt.returning(jobs.c.job_id)).scalar_one_or_none()
+        if job_id is not None:
+            wake_workers(conn)
+        if job_id is None:
+            job_id = conn.execute(
+                sa.select(jobs.c.job_id).where(jobs.c.idempotency_key == key)
+            ).scalar_one()
+        return int(job_id)
+
+    def claim(self, worker: str, lease_seconds: float, kinds: Sequence[str] | None = None,
+              session_id: int | None = None) -> ClaimedJob | None:
+        """Atomically take the oldest available queued job and start a new attempt on it.
+
+        On PostgreSQL two claims can still race past the singleton check onto two jobs of
+        one key; the unique partial index refuses the loser, which then simply tries again.
+        """
+        for _ in range(SINGLETON_RETRIES):
+            try:
+                return self._claim_once(worker, lease_seconds, kinds, session_id)
+            except sa.exc.IntegrityError as exc:
+                if "singleton" not in str(exc.orig):
+                    raise
+        return None
+
+    def _claim_once(self, worker: str, lease_seconds: float, kinds: Sequence[str] | None,
+                    session_id: int | None) -> ClaimedJob | None:
+        token = uuid.uuid4().hex
+        with self.engine.begin() as conn:
+            other = jobs.alias("other")
+            pick = (
+                sa.select(jobs.c.job_id)
+                .where(
+                    IN_QUEUE,
+                    jobs.c.available_at <= db_now(),
+                    jobs.c.operator_hold.is_(False),
+                    # A singleton job waits while another job of its key is processing.
+                    sa.or_(jobs.c.singleton_key.is_(None), ~sa.exists().where(
+                        other.c.singleton_key == jobs.c.singleton_key,
+                        other.c.job_status == sa.literal_column(f"'{PROCESSING}'"),
+                    )),
+                )
+                .order_by(jobs.c.available_at, jobs.c.job_id)
+                .limit(1)
+            )
+            if kinds:
+                pick = pick.where(jobs.c.job_kind.in_(list(kinds)))
+            if session_id is not None:
+                # A session already declared gone claims nothing: its claims could not be
+                # heartbeated, and the runtime replaces the session on its next beat.
+                pick = pick.where(sa.exists().where(sessions.c.session_id == session_id,
+                                                    sessions.c.stopped_at.is_(None)))
+            pick = for_update(is_postgresql(conn), pick, lock=True)
+            row = conn.execute(
+                jobs.update()
+                .where(jobs.c.job_id == pick.scalar_subquery(),
+                       jobs.c.job_status == JobStatus.QUEUED.value)
+                .values(
+                    job_status=PROCESSING, status_reason=None,
+                    claim_generation=jobs.c.claim_generation + 1,
+                    attempt_count=jobs.c.attempt_count + 1,
+                    lease_token=token, lease_owner=worker, worker_session_id=session_id,
+                    lease_expires_at=now_plus(lease_seconds),
+                    claimed_at=db_now(), last_activity_at=db_now(), updated_at=db_now(),
+                )
+                .returning(
+                    jobs.c.job_id, jobs.c.job_kind, jobs.c.claim_generation,
+                    jobs.c.attempt_count, jobs.c.max_attempts, jobs.c.resume_step_index,
+                    PLAN_TEXT, jobs.c.job_payload,
+                )
+            ).one_or_none()
+            if row is None:
+                return None
+            conn.execute(attempts.insert().values(
+                job_id=row.job_id, claim_generation=row.claim_generation,
+                attempt_number=row.attempt_count, lease_owner=worker, claimed_at=db_now(),
+            ))
+        return ClaimedJob(
+            job_id=int(row.job_id), job_kind=row.job_kind,
+            claim_generation=int(row.claim_generation), attempt_count=int(row.attempt_count),
+            max_attempts=int(row.max_attempts), lease_token=token,
+            resume_step_index=int(row.resume_step_index), plan=plan_steps(row.plan_text),
+            payload=row.job_payload,
+        )
+
+    def _fence(self, conn: Connection, job_id: int, token: str, *extra: Any,
+               **changes: Any) -> sa.Row[Any]:
+        """The fenced write every post-claim operation starts with; LeaseLost on no row."""
+        row = conn.execute(
+            jobs.update()
+            .where(jobs.c.job_id == job_id, jobs.c.lease_token == token,
+                   jobs.c.job_status == PROCESSING, *extra)
+            .values(**changes)
+            .returning(jobs.c.claim_generation, jobs.c.attempt_count, jobs.c.max_attempts,
+                       PLAN_TEXT)
+        ).one_or_none()
+        if row is None:
+            raise LeaseLost(job_id)
+        return row
+
+    def heartbeat(self, job_id: int, token: str, lease_seconds: float) -> None:
+        """Renew this claim's lease only; activity does not move (a beat is not progress)."""
+        with self.engine.begin() as conn:
+            # A gone session's lease was expired on purpose; its beats must not revive it.
+            self._fence(conn, job_id, token, ~session_gone(),
+                        lease_expires_at=now_plus(lease_seconds))
+
+    def report_progress(self, job_id: int, token: str) -> None:
+        """Record that the handler moved: ``last_activity_at`` becomes now."""
+        with self.engine.begin() as conn:
+            self._fence(conn, job_id, token, last_activity_at=db_now(), updated_at=db_now())
+
+    def record_step(
+        self, job_id: int, token: str, step_index: int, spec: PlanStep, state: StepState,
+        *, error_code: str | None = None, retryable: bool | None = None,
+    ) -> None:
+        """Fenced step record: the job's activity and the step's row move together."""
+        with self.engine.begin() as conn:
+            fenced = self._fence(conn, job_id, token,
+                                 last_activity_at=db_now(), updated_at=db_now())
+            generation = fenced.claim_generation
+            if state is StepState.SUCCEEDED:
+                done = conn.execute(
+                    steps.update()
+                    .where(steps.c.job_id == job_id, steps.c.step_index == step_index,
+                           steps.c.claim_generation == generation,
+                           steps.c.step_state.in_([StepState.STARTED.value,
+                                                   StepState.WAITING.value]))
+                    .values(step_state=state.value, finished_at=db_now(),
+                            error_code=None, failure_retryable=None)
+                )
+                if done.rowcount != 1:
+                    conn.rollback()
+                    raise StepNotStartedError(
+                        f"step {step_index} was not started by this claim")
+                return
+            stmt = insert_into(is_postgresql(conn), steps).values(
+                job_id=job_id, step_index=step_index, step_name=spec.step_name,
+                effect_kind=spec.kind.value, step_state=state.value,
+                claim_generation=generation, started_at=db_now(),
+                finished_at=db_now() if state is StepState.FAILED else None,
+                error_code=error_code, failure_retryable=retryable,
+            )
+            keep_start = state is not StepState.STARTED
+            conn.execute(stmt.on_conflict_do_update(
+                index_elements=[steps.c.job_id, steps.c.step_index],
+                set_={
+                    "step_name": stmt.excluded.step_name,
+                    "effect_kind": stmt.excluded.effect_kind,
+                    "step_state": stmt.excluded.step_state,
+                    "claim_generation": stmt.excluded.claim_generation,
+                    # A failure or a wait keeps the start time of the same attempt's start.
+                    "started_at": sa.case(
+                        (sa.and_(sa.literal(keep_start),
+                                 steps.c.claim_generation == stmt.excluded.claim_generation),
+                         steps.c.started_at),
+                        else_=stmt.excluded.started_at,
+                    ),
+                    "finished_at": stmt.excluded.finished_at,
+                    "error_code": stmt.excluded.error_code,
+                    "failure_retryable": stmt.excluded.failure_retryable,
+                },
+            ))
+
+    def complete(self, job_id: int, token: str) -> int:
+        """Fenced completion: the job, its attempt and its staged artifacts, together.
+
+        Returns the completing generation, whose artifact files the caller moves into place.
+        """
+        with self.engine.begin() as conn:
+            row = self._fence(
+                conn, job_id, token, job_status=JobStatus.COMPLETED.value, status_reason=None,
+                **NO_CLAIM, finished_at=db_now(), last_activity_at=db_now(),
+                updated_at=db_now(),
+            )
+            conn.execute(
+                artifacts.update()
+                .where(artifacts.c.job_id == job_id,
+                       artifacts.c.claim_generation == row.claim_generation,
+                       artifacts.c.artifact_state == ArtifactState.STAGED.value)
+                # settled_at stays empty until the files are in place (see settle_artifacts).
+                .values(artifact_state=ArtifactState.PUBLISHED.value)
+            )
+            self._end_attempt(conn, job_id, row.claim_generation, AttemptOutcome.COMPLETED)
+            return int(row.claim_generation)
+
+    def fail(
+        self, job_id: int, token: str, error_code: str, *, retryable: bool,
+        backoff_seconds: float, backoff_max_seconds: float, status_reason: str | None = None,
+    ) -> bool:
+        """Fenced failure; requeues with backoff while attempts remain. True when requeued."""
+        with self.engine.begin() as conn:
+            row = self._fence(conn, job_id, token, last_error_code=error_code,
+                              updated_at=db_now())
+            requeue = retryable and row.attempt_count < row.max_attempts
+            if requeue:
+                delay = retry_delay_seconds(row.attempt_count, backoff_seconds,
+                                            backoff_max_seconds)
+                self._requeue(conn, job_id, row, available_at=now_plus(delay))
+                outcome = AttemptOutcome.RETRYING
+            else:
+                reason = status_reason or (WorkerStatusReason.RETRIES_EXHAUSTED if retryable
+                                           else WorkerStatusReason.JOB_FAILED).value
+                conn.execute(jobs.update().where(jobs.c.job_id == job_id).values(
+                    job_status=JobStatus.FAILED.value, status_reason=reason,
+                    **NO_CLAIM, finished_at=db_now(),
+                ))
+                outcome = AttemptOutcome.FAILED
+            self._end_attempt(conn, job_id, row.claim_generation, outcome)
+            return requeue
+
+    def release(self, job_id: int, token: str) -> None:
+        """Fenced graceful release: requeue now, give the attempt back, keep the resume point."""
+        with self.engine.begin() as conn:
+            row = self._fence(conn, job_id, token, updated_at=db_now(),
+                              attempt_count=jobs.c.attempt_count - 1)
+            self._requeue(conn, job_id, row, available_at=db_now())
+            self._end_attempt(conn, job_id, row.claim_generation, AttemptOutcome.RELEASED)
+
+    def stage_artifact(self, job_id: int, token: str, artifact_name: str) -> int:
+        """Fenced: record an artifact staged by this claim; returns its generation."""
+        with self.engine.begin() as conn:
+            row = self._fence(conn, job_id, token, last_activity_at=db_now(),
+                              updated_at=db_now())
+            stmt = insert_into(is_postgresql(conn), artifacts).values(
+                job_id=job_id, claim_generation=row.claim_generation,
+                artifact_name=artifact_name, artifact_state=ArtifactState.STAGED.value,
+                staged_at=db_now(),
+            )
+            conn.execute(stmt.on_conflict_do_update(
+                index_elements=[artifacts.c.job_id, artifacts.c.claim_generation,
+                                artifacts.c.artifact_name],
+                set_={"staged_at": stmt.excluded.staged_at},
+            ))
+            return int(row.claim_generation)
+
+    def _requeue(self, conn: Connection, job_id: int, fenced: sa.Row[Any],
+                 available_at: Any) -> None:
+        conn.execute(jobs.update().where(jobs.c.job_id == job_id).values(
+            job_status=JobStatus.QUEUED.value, status_reason=None, **NO_CLAIM,
+            available_at=available_at,
+            resume_step_index=first_unfinished(conn, job_id, fenced.plan_text),
+        ))
+
+    def _end_attempt(self, conn: Connection, job_id: int, generation: int,
+                     outcome: AttemptOutcome) -> None:
+        conn.execute(
+            attempts.update()
+            .where(attempts.c.job_id == job_id, attempts.c.claim_generation == generation,
+                   attempts.c.ended_at.is_(None))
+            .values(ended_at=db_now(), attempt_outcome=outcome.value,
+                    ended_by=EndedBy.WORKER.value)
+        )

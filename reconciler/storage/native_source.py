@@ -1,0 +1,297 @@
+"""The ``native`` job source: this project's own ``job_runs``, as the pass reads and changes it.
+
+Candidates come from indexed scans (expired leases paged by key, then wedged live leases),
+their step records in one query per batch, and every decision of a batch is applied in
+one compare-and-swap statement that repeats, per row, the evidence its rule relied on.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from reconciler.core.decisions import Thresholds
+from reconciler.core.policy import reclaimed_attempt_outcome, status_after
+from reconciler.core.ports import Candidate, Cursor, Fence, JobKey, PlannedChange
+from reconciler.core.vocabulary import Disposition, EndedBy, Reason, SessionEndReason, SourceKind
+from reconciler.storage.clock import db_now, now_plus, seconds_since
+from reconciler.storage.engines import is_postgresql
+from reconciler.storage.sql import (
+    IN_PROCESSING,
+    NO_CLAIM,
+    PLAN_TEXT,
+    PROCESSING,
+    as_float,
+    attempts,
+    batch_ids,
+    encode_rows,
+    end_sessions,
+    for_update,
+    in_batch,
+    jobs,
+    json_rows,
+    seconds_param,
+    session_gone,
+    sessions,
+    steps,
+    unindexed,
+    wake_workers,
+)
+
+
+def _evidence_columns() -> tuple[Any, ...]:
+    """The facts a decision reads, ages measured by the database clock in the statement."""
+    return (
+        jobs.c.job_id, jobs.c.job_kind, jobs.c.claim_generation, jobs.c.attempt_count,
+        jobs.c.max_attempts, jobs.c.operator_hold,
+        (jobs.c.lease_expires_at > db_now()).label("lease_live"),
+        seconds_since(jobs.c.lease_expires_at).label("lease_expired_seconds"),
+        seconds_since(jobs.c.last_activity_at).label("activity_age_seconds"),
+        PLAN_TEXT, jobs.c.lease_expires_at,
+        session_gone().label("session_gone"),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Statements:
+    """Every statement of the source, built once per engine kind and locking mode.
+
+    A pass runs every few seconds and most passes find nothing: building the Core
+    constructs anew each time cost more than executing them. Built once, with every
+    varying value a bound parameter, they also keep their compiled form cached.
+    """
+
+    silent_sessions: Any
+    expired: Any
+    expired_after: Any
+    wedged: Any
+    steps: Any
+    swap: Any
+    close_attempts: Any
+
+
+@functools.cache
+def _statements(postgres: bool, lock: bool) -> _Statements:
+    columns = _evidence_columns()
+    limit = sa.bindparam("batch_limit", type_=sa.Integer())
+    expired = (sa.select(*columns).where(IN_PROCESSING, jobs.c.lease_expires_at <= db_now())
+               .order_by(jobs.c.lease_expires_at, jobs.c.job_id).limit(limit))
+    expired_after = expired.where(
+        sa.tuple_(jobs.c.lease_expires_at, jobs.c.job_id)
+        > sa.tuple_(sa.bindparam("after_expires_at", type_=jobs.c.lease_expires_at.type),
+                    sa.bindparam("after_job_id", type_=sa.BigInteger()))
+    )
+    wedged = (
+        sa.select(*columns)
+        .where(IN_PROCESSING,
+               jobs.c.last_activity_at <= now_plus(seconds_param("wedged_cutoff_seconds")),
+               jobs.c.lease_expires_at > db_now())
+        .order_by(jobs.c.last_activity_at, jobs.c.job_id)
+        .limit(limit)
+    )
+    return _Statements(
+        silent_sessions=sa.select(sessions.c.session_id).where(
+            sessions.c.stopped_at.is_(None),
+            sessions.c.heartbeat_at <= now_plus(seconds_param("session_cutoff_seconds")),
+        ),
+        expired=for_update(postgres, expired, lock=lock),
+        expired_after=for_update(postgres, expired_after, lock=lock),
+        wedged=for_update(postgres, wedged, lock=lock),
+        steps=sa.select(steps.c.job_id, steps.c.step_index, steps.c.step_state,
+                        steps.c.failure_retryable)
+        .where(in_batch(postgres, steps.c.job_id)),
+        swap=_swap_statement(postgres),
+        close_attempts=_close_attempts_statement(postgres),
+    )
+
+
+PLANNED_COLUMNS: tuple[tuple[str, Any], ...] = (
+    ("job_id", sa.BigInteger()), ("generation_before", sa.BigInteger()),
+    ("new_status", sa.String()), ("new_reason", sa.String()), ("resume_at", sa.Integer()),
+    ("is_resume", sa.Integer()), ("is_wedged", sa.Integer()),
+    ("stale_after", sa.Float()), ("wedged_after", sa.Float()),
+)
+ENDED_COLUMNS: tuple[tuple[str, Any], ...] = (
+    ("job_id", sa.BigInteger()), ("generation", sa.BigInteger()), ("outcome", sa.String()),
+)
+
+
+def _swap_statement(postgres: bool) -> Any:
+    """One UPDATE for the whole batch; each row repeats the evidence its rule relied on.
+
+    Generation and status catch a reclaim or a finish; the time predicates (with each
+    row's own thresholds) catch a heartbeat, which renews the lease without bumping the
+    generation, and progress.
+    """
+    values = json_rows(postgres, "planned", PLANNED_COLUMNS)
+    still_wedged = sa.and_(
+        values.c.is_wedged == 1,
+        jobs.c.last_activity_at <= now_plus(-values.c.wedged_after),
+    )
+    still_expired = sa.and_(
+        values.c.is_wedged == 0,
+        jobs.c.lease_expires_at <= db_now(),
+        # Recent activity protects a job only while its worker session may be alive.
+        sa.or_(jobs.c.last_activity_at <= now_plus(-values.c.stale_after), session_gone()),
+    )
+    return (
+        jobs.update()
+        .where(
+            jobs.c.job_id == values.c.job_id,
+            unindexed(jobs.c.claim_generation) == values.c.generation_before,
+            unindexed(jobs.c.job_status) == PROCESSING,
+            sa.or_(still_wedged, still_expired),
+        )
+        .values(swap_changes(values))
+        .returning(jobs.c.job_id, jobs.c.claim_generation)
+    )
+
+
+def swap_changes(values: Any) -> dict[str, Any]:
+    """What the swap writes into a job from its ``planned`` row: the new status, reason and
+    resume point, a bumped generation, no claim; a resume is available at once."""
+    resume = values.c.is_resume == 1
+    return {
+        "job_status": values.c.new_status,
+        "status_reason": values.c.new_reason,
+        "resume_step_index": sa.case((resume, values.c.resume_at),
+                                     else_=jobs.c.resume_step_index),
+        "claim_generation": jobs.c.claim_generation + 1,
+        **NO_CLAIM,
+        "available_at": sa.case((resume, db_now()), else_=jobs.c.available_at),
+        "finished_at": sa.case((resume, sa.null()), else_=db_now()),
+        "updated_at": db_now(),
+    }
+
+
+def _close_attempts_statement(postgres: bool) -> Any:
+    """End the attempts whose claims the swap just took away."""
+    values = json_rows(postgres, "ended", ENDED_COLUMNS)
+    return (
+        attempts.update()
+        .where(
+            attempts.c.job_id == values.c.job_id,
+            attempts.c.claim_generation == values.c.generation,
+            attempts.c.ended_at.is_(None),
+        )
+        .values(ended_at=db_now(), attempt_outcome=values.c.outcome,
+                ended_by=EndedBy.RECONCILER.value)
+    )
+
+
+def planned_rows(acting: Sequence[PlannedChange]) -> str:
+    """The ``planned`` parameter of the swap: what each acting change would write."""
+    return encode_rows([
+        {
+            "job_id": c.decision.job_id, "generation_before": c.generation_before,
+            "new_status": status_after(c.decision.disposition),
+            "new_reason": c.decision.reason,
+            "resume_at": c.decision.resume_step_index or 0,
+            "is_resume": int(c.decision.disposition is Disposition.RESUME),
+            "is_wedged": int(c.decision.reason is Reason.WORKER_WEDGED),
+            "stale_after": c.thresholds.stale_after_seconds,
+            "wedged_after": c.thresholds.wedged_after_seconds,
+        }
+        for c in acting
+    ])
+
+
+class NativeSource:
+    """This project's own jobs as a job source, on one connection (see ``ports.JobSource``)."""
+
+    source_name = SourceKind.NATIVE.value
+
+    def __init__(self, conn: Connection, *, lock: bool) -> None:
+        self.conn = conn
+        self.postgres = is_postgresql(conn)
+        self.sql = _statements(self.postgres, lock)
+
+    def expire_gone_owners(self, timeout_seconds: float) -> int:
+        """Mark silent worker sessions gone and expire their claims' leases at once."""
+        ids = [int(i) for i in self.conn.execute(
+            self.sql.silent_sessions, {"session_cutoff_seconds": -timeout_seconds}).scalars()]
+        if ids:
+            end_sessions(self.conn, ids, SessionEndReason.HEARTBEAT_LOST)
+        return len(ids)
+
+    def candidates(
+        self, limit: int, thresholds: Thresholds, after: Cursor | None
+    ) -> list[Candidate]:
+        """Expired leases first (paged by key), then wedged live leases, within ``limit``."""
+        if after is None:
+            rows = list(self.conn.execute(self.sql.expired, {"batch_limit": limit}).all())
+        else:
+            expires_at, job_id = after.position
+            rows = list(self.conn.execute(self.sql.expired_after, {
+                "batch_limit": limit, "after_expires_at": expires_at, "after_job_id": job_id,
+            }).all())
+        if len(rows) < limit:
+            rows += self.conn.execute(self.sql.wedged, {
+                "batch_limit": limit - len(rows),
+                "wedged_cutoff_seconds": -thresholds.wedged_after_seconds,
+            }).all()
+        return self._with_steps(rows)
+
+    def evidence_for(self, job_ids: Sequence[JobKey]) -> list[Candidate]:
+        """The same facts for named processing jobs, whatever their lease (for explain)."""
+        rows = list(self.conn.execute(
+            sa.select(*_evidence_columns())
+            .where(jobs.c.job_id.in_([int(i) for i in job_ids]),
+                   jobs.c.job_status == PROCESSING)
+            .order_by(jobs.c.job_id)
+        ))
+        return self._with_steps(rows)
+
+    def _with_steps(self, rows: Sequence[sa.Row[Any]]) -> list[Candidate]:
+        """Candidates with their step records, loaded in one query for the batch."""
+        if not rows:
+            return []
+        step_rows: dict[int, list[tuple[int, str, bool | None]]] = {r[0]: [] for r in rows}
+        found = self.conn.execute(
+            self.sql.steps, {"batch_ids": batch_ids(self.postgres, list(step_rows))}).all()
+        for job_id, step_index, state, retryable in found:
+            step_rows[job_id].append((step_index, state, retryable))
+        # Positional unpacking: attribute access on a Row costs more than the rest together.
+        return [
+            Candidate(job_id, kind, Fence(generation), attempts_used, budget, bool(held),
+                      bool(live), as_float(expired_for), as_float(idle_for), plan_text,
+                      tuple(step_rows[job_id]), bool(gone),
+                      None if live or expires_at is None else Cursor((expires_at, job_id)))
+            for (job_id, kind, generation, attempts_used, budget, held, live, expired_for,
+                 idle_for, plan_text, expires_at, gone) in cast(list[tuple[Any, ...]], rows)
+        ]
+
+    def apply(self, changes: Sequence[PlannedChange]) -> dict[JobKey, int | None]:
+        """Compare-and-swap the whole batch in one statement, then end the attempts whose
+        claims it took away; the jobs changed with their new generation."""
+        if not changes:
+            return {}
+        swapped = self._swap(changes)
+        if not swapped:
+            return swapped
+        if any(c.decision.disposition is Disposition.RESUME for c in changes):
+            wake_workers(self.conn)
+        self.conn.execute(self.sql.close_attempts, {"ended_rows": encode_rows([
+            {"job_id": c.decision.job_id, "generation": c.generation_before,
+             "outcome": reclaimed_attempt_outcome(c.decision.reason)}
+            for c in changes if c.decision.job_id in swapped
+        ])})
+        return swapped
+
+    def _swap(self, changes: Sequence[PlannedChange]) -> dict[JobKey, int | None]:
+        """The batch's compare-and-swap (``_swap_statement``): changed jobs, new generation."""
+        return {int(job_id): int(generation) for job_id, generation in self.conn.execute(
+            self.sql.swap, {"planned_rows": planned_rows(changes)})}
+
+    def stale_backlog(self) -> tuple[int, float | None]:
+        """How many processing jobs have an expired lease, and the oldest one's age."""
+        row = self.conn.execute(
+            sa.select(sa.func.count(), sa.func.max(seconds_since(jobs.c.lease_expires_at)))
+            .where(IN_PROCESSING, jobs.c.lease_expires_at <= db_now())
+        ).one()
+        return int(row[0]), as_float(row[1])

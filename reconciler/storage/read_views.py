@@ -1,0 +1,85 @@
+"""Read views for operators: jobs with their step states, and the audit trail.
+
+These return every column a public view may draw from; the CLI's views module decides
+what is shown, so privacy lives in one place.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from reconciler.core.ports import JobDetail
+from reconciler.storage.clock import now_plus
+from reconciler.storage.engines import read_only
+from reconciler.storage.sql import PLAN_TEXT, decisions, jobs, steps
+
+_DETAIL_COLUMNS = (
+    jobs.c.job_id, jobs.c.job_kind, jobs.c.job_status, jobs.c.status_reason,
+    jobs.c.attempt_count, jobs.c.max_attempts, jobs.c.resume_step_index, PLAN_TEXT,
+    jobs.c.operator_hold, jobs.c.last_error_code, jobs.c.created_at, jobs.c.updated_at,
+    jobs.c.finished_at,
+)
+
+
+def _detail(row: sa.Row[Any], states: dict[int, str]) -> JobDetail:
+    return JobDetail(
+        job_id=int(row.job_id), job_kind=row.job_kind, job_status=row.job_status,
+        status_reason=row.status_reason, attempt_count=row.attempt_count,
+        max_attempts=row.max_attempts, resume_step_index=row.resume_step_index,
+        plan_text=row.plan_text, operator_hold=bool(row.operator_hold),
+        last_error_code=row.last_error_code, created_at=row.created_at,
+        updated_at=row.updated_at, finished_at=row.finished_at, step_states=states,
+    )
+
+
+def _step_states(conn: Connection, job_ids: list[int]) -> dict[int, dict[int, str]]:
+    out: dict[int, dict[int, str]] = {}
+    if job_ids:
+        for job_id, index, state in conn.execute(
+            sa.select(steps.c.job_id, steps.c.step_index, steps.c.step_state)
+            .where(steps.c.job_id.in_(job_ids))
+        ):
+            out.setdefault(job_id, {})[index] = state
+    return out
+
+
+class ReadViewsSql:
+    """Read-only queries for the CLI, on one engine."""
+
+    engine: Engine
+
+    def list_jobs(self, status: str | None, limit: int) -> list[JobDetail]:
+        """Newest first, optionally of one status."""
+        query = sa.select(*_DETAIL_COLUMNS).order_by(jobs.c.job_id.desc()).limit(limit)
+        if status is not None:
+            query = query.where(jobs.c.job_status == status)
+        with self.engine.connect() as conn:
+            rows = list(read_only(conn).execute(query))
+            states = _step_states(conn, [r.job_id for r in rows])
+        return [_detail(r, states.get(r.job_id, {})) for r in rows]
+
+    def get_job(self, job_id: int) -> JobDetail | None:
+        """One job with its step states, or None."""
+        with self.engine.connect() as conn:
+            row = read_only(conn).execute(
+                sa.select(*_DETAIL_COLUMNS).where(jobs.c.job_id == job_id)
+            ).one_or_none()
+            if row is None:
+                return None
+            states = _step_states(conn, [job_id])
+        return _detail(row, states.get(job_id, {}))
+
+    def list_decisions(
+        self, reason: str | None, since_seconds: float | None, limit: int
+    ) -> list[dict[str, Any]]:
+        """Decision records as stored, newest first."""
+        query = sa.select(decisions).order_by(decisions.c.decision_id.desc()).limit(limit)
+        if reason is not None:
+            query = query.where(decisions.c.decision_reason == reason)
+        if since_seconds is not None:
+            query = query.where(decisions.c.decided_at >= now_plus(-since_seconds))
+        with self.engine.connect() as conn:
+            return [dict(r._mapping) for r in read_only(conn).execute(query)]

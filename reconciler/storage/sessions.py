@@ -1,0 +1,52 @@
+"""Worker sessions: one row per worker process, renewed by its heartbeat (DESIGN.md 3a).
+
+A session that stopped, went silent or was replaced by a restart is gone; ending it
+expires its claims' leases at once, so the next pass takes them.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from reconciler.core.vocabulary import SessionEndReason
+from reconciler.storage.clock import db_now
+from reconciler.storage.sql import end_sessions, sessions
+
+
+class SessionsSql:
+    """Register, renew and end worker sessions, on one engine."""
+
+    engine: Engine
+
+    def register_session(self, worker_name: str, host_name: str, process_id: int) -> int:
+        """Start a session; a live session of the same worker on the same host is replaced."""
+        with self.engine.begin() as conn:
+            previous = [int(i) for i in conn.execute(
+                sa.select(sessions.c.session_id).where(
+                    sessions.c.worker_name == worker_name, sessions.c.host_name == host_name,
+                    sessions.c.stopped_at.is_(None))
+            ).scalars()]
+            if previous:
+                end_sessions(conn, previous, SessionEndReason.REPLACED)
+            return int(conn.execute(
+                sessions.insert().values(
+                    worker_name=worker_name, host_name=host_name, process_id=process_id,
+                    started_at=db_now(), heartbeat_at=db_now(),
+                ).returning(sessions.c.session_id)
+            ).scalar_one())
+
+    def heartbeat_session(self, session_id: int) -> bool:
+        """Renew a session; False when it was already declared gone."""
+        with self.engine.begin() as conn:
+            done = conn.execute(
+                sessions.update()
+                .where(sessions.c.session_id == session_id, sessions.c.stopped_at.is_(None))
+                .values(heartbeat_at=db_now())
+            )
+            return done.rowcount == 1
+
+    def stop_session(self, session_id: int) -> None:
+        """End a session on a graceful stop; any claim it still holds expires at once."""
+        with self.engine.begin() as conn:
+            end_sessions(conn, [session_id], SessionEndReason.STOPPED)

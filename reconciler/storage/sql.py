@@ -1,0 +1,200 @@
+"""SQL building blocks every store module shares: table handles and the few constructs
+where PostgreSQL and SQLite differ, each with a comment saying why.
+
+PostgreSQL takes row locks with ``FOR UPDATE SKIP LOCKED``; SQLite serialises writers with
+``BEGIN IMMEDIATE`` (see reconciler.storage.engines), so the same statement without the
+locking clause is equally atomic there.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any, cast
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection
+from sqlalchemy.ext.compiler import compiles
+
+from models import (
+    JobArtifact,
+    JobAttempt,
+    JobRun,
+    OperatorAction,
+    ReconcilerLease,
+    ReconciliationDecision,
+    ReconciliationPass,
+    StepRun,
+    WorkerSession,
+)
+from reconciler.core.evidence import PlanStep, parse_plan
+from reconciler.core.vocabulary import JobStatus, SessionEndReason
+from reconciler.storage.clock import db_now
+from reconciler.storage.engines import is_postgresql
+
+jobs: sa.Table = cast(sa.Table, JobRun.__table__)
+steps: sa.Table = cast(sa.Table, StepRun.__table__)
+attempts: sa.Table = cast(sa.Table, JobAttempt.__table__)
+passes: sa.Table = cast(sa.Table, ReconciliationPass.__table__)
+decisions: sa.Table = cast(sa.Table, ReconciliationDecision.__table__)
+leases: sa.Table = cast(sa.Table, ReconcilerLease.__table__)
+sessions: sa.Table = cast(sa.Table, WorkerSession.__table__)
+artifacts: sa.Table = cast(sa.Table, JobArtifact.__table__)
+actions: sa.Table = cast(sa.Table, OperatorAction.__table__)
+
+WAKE_CHANNEL = "reconciler_jobs"
+
+PROCESSING = JobStatus.PROCESSING.value
+QUEUED = JobStatus.QUEUED.value
+# Partial indexes are declared WHERE job_status = 'processing' (or 'queued'). A bound
+# parameter in its place can keep a generic (prepared) plan from proving the index
+# applies, so the scans that rely on those indexes spell the status out as a literal.
+IN_PROCESSING = jobs.c.job_status == sa.literal_column(f"'{PROCESSING}'")
+IN_QUEUE = jobs.c.job_status == sa.literal_column(f"'{QUEUED}'")
+
+# The claim columns a job drops whenever no worker holds it any more.
+NO_CLAIM: dict[str, Any] = {
+    "lease_token": None, "lease_owner": None, "lease_expires_at": None,
+    "worker_session_id": None,
+}
+
+
+def session_gone() -> sa.ColumnElement[bool]:
+    """True when the job's claim belongs to a worker session known to be gone."""
+    return sa.exists().where(
+        sessions.c.session_id == jobs.c.worker_session_id,
+        sessions.c.stopped_at.is_not(None),
+    )
+
+
+def wake_workers(conn: Connection) -> None:
+    """Tell idle workers that runnable jobs exist, once this transaction commits."""
+    # PostgreSQL delivers NOTIFY at commit, so idle workers wake only for committed jobs.
+    # SQLite has no such channel; its workers poll.
+    if is_postgresql(conn):
+        conn.execute(sa.select(sa.func.pg_notify(WAKE_CHANNEL, "")))
+
+
+def end_sessions(conn: Connection, session_ids: Sequence[int],
+                 reason: SessionEndReason) -> None:
+    """Mark sessions gone and expire their claims' leases so the next pass takes them."""
+    conn.execute(
+        sessions.update()
+        .where(sessions.c.session_id.in_(list(session_ids)), sessions.c.stopped_at.is_(None))
+        .values(stopped_at=db_now(), stop_reason=reason.value)
+    )
+    conn.execute(
+        jobs.update()
+        .where(jobs.c.worker_session_id.in_(list(session_ids)),
+               IN_PROCESSING, jobs.c.lease_expires_at > db_now())
+        .values(lease_expires_at=db_now())
+    )
+
+
+def insert_into(postgres: bool, table: sa.Table) -> Any:
+    """The dialect's INSERT, which knows ON CONFLICT on both engines."""
+    return (postgresql.insert if postgres else sqlite.insert)(table)
+
+
+def for_update(postgres: bool, query: sa.Select[Any], *, lock: bool,
+               skip_locked: bool = True) -> sa.Select[Any]:
+    """Lock the selected rows where the engine has row locks."""
+    # Row locks exist only on PostgreSQL; SQLite's BEGIN IMMEDIATE already excludes writers.
+    # Scans (claim, pass) skip rows others hold; a single named row waits for its lock.
+    if lock and postgres:
+        return query.with_for_update(skip_locked=skip_locked)
+    return query
+
+
+def seconds_param(name: str) -> sa.BindParameter[float]:
+    """A bound number of seconds."""
+    return sa.bindparam(name, type_=sa.Float())
+
+
+class unindexed(sa.sql.expression.ColumnElement[Any]):  # noqa: N801 - reads as SQL
+    """A column SQLite must not use an index for: ``+column`` (PostgreSQL: the column).
+
+    In ``UPDATE job_runs ... FROM <json rows>``, an index on ``job_status`` tempts SQLite
+    to scan every processing job and probe the JSON rows for each; with the index ruled
+    out it loops over the batch and finds each job by primary key.
+    """
+
+    inherit_cache = True
+
+    def __init__(self, column: sa.ColumnElement[Any]) -> None:
+        self.column = column
+        self.type = column.type
+
+
+@compiles(unindexed, "sqlite")
+def _sqlite_unindexed(element: unindexed, compiler: Any, **kw: Any) -> str:
+    return f"+{compiler.process(element.column, **kw)}"
+
+
+@compiles(unindexed, "postgresql")
+def _pg_unindexed(element: unindexed, compiler: Any, **kw: Any) -> str:
+    return str(compiler.process(element.column, **kw))
+
+
+_encoder = json.JSONEncoder(separators=(",", ":"))
+
+
+def encode_rows(rows: list[dict[str, Any]]) -> str:
+    """A batch's rows as the JSON text of one parameter (StrEnum members encode as text)."""
+    return _encoder.encode(rows)
+
+
+def json_rows(postgres: bool, name: str, columns: Sequence[tuple[str, Any]]) -> Any:
+    """A whole batch as one JSON parameter ``<name>_rows``, read back as a table.
+
+    One bind parameter instead of one per value: the statement text stays the same for
+    every batch size, so it is compiled once and cached, and a batch of thousands costs
+    one round trip. PostgreSQL reads it with ``json_to_recordset`` (``json``, not
+    ``jsonb``: nested evidence passes through as text, never converted to binary); SQLite
+    with ``json_each`` and ``json_extract`` (which returns nested objects as JSON text).
+    """
+    payload = sa.bindparam(f"{name}_rows", type_=sa.Text())
+    if postgres:
+        return (
+            sa.func.json_to_recordset(sa.cast(payload, postgresql.JSON))
+            .table_valued(*(sa.column(column, kind) for column, kind in columns))
+            .render_derived(name=name, with_types=True)
+        )
+    each = sa.func.json_each(payload).table_valued("value").alias(f"{name}_each")
+    return sa.select(*(
+        sa.func.json_extract(each.c.value, f"$.{column}").label(column)
+        for column, _ in columns
+    )).subquery(name)
+
+
+def in_batch(postgres: bool, column: Any) -> Any:
+    """``column`` in the batch of ids bound as ``batch_ids`` (see ``batch_ids``).
+
+    PostgreSQL: ``= ANY(array)``, which an index scan takes directly. SQLite: ``IN`` over
+    ``json_each``, which it probes the index with.
+    """
+    if postgres:
+        return column == sa.any_(
+            sa.bindparam("batch_ids", type_=postgresql.ARRAY(sa.BigInteger())))
+    each = sa.func.json_each(sa.bindparam("batch_ids", type_=sa.Text()))
+    return column.in_(sa.select(each.table_valued("value").c.value))
+
+
+def batch_ids(postgres: bool, ids: list[int]) -> list[int] | str:
+    """The value of ``batch_ids``: an array on PostgreSQL, JSON text on SQLite."""
+    return ids if postgres else json.dumps(ids)
+
+
+def as_float(value: Any) -> float | None:
+    """A database number as a float, None kept."""
+    return None if value is None else float(value)
+
+
+def plan_steps(plan_text: str | None) -> tuple[PlanStep, ...]:
+    """The plan as the client sees it; an unreadable plan gives no steps."""
+    return parse_plan(plan_text) or ()
+
+
+PLAN_TEXT = sa.cast(jobs.c.step_plan, sa.Text).label("plan_text")
+"""The stored plan as raw text, so a malformed plan is evidence, not a failed read."""

@@ -1,0 +1,149 @@
+"""The import contract: the tree's architecture, checked from the source of every module.
+
+The core is pure (no storage, no SQLAlchemy, no service); only storage, the sources and the
+composition root touch a concrete adapter; no two modules import each other, directly or
+round about; no module grows past about 400 lines.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "reconciler"
+MAX_MODULE_LINES = 420
+
+# Third-party packages that mean I/O or a framework: the core may import none of them.
+FRAMEWORKS = ("sqlalchemy", "alembic", "psycopg", "prometheus_client", "apscheduler",
+              "pydantic", "pydantic_settings", "http", "socket", "models")
+# What the core may import from the rest of the package: the failpoints are the chaos
+# tests' SIGKILL hooks, one truthiness check when unset.
+CORE_MAY_IMPORT = ("reconciler.core", "reconciler.failpoints")
+# Where concrete adapters live, and the one module allowed to assemble them.
+ADAPTERS = ("reconciler.storage", "reconciler.sources")
+MAY_IMPORT_ADAPTERS = ("reconciler.storage", "reconciler.sources", "reconciler.wiring")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+@cache
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _runtime_imports(tree: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Every import executed at run time (anywhere, but not under ``if TYPE_CHECKING``)."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            continue
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            yield node
+        yield from _runtime_imports(node)
+
+
+@cache
+def imports_of(name: str) -> frozenset[str]:
+    """Absolute names a module imports at run time; ``from pkg import mod`` names the module."""
+    found: set[str] = set()
+    for node in _runtime_imports(ast.parse(modules()[name].read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif node.module is not None and node.level == 0:
+            submodules = {f"{node.module}.{alias.name}" for alias in node.names} & set(modules())
+            # ``from reconciler import failpoints`` imports the module, not the package's
+            # namespace; ``from reconciler import __version__`` imports the package.
+            found.update(submodules or {node.module})
+    return frozenset(found)
+
+
+def internal_graph() -> dict[str, set[str]]:
+    """Module -> the package's modules it imports. A package means its ``__init__``, and
+    importing ``a.b.c`` runs ``a.b`` first, so that is an edge too, except to the
+    importer's own enclosing packages, which Python has begun before the importer."""
+    known = modules()
+    graph: dict[str, set[str]] = {}
+    for name in known:
+        own = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 2)}
+        edges = set()
+        for imported in imports_of(name):
+            parts = imported.split(".")
+            edges.update(".".join(parts[:i]) for i in range(2, len(parts) + 1))
+        graph[name] = {e for e in edges if e in known and e not in own}
+    return graph
+
+
+def under(name: str, prefixes: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def test_the_core_imports_no_framework_and_nothing_outside_the_core() -> None:
+    """Every core module's imports are the standard library and the core itself."""
+    offences = [
+        f"{name} imports {imported}"
+        for name in modules() if under(name, ("reconciler.core",))
+        for imported in imports_of(name)
+        if under(imported, FRAMEWORKS)
+        or (under(imported, ("reconciler",)) and not under(imported, CORE_MAY_IMPORT))
+    ]
+    assert not offences, offences
+
+
+def test_only_storage_sources_and_the_composition_root_import_an_adapter() -> None:
+    """The CLI, the sidecar and the worker reach storage only through reconciler.wiring."""
+    offences = [
+        f"{name} imports {imported}"
+        for name in modules() if not under(name, MAY_IMPORT_ADAPTERS)
+        for imported in imports_of(name) if under(imported, ADAPTERS)
+    ]
+    assert not offences, offences
+
+
+def test_no_module_imports_itself_round_about() -> None:
+    """The package's import graph has no cycle (a package counts as its __init__)."""
+    graph = internal_graph()
+    state: dict[str, int] = {}
+    path: list[str] = []
+
+    def visit(name: str) -> list[str] | None:
+        state[name] = 1
+        path.append(name)
+        for nxt in sorted(graph[name]):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt):], nxt]
+            if nxt not in state and (cycle := visit(nxt)) is not None:
+                return cycle
+        path.pop()
+        state[name] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (cycle := visit(start)) is not None:
+            pytest.fail("import cycle: " + " -> ".join(cycle))
+
+
+def test_no_module_is_over_about_400_lines() -> None:
+    """Each module stays small enough to read in one sitting."""
+    sizes = {name: len(path.read_text().splitlines()) for name, path in modules().items()}
+    assert {n: s for n, s in sizes.items() if s > MAX_MODULE_LINES} == {}
+
+
+def test_the_contract_sees_what_it_checks() -> None:
+    """The checks above read real imports: the pass imports the ports, the CLI the root."""
+    assert "reconciler.core.ports" in imports_of("reconciler.core.passes")
+    assert "reconciler.wiring" in imports_of("reconciler.cli.commands")
+    assert "sqlalchemy" in imports_of("reconciler.storage.sql")
+    assert {"reconciler.core", "reconciler.storage", "reconciler.worker",
+            "reconciler.sidecar", "reconciler.cli"} <= set(modules())

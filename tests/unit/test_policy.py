@@ -1,0 +1,126 @@
+"""The lease contract's rules that are not storage: backoff, statuses, attempt outcomes,
+the resume point and the operator state machine, as pure functions."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from reconciler.core.policy import (
+    OperatorChange,
+    Refusal,
+    first_unfinished_step,
+    operator_change,
+    reclaimed_attempt_outcome,
+    retry_delay_seconds,
+    status_after,
+)
+from reconciler.core.vocabulary import (
+    AttemptOutcome,
+    Disposition,
+    JobStatus,
+    OperatorAction,
+    OperatorStatusReason,
+    Reason,
+)
+
+
+class TestRetryDelay:
+    def test_the_first_failure_waits_the_first_delay_then_it_doubles(self) -> None:
+        """Attempts 1, 2, 3, 4 wait 1, 2, 4, 8 seconds from a first delay of 1."""
+        assert [retry_delay_seconds(n, 1.0, 300.0) for n in (1, 2, 3, 4)] == [1, 2, 4, 8]
+
+    def test_the_delay_stops_at_the_cap(self) -> None:
+        """No delay exceeds the cap, however many attempts were used."""
+        assert retry_delay_seconds(20, 1.0, 300.0) == 300.0
+        assert retry_delay_seconds(10**9, 1.0, 300.0) == 300.0
+
+    def test_zero_attempts_is_read_as_the_first(self) -> None:
+        """A count below one never shrinks the delay below the first."""
+        assert retry_delay_seconds(0, 2.0, 300.0) == 2.0
+
+
+class TestStatusAfter:
+    def test_a_resume_requeues_and_a_terminalize_fails(self) -> None:
+        """The two acting dispositions map to queued and failed."""
+        assert status_after(Disposition.RESUME) is JobStatus.QUEUED
+        assert status_after(Disposition.TERMINALIZE) is JobStatus.FAILED
+
+    def test_a_skip_changes_no_status(self) -> None:
+        """Asking for a skip's status is a programming error."""
+        with pytest.raises(ValueError, match="skip"):
+            status_after(Disposition.SKIP)
+
+
+class TestReclaimedAttemptOutcome:
+    def test_a_wedged_attempt_is_abandoned_and_every_other_is_lost(self) -> None:
+        """Only worker_wedged may still be running; the rest lost their worker."""
+        assert reclaimed_attempt_outcome(Reason.WORKER_WEDGED) is AttemptOutcome.ABANDONED
+        for reason in set(Reason) - {Reason.WORKER_WEDGED}:
+            assert reclaimed_attempt_outcome(reason) is AttemptOutcome.LOST
+
+
+class TestFirstUnfinishedStep:
+    @pytest.mark.parametrize(("length", "done", "expected"), [
+        (3, set(), 0), (3, {0}, 1), (3, {0, 2}, 1), (3, {0, 1, 2}, 3), (0, set(), 0),
+        (2, {5}, 0),
+    ])
+    def test_the_first_index_not_succeeded(self, length: int, done: set[int],
+                                           expected: int) -> None:
+        """The resume point is the first gap; with none, the plan's length."""
+        assert first_unfinished_step(length, done) == expected
+
+
+class TestOperatorChange:
+    LIVE = (JobStatus.QUEUED, JobStatus.PROCESSING, JobStatus.WAITING)
+    TERMINAL = (JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED)
+
+    def test_hold_and_unhold_toggle_a_live_job_only(self) -> None:
+        """A live job is held or released; twice the same way is refused."""
+        for status in self.LIVE:
+            assert operator_change(OperatorAction.HOLD, status, False) == OperatorChange(
+                hold=True)
+            assert operator_change(OperatorAction.UNHOLD, status, True) == OperatorChange(
+                hold=False)
+            assert operator_change(OperatorAction.HOLD, status, True) is Refusal.ALREADY_HELD
+            assert operator_change(OperatorAction.UNHOLD, status, False) is Refusal.NOT_HELD
+
+    def test_nothing_but_retry_touches_a_finished_job(self) -> None:
+        """Hold, unhold and cancel of a terminal job are refused."""
+        for status, held, action in itertools.product(
+                self.TERMINAL, (False, True),
+                (OperatorAction.HOLD, OperatorAction.UNHOLD, OperatorAction.CANCEL)):
+            assert operator_change(action, status, held) is Refusal.JOB_TERMINAL
+
+    def test_retry_requeues_failed_or_cancelled_with_a_fresh_budget(self) -> None:
+        """A retry is a transition to queued that restarts the attempt budget."""
+        for status in (JobStatus.FAILED, JobStatus.CANCELLED):
+            change = operator_change(OperatorAction.RETRY, status, False)
+            assert change == OperatorChange(
+                new_status=JobStatus.QUEUED,
+                status_reason=OperatorStatusReason.OPERATOR_RETRY, restart_budget=True)
+            assert isinstance(change, OperatorChange)
+            assert change.bumps_generation
+
+    def test_retry_never_rewinds_a_live_or_completed_job(self) -> None:
+        """Completed work is not redone, and a live job's attempts are not reset."""
+        for status in (*self.LIVE, JobStatus.COMPLETED):
+            assert operator_change(OperatorAction.RETRY, status, False) is (
+                Refusal.JOB_NOT_FAILED_OR_CANCELLED)
+
+    def test_cancel_fences_the_worker_out(self) -> None:
+        """A cancel of a live job ends it cancelled, drops the lease, bumps the generation."""
+        for status in self.LIVE:
+            change = operator_change(OperatorAction.CANCEL, status, False)
+            assert change == OperatorChange(
+                new_status=JobStatus.CANCELLED,
+                status_reason=OperatorStatusReason.OPERATOR_CANCEL, drop_lease=True)
+            assert isinstance(change, OperatorChange)
+            assert change.bumps_generation
+
+    def test_a_hold_is_no_transition(self) -> None:
+        """Holding keeps the generation: the worker of a held job keeps its claim."""
+        change = operator_change(OperatorAction.HOLD, JobStatus.PROCESSING, False)
+        assert isinstance(change, OperatorChange)
+        assert not change.bumps_generation
