@@ -26,7 +26,7 @@ from reconciler.storage.engines import create_engine
 from reconciler.storage.schema import upgrade
 from reconciler.storage.sql_store import SqlStore
 from reconciler.worker import JobClient
-from tests.helpers import require_pg_bin
+from tests.helpers import fresh_database, require_pg_bin
 from tests.pg_server import DSN_ENV, INSTALL_HINT, ThrowawayPostgres, find_pg_bin
 
 ENGINES = ("sqlite", "postgresql")
@@ -108,12 +108,7 @@ def own_postgres() -> Iterator[ThrowawayPostgres]:
 def _database_url(request: pytest.FixtureRequest, tmp_path: Path,
                   postgres: PostgresForTests | None, *, migrated: bool) -> Iterator[str]:
     if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'jobs.db'}"
-        if migrated:
-            engine = create_engine(url)
-            upgrade(engine)
-            engine.dispose()
-        yield url
+        yield fresh_database(tmp_path) if migrated else f"sqlite:///{tmp_path / 'jobs.db'}"
         return
     if postgres is None:
         pytest.skip(f"PostgreSQL not available: {INSTALL_HINT}")

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import atexit
+import functools
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,6 +17,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from models import JobRun
+from reconciler.storage.engines import create_engine
+from reconciler.storage.schema import upgrade
 from tests.pg_server import INSTALL_HINT, find_pg_bin
 
 JOBS = JobRun.__table__
@@ -53,3 +60,22 @@ def require_pg_bin() -> None:
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail(f"CI=true but PostgreSQL is unavailable: {INSTALL_HINT}", pytrace=False)
         pytest.skip(f"PostgreSQL not available: {INSTALL_HINT}")
+
+
+@functools.cache
+def _sqlite_template() -> Path:
+    folder = Path(tempfile.mkdtemp(prefix="reconciler-template-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    path = folder / "template.db"
+    engine = create_engine(f"sqlite:///{path}")
+    upgrade(engine)
+    engine.dispose()  # the last connection checkpoints the WAL: the file alone is the database
+    return path
+
+
+def fresh_database(folder: Path) -> str:
+    """A URL of a freshly migrated SQLite database in ``folder``: a copy of a template
+    migrated once per process, so a test starts in milliseconds, not a migration run."""
+    target = folder / "jobs.db"
+    shutil.copyfile(_sqlite_template(), target)
+    return f"sqlite:///{target}"

@@ -1,24 +1,20 @@
 """What the state machine and its regression tests share: databases, the clock, snapshots.
 
 Each machine run (and each regression test) gets its own migrated SQLite file, copied from
-one template migrated once per process, so a run starts in milliseconds. Time moves only by
-``freeze_sqlite_clock``: ``DbClock`` freezes the database clock at a virtual instant before
-each call, and ``Window`` brackets a call: every database instant inside the call lies
-within ``SLACK`` of that instant (it is the instant itself, to SQLite's millisecond).
+one template migrated once per process (``tests.helpers.fresh_database``), so a run starts
+in milliseconds. Time moves only by ``freeze_sqlite_clock``: ``DbClock`` freezes the
+database clock at a virtual instant before each call, and ``Window`` brackets a call: every
+database instant inside the call lies within ``SLACK`` of that instant (it is the instant
+itself, to SQLite's millisecond).
 """
 
 from __future__ import annotations
 
-import atexit
-import functools
 import math
-import shutil
-import tempfile
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
@@ -28,8 +24,7 @@ from sqlalchemy.engine import Engine
 
 from models import Base
 from reconciler.storage.clock import freeze_sqlite_clock
-from reconciler.storage.engines import create_engine, read_only
-from reconciler.storage.schema import upgrade
+from reconciler.storage.engines import read_only
 
 SLACK = timedelta(milliseconds=10)
 """How far a database instant may sit from the frozen instant of its call."""
@@ -43,24 +38,6 @@ ORDER_GAP_SECONDS = 0.025
 timestamps sort after the earlier's."""
 
 T = TypeVar("T")
-
-
-@functools.cache
-def _template() -> Path:
-    folder = Path(tempfile.mkdtemp(prefix="reconciler-statemachine-"))
-    atexit.register(shutil.rmtree, folder, ignore_errors=True)
-    path = folder / "template.db"
-    engine = create_engine(f"sqlite:///{path}")
-    upgrade(engine)
-    engine.dispose()  # the last connection checkpoints the WAL: the file alone is the database
-    return path
-
-
-def fresh_database(folder: Path) -> str:
-    """A URL of a freshly migrated SQLite database in ``folder`` (a copy of the template)."""
-    target = folder / "jobs.db"
-    shutil.copyfile(_template(), target)
-    return f"sqlite:///{target}"
 
 
 def snapshot(engine: Engine) -> dict[str, list[tuple[Any, ...]]]:

@@ -18,7 +18,7 @@ from sqlalchemy.engine import Engine
 
 from reconciler.storage.clock import db_now, freeze_sqlite_clock
 from reconciler.storage.engines import create_engine
-from tests.statemachine.harness import fresh_database
+from tests.helpers import fresh_database
 
 FROZEN = datetime(2031, 5, 17, 8, 30, 0, 250000, tzinfo=UTC)
 

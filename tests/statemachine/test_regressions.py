@@ -17,7 +17,8 @@ from reconciler.core.passes import PassConfig, run_pass
 from reconciler.settings import Settings
 from reconciler.storage.engines import create_engine
 from reconciler.worker import JobClient, LeaseLost, Step
-from tests.statemachine.harness import DbClock, fresh_database
+from tests.helpers import fresh_database
+from tests.statemachine.harness import DbClock
 
 PASS = PassConfig(batch_size=50, thresholds=Thresholds(stale_after_seconds=5.0,
                                                         wedged_after_seconds=60.0),

@@ -109,7 +109,8 @@ from reconciler.storage.claims import StepNotStartedError
 from reconciler.storage.engines import create_engine
 from reconciler.storage.sql_store import SqlStore
 from reconciler.worker import Claim, JobClient, LeaseLost, Step
-from tests.statemachine.harness import DbClock, Window, fresh_database, rows, snapshot
+from tests.helpers import fresh_database
+from tests.statemachine.harness import DbClock, Window, rows, snapshot
 
 EXAMPLES = int(os.environ.get("RECONCILER_STATEMACHINE_EXAMPLES", "60"))
 STEPS_PER_EXAMPLE = int(os.environ.get("RECONCILER_STATEMACHINE_STEPS", "40"))

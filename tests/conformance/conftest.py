@@ -1,0 +1,29 @@
+"""Runs the suite against every registered source, on every engine the source runs on.
+
+A new source plugs in by adding its ``RegisteredSource`` to ``SOURCES``; its fixture is
+opened on the same migrated databases (``db_url``: SQLite and PostgreSQL) as every other
+integration test.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy.engine import make_url
+
+from tests.conformance.fixtures import RegisteredSource, SourceFixture
+from tests.conformance.native import NATIVE
+
+SOURCES: tuple[RegisteredSource, ...] = (NATIVE,)
+
+
+@pytest.fixture(params=SOURCES, ids=lambda registered: registered.name)
+def source(request: pytest.FixtureRequest, db_url: str) -> Iterator[SourceFixture]:
+    """The source under test on a fresh migrated database of one engine."""
+    registered: RegisteredSource = request.param
+    engine_name = make_url(db_url).get_backend_name()
+    if engine_name not in registered.engines:
+        pytest.skip(f"{registered.name} does not run on {engine_name}")
+    with registered.open(db_url) as fixture:
+        yield fixture
