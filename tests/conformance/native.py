@@ -21,8 +21,8 @@ import sqlalchemy as sa
 
 from models import JobAttempt, JobRun, ReconciliationDecision, StepRun, WorkerSession
 from reconciler.core.decisions import Decision, Thresholds
-from reconciler.core.passes import PassConfig, PassReport, plan_change, run_pass
-from reconciler.core.ports import Cursor
+from reconciler.core.passes import PassConfig, PassReport, apply_and_record, plan_change, run_pass
+from reconciler.core.ports import Cursor, PassStore
 from reconciler.core.vocabulary import Disposition, PassOutcome, StepState
 from reconciler.settings import Settings
 from reconciler.storage.clock import db_now, now_plus
@@ -220,11 +220,14 @@ class NativeSource:
         )
 
     def audit(self, job: SourceJob) -> list[AuditEntry]:
-        """The job's ``reconciliation_decisions`` rows, oldest first."""
+        """The job's ``reconciliation_decisions`` rows, oldest first; the audit keeps ids as
+        text and this source's ids are integers."""
         return [
-            AuditEntry(r["pass_id"], r["job_id"], r["disposition"], r["decision_reason"],
+            AuditEntry(r["pass_id"], int(r["job_id"]), r["disposition"], r["decision_reason"],
                        r["generation_before"], r["generation_after"])
-            for r in rows_of(self.reconciler_engine, DECISIONS, DECISIONS.c.job_id == job.key,
+            for r in rows_of(self.reconciler_engine, DECISIONS,
+                             (DECISIONS.c.job_source == "native")
+                             & (DECISIONS.c.job_id == job.key),
                              order=DECISIONS.c.decision_id)
         ]
 
@@ -242,7 +245,7 @@ class NativeSource:
         return InterruptedPass(decided, report)
 
 
-def _reconcile(store: SqlStore, batch_size: int, *, dry_run: bool = False,
+def _reconcile(store: PassStore, batch_size: int, *, dry_run: bool = False,
                after: object | None = None, between: Callable[[], None] | None = None
                ) -> tuple[tuple[Decision, ...], PassReport]:
     """The suite's one call into the reconciler: a pass on the current store.
@@ -262,13 +265,12 @@ def _reconcile(store: SqlStore, batch_size: int, *, dry_run: bool = False,
         report = run_pass(store, config, dry_run=dry_run, after=cast(Cursor | None, after))
         return tuple(), report
     with store.pass_transaction(dry_run=False) as tx:
-        tx.expire_gone_sessions(config.session_timeout_seconds)
+        tx.jobs.expire_gone_owners(config.session_timeout_seconds)
         planned = [plan_change(row, config.thresholds)
-                   for row in tx.candidates(batch_size, config.thresholds, None)]
+                   for row in tx.jobs.candidates(batch_size, config.thresholds, None)]
     between()
     with store.pass_transaction(dry_run=False) as tx:
-        pass_id = tx.start_pass_record(config.instance)
-        recorded = tx.apply(pass_id, planned, config.thresholds)
+        pass_id, recorded = apply_and_record(tx, config.instance, planned)
     decided = tuple(p.decision for p in planned)
     return decided, PassReport(pass_id, PassOutcome.OK, tuple(recorded))
 
