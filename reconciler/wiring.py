@@ -59,6 +59,5 @@ def pass_config(settings: Settings, instance: str) -> PassConfig:
         batch_size=settings.batch_size,
         thresholds=Thresholds(settings.stale_after_seconds, settings.wedged_after_seconds),
         instance=instance,
-        leader_lease_seconds=settings.leader_lease_seconds,
         session_timeout_seconds=settings.session_timeout_seconds,
     )

@@ -10,7 +10,6 @@ import re
 import socket
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from typing import Any, NoReturn
 
 from sqlalchemy.engine import Engine
@@ -165,7 +164,7 @@ def cmd_pass(args: argparse.Namespace) -> int:
     settings = _settings(args)
     store = open_pass_store(_open_engine(settings))
     instance = settings.instance_name or f"cli-{socket.gethostname()}-{os.getpid()}"
-    config = replace(pass_config(settings, instance), release_leadership_after=True)
+    config = pass_config(settings, instance)
     report = run_pass(store, config, dry_run=args.dry_run)
     view = pass_view(report)
 

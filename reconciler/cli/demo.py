@@ -135,7 +135,7 @@ def run_demo(keep: bool = False) -> int:
         print("3. reconcile: one pass decides every stale job from its evidence")
         config = PassConfig(batch_size=100,
                             thresholds=Thresholds(STALE_AFTER_SECONDS, 3600.0),
-                            instance="demo-reconciler", release_leadership_after=True)
+                            instance="demo-reconciler")
         report = run_pass(open_pass_store(engine), config)
         for d in report.decisions:
             at = f" at step {d.resume_step_index}" if d.resume_step_index is not None else ""

@@ -28,9 +28,6 @@ from reconciler.core.vocabulary import Disposition, PassOutcome, Reason
 
 log = logging.getLogger("reconciler.pass")
 
-LEADER_LEASE_NAME = "reconciler"
-
-
 @dataclass(frozen=True, slots=True)
 class PassConfig:
     """What one pass needs to know; built from Settings by the caller."""
@@ -38,10 +35,7 @@ class PassConfig:
     batch_size: int
     thresholds: Thresholds
     instance: str = field(default_factory=lambda: f"reconciler-{uuid.uuid4().hex[:12]}")
-    leader_lease_seconds: float = 90.0
     session_timeout_seconds: float = 30.0
-    use_leader_lease: bool = True
-    release_leadership_after: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +112,7 @@ def explain_jobs(store: PassStore, job_ids: Sequence[JobKey], thresholds: Thresh
 def run_pass(
     store: PassStore, config: PassConfig, *, dry_run: bool = False, after: Cursor | None = None
 ) -> PassReport:
-    """Run one bounded pass: lead, select, decide, compare-and-swap, record; one transaction.
+    """Run one bounded pass: select, decide, compare-and-swap, record; one transaction.
 
     The pass row, every decision and every change commit together, so a crash mid-pass
     leaves nothing half-applied and nothing applied without its record.
@@ -134,24 +128,10 @@ def run_pass(
         )
         return PassReport(None, PassOutcome.OK, previewed, dry_run=True)
 
-    try:
-        report = _decide_and_apply(store, config, after)
-    except BaseException:
-        # The pass's own error wins: releasing leadership is best effort here.
-        _release_quietly(store, config)
-        raise
-    _release_quietly(store, config)
-    return report
-
-
-def _decide_and_apply(store: PassStore, config: PassConfig, after: Cursor | None
-                      ) -> PassReport:
     with store.pass_transaction(dry_run=False) as tx:
-        if config.use_leader_lease and tx.lease.take(
-            LEADER_LEASE_NAME, config.instance, config.leader_lease_seconds
-        ) is None:
-            pass_id = tx.audit.record_quiet_pass(config.instance, PassOutcome.NOT_LEADER)
-            return PassReport(pass_id, PassOutcome.NOT_LEADER)
+        # No leader gate: every replica passes. Candidates are locked with SKIP LOCKED on
+        # PostgreSQL (replicas share a backlog) and SQLite's write lock serialises passes;
+        # each job's compare-and-swap is what makes a decision count once.
         tx.jobs.expire_gone_owners(config.session_timeout_seconds)
         rows = tx.jobs.candidates(config.batch_size, config.thresholds, after)
         if not rows:
@@ -176,15 +156,6 @@ def apply_and_record(tx: PassUnit, instance: str, planned: Sequence[PlannedChang
     tx.audit.finish_pass(pass_id, tx.jobs.source_name,
                          [(r, p.evidence) for r, p in zip(recorded, planned, strict=True)])
     return pass_id, recorded
-
-
-def _release_quietly(store: PassStore, config: PassConfig) -> None:
-    if not (config.use_leader_lease and config.release_leadership_after):
-        return
-    try:
-        store.release_leadership(LEADER_LEASE_NAME, config.instance)
-    except Exception as exc:  # the lease expires on its own; the pass's result stands
-        log.warning("event=leader_release_failed error=%s", type(exc).__name__)
 
 
 def next_cursor(rows: Sequence[Candidate], config: PassConfig) -> Cursor | None:

@@ -33,7 +33,8 @@ class Metrics:
         self.last_success = Gauge("reconciler_last_successful_pass_timestamp_seconds",
                                   "Unix time of the last pass that finished ok", registry=r)
         self.is_leader = Gauge("reconciler_is_leader",
-                               "1 while this instance holds the leader lease", registry=r)
+                               "1 while this instance holds the chores' leader lease",
+                               registry=r)
         self.artifact_sweep_failures = Counter(
             "reconciler_artifact_sweep_failures", "Stale artifacts the sweep could not remove",
             registry=r)
@@ -55,7 +56,6 @@ class Metrics:
         """Count one pass and its decisions."""
         self.passes.labels(outcome=report.outcome.value).inc()
         self.pass_duration.observe(seconds)
-        self.is_leader.set(1 if report.outcome is not PassOutcome.NOT_LEADER else 0)
         if report.outcome is PassOutcome.OK:
             self.last_success.set(now_unix)
         for decision in report.decisions:

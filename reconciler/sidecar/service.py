@@ -1,9 +1,12 @@
 """``reconciler run``: scheduled passes and chores, /metrics /healthz /readyz, signals.
 
-The scheduler only calls ``run_pass`` and the chores, logs and updates metrics. A pass
-never overlaps the next (``max_instances=1``), a paused process does not fire a burst on
-wake (``coalesce``), and a pass longer than the interval is reported. Leadership saves
-duplicate work only; correctness comes from each job's compare-and-swap.
+The scheduler only calls ``run_pass`` and the chores, logs and updates metrics. Every
+replica passes: a tick runs batches back to back while they come back full, so a mass
+outage drains in one interval, not one batch per interval. A tick never overlaps the next
+(``max_instances=1``), a paused process does not fire a burst on wake (``coalesce``), and
+a tick longer than the interval is reported. The leader lease only decides which replica
+runs the once-only chores (retention, artifact sweeps); correctness comes from each job's
+compare-and-swap.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from apscheduler.events import EVENT_JOB_MAX_INSTANCES, JobExecutionEvent
 from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
 
-from reconciler.core.passes import LEADER_LEASE_NAME, PassReport, run_pass
+from reconciler.core.passes import PassReport, run_pass
 from reconciler.core.ports import Cursor
 from reconciler.core.vocabulary import Disposition
 from reconciler.errors import ConfigError, ReconcilerError
@@ -36,6 +39,8 @@ from reconciler.wiring import check_schema, open_engine, open_pass_store, open_s
 
 log = logging.getLogger("reconciler.sidecar.service")
 
+# The lease of the replica that runs the once-only chores.
+LEADER_LEASE_NAME = "reconciler"
 JITTER_FRACTION = 0.1
 RETENTION_INTERVAL_SECONDS = 600.0
 RETENTION_BATCH_ROWS = 5000
@@ -59,6 +64,7 @@ class Service:
                                      registry=self.metrics.registry)
         self.config = pass_config(settings, self.instance)
         self.cursor: Cursor | None = None
+        self.leading = False
         self.last_pass_finished: float | None = None
         self.stopping = threading.Event()
         self.scheduler = BackgroundScheduler(timezone="UTC")
@@ -66,15 +72,35 @@ class Service:
 
     # -- the jobs the scheduler runs ---------------------------------------------------------
 
+    def run_tick(self) -> list[PassReport]:
+        """Batches back to back while they come back full and make progress, within one
+        interval; each batch is its own pass (transaction and pass row). Never raises."""
+        deadline = time.monotonic() + self.settings.interval_seconds
+        reports: list[PassReport] = []
+        while True:
+            report = self.run_one_pass()
+            if report is None:
+                break
+            reports.append(report)
+            # A full batch of skips with nowhere further to page would only repeat itself.
+            progressed = report.next_cursor is not None or any(
+                d.disposition is not Disposition.SKIP for d in report.decisions)
+            if (len(report.decisions) < self.config.batch_size or not progressed
+                    or self.stopping.is_set() or time.monotonic() >= deadline):
+                break
+        if len(reports) > 1:
+            log.info("event=tick_finished instance=%s batches=%d decisions=%d",
+                     self.instance, len(reports), sum(len(r.decisions) for r in reports))
+        return reports
+
     def run_one_pass(self) -> PassReport | None:
-        """One pass with its logging and metrics; never raises."""
+        """One pass (one batch) with its logging and metrics; never raises."""
         started = time.monotonic()
         try:
             report = run_pass(self.passes, self.config, after=self.cursor)
         except Exception as exc:
             elapsed = time.monotonic() - started
             self.metrics.observe_failed_pass(elapsed)
-            self.metrics.is_leader.set(0)
             log.error("event=pass_failed instance=%s error=%s seconds=%.3f", self.instance,
                       type(exc).__name__, elapsed)
             self._record_failure(type(exc).__name__)
@@ -82,8 +108,6 @@ class Service:
         elapsed = time.monotonic() - started
         self.cursor = report.next_cursor
         self.metrics.observe_pass(report, elapsed, time.time())
-        # A follower's not_leader pass is a healthy pass too: readiness must not stall a
-        # rolling update of the replicas that are not leading.
         self.last_pass_finished = time.monotonic()
         log.info(
             "event=pass_finished instance=%s pass_id=%s outcome=%s candidates=%d resumed=%d "
@@ -99,15 +123,17 @@ class Service:
             log.debug("event=failed_pass_not_recorded error=%s", type(exc).__name__)
 
     def renew_leadership(self) -> None:
-        """Keep the leader lease between passes and say whether this instance leads."""
+        """Keep the chores' leader lease and say whether this instance leads."""
         try:
             token = self.passes.try_lead(LEADER_LEASE_NAME, self.instance,
-                                        self.settings.leader_lease_seconds)
+                                         self.settings.leader_lease_seconds)
         except Exception as exc:
+            self.leading = False
             self.metrics.is_leader.set(0)
             log.warning("event=leader_renewal_failed error=%s", type(exc).__name__)
             return
-        self.metrics.is_leader.set(0 if token is None else 1)
+        self.leading = token is not None
+        self.metrics.is_leader.set(int(self.leading))
 
     def refresh_backlog(self) -> None:
         """The stale backlog gauges."""
@@ -120,7 +146,10 @@ class Service:
         self.metrics.oldest_stale_age.set(oldest or 0.0)
 
     def apply_retention(self) -> None:
-        """Delete audit rows older than ``audit_retention_days``, a bounded chunk per run."""
+        """Delete audit rows older than ``audit_retention_days``, a bounded chunk per run;
+        on the leading replica only."""
+        if not self.leading:
+            return
         try:
             deleted = self.passes.delete_audit_before(self.settings.audit_retention_days,
                                                      RETENTION_BATCH_ROWS)
@@ -132,7 +161,10 @@ class Service:
             log.info("event=retention_deleted rows=%d", deleted)
 
     def sweep_artifacts(self) -> None:
-        """Discard stale staged artifacts; failures are counted and retried next run."""
+        """Discard stale staged artifacts on the leading replica; failures are counted and
+        retried next run."""
+        if not self.leading:
+            return
         try:
             result = sweep_artifacts(self.store, Path(self.settings.artifact_root))
         except Exception as exc:
@@ -218,7 +250,7 @@ class Service:
         """Start HTTP and the scheduler (non-blocking)."""
         self.start_http()
         interval = self.settings.interval_seconds
-        self._schedule(self.run_one_pass, interval, "pass")
+        self._schedule(self.run_tick, interval, "pass")
         self._schedule(self.renew_leadership, self.settings.leader_lease_seconds / 3,
                        "leadership")
         self._schedule(self.refresh_backlog, min(interval, 15.0), "backlog")

@@ -93,8 +93,7 @@ class Scene:
     def reconcile(self) -> PassReport:
         """One real pass."""
         return run_pass(self.store, PassConfig(batch_size=100, thresholds=THRESHOLDS,
-                                               instance="mutation-check",
-                                               use_leader_lease=False))
+                                               instance="mutation-check"))
 
     def drain(self) -> None:
         """A healthy worker runs every job that can be claimed, to the end."""

@@ -220,8 +220,7 @@ def test_stale_claim_can_neither_stage_nor_publish_after_a_reclaim(
             return bool(conn.execute(sa.select(JOBS.c.lease_expires_at <= db_now())
                                      .where(JOBS.c.job_id == job_id)).scalar_one())
     wait_for(expired, "the stale lease to expire")
-    run_pass(SqlStore(engine), PassConfig(batch_size=10, thresholds=RECONCILE_NOW,
-                                          release_leadership_after=True))
+    run_pass(SqlStore(engine), PassConfig(batch_size=10, thresholds=RECONCILE_NOW))
     fresh = cast(Claim, client.claim("host-b:2", lease_seconds=30))
     assert fresh.job_id == job_id
     stage(root, fresh, "report.txt", "fresh")

@@ -64,8 +64,7 @@ def actions_of(engine: Engine, job_id: int) -> list[tuple[Any, ...]]:
 
 def reconcile(engine: Engine) -> PassReport:
     """One real pass that judges every expired lease at once."""
-    config = PassConfig(batch_size=100, thresholds=RECONCILE_NOW, instance="operator-tests",
-                        release_leadership_after=True)
+    config = PassConfig(batch_size=100, thresholds=RECONCILE_NOW, instance="operator-tests")
     return run_pass(SqlStore(engine), config)
 
 

@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -32,7 +32,6 @@ from models import (
 )
 from reconciler.core.decisions import Thresholds
 from reconciler.core.passes import (
-    LEADER_LEASE_NAME,
     PassConfig,
     PassReport,
     apply_and_record,
@@ -41,6 +40,7 @@ from reconciler.core.passes import (
 )
 from reconciler.core.ports import PlannedChange, RecordedDecision
 from reconciler.core.vocabulary import Disposition, PassOutcome, Reason
+from reconciler.sidecar.service import LEADER_LEASE_NAME
 from reconciler.storage.clock import db_now, seconds_since
 from reconciler.storage.engines import is_postgresql, read_only
 from reconciler.storage.sql_store import SqlStore
@@ -76,7 +76,7 @@ EFFECTFUL = Step("publish", "effectful")
 def config(
     batch_size: int = 50, *, stale: float = 0.0, wedged: float = 60.0, **options: Any
 ) -> PassConfig:
-    """A pass config with a fixed instance name, so consecutive passes keep leadership."""
+    """A pass config with a fixed instance name, so the audit says which pass was ours."""
     options.setdefault("instance", INSTANCE)
     return PassConfig(
         batch_size=batch_size,
@@ -831,55 +831,32 @@ def test_pass_row_counts_equal_its_decisions_and_a_second_pass_sees_nothing_new(
     assert len(decisions_for(engine, dead.job_id)) == 1
 
 
-def test_leader_lease_lets_one_replica_act_and_fences_holder_changes(
+def test_a_held_leader_lease_gates_no_pass_and_fences_holder_changes(
     client: JobClient, engine: Engine, store: SqlStore
 ) -> None:
-    """While A leads, B records not_leader and changes nothing; tokens grow only on handover."""
-    a = config(instance="replica-a", leader_lease_seconds=30)
-    b = config(instance="replica-b", leader_lease_seconds=30)
-
-    assert run_pass(store, a).outcome is PassOutcome.OK
-    first = leader(engine)
-    assert (first["holder_id"], first["fencing_token"]) == ("replica-a", 1)
-
+    """While A holds the chores' lease, B still passes and decides; the lease's token
+    grows only on handover, a renewal keeps it, and a lapsed lease can be taken."""
+    assert store.try_lead(LEADER_LEASE_NAME, "replica-a", 30) == 1
     crashed = crash(client, engine, [IDEMPOTENT, EFFECTFUL], finish(0))
-    before = snapshot(engine)
-    refused = run_pass(store, b)
 
-    assert refused.outcome is PassOutcome.NOT_LEADER
-    assert refused.decisions == ()
-    row = pass_row(engine, refused.pass_id)
-    assert (row["pass_outcome"], row["reconciler_instance"]) == ("not_leader", "replica-b")
-    assert row["finished_at"] is not None
-    assert (row["candidates_seen"], row["resumed_count"], row["terminalized_count"],
-            row["skipped_count"]) == (0, 0, 0, 0)
-    after = snapshot(engine)
-    for table in ("job_runs", "step_runs", "job_attempts", "reconciliation_decisions",
-                  "reconciler_leases"):
-        assert after[table] == before[table], table
+    report = run_pass(store, config(instance="replica-b"))
+    assert report.outcome is PassOutcome.OK
+    assert [d.job_id for d in report.decisions] == [crashed.job_id]
+    assert pass_row(engine, report.pass_id)["reconciler_instance"] == "replica-b"
 
-    renewed = run_pass(store, a)
-    assert renewed.outcome is PassOutcome.OK
-    assert [d.job_id for d in renewed.decisions] == [crashed.job_id]
-    assert leader(engine)["fencing_token"] == 1  # same holder renews: same token
+    first = leader(engine)
+    assert store.try_lead(LEADER_LEASE_NAME, "replica-b", 30) is None
+    assert store.try_lead(LEADER_LEASE_NAME, "replica-a", 30) == 1  # a renewal keeps it
     assert leader(engine)["lease_expires_at"] >= first["lease_expires_at"]
 
-    assert run_pass(store, replace(a, release_leadership_after=True)).outcome is PassOutcome.OK
+    store.release_leadership(LEADER_LEASE_NAME, "replica-b")  # not the holder: no effect
+    assert not leader(engine)["expired"]
+    store.release_leadership(LEADER_LEASE_NAME, "replica-a")
     assert leader(engine)["expired"]
-
-    assert run_pass(store, b).outcome is PassOutcome.OK
-    taken = leader(engine)
-    assert (taken["holder_id"], taken["fencing_token"]) == ("replica-b", 2)
-    assert run_pass(store, a).outcome is PassOutcome.NOT_LEADER
-    assert run_pass(store, b).outcome is PassOutcome.OK
-    assert leader(engine)["fencing_token"] == 2
-
-    # A holder that stops renewing loses the lease when it runs out.
-    assert run_pass(store, replace(b, leader_lease_seconds=0.2)).outcome is PassOutcome.OK
+    assert store.try_lead(LEADER_LEASE_NAME, "replica-b", 0.2) == 2
+    assert store.try_lead(LEADER_LEASE_NAME, "replica-a", 30) is None
     wait_until(lambda: bool(leader(engine)["expired"]), "the leader lease to run out")
-    assert run_pass(store, a).outcome is PassOutcome.OK
-    last = leader(engine)
-    assert (last["holder_id"], last["fencing_token"]) == ("replica-a", 3)
+    assert store.try_lead(LEADER_LEASE_NAME, "replica-a", 30) == 3
 
 
 def test_dry_run_decides_but_writes_nothing(

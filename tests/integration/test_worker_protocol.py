@@ -103,7 +103,7 @@ def wait_for_db_clock_past(engine: Engine, instant: datetime) -> None:
 def reconcile(engine: Engine) -> PassReport:
     """One real reconciliation pass that treats every expired lease as dead at once."""
     config = PassConfig(batch_size=100, thresholds=RECONCILE_NOW,
-                        instance="worker-protocol-tests", release_leadership_after=True)
+                        instance="worker-protocol-tests")
     return run_pass(SqlStore(engine), config)
 
 

@@ -129,8 +129,7 @@ def reconcile(engine: Engine, thresholds: Thresholds = DEFAULT_THRESHOLDS,
               session_timeout_seconds: float = 30.0) -> PassReport:
     """One real reconciliation pass (the sidecar's, with the given thresholds)."""
     config = PassConfig(batch_size=100, thresholds=thresholds, instance="runtime-tests",
-                        session_timeout_seconds=session_timeout_seconds,
-                        release_leadership_after=True)
+                        session_timeout_seconds=session_timeout_seconds)
     return run_pass(SqlStore(engine), config)
 
 

@@ -22,7 +22,7 @@ from tests.statemachine.harness import DbClock
 
 PASS = PassConfig(batch_size=50, thresholds=Thresholds(stale_after_seconds=5.0,
                                                         wedged_after_seconds=60.0),
-                  instance="regression", use_leader_lease=False)
+                  instance="regression")
 
 
 @pytest.fixture

@@ -23,8 +23,9 @@ session), ``heartbeat``, ``report_progress``, ``start_step`` / ``finish_step`` /
 ``fail``, ``release``; ``crash`` forgets a claim object without a write; ``stale_write``
 calls any write through a superseded claim. Sessions: ``register_session`` (a restart
 replaces the previous one), ``heartbeat_session``, ``stop_session``. Operators: hold,
-unhold, retry, cancel. The reconciler: ``reconcile`` (with or without the leader lease,
-two instances, batch 1, 2 or 50), ``dry_run``. Time: ``time_passes`` (0.5 s to 120 s). A few
+unhold, retry, cancel. The reconciler: ``reconcile`` (two replicas, batch 1, 2 or 50;
+no leader in front of a pass), ``lead`` (the chores' leader lease: take, renew, give up),
+``dry_run``. Time: ``time_passes`` (0.5 s to 120 s). A few
 rules string these together the way real processes do, so short runs reach deep states:
 ``work`` (run steps in order, maybe leave one running), ``die_mid_step``, ``worker_alive``
 (time passes while the heart beats, with or without progress: a wedged handler),
@@ -55,7 +56,7 @@ live and whose activity is recent), takes the oldest expired leases first, and r
 exactly what it did; an effectful step that started and never finished is never started
 again after the reconciler requeued its job; a job ended ``worker_died_mid_step`` is never
 claimed again (unless an operator retries it); a dry run, a refused write, a repeated
-enqueue and a pass that does not lead write nothing.
+enqueue and a refused leader lease write nothing.
 
 What it cannot see: races between two processes inside one pass's transaction (SQLite
 serialises them); those belong to the chaos harness.
@@ -103,8 +104,9 @@ from models import (
     WorkerSession,
 )
 from reconciler.core.decisions import Thresholds
-from reconciler.core.passes import LEADER_LEASE_NAME, PassConfig, PassReport, run_pass
+from reconciler.core.passes import PassConfig, PassReport, run_pass
 from reconciler.settings import Settings
+from reconciler.sidecar.service import LEADER_LEASE_NAME
 from reconciler.storage.claims import StepNotStartedError
 from reconciler.storage.engines import create_engine
 from reconciler.storage.sql_store import SqlStore
@@ -869,21 +871,14 @@ class StoreMachine(RuleBasedStateMachine):
         chosen = [job_id for _, job_id in sorted(expired)[:batch_size]]
         return chosen + [job_id for _, job_id in sorted(silent)[:batch_size - len(chosen)]]
 
-    @rule(instance=st.sampled_from((None, "r1", "r2")), release_after=st.booleans(),
-          batch_size=st.sampled_from((1, 2, 50)))
-    def reconcile(self, instance: str | None, release_after: bool,
-                  batch_size: int = 50) -> None:
-        """One pass; ``instance`` None runs without the leader lease."""
-        config = PassConfig(
-            batch_size=batch_size, thresholds=THRESHOLDS, instance=instance or "solo",
-            leader_lease_seconds=LEADER_LEASE_SECONDS,
-            session_timeout_seconds=SESSION_TIMEOUT_SECONDS,
-            use_leader_lease=instance is not None, release_leadership_after=release_after)
-        before = snapshot(self.engine)
+    @rule(instance=st.sampled_from(("r1", "r2")), batch_size=st.sampled_from((1, 2, 50)))
+    def reconcile(self, instance: str = "solo", batch_size: int = 50) -> None:
+        """One pass by one of two replicas; no replica waits for a leader."""
+        config = PassConfig(batch_size=batch_size, thresholds=THRESHOLDS, instance=instance,
+                            session_timeout_seconds=SESSION_TIMEOUT_SECONDS)
         report, _, window = self._call(run_pass, self.store, config)
         assert isinstance(report, PassReport)
-        if not self._led(report, instance, window, release_after=release_after, before=before):
-            return
+        assert report.outcome.value == "ok"
         cut = self._sessions_ended_by(window)
         gone = {j.job_id: self._session_gone(j) for j in self.model.values()}
         self._check_verdicts(report, window, batch_size=batch_size, gone=gone, cut=cut,
@@ -891,34 +886,33 @@ class StoreMachine(RuleBasedStateMachine):
         self._check_pass_records(report)
         self._apply_verdicts(report, window, cut)
 
-    def _led(self, report: PassReport, instance: str | None, window: Window, *,
-             release_after: bool, before: dict[str, Any]) -> bool:
-        """Check the leader lease against the model; False when the pass did not lead."""
-        if instance is None or self.leader is None or self.leader.holder == instance:
+    @rule(instance=st.sampled_from(("r1", "r2")), release_after=st.booleans())
+    def lead(self, instance: str, release_after: bool) -> None:
+        """The chores' leader lease: taken, renewed or refused, and maybe given up."""
+        before = snapshot(self.engine)
+        token, _, window = self._call(self.store.try_lead, LEADER_LEASE_NAME, instance,
+                                      LEADER_LEASE_SECONDS)
+        if self.leader is None or self.leader.holder == instance:
             may_lead = {True}
         else:
             may_lead = window.reached(self.leader.expires_at)
-        if report.outcome.value == "not_leader":
+        if token is None:
             assert False in may_lead, f"{instance} was refused a lease it could take"
-            after = snapshot(self.engine)
-            [*_, record] = rows(self.engine, PASSES)
-            assert (record["pass_id"], record["pass_outcome"]) == (report.pass_id, "not_leader")
-            after[PASSES.name] = after[PASSES.name][:-1]
-            assert after == before, "a pass that did not lead changed something"
-            return False
-        assert report.outcome.value == "ok"
+            assert snapshot(self.engine) == before, "a refused lease changed something"
+            return
         assert True in may_lead, f"{instance} led while {self.leader} held a live lease"
-        if instance is not None:
+        expected = 1 if self.leader is None else (
+            self.leader.token + (self.leader.holder != instance))
+        [lease] = rows(self.engine, LEASES, LEASES.c.lease_name == LEADER_LEASE_NAME)
+        assert (token, lease["holder_id"], lease["fencing_token"]) == (
+            expected, instance, expected)
+        assert window.contains(lease["lease_expires_at"], LEADER_LEASE_SECONDS)
+        if release_after:
+            _, _, window = self._call(self.store.release_leadership, LEADER_LEASE_NAME,
+                                      instance)
             [lease] = rows(self.engine, LEASES, LEASES.c.lease_name == LEADER_LEASE_NAME)
-            if self.leader is None:
-                token = 1
-            else:
-                token = self.leader.token + (self.leader.holder != instance)
-            assert (lease["holder_id"], lease["fencing_token"]) == (instance, token)
-            assert window.contains(lease["lease_expires_at"],
-                                   0.0 if release_after else LEADER_LEASE_SECONDS)
-            self.leader = LeaderModel(instance, token, lease["lease_expires_at"])
-        return True
+            assert window.contains(lease["lease_expires_at"], 0.0)
+        self.leader = LeaderModel(instance, expected, lease["lease_expires_at"])
 
     def _sessions_ended_by(self, window: Window) -> set[int]:
         """Sessions silent for the timeout were declared gone first; their jobs, cut."""
@@ -941,7 +935,7 @@ class StoreMachine(RuleBasedStateMachine):
         assert report.pass_id is not None
         [record] = rows(self.engine, PASSES, PASSES.c.pass_id == report.pass_id)
         recorded = rows(self.engine, DECISIONS, DECISIONS.c.pass_id == report.pass_id)
-        assert [(r["job_id"], r["disposition"], r["decision_reason"], r["generation_before"],
+        assert [(int(r["job_id"]), r["disposition"], r["decision_reason"], r["generation_before"],
                  r["generation_after"], r["resume_step_index"]) for r in recorded] == [
             (d.job_id, d.disposition.value, d.reason.value, d.generation_before,
              d.generation_after, d.resume_step_index) for d in report.decisions]
@@ -983,8 +977,7 @@ class StoreMachine(RuleBasedStateMachine):
 
     @rule(batch_size=st.sampled_from((1, 2, 50)))
     def dry_run(self, batch_size: int) -> None:
-        config = PassConfig(batch_size=batch_size, thresholds=THRESHOLDS, instance="preview",
-                            use_leader_lease=False)
+        config = PassConfig(batch_size=batch_size, thresholds=THRESHOLDS, instance="preview")
         before = snapshot(self.engine)
         report, _, window = self._call(run_pass, self.store, config, dry_run=True)
         assert snapshot(self.engine) == before, "a dry run wrote to the database"
@@ -1017,7 +1010,7 @@ class StoreMachine(RuleBasedStateMachine):
             if progress:
                 self.report_progress(claim)
         if then_pass:
-            self.reconcile(None, release_after=False)
+            self.reconcile()
 
     @rule(claim=claims, seconds=st.integers(20, 40).map(lambda halves: halves / 2))
     def heart_stops(self, claim: Claim, seconds: float) -> None:
@@ -1028,21 +1021,21 @@ class StoreMachine(RuleBasedStateMachine):
             self.clock.advance(tick)
             remaining -= tick
             self.report_progress(claim)
-        self.reconcile(None, release_after=False)
+        self.reconcile()
 
     @rule(target=claims, claim=claims)
     def taken_over(self, claim: Claim) -> Any:
         """The worker stalls silently past its lease, a pass takes the job back, and
         another worker claims: the stalled claim lives on as a zombie."""
         self.clock.advance(LEASE_SECONDS + STALE_AFTER_SECONDS + 1.0)
-        self.reconcile(None, release_after=False)
+        self.reconcile()
         return self.claim("w2", with_session=False)
 
     @rule(seconds=DURATIONS)
     def sidecar_tick(self, seconds: float) -> None:
-        """The sidecar's schedule: time passes, then a pass without the leader lease."""
+        """The sidecar's schedule: time passes, then a pass."""
         self.clock.advance(seconds)
-        self.reconcile(None, release_after=False)
+        self.reconcile()
 
     # -- invariants -------------------------------------------------------------------------
 
@@ -1081,7 +1074,7 @@ class StoreMachine(RuleBasedStateMachine):
                 assert d["generation_after"] is None, f"skip with a generation: {d}"
             else:
                 assert d["generation_after"] == d["generation_before"] + 1, f"decision {d}"
-                made_by[d["job_id"]][d["generation_after"]] += 1
+                made_by[int(d["job_id"])][d["generation_after"]] += 1
         return made_by
 
     def _job_row_keeps_promises(self, row: dict[str, Any], open_attempts: list[int],
