@@ -25,7 +25,6 @@ from apscheduler.events import EVENT_JOB_MAX_INSTANCES, JobExecutionEvent
 from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
 
-from reconciler.core.decisions import Thresholds
 from reconciler.core.passes import LEADER_LEASE_NAME, PassConfig, PassReport, run_pass
 from reconciler.core.ports import Cursor
 from reconciler.core.vocabulary import Disposition
@@ -49,7 +48,7 @@ def pass_config(settings: Settings, instance: str) -> PassConfig:
     """The pass configuration a service instance runs with."""
     return PassConfig(
         batch_size=settings.batch_size,
-        thresholds=Thresholds(settings.stale_after_seconds, settings.wedged_after_seconds),
+        thresholds=settings.thresholds(),
         instance=instance,
         leader_lease_seconds=settings.leader_lease_seconds,
         session_timeout_seconds=settings.session_timeout_seconds,
