@@ -10,6 +10,8 @@ from typing import Any
 from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from reconciler.core.brake import BrakeLimits
+from reconciler.core.decisions import Thresholds
 from reconciler.errors import ConfigError
 
 
@@ -55,6 +57,24 @@ class Settings(BaseSettings):
         30.0, gt=0, description="passes and decisions older than this are deleted")
     artifact_root: str = Field("artifacts", description="folder for staged and published "
                                "artifacts")
+    shadow: bool = Field(
+        False, description="passes decide and record every decision marked shadow, and "
+        "change no job")
+    brake_min_jobs: int = Field(
+        20, ge=1, description="fewest stale jobs in one pass that can engage the "
+        "mass-staleness brake")
+    brake_stale_fraction: float = Field(
+        0.5, gt=0, le=1, description="share of running jobs that must be stale at once to "
+        "engage the brake")
+    brake_hold_seconds: float = Field(
+        120.0, ge=0, description="how long the brake leaves stale jobs alone from the first "
+        "braked pass (0: never)")
+    crash_loop_after: int = Field(
+        2, ge=1, description="a job whose last this many attempts were all lost ends "
+        "crash_loop")
+    job_retention_days: float = Field(
+        30.0, gt=0, description="finished jobs (with their steps, attempts and artifact "
+        "records) older than this are deleted")
 
     @model_validator(mode="after")
     def _consistent(self) -> Settings:
@@ -66,6 +86,19 @@ class Settings(BaseSettings):
         if self.retry_backoff_max_seconds < self.retry_backoff_seconds:
             raise ValueError("retry_backoff_max_seconds must be at least retry_backoff_seconds")
         return self
+
+
+    def thresholds(self) -> Thresholds:
+        """The decision table's limits from these settings (every caller builds them here)."""
+        return Thresholds(stale_after_seconds=self.stale_after_seconds,
+                          wedged_after_seconds=self.wedged_after_seconds,
+                          crash_loop_after=self.crash_loop_after)
+
+    def brake_limits(self) -> BrakeLimits:
+        """The mass-staleness brake's limits from these settings."""
+        return BrakeLimits(min_jobs=self.brake_min_jobs,
+                           stale_fraction=self.brake_stale_fraction,
+                           hold_seconds=self.brake_hold_seconds)
 
 
 def load_settings(**overrides: Any) -> Settings:

@@ -11,7 +11,6 @@ import threading
 
 from sqlalchemy.engine import Engine
 
-from reconciler.core.decisions import Thresholds
 from reconciler.core.passes import PassConfig
 from reconciler.core.ports import PassStore
 from reconciler.core.worker_ports import WorkWaiter
@@ -57,7 +56,7 @@ def pass_config(settings: Settings, instance: str) -> PassConfig:
     """The pass configuration these settings give an instance."""
     return PassConfig(
         batch_size=settings.batch_size,
-        thresholds=Thresholds(settings.stale_after_seconds, settings.wedged_after_seconds),
+        thresholds=settings.thresholds(),
         instance=instance,
         session_timeout_seconds=settings.session_timeout_seconds,
     )

@@ -17,7 +17,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 
 from reconciler import __version__
 from reconciler.cli.views import decision_view, job_view, pass_view
-from reconciler.core.decisions import Thresholds, render_markdown, render_table
+from reconciler.core.decisions import render_markdown, render_table
 from reconciler.core.passes import explain_jobs, run_pass
 from reconciler.core.vocabulary import JobStatus, Reason
 from reconciler.errors import (
@@ -74,8 +74,14 @@ def _settings_parent() -> OneLineParser:
     # Every setting has a flag, generated from the one declaration in Settings. Values stay
     # text here: Settings validates, so a bad flag and a bad env var read the same.
     for name, spec in Settings.model_fields.items():
-        group.add_argument(f"--{name.replace('_', '-')}", dest=name, default=None,
-                           metavar="VALUE", help=f"{spec.description} (default {spec.default})")
+        flag = f"--{name.replace('_', '-')}"
+        help_text = f"{spec.description} (default {spec.default})"
+        if spec.annotation is bool:
+            # A switch (``--shadow``, ``--no-shadow``) rather than ``--shadow true``.
+            group.add_argument(flag, dest=name, default=None,
+                               action=argparse.BooleanOptionalAction, help=help_text)
+        else:
+            group.add_argument(flag, dest=name, default=None, metavar="VALUE", help=help_text)
     parent.add_argument("--verbose", action="store_true", help="tracebacks and debug logs")
     return parent
 
@@ -225,9 +231,7 @@ def cmd_jobs_explain(args: argparse.Namespace) -> int:
     settings = _settings(args)
     engine = _open_engine(settings)
     store = open_store(engine)
-    planned = explain_jobs(open_pass_store(engine), [args.job_id],
-                           Thresholds(settings.stale_after_seconds,
-                                      settings.wedged_after_seconds))
+    planned = explain_jobs(open_pass_store(engine), [args.job_id], settings.thresholds())
     if not planned:
         job = store.get_job(args.job_id)
         if job is None:

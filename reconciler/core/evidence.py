@@ -67,6 +67,18 @@ class Evidence:
     plan: tuple[PlanStep, ...] | None
     steps: Mapping[int, StepRecord] = field(default_factory=dict)
     session_gone: bool = False
+    lost_attempts_in_a_row: int = 0
+    """How many of the job's most recent attempts ended lost: the worker died and recorded
+    no outcome. The attempt being decided counts as one (a job that reaches the crash-loop
+    rule has a dead worker), plus each older attempt the reconciler closed as ``lost``,
+    newest first. The count stops at the first attempt ended any other way (by its worker,
+    as ``abandoned``, by an operator) and at an operator's retry, which starts the job
+    afresh. 0 when the source keeps no attempts: the crash-loop rule then never matches."""
+    completion_recoverable: bool = False
+    """The source can finish this job ``completed`` itself, safely again under the fence:
+    the native source sets it when every step succeeded and every artifact the job staged
+    is a ``staged`` record of the current ``claim_generation`` (so publishing that set
+    publishes all of its output). Other sources leave it False."""
     first_unfinished_index: int | None = field(init=False, default=None)
     """Index of the first step that has not succeeded; None when all have (or no plan)."""
 
@@ -115,6 +127,8 @@ class Evidence:
             "step_states": states,
             "effect_kinds": kinds,
             "first_unfinished_step": self.first_unfinished_index,
+            "lost_attempts_in_a_row": self.lost_attempts_in_a_row,
+            "completion_recoverable": self.completion_recoverable,
         }
 
 

@@ -1,9 +1,9 @@
 """Rules of the lease contract that are not storage: pure functions the stores apply.
 
-Retry backoff, the status a decision leaves a job in, how an attempt ends when the
-reconciler takes its claim away, the first step a resumed run starts at, and the operator
-state machine. Storage turns their answers into column values; keeping them here lets
-every source and every store agree, and lets them be tested without a database.
+Retry backoff, how an attempt ends when the reconciler takes its claim away, the first
+step a resumed run starts at, and the operator state machine. Storage turns their answers
+into column values; keeping them here lets every source and every store agree, and lets
+them be tested without a database.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from enum import StrEnum
 
 from reconciler.core.vocabulary import (
     AttemptOutcome,
-    Disposition,
     JobStatus,
     OperatorAction,
     OperatorStatusReason,
@@ -34,15 +33,6 @@ def retry_delay_seconds(attempts_used: int, first_delay_seconds: float,
     if exponent >= 64:
         return max_delay_seconds
     return min(first_delay_seconds * float(2 ** exponent), max_delay_seconds)
-
-
-def status_after(disposition: Disposition) -> JobStatus:
-    """The status a non-skip decision leaves a job in."""
-    if disposition is Disposition.RESUME:
-        return JobStatus.QUEUED
-    if disposition is Disposition.TERMINALIZE:
-        return JobStatus.FAILED
-    raise ValueError("a skip changes no job")
 
 
 def reclaimed_attempt_outcome(reason: Reason) -> AttemptOutcome:

@@ -71,14 +71,17 @@ class Reason(StrEnum):
     RECENT_ACTIVITY = "recent_activity"
     UNRESUMABLE_PLAN = "unresumable_plan"
     WAITING_ON_GATE = "waiting_on_gate"
+    COMPLETION_RECOVERED = "completion_recovered"
     COMPLETION_UNRECORDED = "completion_unrecorded"
     STEP_FAILED = "step_failed"
     WORKER_DIED_MID_STEP = "worker_died_mid_step"
+    CRASH_LOOP = "crash_loop"
     RESUME_EXHAUSTED = "resume_exhausted"
     RESUMED_IDEMPOTENT_STEP = "resumed_idempotent_step"
     RESUMED_FROM_UNSTARTED_STEP = "resumed_from_unstarted_step"
     FENCE_LOST = "fence_lost"
     RECONCILE_ERROR = "reconcile_error"
+    MASS_STALENESS_BRAKE = "mass_staleness_brake"
 
 
 class AttemptOutcome(StrEnum):

@@ -10,6 +10,22 @@ from reconciler.core.vocabulary import Disposition, PassOutcome, Reason
 
 PASS_DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
                          5.0, 10.0, 30.0)
+# Passes one scheduled tick ran: 1 unless a full batch was followed at once by another
+# (DESIGN.md section 10). With batch_size 500, 20 covers an outage of 10,000 jobs.
+TICK_BATCHES_BUCKETS = (1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 50.0, 100.0)
+
+# Reasons a pass records that no rule gives; with the rules' own, every label pair a
+# decision counter can carry.
+PASS_OUTCOME_REASONS = (Reason.FENCE_LOST, Reason.RECONCILE_ERROR, Reason.MASS_STALENESS_BRAKE)
+
+
+def decision_labels(*, shadow: bool = False) -> tuple[tuple[Disposition, Reason], ...]:
+    """Every (disposition, reason) a pass can record; a shadow pass applies nothing, so it
+    never loses a compare-and-swap (no ``fence_lost``)."""
+    pairs = [(rule.disposition, rule.reason) for rule in RULES]
+    pairs += [(Disposition.SKIP, reason) for reason in PASS_OUTCOME_REASONS
+              if not (shadow and reason is Reason.FENCE_LOST)]
+    return tuple(pairs)
 
 
 class Metrics:
@@ -44,23 +60,49 @@ class Metrics:
         self.retention_deleted = Counter(
             "reconciler_audit_rows_deleted", "Old pass and decision rows removed by retention",
             registry=r)
+        self.job_rows_deleted = Counter(
+            "reconciler_job_rows_deleted",
+            "Finished jobs (with their steps, attempts and artifact records) removed by "
+            "retention", registry=r)
+        self.shadow_decisions = Counter(
+            "reconciler_shadow_decisions",
+            "Decisions of shadow passes (recorded, nothing changed) by disposition and reason",
+            ["disposition", "reason"], registry=r)
+        self.brake_engaged = Gauge(
+            "reconciler_brake_engaged",
+            "1 while the mass-staleness brake holds this instance's passes", registry=r)
+        self.tick_batches = Histogram(
+            "reconciler_tick_batches",
+            "Passes (batches) one scheduled tick ran; more than 1 when full batches followed",
+            buckets=TICK_BATCHES_BUCKETS, registry=r)
         # Every bounded label value exists from the start, so rates and alerts see zeros.
         for outcome in PassOutcome:
             self.passes.labels(outcome=outcome.value)
-        for rule in RULES:
-            self.decisions.labels(disposition=rule.disposition.value, reason=rule.reason.value)
-        for reason in (Reason.FENCE_LOST, Reason.RECONCILE_ERROR):
-            self.decisions.labels(disposition=Disposition.SKIP.value, reason=reason.value)
+        for disposition, reason in decision_labels():
+            self.decisions.labels(disposition=disposition.value, reason=reason.value)
+        for disposition, reason in decision_labels(shadow=True):
+            self.shadow_decisions.labels(disposition=disposition.value, reason=reason.value)
 
-    def observe_pass(self, report: PassReport, seconds: float, now_unix: float) -> None:
-        """Count one pass and its decisions."""
+    def observe_pass(self, report: PassReport, seconds: float, now_unix: float, *,
+                     shadow: bool = False) -> None:
+        """Count one pass and its decisions; a shadow pass's decisions count apart, so
+        nothing it only pretended to do moves ``reconciler_decisions_total`` or its alerts."""
         self.passes.labels(outcome=report.outcome.value).inc()
         self.pass_duration.observe(seconds)
         if report.outcome is PassOutcome.OK:
             self.last_success.set(now_unix)
+        counter = self.shadow_decisions if shadow else self.decisions
         for decision in report.decisions:
-            self.decisions.labels(disposition=decision.disposition.value,
-                                  reason=decision.reason.value).inc()
+            counter.labels(disposition=decision.disposition.value,
+                           reason=decision.reason.value).inc()
+
+    def observe_tick(self, batches: int) -> None:
+        """Count one scheduled tick and the passes (batches) it ran."""
+        self.tick_batches.observe(batches)
+
+    def observe_brake(self, engaged: bool) -> None:
+        """Show whether the mass-staleness brake held the last pass."""
+        self.brake_engaged.set(1 if engaged else 0)
 
     def observe_failed_pass(self, seconds: float) -> None:
         """Count a pass that raised."""

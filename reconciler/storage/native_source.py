@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from reconciler.core.decisions import Thresholds
-from reconciler.core.policy import reclaimed_attempt_outcome, status_after
+from reconciler.core.policy import reclaimed_attempt_outcome
 from reconciler.core.ports import Candidate, Cursor, Fence, JobKey, PlannedChange
 from reconciler.core.vocabulary import Disposition, EndedBy, Reason, SessionEndReason, SourceKind
 from reconciler.storage.clock import db_now, now_plus, seconds_since
@@ -189,7 +189,7 @@ def planned_rows(acting: Sequence[PlannedChange]) -> str:
     return encode_rows([
         {
             "job_id": c.decision.job_id, "generation_before": c.generation_before,
-            "new_status": status_after(c.decision.disposition),
+            "new_status": c.decision.status_after,
             "new_reason": c.decision.reason,
             "resume_at": c.decision.resume_step_index or 0,
             "is_resume": int(c.decision.disposition is Disposition.RESUME),

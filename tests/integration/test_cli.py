@@ -42,10 +42,10 @@ STORED_DECISION_KEYS = {"decision_id", "pass_id", "job_source", "job_id", "decid
                         "generation_after", "resume_step_index", "decision_evidence"}
 # DESIGN.md §5, in table order, then the pass's own outcomes.
 TABLE_REASONS = ("operator_hold", "worker_wedged", "lease_live", "recent_activity",
-                 "unresumable_plan", "waiting_on_gate", "completion_unrecorded", "step_failed",
-                 "worker_died_mid_step", "resume_exhausted", "resumed_idempotent_step",
-                 "resumed_from_unstarted_step")
-PASS_OUTCOME_REASONS = ("fence_lost", "reconcile_error")
+                 "unresumable_plan", "waiting_on_gate", "completion_recovered",
+                 "completion_unrecorded", "step_failed", "worker_died_mid_step", "crash_loop",
+                 "resume_exhausted", "resumed_idempotent_step", "resumed_from_unstarted_step")
+PASS_OUTCOME_REASONS = ("fence_lost", "reconcile_error", "mass_staleness_brake")
 
 STEPS = [Step("fetch", "idempotent"), Step("render", "pure"), Step("publish", "effectful")]
 SHORT_LEASE_SECONDS = 0.3
@@ -367,7 +367,7 @@ def test_decisions_rejects_a_malformed_duration_or_limit(tmp_path: Path) -> None
 
 
 def test_explain_prints_every_reason_in_table_order(tmp_path: Path) -> None:
-    """`explain` prints the 12 rules in order, then fence_lost and reconcile_error."""
+    """`explain` prints the 14 rules in order, then the pass's own three outcomes."""
     never_created = tmp_path / "not-needed.db"
 
     proc = run_cli(f"sqlite:///{never_created}", "explain")

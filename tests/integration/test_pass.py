@@ -61,7 +61,8 @@ SHORT_LEASE = 0.3
 SAFE_EVIDENCE_KEYS = frozenset({
     "attempts_used", "max_attempts", "operator_hold", "lease_live", "session_gone",
     "lease_expired_seconds", "activity_age_seconds", "plan_readable", "plan_length",
-    "step_states", "effect_kinds", "first_unfinished_step",
+    "step_states", "effect_kinds", "first_unfinished_step", "lost_attempts_in_a_row",
+    "completion_recoverable",
 })
 ERROR_EVIDENCE_KEYS = frozenset({"error"})
 

@@ -130,6 +130,14 @@ class TestCommandLines:
         assert (args.database_url, args.batch_size) == ("sqlite:///x.db", "abc")
         assert args.stale_after_seconds is None
 
+    @pytest.mark.parametrize(("argv", "shadow"), [
+        (("pass",), None), (("pass", "--shadow"), True), (("pass", "--no-shadow"), False),
+        (("run", "--shadow"), True), (("decisions", "--shadow"), True)])
+    def test_boolean_settings_are_switches(self, argv: tuple[str, ...],
+                                           shadow: bool | None) -> None:
+        """`--shadow` and `--no-shadow` take no value; absent, the environment decides."""
+        assert parse(*argv).shadow is shadow
+
     def test_verbose_flag(self) -> None:
         """`--verbose` is accepted after a command."""
         assert parse("explain", "--verbose").verbose is True

@@ -19,17 +19,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reconciler.core import decisions
-from reconciler.core.decisions import RULES, Decision, Rule, Thresholds, decide
+from reconciler.core.decisions import RULES, Decision, Rule, Thresholds, decide, status_after
 from reconciler.core.evidence import Evidence, PlanStep, StepRecord
-from reconciler.core.vocabulary import Disposition, EffectKind, Reason, StepState
+from reconciler.core.vocabulary import Disposition, EffectKind, JobStatus, Reason, StepState
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 STALE = 60.0
 WEDGED = 3600.0
-THRESHOLDS = Thresholds(stale_after_seconds=STALE, wedged_after_seconds=WEDGED)
+CRASH_LOOP_AFTER = 2  # the settings' default
+THRESHOLDS = Thresholds(stale_after_seconds=STALE, wedged_after_seconds=WEDGED,
+                        crash_loop_after=CRASH_LOOP_AFTER)
 
-# DESIGN.md section 5, transcribed by hand: (number, evidence, disposition, reason).
+# DESIGN.md section 5, transcribed by hand, with the two rules section 11 adds (issue 13):
+# completion_recovered before completion_unrecorded, crash_loop before the resume rules.
+# (number, evidence, disposition, reason).
 DESIGN_TABLE: tuple[tuple[int, str, str, str], ...] = (
     (1, "operator hold set", "skip", "operator_hold"),
     (2, "lease live, but no activity for `wedged_after_seconds`", "terminalize",
@@ -38,18 +42,24 @@ DESIGN_TABLE: tuple[tuple[int, str, str, str], ...] = (
     (4, "activity newer than `stale_after_seconds`", "skip", "recent_activity"),
     (5, "step plan missing or unreadable", "terminalize", "unresumable_plan"),
     (6, "first unfinished step is `waiting`", "skip", "waiting_on_gate"),
-    (7, "every step succeeded, completion not recorded", "terminalize",
+    (7, "every step succeeded, completion not recorded, and the source can record it",
+     "terminalize", "completion_recovered"),
+    (8, "every step succeeded, completion not recorded", "terminalize",
      "completion_unrecorded"),
-    (8, "first unfinished step failed, not retryable", "terminalize", "step_failed"),
-    (9, "first unfinished step started, `effectful`", "terminalize", "worker_died_mid_step"),
-    (10, "attempts used >= max attempts", "terminalize", "resume_exhausted"),
-    (11, "first unfinished step started, `pure`/`idempotent`", "resume",
+    (9, "first unfinished step failed, not retryable", "terminalize", "step_failed"),
+    (10, "first unfinished step started, `effectful`", "terminalize", "worker_died_mid_step"),
+    (11, "the last `crash_loop_after` attempts were all lost", "terminalize", "crash_loop"),
+    (12, "attempts used >= max attempts", "terminalize", "resume_exhausted"),
+    (13, "first unfinished step started, `pure`/`idempotent`", "resume",
      "resumed_idempotent_step"),
-    (12, "otherwise (first unfinished step never started)", "resume",
+    (14, "otherwise (first unfinished step never started)", "resume",
      "resumed_from_unstarted_step"),
 )
+SECTION_11_REASONS = frozenset({"completion_recovered", "crash_loop"})
+RULE_COUNT = len(DESIGN_TABLE)
+RULE_NUMBERS = range(1, RULE_COUNT + 1)
 RULE_REASONS = frozenset(reason for _, _, _, reason in DESIGN_TABLE)
-PASS_OUTCOME_REASONS = frozenset({"fence_lost", "reconcile_error"})
+PASS_OUTCOME_REASONS = frozenset({"fence_lost", "reconcile_error", "mass_staleness_brake"})
 
 
 # --------------------------------------------------------------------------------------
@@ -68,8 +78,10 @@ def _first_unfinished_by_hand(ev: Evidence) -> tuple[int | None, StepRecord | No
     return None, None, None
 
 
-def design_table(ev: Evidence, stale: float, wedged: float) -> tuple[str, int | None]:
-    """The reason and resume step DESIGN.md section 5 gives for this evidence.
+def design_table(  # noqa: PLR0912 - the oracle is the table as one plain if/elif chain
+    ev: Evidence, stale: float, wedged: float, crash_loop_after: int | None = CRASH_LOOP_AFTER,
+) -> tuple[str, int | None]:
+    """The reason and resume step DESIGN.md sections 5 and 11 give for this evidence.
 
     Interpretations the table leaves implicit, written down here:
     - a claim whose worker session is gone is "treated as expired at once" (section 3a): its
@@ -77,7 +89,10 @@ def design_table(ev: Evidence, stale: float, wedged: float) -> tuple[str, int | 
       reconciler wait (rule 4) - the worker is known to be dead;
     - "no activity for wedged_after_seconds" means an age >= the threshold; an unknown age
       (no activity recorded) is neither wedged nor recent;
-    - a failed step counts as retryable only when recorded as retryable (unknown = not).
+    - a failed step counts as retryable only when recorded as retryable (unknown = not);
+    - "the last crash_loop_after attempts were all lost" means lost_attempts_in_a_row (which
+      counts the attempt being decided) is at least crash_loop_after; no threshold, no rule;
+    - the source's "can record completion" flag counts only when every step succeeded.
     """
     lease_live = ev.lease_live and not ev.session_gone
     age = ev.activity_age_seconds
@@ -96,12 +111,16 @@ def design_table(ev: Evidence, stale: float, wedged: float) -> tuple[str, int | 
         return "unresumable_plan", None
     elif first is not None and state == "waiting":
         return "waiting_on_gate", None
+    elif first is None and ev.completion_recoverable:
+        return "completion_recovered", None
     elif first is None:
         return "completion_unrecorded", None
     elif state == "failed" and record is not None and record.failure_retryable is not True:
         return "step_failed", None
     elif state == "started" and effect == "effectful":
         return "worker_died_mid_step", None
+    elif crash_loop_after is not None and ev.lost_attempts_in_a_row >= crash_loop_after:
+        return "crash_loop", None
     elif ev.attempt_count >= ev.max_attempts:
         return "resume_exhausted", None
     elif state == "started" and effect in ("pure", "idempotent"):
@@ -149,33 +168,34 @@ ROW_CONDITIONS: dict[int, RowCondition] = {
                    and ev.activity_age_seconds < STALE),
     5: lambda ev: ev.plan is None,
     6: lambda ev: _first_state(ev) == "waiting",
-    7: lambda ev: ev.plan is not None and not _has_unfinished(ev),
-    8: _failed_for_good,
-    9: lambda ev: _first_state(ev) == "started" and _first_effect(ev) == "effectful",
-    10: lambda ev: ev.attempt_count >= ev.max_attempts,
-    11: lambda ev: _first_state(ev) == "started" and _first_effect(ev) in ("pure", "idempotent"),
-    12: lambda ev: True,  # "otherwise"
+    7: lambda ev: ev.plan is not None and not _has_unfinished(ev) and ev.completion_recoverable,
+    8: lambda ev: ev.plan is not None and not _has_unfinished(ev),
+    9: _failed_for_good,
+    10: lambda ev: _first_state(ev) == "started" and _first_effect(ev) == "effectful",
+    11: lambda ev: ev.lost_attempts_in_a_row >= CRASH_LOOP_AFTER,
+    12: lambda ev: ev.attempt_count >= ev.max_attempts,
+    13: lambda ev: _first_state(ev) == "started" and _first_effect(ev) in ("pure", "idempotent"),
+    14: lambda ev: True,  # "otherwise"
 }
 
 # Pairs of rows whose evidence cannot hold at once, and why. Their relative order cannot
-# be observed; the pairwise test checks that this list is exactly right.
+# be observed; the pairwise test checks that this list is exactly right. Every other pair,
+# crash_loop (11) with each rule and completion_recovered (7) with completion_unrecorded
+# (8) among them, has grid evidence matching both, on which the earlier rule must win.
+_NO_PLAN = "without a plan there is no first unfinished step (nor all steps succeeded)"
+_ALL_DONE = "when every step succeeded there is no unfinished step"
+_ONE_STATE = "the first unfinished step has one state"
 CANNOT_CO_OCCUR: dict[tuple[int, int], str] = {
     (2, 4): "an age >= wedged_after_seconds is never < stale_after_seconds (stale < wedged)",
-    (5, 6): "without a plan there is no first unfinished step",
-    (5, 7): "without a plan there is no first unfinished step",
-    (5, 8): "without a plan there is no first unfinished step",
-    (5, 9): "without a plan there is no first unfinished step",
-    (5, 11): "without a plan there is no first unfinished step",
+    (5, 6): _NO_PLAN, (5, 7): _NO_PLAN, (5, 8): _NO_PLAN, (5, 9): _NO_PLAN, (5, 10): _NO_PLAN,
+    (5, 13): _NO_PLAN,
     (6, 7): "a waiting step is an unfinished step",
-    (6, 8): "the first unfinished step has one state",
-    (6, 9): "the first unfinished step has one state",
-    (6, 11): "the first unfinished step has one state",
-    (7, 8): "when every step succeeded there is no failed step",
-    (7, 9): "when every step succeeded there is no started step",
-    (7, 11): "when every step succeeded there is no started step",
-    (8, 9): "the first unfinished step has one state",
-    (8, 11): "the first unfinished step has one state",
-    (9, 11): "a step is effectful or pure/idempotent, never both",
+    (6, 8): "a waiting step is an unfinished step",
+    (6, 9): _ONE_STATE, (6, 10): _ONE_STATE, (6, 13): _ONE_STATE,
+    (7, 9): _ALL_DONE, (7, 10): _ALL_DONE, (7, 13): _ALL_DONE,
+    (8, 9): _ALL_DONE, (8, 10): _ALL_DONE, (8, 13): _ALL_DONE,
+    (9, 10): _ONE_STATE, (9, 13): _ONE_STATE,
+    (10, 13): "a step is effectful or pure/idempotent, never both",
 }
 
 
@@ -200,13 +220,20 @@ def evidence(
     steps: Mapping[int, StepRecord] | None = None,
     attempts: int = 1,
     max_attempts: int = 3,
+    lost: int = 1,
+    recoverable: bool = False,
 ) -> Evidence:
-    """Evidence of an expired, stale, resumable job unless told otherwise."""
+    """Evidence of an expired, stale, resumable job unless told otherwise.
+
+    By default only the attempt being decided was lost (``lost=1``), below the crash-loop
+    threshold, and the source cannot record completion itself.
+    """
     return Evidence(
         job_id=7, attempt_count=attempts, max_attempts=max_attempts,
         operator_hold=hold, lease_live=lease_live,
         lease_expired_seconds=None if lease_live else 120.0,
         activity_age_seconds=age, plan=plan, steps=dict(steps or {}), session_gone=session_gone,
+        lost_attempts_in_a_row=lost, completion_recoverable=recoverable,
     )
 
 
@@ -228,11 +255,21 @@ FIRST_STATES: tuple[tuple[StepState | None, bool | None], ...] = (
     (StepState.WAITING, None),
 )
 ATTEMPTS = ((1, 3), (2, 3), (3, 3), (5, 3))
+# Lost attempts in a row: just under and at the crash-loop threshold (0 and 1 decide alike,
+# as do 2 and more; the boundary is what a wrong comparison would move).
+LOST = (CRASH_LOOP_AFTER - 1, CRASH_LOOP_AFTER)
+
+PlanVariant = tuple[str, tuple[PlanStep, ...] | None, dict[int, StepRecord], bool]
 
 
-def _plan_variants() -> Iterator[tuple[str, tuple[PlanStep, ...] | None, dict[int, StepRecord]]]:
-    yield "no-plan", None, {}
-    yield "all-succeeded", PLAN3, done(0, 1, 2)
+def _plan_variants() -> Iterator[PlanVariant]:
+    """(label, plan, step records, whether the source says it can record completion)."""
+    yield "no-plan", None, {}, False
+    yield "all-succeeded", PLAN3, done(0, 1, 2), False
+    yield "all-succeeded:recoverable", PLAN3, done(0, 1, 2), True
+    # The flag without every step succeeded (a source's mistake) recovers nothing.
+    yield "no-plan:recoverable", None, {}, True
+    yield "first=1:None:recoverable", PLAN3, done(0), True
     for position, (state, retryable), kind, trailing in itertools.product(
         (0, 1), FIRST_STATES, EffectKind, (False, True)
     ):
@@ -245,20 +282,22 @@ def _plan_variants() -> Iterator[tuple[str, tuple[PlanStep, ...] | None, dict[in
         if trailing:  # a later step's record never matters: only the first unfinished does
             steps[2] = StepRecord(2, StepState.STARTED)
         label = f"first={position}:{state}:{retryable}:{kind}:trailing={trailing}"
-        yield label, plan, steps
+        yield label, plan, steps, False
 
 
 @cache
 def grid() -> tuple[tuple[str, Evidence], ...]:
     """Every combination of the features the table reads."""
     points = []
-    for hold, live, gone, age, (label, plan, steps), (used, most) in itertools.product(
-        (False, True), (False, True), (False, True), AGES, tuple(_plan_variants()), ATTEMPTS
+    for hold, live, gone, age, (label, plan, steps, recoverable), (used, most), lost in (
+        itertools.product((False, True), (False, True), (False, True), AGES,
+                          tuple(_plan_variants()), ATTEMPTS, LOST)
     ):
         ev = evidence(hold=hold, lease_live=live, session_gone=gone, age=age, plan=plan,
-                      steps=steps, attempts=used, max_attempts=most)
+                      steps=steps, attempts=used, max_attempts=most, lost=lost,
+                      recoverable=recoverable)
         points.append((f"hold={hold} live={live} gone={gone} age={age} {label} "
-                       f"attempts={used}/{most}", ev))
+                       f"attempts={used}/{most} lost={lost}", ev))
     return tuple(points)
 
 
@@ -280,10 +319,10 @@ def disagreements(limit: int = 5) -> list[str]:
 def pair_witnesses() -> dict[tuple[int, int], tuple[Evidence, ...]]:
     """For each pair i<j: grid evidence matching rows i and j and no row before i."""
     witnesses: dict[tuple[int, int], list[Evidence]] = {
-        pair: [] for pair in itertools.combinations(range(1, 13), 2)
+        pair: [] for pair in itertools.combinations(RULE_NUMBERS, 2)
     }
     for _, ev in grid():
-        matched = [n for n in range(1, 13) if ROW_CONDITIONS[n](ev)]
+        matched = [n for n in RULE_NUMBERS if ROW_CONDITIONS[n](ev)]
         first = matched[0]
         for later in matched[1:]:
             witnesses[(first, later)].append(ev)
@@ -322,19 +361,23 @@ REACH_CASES = [
                  5, "terminalize", "unresumable_plan", None, id="5-unresumable_plan"),
     pytest.param(evidence(steps={**done(0), 1: StepRecord(1, StepState.WAITING)}),
                  6, "skip", "waiting_on_gate", None, id="6-waiting_on_gate"),
+    pytest.param(evidence(steps=done(0, 1, 2), recoverable=True),
+                 7, "terminalize", "completion_recovered", None, id="7-completion_recovered"),
     pytest.param(evidence(steps=done(0, 1, 2)),
-                 7, "terminalize", "completion_unrecorded", None, id="7-completion_unrecorded"),
+                 8, "terminalize", "completion_unrecorded", None, id="8-completion_unrecorded"),
     pytest.param(evidence(steps={**done(0), 1: StepRecord(1, StepState.FAILED, False)}),
-                 8, "terminalize", "step_failed", None, id="8-step_failed"),
+                 9, "terminalize", "step_failed", None, id="9-step_failed"),
     pytest.param(evidence(steps={**done(0, 1), 2: StepRecord(2, StepState.STARTED)}),
-                 9, "terminalize", "worker_died_mid_step", None, id="9-worker_died_mid_step"),
+                 10, "terminalize", "worker_died_mid_step", None, id="10-worker_died_mid_step"),
+    pytest.param(evidence(steps={**done(0), 1: StepRecord(1, StepState.STARTED)}, lost=2),
+                 11, "terminalize", "crash_loop", None, id="11-crash_loop"),
     pytest.param(evidence(steps=done(0), attempts=3, max_attempts=3),
-                 10, "terminalize", "resume_exhausted", None, id="10-resume_exhausted"),
+                 12, "terminalize", "resume_exhausted", None, id="12-resume_exhausted"),
     pytest.param(evidence(steps={**done(0), 1: StepRecord(1, StepState.STARTED)}),
-                 11, "resume", "resumed_idempotent_step", 1, id="11-resumed_idempotent_step"),
+                 13, "resume", "resumed_idempotent_step", 1, id="13-resumed_idempotent_step"),
     pytest.param(evidence(steps=done(0, 1)),
-                 12, "resume", "resumed_from_unstarted_step", 2,
-                 id="12-resumed_from_unstarted_step"),
+                 14, "resume", "resumed_from_unstarted_step", 2,
+                 id="14-resumed_from_unstarted_step"),
 ]
 
 
@@ -350,8 +393,8 @@ class TestEachRuleIsReached:
         assert got == Decision(7, Disposition(disposition), Reason(reason), resume_at, number)
 
     def test_every_rule_has_a_reach_case(self) -> None:
-        """The reach cases above cover all twelve rules."""
-        assert sorted(cast(int, p.values[1]) for p in REACH_CASES) == list(range(1, 13))
+        """The reach cases above cover every rule."""
+        assert sorted(cast(int, p.values[1]) for p in REACH_CASES) == list(RULE_NUMBERS)
 
     def test_resume_starts_at_the_first_step_when_nothing_ran(self) -> None:
         """A job that died before any step resumes at step 0."""
@@ -418,6 +461,137 @@ class TestEachRuleIsReached:
         assert decide(ev, Thresholds(50.0, 400.0)).reason is Reason.RESUMED_FROM_UNSTARTED_STEP
 
 
+def _crash_loop_after(n: int | None) -> Thresholds:
+    return dataclasses.replace(THRESHOLDS, crash_loop_after=n)
+
+
+class TestCrashLoop:
+    """A job whose last crash_loop_after attempts were all lost ends crash_loop, not resumed."""
+
+    def test_second_lost_attempt_in_a_row_ends_crash_loop(self) -> None:
+        """With the default of 2, the first crash resumes and the second ends the job."""
+        first = decide(evidence(lost=1), THRESHOLDS)
+        second = decide(evidence(lost=2, attempts=2), THRESHOLDS)
+        assert (first.disposition, first.reason) == (
+            Disposition.RESUME, Reason.RESUMED_FROM_UNSTARTED_STEP)
+        assert (second.disposition, second.reason, second.resume_step_index) == (
+            Disposition.TERMINALIZE, Reason.CRASH_LOOP, None)
+        assert second.status_after is JobStatus.FAILED
+
+    @pytest.mark.parametrize(("after", "lost", "crash_loop"), [
+        (1, 0, False), (1, 1, True), (3, 2, False), (3, 3, True), (3, 7, True)])
+    def test_threshold_is_inclusive(self, after: int, lost: int, crash_loop: bool) -> None:
+        """lost_attempts_in_a_row >= crash_loop_after is a crash loop; one fewer is not."""
+        got = decide(evidence(lost=lost, max_attempts=10), _crash_loop_after(after))
+        assert (got.reason is Reason.CRASH_LOOP) is crash_loop
+
+    def test_no_threshold_turns_the_rule_off(self) -> None:
+        """Thresholds without crash_loop_after (a caller that does not pass it) never match."""
+        got = decide(evidence(lost=50, max_attempts=100), Thresholds(STALE, WEDGED))
+        assert got.reason is Reason.RESUMED_FROM_UNSTARTED_STEP
+
+    def test_a_source_without_attempts_never_crash_loops(self) -> None:
+        """Evidence left at lost_attempts_in_a_row 0 never matches, even with a threshold of 1."""
+        ev = Evidence(job_id=1, attempt_count=1, max_attempts=3,
+                      operator_hold=False, lease_live=False, lease_expired_seconds=5.0,
+                      activity_age_seconds=600.0, plan=PLAN3)
+        assert ev.lost_attempts_in_a_row == 0
+        assert decide(ev, _crash_loop_after(1)).reason is Reason.RESUMED_FROM_UNSTARTED_STEP
+
+    @pytest.mark.parametrize(("ev", "reason"), [
+        pytest.param(evidence(lost=9, hold=True), Reason.OPERATOR_HOLD, id="held"),
+        pytest.param(evidence(lost=9, lease_live=True), Reason.LEASE_LIVE, id="lease-live"),
+        pytest.param(evidence(lost=9, age=1.0), Reason.RECENT_ACTIVITY, id="recent"),
+        pytest.param(evidence(lost=9, plan=None), Reason.UNRESUMABLE_PLAN, id="no-plan"),
+        pytest.param(evidence(lost=9, steps={0: StepRecord(0, StepState.WAITING)}),
+                     Reason.WAITING_ON_GATE, id="gated"),
+        pytest.param(evidence(lost=9, steps=done(0, 1, 2), recoverable=True),
+                     Reason.COMPLETION_RECOVERED, id="recoverable"),
+        pytest.param(evidence(lost=9, steps=done(0, 1, 2)),
+                     Reason.COMPLETION_UNRECORDED, id="all-done"),
+        pytest.param(evidence(lost=9, steps={0: StepRecord(0, StepState.FAILED, False)}),
+                     Reason.STEP_FAILED, id="failed-for-good"),
+        pytest.param(evidence(lost=9, steps={**done(0, 1), 2: StepRecord(2, StepState.STARTED)}),
+                     Reason.WORKER_DIED_MID_STEP, id="effect-in-doubt"),
+    ])
+    def test_rules_that_say_more_come_first(self, ev: Evidence, reason: Reason) -> None:
+        """A crash-looping job that is live, held, gated, done, failed or mid-effect gets
+        that reason: it says more, and for an effect in doubt it is the safe one."""
+        assert decide(ev, THRESHOLDS).reason is reason
+
+    @pytest.mark.parametrize("ev", [
+        pytest.param(evidence(lost=3, attempts=3, max_attempts=3), id="unstarted"),
+        pytest.param(evidence(lost=3, attempts=3, max_attempts=3,
+                              steps={0: StepRecord(0, StepState.STARTED)}), id="idempotent"),
+        pytest.param(evidence(lost=3, attempts=3, max_attempts=3,
+                              steps={0: StepRecord(0, StepState.FAILED, True)}), id="retryable"),
+    ])
+    def test_crash_loop_wins_over_the_spent_budget_and_the_resumes(self, ev: Evidence) -> None:
+        """A crash loop with its budget spent is named for its cause, not the budget."""
+        assert decide(ev, THRESHOLDS).reason is Reason.CRASH_LOOP
+        assert decide(ev, Thresholds(STALE, WEDGED)).reason is Reason.RESUME_EXHAUSTED
+
+    def test_crash_loop_ends_the_job_before_the_budget_does(self) -> None:
+        """With 25 attempts allowed, the second lost attempt in a row still ends the job."""
+        got = decide(evidence(lost=2, attempts=2, max_attempts=25,
+                              steps={0: StepRecord(0, StepState.STARTED)}), THRESHOLDS)
+        assert got.reason is Reason.CRASH_LOOP
+
+
+class TestCompletionRecovered:
+    """Finished work the source can record is completed, not failed."""
+
+    def test_recoverable_completion_ends_completed(self) -> None:
+        """Every step succeeded and the source can record completion: terminalize, completed."""
+        got = decide(evidence(steps=done(0, 1, 2), recoverable=True), THRESHOLDS)
+        assert (got.disposition, got.reason, got.resume_step_index) == (
+            Disposition.TERMINALIZE, Reason.COMPLETION_RECOVERED, None)
+        assert got.status_after is JobStatus.COMPLETED
+
+    def test_other_sources_keep_completion_unrecorded(self) -> None:
+        """Without the source's flag the same evidence ends failed completion_unrecorded."""
+        got = decide(evidence(steps=done(0, 1, 2)), THRESHOLDS)
+        assert (got.reason, got.status_after) == (Reason.COMPLETION_UNRECORDED, JobStatus.FAILED)
+
+    @pytest.mark.parametrize(("steps", "reason"), [
+        pytest.param(done(0, 1), Reason.RESUMED_FROM_UNSTARTED_STEP, id="last-not-started"),
+        pytest.param({**done(0, 1), 2: StepRecord(2, StepState.STARTED)},
+                     Reason.WORKER_DIED_MID_STEP, id="last-mid-effect"),
+        pytest.param({**done(0, 1), 2: StepRecord(2, StepState.WAITING)},
+                     Reason.WAITING_ON_GATE, id="last-gated"),
+    ])
+    def test_the_flag_alone_recovers_nothing(self, steps: dict[int, StepRecord],
+                                             reason: Reason) -> None:
+        """A source flag with a step unfinished is ignored: the steps decide."""
+        assert decide(evidence(steps=steps, recoverable=True), THRESHOLDS).reason is reason
+
+    def test_a_held_or_live_job_is_not_completed(self) -> None:
+        """The earlier rules still protect a held job and a live worker."""
+        held = decide(evidence(steps=done(0, 1, 2), recoverable=True, hold=True), THRESHOLDS)
+        live = decide(evidence(steps=done(0, 1, 2), recoverable=True, lease_live=True),
+                      THRESHOLDS)
+        assert (held.reason, live.reason) == (Reason.OPERATOR_HOLD, Reason.LEASE_LIVE)
+
+
+class TestStatusAfter:
+    """What status each decision gives the job."""
+
+    @pytest.mark.parametrize("rule", RULES, ids=lambda r: r.reason.value)
+    def test_every_rule_has_its_status(self, rule: Rule) -> None:
+        """Resumes queue, completion_recovered completes, other terminalizations fail,
+        skips change nothing."""
+        want = {Disposition.RESUME: JobStatus.QUEUED, Disposition.SKIP: None,
+                Disposition.TERMINALIZE: JobStatus.FAILED}[rule.disposition]
+        if rule.reason is Reason.COMPLETION_RECOVERED:
+            want = JobStatus.COMPLETED
+        assert status_after(rule.disposition, rule.reason) is want
+
+    def test_pass_outcomes_change_nothing(self) -> None:
+        """fence_lost, reconcile_error and mass_staleness_brake are skips: no new status."""
+        for reason in (Reason.FENCE_LOST, Reason.RECONCILE_ERROR, Reason.MASS_STALENESS_BRAKE):
+            assert Decision(1, Disposition.SKIP, reason).status_after is None
+
+
 # --------------------------------------------------------------------------------------
 # Order and exhaustive agreement with the design.
 # --------------------------------------------------------------------------------------
@@ -428,18 +602,19 @@ class TestOrder:
 
     def test_grid_covers_many_feature_combinations(self) -> None:
         """The feature grid is the full product of the features the table reads."""
-        assert len(grid()) == 2 * 2 * 2 * len(AGES) * len(tuple(_plan_variants())) * len(ATTEMPTS)
+        assert len(grid()) == (2 * 2 * 2 * len(AGES) * len(tuple(_plan_variants()))
+                               * len(ATTEMPTS) * len(LOST))
 
     def test_decide_agrees_with_design_on_every_grid_point(self) -> None:
         """For every combination of features, decide() equals the DESIGN.md table read plainly."""
         assert disagreements() == []
 
     def test_every_rule_is_reached_on_the_grid(self) -> None:
-        """Each of the twelve rules decides at least one grid point."""
+        """Each rule decides at least one grid point."""
         reached = {decide(ev, THRESHOLDS).rule_number for _, ev in grid()}
-        assert reached == set(range(1, 13))
+        assert reached == set(RULE_NUMBERS)
 
-    @pytest.mark.parametrize(("i", "j"), list(itertools.combinations(range(1, 13), 2)),
+    @pytest.mark.parametrize(("i", "j"), list(itertools.combinations(RULE_NUMBERS, 2)),
                              ids=str)
     def test_earlier_rule_wins_over_later(self, i: int, j: int) -> None:
         """When rows i<j both match (and nothing earlier), rule i decides."""
@@ -452,7 +627,22 @@ class TestOrder:
 
     def test_documented_exclusive_pairs_are_ordered(self) -> None:
         """Every documented exclusive pair is a real pair i<j of rule numbers."""
-        assert all(1 <= i < j <= 12 for i, j in CANNOT_CO_OCCUR)
+        assert all(1 <= i < j <= RULE_COUNT for i, j in CANNOT_CO_OCCUR)
+
+    def test_crash_loop_sits_after_the_rules_that_say_more_and_before_the_resumes(
+            self) -> None:
+        """crash_loop comes after rules 1-10 and before resume_exhausted and both resumes."""
+        order = [r.reason for r in RULES]
+        crash = order.index(Reason.CRASH_LOOP)
+        assert order[crash - 1] is Reason.WORKER_DIED_MID_STEP
+        assert order[crash + 1:] == [Reason.RESUME_EXHAUSTED, Reason.RESUMED_IDEMPOTENT_STEP,
+                                     Reason.RESUMED_FROM_UNSTARTED_STEP]
+
+    def test_completion_recovered_comes_right_before_completion_unrecorded(self) -> None:
+        """The recovered variant is tried first, so the source finishes what it can."""
+        order = [r.reason for r in RULES]
+        assert order.index(Reason.COMPLETION_RECOVERED) + 1 == order.index(
+            Reason.COMPLETION_UNRECORDED)
 
 
 class TestOracleCatchesMutations:
@@ -461,8 +651,8 @@ class TestOracleCatchesMutations:
     def test_reordered_table_is_caught_by_the_oracle(
         self, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        """Swapping rules 9 and 10 makes decide() disagree with the design."""
-        _table_with(_swapped(9, 10), monkeypatch)
+        """Swapping worker_died_mid_step and resume_exhausted makes decide() disagree."""
+        _table_with(_swapped(10, 12), monkeypatch)
         assert disagreements(limit=1)
 
     def test_lease_live_ignoring_gone_sessions_is_caught(
@@ -511,12 +701,38 @@ class TestOracleCatchesMutations:
             record = ev.first_unfinished
             return record is not None and record.step_state is StepState.FAILED
 
-        _table_with(_replaced(8, any_failure), monkeypatch)
+        _table_with(_replaced(9, any_failure), monkeypatch)
+        assert disagreements(limit=1)
+
+    def test_off_by_one_crash_loop_threshold_is_caught(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Requiring more lost attempts than crash_loop_after makes decide() disagree."""
+        def crash_loop(ev: Evidence, t: Thresholds) -> bool:
+            after = t.crash_loop_after
+            return after is not None and ev.lost_attempts_in_a_row > after
+
+        _table_with(_replaced(11, crash_loop), monkeypatch)
+        assert disagreements(limit=1)
+
+    def test_recovering_without_the_source_flag_is_caught(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Completing every all-succeeded job, flag or not, makes decide() disagree."""
+        _table_with(_replaced(7, lambda ev, _t: ev.first_unfinished_index is None), monkeypatch)
+        assert disagreements(limit=1)
+
+    def test_recovering_on_the_flag_alone_is_caught(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Trusting the flag without checking every step succeeded makes decide() disagree."""
+        _table_with(_replaced(7, lambda ev, _t: ev.plan is not None and ev.completion_recoverable),
+                    monkeypatch)
         assert disagreements(limit=1)
 
     @pytest.mark.parametrize(
         ("i", "j"),
-        [p for p in itertools.combinations(range(1, 13), 2) if p not in CANNOT_CO_OCCUR],
+        [p for p in itertools.combinations(RULE_NUMBERS, 2) if p not in CANNOT_CO_OCCUR],
         ids=str,
     )
     def test_swapping_any_observable_pair_is_caught(
@@ -551,7 +767,8 @@ def thresholds(draw: st.DrawFn) -> Thresholds:
         return THRESHOLDS
     stale = draw(st.floats(min_value=0, max_value=1e6))
     wedged = stale + draw(st.floats(min_value=1e-3, max_value=1e6))
-    return Thresholds(stale, wedged)
+    crash_loop_after = draw(st.one_of(st.none(), st.integers(min_value=1, max_value=6)))
+    return Thresholds(stale, wedged, crash_loop_after)
 
 
 @st.composite
@@ -581,6 +798,8 @@ def arbitrary_evidence(draw: st.DrawFn) -> Evidence:
         plan=plan,
         steps=steps,
         session_gone=draw(st.booleans()),
+        lost_attempts_in_a_row=draw(st.integers(min_value=0, max_value=8)),
+        completion_recoverable=draw(st.booleans()),
     )
 
 
@@ -592,7 +811,7 @@ class TestArbitraryEvidence:
     def test_decide_never_raises_and_returns_a_rule_reason(
         self, ev: Evidence, limits: Thresholds
     ) -> None:
-        """Any evidence gets one of the twelve rules' decisions: the one DESIGN.md's table gives."""
+        """Any evidence gets one of the rules' decisions: the one the design's table gives."""
         got = decide(ev, limits)
         assert got.reason.value in RULE_REASONS
         assert got.job_id == ev.job_id
@@ -607,7 +826,8 @@ class TestArbitraryEvidence:
             assert record is None or record.step_state is not StepState.SUCCEEDED
         else:
             assert got.resume_step_index is None
-        want = design_table(ev, limits.stale_after_seconds, limits.wedged_after_seconds)
+        want = design_table(ev, limits.stale_after_seconds, limits.wedged_after_seconds,
+                            limits.crash_loop_after)
         assert (got.reason.value, got.resume_step_index) == want
 
 
@@ -619,16 +839,20 @@ class TestArbitraryEvidence:
 class TestTableAsData:
     """RULES is the one table; its numbers, reasons and texts match DESIGN.md."""
 
-    def test_rule_numbers_run_one_to_twelve_in_order(self) -> None:
-        """Rules are numbered 1..12 in the order they are tried."""
-        assert [r.number for r in RULES] == list(range(1, 13))
+    def test_rule_numbers_run_from_one_in_order(self) -> None:
+        """Rules are numbered 1..14 in the order they are tried."""
+        assert [r.number for r in RULES] == list(RULE_NUMBERS)
 
     def test_reasons_are_unique(self) -> None:
         """No two rules share a reason, so a reason names exactly one rule."""
         assert len({r.reason for r in RULES}) == len(RULES)
 
     def test_transcription_matches_design_document(self) -> None:
-        """DESIGN_TABLE above is a faithful copy of DESIGN.md section 5 (when the file is here)."""
+        """DESIGN_TABLE above is a faithful copy of DESIGN.md section 5 (when the file is here).
+
+        Until section 5 itself lists the two rules section 11 adds, it must equal
+        DESIGN_TABLE without them (renumbered), and section 11 must name both.
+        """
         design = REPO_ROOT.parent / "shared" / "DESIGN.md"
         if not design.is_file():
             pytest.skip("DESIGN.md is not beside this checkout")
@@ -639,6 +863,12 @@ class TestTableAsData:
             cells = [c.strip() for c in line.strip().strip("|").split("|")]
             if len(cells) == 4 and cells[0].isdigit():
                 rows.append((int(cells[0]), cells[1], cells[2].split()[0], cells[3].strip("`")))
+        if not SECTION_11_REASONS & {reason for *_, reason in rows}:
+            section_11 = text[text.index("## 11."):]
+            assert all(f"`{reason}`" in section_11 for reason in SECTION_11_REASONS)
+            without = [row for row in DESIGN_TABLE if row[3] not in SECTION_11_REASONS]
+            assert tuple(rows) == tuple((n, *row[1:]) for n, row in enumerate(without, 1))
+            return
         assert tuple(rows) == DESIGN_TABLE
 
     def test_rows_match_design(self) -> None:
@@ -654,7 +884,7 @@ class TestTableAsData:
             assert rule.evidence == plain or rule.evidence.startswith(plain + " ("), rule.number
 
     def test_every_reason_is_a_rule_or_a_pass_outcome(self) -> None:
-        """Reason holds the twelve rule reasons plus fence_lost and reconcile_error, no more."""
+        """Reason holds the rules' reasons plus the pass's own three outcomes, no more."""
         assert {r.value for r in Reason} == RULE_REASONS | PASS_OUTCOME_REASONS
 
     def test_every_rule_has_a_description(self) -> None:
@@ -686,10 +916,10 @@ class TestRenderedTable:
         assert positions == sorted(positions)
 
     def test_text_table_explains_pass_outcomes(self) -> None:
-        """The text table also names fence_lost and reconcile_error."""
+        """The text table also names the pass's own outcomes and shadow mode."""
         text = decisions.render_table()
-        assert "fence_lost" in text
-        assert "reconcile_error" in text
+        assert all(reason in text for reason in PASS_OUTCOME_REASONS)
+        assert "shadow" in text
 
     def test_markdown_has_one_row_per_rule_in_order(self) -> None:
         """The Markdown table has one row per rule, in order, with all five columns."""
@@ -707,8 +937,14 @@ class TestRenderedTable:
         """The Markdown mentions every rule's reason and description, and the pass outcomes."""
         text = decisions.render_markdown()
         assert all(r.reason.value in text and r.description in text for r in RULES)
-        assert "`fence_lost`" in text
-        assert "`reconcile_error`" in text
+        assert all(f"`{reason}`" in text for reason in PASS_OUTCOME_REASONS)
+
+    def test_markdown_says_why_the_new_rules_sit_where_they_do(self) -> None:
+        """The docs carry the order notes of completion_recovered and crash_loop."""
+        text = decisions.render_markdown()
+        for reason, why in decisions.ORDER_NOTES:
+            assert f"- `{reason.value}`: {why}" in text
+        assert {reason.value for reason, _ in decisions.ORDER_NOTES} == SECTION_11_REASONS
 
     def test_generated_docs_are_current(self) -> None:
         """docs/decision-table.md is exactly what render_markdown() prints."""

@@ -37,6 +37,8 @@ PUBLIC_FACT_KEYS = {
     "step_states",
     "effect_kinds",
     "first_unfinished_step",
+    "lost_attempts_in_a_row",
+    "completion_recoverable",
 }
 
 
@@ -247,7 +249,20 @@ class TestPublicFacts:
             "step_states": ["succeeded", "started", "not_started"],
             "effect_kinds": ["idempotent", "pure", "effectful"],
             "first_unfinished_step": 1,
+            "lost_attempts_in_a_row": 0,
+            "completion_recoverable": False,
         }
+
+    def test_crash_loop_and_completion_facts(self) -> None:
+        """The lost-attempt count and the source's completion flag are recorded as given."""
+        facts = evidence(lost_attempts_in_a_row=3, completion_recoverable=True).public_facts()
+        assert (facts["lost_attempts_in_a_row"], facts["completion_recoverable"]) == (3, True)
+
+    def test_sources_that_keep_no_attempts_default_to_no_crash_loop(self) -> None:
+        """Evidence built without the new facts has no lost attempts and no recoverable
+        completion, so the rules they feed never match."""
+        ev = evidence()
+        assert (ev.lost_attempts_in_a_row, ev.completion_recoverable) == (0, False)
 
     def test_steps_without_a_record_are_not_started(self) -> None:
         """A step that never started is reported as not_started."""

@@ -1,4 +1,5 @@
-"""The operations kit in ops/ agrees with the code: metrics, label values, reasons, commands.
+"""The operations kit in ops/ (and the README's settings and operations) agrees with the code:
+metrics, label values, reasons, commands.
 
 No database needed. PyYAML is not a project dependency, so the YAML files are not parsed
 here: ``promtool check rules`` / ``check config`` prove they are valid, ``promtool test
@@ -49,6 +50,7 @@ DASHBOARD = OPS / "grafana" / "reconciler-dashboard.json"
 RUNBOOK = OPS / "runbook.md"
 KUBERNETES = OPS / "kubernetes" / "reconciler-sidecar.yaml"
 SYSTEMD = OPS / "systemd" / "stale-claim-reconciler.service"
+README = REPO / "README.md"
 SERVICE_SOURCE = REPO / "reconciler" / "sidecar" / "service.py"
 
 # Labels Prometheus attaches to every scraped series.
@@ -333,6 +335,31 @@ def runbook_anchors() -> frozenset[str]:
                      if (m := re.match(r"^#{1,6}\s+(.+?)\s*#*$", line)))
 
 
+def runbook_section(anchor: str) -> str:
+    """The text of the runbook section whose heading has this anchor, up to the next heading
+    of the same or a higher level."""
+    lines = RUNBOOK.read_text().splitlines()
+    for i, line in enumerate(lines):
+        heading = re.match(r"^(#{1,6})\s+(.+?)\s*#*$", line)
+        if heading and github_anchor(heading[2]) == anchor:
+            level = len(heading[1])
+            body = []
+            for later in lines[i + 1:]:
+                if re.match(rf"^#{{1,{level}}}\s", later):
+                    break
+                body.append(later)
+            return "\n".join(body)
+    pytest.fail(f"ops/runbook.md has no section #{anchor}")
+
+
+def readme_section(title: str) -> str:
+    """The text of a ``## title`` section of README.md."""
+    text = README.read_text()
+    start = text.index(f"\n## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end != -1 else None]
+
+
 def operator_status_reasons() -> set[str]:
     """The status reasons operator actions write."""
     return {reason.value for reason in OperatorStatusReason}
@@ -462,6 +489,19 @@ class TestAlertRules:
                 "ReconcilerNoLeader"} <= names
         assert len(names) == len(alert_rules()), "alert names are unique"
 
+    def test_the_brake_has_an_alert_on_its_gauge(self) -> None:
+        """ReconcilerBrakeEngaged watches reconciler_brake_engaged (DESIGN.md section 11)."""
+        rules = {rule.name: rule for rule in alert_rules()}
+        assert "ReconcilerBrakeEngaged" in rules
+        expr = rules["ReconcilerBrakeEngaged"].values["expr"]
+        assert parse_promql(expr).metrics == {"reconciler_brake_engaged"}
+
+    def test_decision_alerts_never_count_shadow_decisions(self) -> None:
+        """Alerts on decisions read reconciler_decisions_total, which a shadow pass leaves
+        alone, so a week in shadow mode pages nobody."""
+        for rule in alert_rules():
+            assert "reconciler_shadow_decisions_total" not in rule.values["expr"], rule.name
+
     @pytest.mark.parametrize("rule", alert_rules(), ids=lambda r: r.name)
     def test_every_alert_has_severity_summary_description_and_runbook(
             self, rule: AlertRule) -> None:
@@ -544,6 +584,31 @@ class TestDashboard:
                        "reconciler_artifact_sweep_failures_total"):
             assert needle in exprs, f"no dashboard query with {needle!r}"
 
+    def test_the_operating_safely_panels_exist(self) -> None:
+        """Shadow decisions, the brake, passes per tick and job retention have panels."""
+        panels = {panel.get("title"): " ".join(t.get("expr", "") for t in panel.get("targets", []))
+                  for panel in dashboard_panels()}
+        wanted = {
+            "Shadow decisions by reason": "reconciler_shadow_decisions_total",
+            "Mass-staleness brake": "reconciler_brake_engaged",
+            "Passes per tick": "reconciler_tick_batches_bucket",
+            "Job retention": "reconciler_job_rows_deleted_total",
+        }
+        for title, metric in wanted.items():
+            assert metric in panels.get(title, ""), f"no panel {title!r} querying {metric}"
+        assert "sum by (disposition, reason)" in panels["Shadow decisions by reason"]
+
+    def test_every_exported_metric_has_a_panel(self) -> None:
+        """Each metric the service exports is queried by at least one dashboard panel."""
+        families = set(re.findall(r"^# TYPE (\S+) \S+$",
+                                  generate_latest(Metrics().registry).decode(), re.MULTILINE))
+        families = {f for f in families if not f.endswith("_created")}
+        queried = {name for q in queries() if q.where.startswith("dashboard")
+                   for name in parse_promql(q.expr).metrics}
+        missing = sorted(f for f in families
+                         if not any(m == f or m.startswith(f + "_") for m in queried))
+        assert not missing, f"no dashboard panel queries {missing}"
+
     def test_promtool_parses_every_dashboard_query(self, tmp_path: Path) -> None:
         """Each panel query, with Grafana variables filled in, is valid PromQL."""
         rules = ["groups:", "  - name: dashboard-queries", "    rules:"]
@@ -588,6 +653,20 @@ class TestRunbook:
     def test_every_command_shown_is_a_valid_command_line(self, command: str) -> None:
         """Each ``reconciler ...`` the runbook shows parses with the real CLI."""
         parses_as_cli(command, job_id_optional=True)
+
+    def test_the_operating_safely_features_are_explained(self) -> None:
+        """Shadow review, releasing the brake and handling a crash loop are spelled out."""
+        shadow = runbook_section("shadow-mode")
+        assert "reconciler decisions --shadow" in shadow
+        assert "RECONCILER_SHADOW" in shadow
+        brake = runbook_section("reconcilerbrakeengaged")
+        assert "brake_hold_seconds" in brake
+        assert "reconciler pass --brake-hold-seconds 0" in brake
+        crash = runbook_section("crash_loop")
+        assert "reconciler decisions --since 1d --reason crash_loop" in crash
+        assert "reconciler jobs retry JOB_ID" in crash
+        # Why other sources keep completion_unrecorded (DESIGN.md section 11).
+        assert "could not record it" in runbook_section("completion_unrecorded")
 
     def test_the_operator_actions_are_explained(self) -> None:
         """Hold, unhold, retry and cancel each appear as a command."""
@@ -641,3 +720,34 @@ class TestDeploymentExamples:
             command = "reconciler " + directives[key].split("/bin/reconciler ", 1)[1]
             assert command == expected
             parses_as_cli(command)
+
+
+# -- README ------------------------------------------------------------------------------
+
+
+class TestReadme:
+    """The README documents every setting and the operations features of DESIGN.md §11."""
+
+    def test_every_setting_is_in_the_settings_table(self) -> None:
+        """Each setting of reconciler.settings.Settings has a row in the README's table."""
+        section = readme_section("Settings")
+        missing = [name for name in Settings.model_fields if f"`{name}`" not in section]
+        assert not missing, f"README's settings table lacks {missing}"
+
+    @pytest.mark.parametrize(("feature", "needles"), [
+        ("shadow mode", ("`RECONCILER_SHADOW=true`", "reconciler decisions --shadow",
+                         "reconciler_shadow_decisions_total")),
+        ("mass-staleness brake", ("`brake_min_jobs`", "`mass_staleness_brake`",
+                                  "`reconciler_brake_engaged`", "`ReconcilerBrakeEngaged`")),
+        ("crash loops", ("`crash_loop_after`", "`crash_loop`", "reconciler jobs retry")),
+        ("skips recorded once", ("recorded once", "claim generation")),
+        ("job retention", ("`job_retention_days`", "`audit_retention_days`",
+                           "`reconciler_job_rows_deleted_total`")),
+        ("completion recovered", ("`completion_recovered`", "`completion_unrecorded`")),
+    ])
+    def test_operations_has_a_line_per_feature(self, feature: str,
+                                               needles: tuple[str, ...]) -> None:
+        """The Operations section names each feature's setting, reason and metric."""
+        section = readme_section("Operations")
+        missing = [needle for needle in needles if needle not in section]
+        assert not missing, f"README Operations, {feature}: missing {missing}"

@@ -1,5 +1,5 @@
-"""The lease contract's rules that are not storage: backoff, statuses, attempt outcomes,
-the resume point and the operator state machine, as pure functions."""
+"""The lease contract's rules that are not storage: backoff, attempt outcomes, the resume
+point and the operator state machine, as pure functions."""
 
 from __future__ import annotations
 
@@ -14,11 +14,9 @@ from reconciler.core.policy import (
     operator_change,
     reclaimed_attempt_outcome,
     retry_delay_seconds,
-    status_after,
 )
 from reconciler.core.vocabulary import (
     AttemptOutcome,
-    Disposition,
     JobStatus,
     OperatorAction,
     OperatorStatusReason,
@@ -39,18 +37,6 @@ class TestRetryDelay:
     def test_zero_attempts_is_read_as_the_first(self) -> None:
         """A count below one never shrinks the delay below the first."""
         assert retry_delay_seconds(0, 2.0, 300.0) == 2.0
-
-
-class TestStatusAfter:
-    def test_a_resume_requeues_and_a_terminalize_fails(self) -> None:
-        """The two acting dispositions map to queued and failed."""
-        assert status_after(Disposition.RESUME) is JobStatus.QUEUED
-        assert status_after(Disposition.TERMINALIZE) is JobStatus.FAILED
-
-    def test_a_skip_changes_no_status(self) -> None:
-        """Asking for a skip's status is a programming error."""
-        with pytest.raises(ValueError, match="skip"):
-            status_after(Disposition.SKIP)
 
 
 class TestReclaimedAttemptOutcome:

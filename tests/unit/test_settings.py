@@ -36,6 +36,13 @@ DEFAULTS: dict[str, Any] = {
     "poll_interval_seconds": 1.0,
     "audit_retention_days": 30.0,  # issue 4: bounded retention of the audit trail
     "artifact_root": "artifacts",
+    # DESIGN.md section 11 (issue 13)
+    "shadow": False,
+    "brake_min_jobs": 20,
+    "brake_stale_fraction": 0.5,
+    "brake_hold_seconds": 120.0,
+    "crash_loop_after": 2,
+    "job_retention_days": 30.0,
 }
 
 # (setting, text as it would come from a flag or an env var, value it means)
@@ -59,6 +66,15 @@ GOOD_VALUES: list[tuple[str, str, Any]] = [
     ("max_run_seconds", "120", 120.0),
     ("poll_interval_seconds", "0.25", 0.25),
     ("artifact_root", "/var/lib/reconciler/artifacts", "/var/lib/reconciler/artifacts"),
+    ("shadow", "true", True),
+    ("shadow", "0", False),
+    ("brake_min_jobs", "1", 1),
+    ("brake_stale_fraction", "1", 1.0),
+    ("brake_stale_fraction", "0.25", 0.25),
+    ("brake_hold_seconds", "0", 0.0),
+    ("crash_loop_after", "1", 1),
+    ("crash_loop_after", "5", 5),
+    ("job_retention_days", "0.5", 0.5),
 ]
 
 # (setting, bad text); each is refused on its own, with every other setting at its default.
@@ -86,6 +102,17 @@ BAD_VALUES: list[tuple[str, str]] = [
     ("shutdown_grace_seconds", "-1"),
     ("max_run_seconds", "0"),
     ("poll_interval_seconds", "never"),
+    ("shadow", "maybe"),
+    ("brake_min_jobs", "0"),
+    ("brake_min_jobs", "1.5"),
+    ("brake_stale_fraction", "0"),
+    ("brake_stale_fraction", "1.5"),
+    ("brake_stale_fraction", "half"),
+    ("brake_hold_seconds", "-1"),
+    ("crash_loop_after", "0"),
+    ("crash_loop_after", "two"),
+    ("job_retention_days", "0"),
+    ("job_retention_days", "-30"),
 ]
 
 
@@ -124,6 +151,20 @@ class TestDefaults:
         assert settings.stale_after_seconds < settings.wedged_after_seconds
         assert settings.retry_backoff_seconds <= settings.retry_backoff_max_seconds
         assert settings.session_timeout_seconds >= 2 * settings.session_heartbeat_seconds
+
+    def test_thresholds_carry_the_decision_table_settings(self) -> None:
+        """Settings.thresholds() is how every caller builds the table's limits."""
+        thresholds = load_settings(stale_after_seconds="10", wedged_after_seconds="20",
+                                   crash_loop_after="4").thresholds()
+        assert (thresholds.stale_after_seconds, thresholds.wedged_after_seconds,
+                thresholds.crash_loop_after) == (10.0, 20.0, 4)
+        assert load_settings().thresholds().crash_loop_after == 2
+
+    def test_brake_limits_carry_the_brake_settings(self) -> None:
+        """Settings.brake_limits() holds the three brake settings."""
+        limits = load_settings(brake_min_jobs="5", brake_stale_fraction="0.9",
+                               brake_hold_seconds="30").brake_limits()
+        assert (limits.min_jobs, limits.stale_fraction, limits.hold_seconds) == (5, 0.9, 30.0)
 
     def test_settings_are_frozen(self) -> None:
         """Loaded settings cannot be changed afterwards."""
