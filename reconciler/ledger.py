@@ -162,6 +162,9 @@ class LedgerRun:
                     allowed=(None, StepState.STARTED.value, StepState.FAILED.value))
         try:
             yield
+        except GeneratorExit:
+            # Closed without ever ending (abandoned, not failed): the step stays started.
+            raise
         except BaseException:
             self._write(index, StepState.FAILED, finished=True, retryable=True,
                         allowed=(StepState.STARTED.value,))
