@@ -48,9 +48,11 @@ class ForeignSource(ABC):
         """The job's id, in the scan's FROM; pages and cursors follow it."""
 
     @abstractmethod
-    def _running(self) -> sa.Select[Any]:
+    def _running(self, policies: Mapping[str, KindPolicy]) -> sa.Select[Any]:
         """Every running job with the columns ``_candidate`` reads, unfiltered by lease:
-        ``job_id``, ``job_kind`` and ``lease_expired_seconds`` labelled, the rest its own."""
+        ``job_id``, ``job_kind`` and ``lease_expired_seconds`` (seconds past the lease's
+        end under ``policies``, negative while it runs, NULL when it has none) labelled,
+        the rest its own."""
 
     @abstractmethod
     def _lock_target(self) -> Any:
@@ -89,7 +91,7 @@ class ForeignSource(ABC):
             return []
         key = self._key_column()
         expired = self._expired(policies)
-        expired_scan = (self._running().where(self._reconciled(policies), expired)
+        expired_scan = (self._running(policies).where(self._reconciled(policies), expired)
                         .order_by(key).limit(limit))
         if after is not None:
             expired_scan = expired_scan.where(key > after.position[0])
@@ -97,8 +99,9 @@ class ForeignSource(ABC):
                             position=True)
         room = limit - len(found)
         if room > 0:
-            wedged_scan = (self._running().where(self._reconciled(policies), sa.not_(expired),
-                                                 self._stalled(policies))
+            wedged_scan = (self._running(policies)
+                           .where(self._reconciled(policies), sa.not_(expired),
+                                  self._stalled(policies))
                            .order_by(key).limit(room))
             found += self._build(self._conn.execute(self._locked(wedged_scan)).all(),
                                  policies, position=False)
@@ -108,9 +111,10 @@ class ForeignSource(ABC):
         """The same facts for named running jobs, whatever their lease; no locks."""
         if not job_ids:
             return []
-        rows = self._conn.execute(self._running().where(self._key_column().in_(list(job_ids)))
-                                  .order_by(self._key_column())).all()
-        policies = {kind: self._kinds.resolve(kind) for kind in {r.job_kind for r in rows}}
+        policies = self._policies(reconciled_only=False)
+        key = self._key_column()
+        rows = self._conn.execute(self._running(policies).where(key.in_(list(job_ids)))
+                                  .order_by(key)).all()
         return self._build(rows, policies, position=False)
 
     def apply(self, changes: Sequence[PlannedChange]) -> dict[JobKey, int | None]:
@@ -128,8 +132,8 @@ class ForeignSource(ABC):
         policies = self._policies()
         if not policies:
             return 0, None
-        expired = self._running().where(self._reconciled(policies),
-                                        self._expired(policies)).subquery()
+        expired = self._running(policies).where(self._reconciled(policies),
+                                                self._expired(policies)).subquery()
         count, oldest = self._conn.execute(
             sa.select(sa.func.count(), sa.func.max(expired.c.lease_expired_seconds))).one()
         return int(count), None if oldest is None else float(oldest)
@@ -140,11 +144,12 @@ class ForeignSource(ABC):
             self, changed: Mapping[JobKey, int | None]) -> None:
         """A hook after the swaps (graphile-worker wakes its workers here)."""
 
-    def _policies(self) -> dict[str, KindPolicy]:
+    def _policies(self, *, reconciled_only: bool = True) -> dict[str, KindPolicy]:
+        """The policies of the kinds running now (few: task or queue names)."""
         kinds = self._conn.execute(
-            sa.select(self._running().subquery().c.job_kind).distinct()).scalars()
+            sa.select(self._running({}).subquery().c.job_kind).distinct()).scalars()
         policies = {kind: self._kinds.resolve(kind) for kind in kinds if kind is not None}
-        return {kind: p for kind, p in policies.items() if p.reconcile}
+        return {kind: p for kind, p in policies.items() if p.reconcile or not reconciled_only}
 
     def _reconciled(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[bool]:
         return self._kind_column().in_(sorted(policies))

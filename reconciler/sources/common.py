@@ -118,21 +118,26 @@ def candidate(*, job_id: JobKey, kind: str, policy: KindPolicy, fence: Fence,
               attempt_count: int, max_attempts: int, lease_live: bool,
               lease_expired_seconds: float | None, steps: StepFacts | None,
               session_gone: bool = False, position: bool = False,
-              plan: str | tuple[PlanStep, ...] | None = None,
-              step_rows: StepRows | None = None,
+              own_plan: tuple[str | None, StepRows] | None = None,
               activity_age_seconds: float | None = None) -> Candidate:
-    """A foreign candidate: ledger steps when recorded, else the plan given, else one step."""
-    if steps is None and plan is None:
-        steps = one_step(policy)
-    if steps is not None:
-        plan, step_rows, activity = steps.plan, steps.step_rows, steps.activity_age_seconds
-    else:
+    """A foreign candidate: the job's own plan and step results when its system keeps them
+    (``own_plan``: raw plan text, possibly None, and step records), else the ledger's
+    steps, else one step named after its kind. ``activity_age_seconds`` is the system's own
+    activity; without one, the ledger's last write."""
+    plan: str | tuple[PlanStep, ...] | None
+    if own_plan is not None:
+        plan, step_rows = own_plan
         activity = activity_age_seconds
+    else:
+        facts = steps or one_step(policy)
+        plan, step_rows = facts.plan, facts.step_rows
+        activity = (activity_age_seconds if activity_age_seconds is not None
+                    else facts.activity_age_seconds)
     return Candidate(
         job_id=job_id, job_kind=kind, fence=fence, attempt_count=attempt_count,
         max_attempts=max_attempts, operator_hold=False, lease_live=lease_live,
         lease_expired_seconds=lease_expired_seconds, activity_age_seconds=activity,
-        plan=plan, step_rows=step_rows or (), session_gone=session_gone,
+        plan=plan, step_rows=step_rows, session_gone=session_gone,
         position=Cursor((job_id,)) if position else None,
     )
 

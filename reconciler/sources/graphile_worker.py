@@ -99,32 +99,20 @@ class GraphileWorkerSource(ForeignSource):
                                                  for k, p in policies.items()})
         return sa.func.coalesce(by_kind, LOCK_TIMEOUT_SECONDS)
 
-    def _running(self) -> sa.Select[Any]:
-        # Without the policies the scan has no lease: ``_candidate`` computes it per kind.
+    def _running(self, policies: Mapping[str, KindPolicy]) -> sa.Select[Any]:
         jobs, tasks = self._jobs, self._tasks
+        claim_age = seconds_since(jobs.c.locked_at)
         return (
             sa.select(jobs.c.id.label("job_id"), tasks.c.identifier.label("job_kind"),
                       jobs.c.locked_at, jobs.c.locked_by, jobs.c.attempts, jobs.c.max_attempts,
-                      seconds_since(jobs.c.locked_at).label("claim_age"),
-                      sa.null().label("lease_expired_seconds"))
+                      claim_age.label("claim_age"),
+                      (claim_age - self._lease_seconds(policies)).label("lease_expired_seconds"))
             .select_from(jobs.join(tasks, tasks.c.id == jobs.c.task_id))
             .where(jobs.c.locked_at.is_not(None))
         )
 
     def _expired(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[bool]:
         return self._jobs.c.locked_at < now_plus(-self._lease_seconds(policies))
-
-    def stale_backlog(self) -> tuple[int, float | None]:
-        """Running jobs past their lease, and the oldest lease's overrun in seconds."""
-        policies = self._policies()
-        if not policies:
-            return 0, None
-        over = (seconds_since(self._jobs.c.locked_at) - self._lease_seconds(policies))
-        expired = self._running().add_columns(over.label("overrun")).where(
-            self._reconciled(policies), self._expired(policies)).subquery()
-        count, oldest = self._conn.execute(
-            sa.select(sa.func.count(), sa.func.max(expired.c.overrun))).one()
-        return int(count), None if oldest is None else float(oldest)
 
     def _candidate(self, row: sa.Row[Any], policy: KindPolicy, steps: StepFacts | None,
                    position: bool) -> Candidate:

@@ -100,31 +100,20 @@ class PgBossSource(ForeignSource):
                                                  for k, p in policies.items()})
         return sa.func.coalesce(by_kind, self._expire_seconds())
 
-    def _running(self) -> sa.Select[Any]:
+    def _running(self, policies: Mapping[str, KindPolicy]) -> sa.Select[Any]:
         jobs = self._jobs
+        claim_age = seconds_since(jobs.c.started_on)
         return (
             sa.select(jobs.c.id.label("job_id"), jobs.c.name.label("job_kind"),
                       jobs.c.started_on, jobs.c.retry_count, jobs.c.retry_limit,
-                      seconds_since(jobs.c.started_on).label("claim_age"),
+                      claim_age.label("claim_age"),
                       self._expire_seconds().label("expire_seconds"),
-                      sa.null().label("lease_expired_seconds"))
+                      (claim_age - self._lease_seconds(policies)).label("lease_expired_seconds"))
             .where(jobs.c.state == constant("active"))
         )
 
     def _expired(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[bool]:
         return self._jobs.c.started_on < now_plus(-self._lease_seconds(policies))
-
-    def stale_backlog(self) -> tuple[int, float | None]:
-        """Active jobs past their lease, and the oldest lease's overrun in seconds."""
-        policies = self._policies()
-        if not policies:
-            return 0, None
-        over = seconds_since(self._jobs.c.started_on) - self._lease_seconds(policies)
-        expired = self._running().add_columns(over.label("overrun")).where(
-            self._reconciled(policies), self._expired(policies)).subquery()
-        count, oldest = self._conn.execute(
-            sa.select(sa.func.count(), sa.func.max(expired.c.overrun))).one()
-        return int(count), None if oldest is None else float(oldest)
 
     def _candidate(self, row: sa.Row[Any], policy: KindPolicy, steps: StepFacts | None,
                    position: bool) -> Candidate:

@@ -96,7 +96,7 @@ class ProcrastinateSource(ForeignSource):
     def _lock_target(self) -> Any:
         return self._jobs
 
-    def _running(self) -> sa.Select[Any]:
+    def _running(self, policies: Mapping[str, KindPolicy]) -> sa.Select[Any]:
         jobs, workers = self._jobs, self._workers
         heartbeat_age = seconds_since(workers.c.last_heartbeat)
         return (

@@ -30,6 +30,7 @@ from sqlalchemy.engine import Engine
 
 from models import StepLedgerEntry
 from reconciler.storage.engines import create_engine
+from reconciler.storage.schema import upgrade
 from tests.conftest import REPO_ROOT, PostgresForTests
 from tests.pg_server import INSTALL_HINT
 from tests.sources.support import processes  # noqa: F401 - a fixture of this folder
@@ -225,3 +226,25 @@ def pgboss_db(sources_db: SourcesDatabase, pgboss_schema: str) -> SourcesDatabas
     sources_db.execute(f"TRUNCATE {pgboss_schema}.job, {pgboss_schema}.archive")
     clear_ledger(sources_db)
     return sources_db
+
+
+# --------------------------------------------------------------------------- #
+# The reconciler's own database on both engines, cheaply
+# --------------------------------------------------------------------------- #
+
+
+@pytest.fixture(params=("sqlite", "postgresql"))
+def reconciler_engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
+    """The reconciler's migrated database on each engine: a fresh SQLite file, or the
+    session's PostgreSQL database with the step ledger emptied (no database per test)."""
+    if request.param == "sqlite":
+        engine = create_engine(f"sqlite:///{tmp_path / 'reconciler.db'}")
+        upgrade(engine)
+        try:
+            yield engine
+        finally:
+            engine.dispose()
+        return
+    db: SourcesDatabase = request.getfixturevalue("sources_db")
+    clear_ledger(db)
+    yield db.engine

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
@@ -15,6 +16,12 @@ from reconciler.ledger import LeaseLost, Step, StepLedger
 
 ENTRIES = StepLedgerEntry.__table__
 PLAN = [Step("fetch", "idempotent"), Step("charge", "effectful"), Step("notify", "pure")]
+
+
+@pytest.fixture
+def engine(reconciler_engine: Engine) -> Engine:
+    """The reconciler's database on each engine."""
+    return reconciler_engine
 
 
 @pytest.fixture
@@ -159,7 +166,7 @@ class TestRefusals:
                 ledger.run("procrastinate", 7, 0, PLAN).step(3):
             pass
 
-    def test_old_schema_is_refused(self, empty_db_url: str) -> None:
+    def test_old_schema_is_refused(self, tmp_path: Path) -> None:
         """A ledger on a database without the reconciler's schema says so in one line."""
-        with pytest.raises(SchemaOutOfDateError):
-            StepLedger(empty_db_url)
+        with pytest.raises(SchemaOutOfDateError, match="db upgrade"):
+            StepLedger(f"sqlite:///{tmp_path / 'empty.db'}")
