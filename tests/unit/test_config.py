@@ -20,6 +20,7 @@ from reconciler.config import (
 from reconciler.core.vocabulary import EffectKind
 from reconciler.errors import ConfigError
 from reconciler.settings import Settings
+from reconciler.sources import open_foreign_source
 
 DESIGN_EXAMPLE = """
 database_url = "postgresql+psycopg://app@db/app"
@@ -294,3 +295,25 @@ class TestTableSource:
         """A misspelled mapping is named, not ignored."""
         message = refused(write(tmp_path, TABLE_EXAMPLE + 'lease_column = "x"\n'))
         assert "lease_column" in message
+
+
+class TestOpenForeignSource:
+    """Each [source] kind opens its own source class; native is the store's."""
+
+    @pytest.mark.parametrize(("text", "expected"), [
+        ('kind = "procrastinate"', "ProcrastinateSource"),
+        ('kind = "graphile-worker"', "GraphileWorkerSource"),
+        ('kind = "pg-boss"', "PgBossSource"),
+        (TABLE_EXAMPLE.split("[source]\n", 1)[1], "TableSource"),
+    ])
+    def test_kind_to_class(self, tmp_path: Path, text: str, expected: str) -> None:
+        """No database is touched to build one."""
+        config = load_config(write(tmp_path, f"[source]\n{text}\n"))
+        source = open_foreign_source(None, config.source, config.kinds)  # type: ignore[arg-type]
+        assert type(source).__name__ == expected
+
+    def test_native_is_not_foreign(self, tmp_path: Path) -> None:
+        """The native source is not built here."""
+        config = load_config()
+        with pytest.raises(ValueError, match="native"):
+            open_foreign_source(None, config.source, config.kinds)  # type: ignore[arg-type]
