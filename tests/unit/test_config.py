@@ -317,3 +317,14 @@ class TestOpenForeignSource:
         config = load_config()
         with pytest.raises(ValueError, match="native"):
             open_foreign_source(None, config.source, config.kinds)  # type: ignore[arg-type]
+
+
+class TestDocsExamples:
+    """Every copy-paste reconciler.toml in docs/sources.md loads as written."""
+
+    def test_each_toml_block_loads(self, tmp_path: Path) -> None:
+        """Four sources, four blocks; each is accepted and names its kind."""
+        text = (Path(__file__).resolve().parents[2] / "docs" / "sources.md").read_text()
+        blocks = [b.split("```", 1)[0] for b in text.split("```toml\n")[1:]]
+        kinds = [load_config(write(tmp_path, block)).source.kind for block in blocks]
+        assert kinds == ["procrastinate", "graphile-worker", "pg-boss", "table"]
