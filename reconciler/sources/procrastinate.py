@@ -150,8 +150,12 @@ class ProcrastinateSource(ForeignSource):
             else:
                 call = sa.func.procrastinate_finish_job_v1(job_id, constant("failed"), False)
             self._conn.execute(sa.select(call))
+        # Read back what its function wrote: a job with an abort requested is failed, not
+        # retried, and keeps its attempts.
+        after = self._conn.execute(sa.select(jobs.c.attempts).where(jobs.c.id == job_id)
+                                   ).scalar_one()
         fence_ledger(self._conn, self.source_name, job_id, attempts + 1)
-        return True, attempts + 1
+        return True, int(after)
 
     @contextmanager
     def _search_path(self) -> Iterator[None]:

@@ -121,9 +121,10 @@ class TestPgBoss:
 
     def test_terminalize_copies_into_the_dead_letter_queue(self, pgboss: PgBossFactory) -> None:
         """As pg-boss's own fail: the job failed with our reason, a copy in its dead letter."""
-        pgboss.queue("mail.dead")
-        pgboss.queue("mail.send", dead_letter="mail.dead")
-        job = pgboss.send("mail.send", {"to": "someone"})
+        # Queues of this test's own: queues outlive a test's jobs in the session's schema.
+        pgboss.queue("letters.dead")
+        pgboss.queue("letters.send", dead_letter="letters.dead")
+        job = pgboss.send("letters.send", {"to": "someone"})
         pgboss.claim(job, age=6 * 3600)
         assert run(pgboss)[job].reason is Reason.WORKER_DIED_MID_STEP
         after = pgboss.row(job)
@@ -132,8 +133,8 @@ class TestPgBoss:
         assert after["output"] == {"reason": "worker_died_mid_step",
                                    "message": "worker_died_mid_step"}
         [(name, data, output)] = pgboss._sql(
-            "SELECT name, data, output FROM job WHERE name = 'mail.dead'")
-        assert (name, data, output["reason"]) == ("mail.dead", {"to": "someone"},
+            "SELECT name, data, output FROM job WHERE name = 'letters.dead'")
+        assert (name, data, output["reason"]) == ("letters.dead", {"to": "someone"},
                                                   "worker_died_mid_step")
 
 
@@ -171,3 +172,16 @@ class TestProcrastinate:
         job = procrastinate.defer("idem.report")
         procrastinate.claim(job, heartbeat_age=procrastinate.config.session_timeout_seconds / 2)
         assert run(procrastinate) == {}
+
+    def test_abort_requested_job_is_failed_by_its_retry_function(
+            self, procrastinate: ProcrastinateFactory) -> None:
+        """Resuming a job whose abort was requested goes through Procrastinate's retry
+        function, which fails it instead: the abort wins, as in Procrastinate."""
+        job = procrastinate.died("idem.report")
+        procrastinate._sql("UPDATE procrastinate_jobs SET abort_requested = true "
+                           "WHERE id = :id", {"id": job})
+        outcome = run(procrastinate)[job]
+        assert outcome.disposition is Disposition.RESUME
+        assert outcome.generation_after == 0  # its attempts, untouched by the abort path
+        assert procrastinate.status(job) == "failed"
+        assert procrastinate.events(job)[-2:] == ["abort_requested", "failed"]
