@@ -18,7 +18,7 @@ from sqlalchemy.engine import Connection
 
 from models import StepLedgerEntry
 from reconciler.core.evidence import PlanStep
-from reconciler.core.kinds import KindPolicy, KindRules
+from reconciler.core.kinds import KindPolicy
 from reconciler.core.vocabulary import Disposition, Reason, StepState
 from reconciler.errors import ConfigError
 from reconciler.sources.port_draft import Candidate, Cursor, Fence, JobKey, PlannedChange
@@ -96,12 +96,6 @@ def fence_ledger(conn: Connection, source_name: str, job_id: JobKey, next_attemp
                  .where(LEDGER.c.source_name == source_name, LEDGER.c.job_key == str(job_id),
                         LEDGER.c.attempt_number < next_attempt)
                  .values(attempt_number=next_attempt))
-
-
-def reconciled_policies(rules: KindRules, kinds: Iterable[str]) -> dict[str, KindPolicy]:
-    """The policies of the kinds the reconciler may touch (``reconcile`` not false)."""
-    policies = {kind: rules.resolve(kind) for kind in kinds if kind is not None}
-    return {kind: policy for kind, policy in policies.items() if policy.reconcile}
 
 
 def per_kind(kind_column: sa.ColumnElement[Any], values: Mapping[str, float | None],

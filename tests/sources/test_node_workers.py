@@ -192,7 +192,7 @@ class TestLateWriter:
         """Neither system fences a completion on the claim: the old worker's late completion
         lands on the new worker's run. Ours: one swap, at most two runs, no third."""
         system, first_try = node_system, node_system.first_attempt
-        job = system.enqueue("idem.work", hang=[2.0, 3.0])
+        job = system.enqueue("idem.work", hang=[2.0, 4.0])
         old = system.start(processes, "worker-old")
         wait_until(lambda: system.markers.has(f"{job}-started-{first_try}"),
                    "the task to start", process=old)

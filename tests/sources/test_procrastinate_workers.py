@@ -1,7 +1,7 @@
 """Real Procrastinate workers, SIGKILLed and SIGSTOPped mid-task, recovered by the source.
 
 Workers run ``tests/sources/procrastinate_app.py`` (heartbeat every 0.3 s); the source
-judges a worker gone after 1.5 s of silence. Every recovery is finished by a new worker of
+judges a worker gone after 2 s of silence. Every recovery is finished by a new worker of
 Procrastinate's own.
 """
 
@@ -29,7 +29,7 @@ from tests.sources.support import (
     wait_until,
 )
 
-TIMEOUT_SECONDS = 1.5
+TIMEOUT_SECONDS = 2.0  # heartbeats every 0.3 s: a wide margin on a loaded machine
 KINDS = KindRules([KindRule("idem.*", effect=EffectKind.IDEMPOTENT),
                    KindRule("pure.*", effect=EffectKind.PURE)],
                   stale_after_seconds=60.0, wedged_after_seconds=3600.0, max_attempts=3)
@@ -38,7 +38,7 @@ KINDS = KindRules([KindRule("idem.*", effect=EffectKind.IDEMPOTENT),
 @pytest.fixture
 def procrastinate(procrastinate_db: SourcesDatabase, procrastinate_schema: str
                   ) -> ProcrastinateFactory:
-    """Procrastinate's tables, empty, judged with a 1.5 s session timeout."""
+    """Procrastinate's tables, empty, judged with a 2 s session timeout."""
     return ProcrastinateFactory(procrastinate_db, procrastinate_schema,
                                 session_timeout_seconds=TIMEOUT_SECONDS)
 
@@ -170,7 +170,7 @@ class TestLateWriter:
             markers: Markers) -> None:
         """Procrastinate fences a finish on status only: the old worker's late 'succeeded'
         lands on the new worker's running job. Our resume and its event stay recorded."""
-        job = procrastinate.defer("idem.work", {"hang": [2.0, 3.0]})
+        job = procrastinate.defer("idem.work", {"hang": [2.0, 4.0]})
         old = start_worker(processes, procrastinate, markers, "worker-old")
         wait_until(lambda: markers.has(f"{job}-started-0"), "the task to start", process=old)
         old.signal(signal.SIGSTOP)
