@@ -322,11 +322,10 @@ class TestTimestamps:
         assert outcome.reason is Reason.RESUMED_IDEMPOTENT_STEP
         assert 590 < outcome.evidence["activity_age_seconds"] < 700
 
+    @pytest.mark.parametrize("reconciler_engine", ["postgresql"], indirect=True)
     def test_timestamp_without_time_zone_is_utc(self, home: Home) -> None:
         """A PostgreSQL ``timestamp`` column holds UTC: ages come out right whatever the
         session's time zone."""
-        if home.engine.dialect.name != "postgresql":
-            pytest.skip("a PostgreSQL column type")
         with home.engine.begin() as conn:
             conn.execute(sa.text(f"SET LOCAL search_path TO {home.full.schema}"))
             conn.execute(sa.text("ALTER TABLE jobs ALTER COLUMN last_activity_at TYPE timestamp "
