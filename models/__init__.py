@@ -1,6 +1,7 @@
 """The reconciler's schema: typed SQLAlchemy models and the metadata Alembic migrates."""
 
 from models.base import NAMING_CONVENTION, Base, UtcDateTime
+from models.ledger import StepLedgerEntry
 from models.tables import (
     JobArtifact,
     JobAttempt,
@@ -25,6 +26,7 @@ __all__ = [
     "ReconcilerLease",
     "ReconciliationDecision",
     "ReconciliationPass",
+    "StepLedgerEntry",
     "StepRun",
     "UtcDateTime",
     "WorkerSession",

@@ -46,6 +46,6 @@ class LeaseLost(Exception):  # noqa: N818 - the public name in the worker contra
     else; the worker must stop working on it.
     """
 
-    def __init__(self, job_id: int) -> None:
+    def __init__(self, job_id: int | str) -> None:
         super().__init__(f"job {job_id}: lease lost; the write was refused")
         self.job_id = job_id

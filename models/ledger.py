@@ -1,0 +1,45 @@
+"""The step ledger's table: steps recorded by tasks of a foreign job system (DESIGN.md §9)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import BigInteger, Boolean, CheckConstraint, Integer, String
+from sqlalchemy.orm import Mapped, mapped_column
+
+from models.base import Base
+from models.tables import EFFECT_KINDS, one_of
+
+LEDGER_STEP_STATES = ("started", "succeeded", "failed")
+
+
+class StepLedgerEntry(Base):
+    """One step of one foreign job, as the job's task recorded it through the step ledger.
+
+    A job's rows are written together when a run opens (one per step of its plan, with no
+    state until the step starts). ``attempt_number`` is the attempt that holds the job's
+    ledger: every write is fenced on it, a newer run moves it forward, and so does the
+    reconciler when it resumes or terminalizes the job, so a reclaimed run's late writes
+    match no row and record nothing.
+    """
+
+    __tablename__ = "step_ledger_entries"
+
+    source_name: Mapped[str] = mapped_column(String(32), primary_key=True)
+    # The job's id as its system spells it (an integer's decimal text, or a UUID).
+    job_key: Mapped[str] = mapped_column(String(200), primary_key=True)
+    step_index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    step_name: Mapped[str] = mapped_column(String(200))
+    effect_kind: Mapped[str] = mapped_column(String(16))
+    step_state: Mapped[str | None] = mapped_column(String(16))
+    failure_retryable: Mapped[bool | None] = mapped_column(Boolean)
+    attempt_number: Mapped[int] = mapped_column(BigInteger)
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+    updated_at: Mapped[datetime]
+
+    __table_args__ = (
+        CheckConstraint(one_of("step_state", LEDGER_STEP_STATES), name="step_state_known"),
+        CheckConstraint(one_of("effect_kind", EFFECT_KINDS), name="effect_kind_known"),
+        CheckConstraint("step_index >= 0", name="step_index_not_negative"),
+    )

@@ -1,0 +1,178 @@
+"""The shape every foreign source shares: scans in pages by key, evidence, per-change swaps.
+
+A subclass says, in SQL, what a running job of its system is, which of them lost their
+owner or outlived their lease, and how one change is swapped in through the system's own
+shapes; this class pages, locks, reads the step ledger once per batch and builds the
+candidates. Per-kind values (``max_run_seconds``, ``wedged_after_seconds``) enter the SQL
+as one ``CASE`` over the kinds actually running, which are few.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from reconciler.core.decisions import Thresholds
+from reconciler.core.kinds import KindPolicy, KindRules
+from reconciler.sources.common import StepFacts, acting, ledger_facts, ledger_last_write, per_kind
+from reconciler.sources.port_draft import Candidate, Cursor, JobKey, PlannedChange
+from reconciler.storage.clock import now_plus
+
+
+class ForeignSource(ABC):
+    """A job source over a foreign system's tables, bound to the pass's connection."""
+
+    source_name: str
+
+    def __init__(self, connection: Connection, kinds: KindRules, *, lock: bool = True) -> None:
+        self._conn = connection
+        self._kinds = kinds
+        self._lock = lock
+
+    # -- what a subclass declares ------------------------------------------- #
+
+    @abstractmethod
+    def check_schema(self) -> None:
+        """Raise one ``ConfigError`` line when the system's tables or functions are missing."""
+
+    @abstractmethod
+    def _kind_column(self) -> sa.ColumnElement[Any]:
+        """The job's kind, in the scan's FROM."""
+
+    @abstractmethod
+    def _key_column(self) -> sa.ColumnElement[Any]:
+        """The job's id, in the scan's FROM; pages and cursors follow it."""
+
+    @abstractmethod
+    def _running(self, policies: Mapping[str, KindPolicy]) -> sa.Select[Any]:
+        """Every running job with the columns ``_candidate`` reads, unfiltered by lease:
+        ``job_id``, ``job_kind`` and ``lease_expired_seconds`` (seconds past the lease's
+        end under ``policies``, negative while it runs, NULL when it has none) labelled,
+        the rest its own."""
+
+    @abstractmethod
+    def _lock_target(self) -> Any:
+        """The table ``FOR UPDATE OF`` names (the job table, not an outer-joined one)."""
+
+    @abstractmethod
+    def _expired(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[bool]:
+        """True for a running job whose owner is gone or whose lease has run out (never NULL
+        for a job of a kind in ``policies``)."""
+
+    @abstractmethod
+    def _candidate(self, row: sa.Row[Any], policy: KindPolicy, steps: StepFacts | None,
+                   position: bool) -> Candidate:
+        """One row of ``_running`` as candidate facts."""
+
+    @abstractmethod
+    def _apply_one(self, change: PlannedChange) -> tuple[bool, int | None]:
+        """Swap one change in; (changed, generation after)."""
+
+    # -- the port ------------------------------------------------------------ #
+
+    def expire_gone_owners(self, timeout_seconds: float) -> int:
+        """Nothing to declare: a foreign source judges its owners when it reads them."""
+        return 0
+
+    def candidates(self, limit: int, thresholds: Thresholds, after: Cursor | None
+                   ) -> list[Candidate]:
+        """Expired running jobs paged by id after ``after``, then live ones whose recorded
+        steps stopped moving for their kind's ``wedged_after_seconds``; at most ``limit``.
+
+        ``thresholds`` are the settings' values; each kind's own resolved thresholds (which
+        default to them) are used instead.
+        """
+        policies = self._policies()
+        if not policies or limit <= 0:
+            return []
+        key = self._key_column()
+        expired = self._expired(policies)
+        expired_scan = (self._running(policies).where(self._reconciled(policies), expired)
+                        .order_by(key).limit(limit))
+        if after is not None:
+            expired_scan = expired_scan.where(key > after.position[0])
+        found = self._build(self._conn.execute(self._locked(expired_scan)).all(), policies,
+                            position=True)
+        room = limit - len(found)
+        if room > 0:
+            wedged_scan = (self._running(policies)
+                           .where(self._reconciled(policies), sa.not_(expired),
+                                  self._stalled(policies))
+                           .order_by(key).limit(room))
+            found += self._build(self._conn.execute(self._locked(wedged_scan)).all(),
+                                 policies, position=False)
+        return found
+
+    def evidence_for(self, job_ids: Sequence[JobKey]) -> list[Candidate]:
+        """The same facts for named running jobs, whatever their lease; no locks."""
+        if not job_ids:
+            return []
+        policies = self._policies(reconciled_only=False)
+        key = self._key_column()
+        rows = self._conn.execute(self._running(policies).where(key.in_(list(job_ids)))
+                                  .order_by(key)).all()
+        return self._build(rows, policies, position=False)
+
+    def apply(self, changes: Sequence[PlannedChange]) -> dict[JobKey, int | None]:
+        """Compare-and-swap each resume or terminalization; the jobs changed."""
+        changed: dict[JobKey, int | None] = {}
+        for change in acting(changes):
+            swapped, generation = self._apply_one(change)
+            if swapped:
+                changed[change.decision.job_id] = generation
+        self._after_apply(changed)
+        return changed
+
+    def stale_backlog(self) -> tuple[int, float | None]:
+        """How many running jobs of reconciled kinds are expired, and the oldest expiry age."""
+        policies = self._policies()
+        if not policies:
+            return 0, None
+        expired = self._running(policies).where(self._reconciled(policies),
+                                                self._expired(policies)).subquery()
+        count, oldest = self._conn.execute(
+            sa.select(sa.func.count(), sa.func.max(expired.c.lease_expired_seconds))).one()
+        return int(count), None if oldest is None else float(oldest)
+
+    # -- shared helpers ------------------------------------------------------ #
+
+    def _after_apply(  # noqa: B027 - an optional hook, empty unless a system needs it
+            self, changed: Mapping[JobKey, int | None]) -> None:
+        """A hook after the swaps (graphile-worker wakes its workers here)."""
+
+    def _policies(self, *, reconciled_only: bool = True) -> dict[str, KindPolicy]:
+        """The policies of the kinds running now (few: task or queue names)."""
+        kinds = self._conn.execute(
+            sa.select(self._running({}).subquery().c.job_kind).distinct()).scalars()
+        policies = {kind: self._kinds.resolve(kind) for kind in kinds if kind is not None}
+        return {kind: p for kind, p in policies.items() if p.reconcile or not reconciled_only}
+
+    def _reconciled(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[bool]:
+        return self._kind_column().in_(sorted(policies))
+
+    def _stalled(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[bool]:
+        """Recorded steps (the ledger) silent for the kind's ``wedged_after_seconds``."""
+        wedged = per_kind(self._kind_column(), {k: p.thresholds.wedged_after_seconds
+                                                for k, p in policies.items()})
+        last = ledger_last_write(self.source_name, sa.cast(self._key_column(), sa.String()))
+        return last < now_plus(-wedged)
+
+    def _still_stalled(self, change: PlannedChange) -> sa.ColumnElement[bool]:
+        """The wedged rule's time predicate, repeated in its swap."""
+        last = ledger_last_write(self.source_name, sa.cast(self._key_column(), sa.String()))
+        return last < now_plus(-change.thresholds.wedged_after_seconds)
+
+    def _locked(self, query: sa.Select[Any]) -> sa.Select[Any]:
+        if not self._lock or self._conn.dialect.name != "postgresql":
+            return query
+        return query.with_for_update(skip_locked=True, of=self._lock_target())
+
+    def _build(self, rows: Sequence[sa.Row[Any]], policies: Mapping[str, KindPolicy],
+               *, position: bool) -> list[Candidate]:
+        steps = ledger_facts(self._conn, self.source_name, [r.job_id for r in rows])
+        return [self._candidate(r, policies[r.job_kind], steps.get(str(r.job_id)), position)
+                for r in rows if r.job_kind in policies]

@@ -1,0 +1,192 @@
+"""What every foreign source shares: kinds, the one-step plan, the step ledger's evidence.
+
+A foreign job without step records is one step named after its kind, with the kind's
+``effect``, ``started`` while the job runs: unknown progress is judged as a step that may
+have happened. A job whose task records its steps through the step ledger
+(``reconciler.ledger``) is judged step by step instead, and the ledger's last write is its
+activity. Ledger reads are one indexed query per batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from models import StepLedgerEntry
+from reconciler.core.evidence import PlanStep
+from reconciler.core.kinds import KindPolicy
+from reconciler.core.vocabulary import Disposition, Reason, StepState
+from reconciler.errors import ConfigError
+from reconciler.sources.port_draft import Candidate, Cursor, Fence, JobKey, PlannedChange
+from reconciler.storage.clock import seconds_since
+
+LEDGER: sa.Table = cast(sa.Table, StepLedgerEntry.__table__)
+
+StepRows = tuple[tuple[int, str, bool | None], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class StepFacts:
+    """A job's steps as evidence: its plan, its step records, its last recorded activity."""
+
+    plan: tuple[PlanStep, ...]
+    step_rows: StepRows
+    activity_age_seconds: float | None
+
+
+def constant(value: str) -> sa.BindParameter[Any]:
+    """A fixed value (a status) written into the SQL text as a quoted literal, so the
+    database types it from where it is used (an enum status refuses a VARCHAR) and a
+    partial index on it still applies to a prepared statement."""
+    return sa.literal(value, literal_execute=True)
+
+
+def one_step(policy: KindPolicy) -> StepFacts:
+    """A job with no step records: one step named after its kind, started, of unknown end."""
+    return StepFacts((PlanStep(policy.kind or "job", policy.effect),),
+                     ((0, StepState.STARTED.value, None),), None)
+
+
+def ledger_facts(conn: Connection, source_name: str, keys: Iterable[JobKey]
+                 ) -> dict[str, StepFacts]:
+    """The step ledger's records of these jobs, by job key text; jobs without any are absent."""
+    texts = sorted({str(k) for k in keys})
+    if not texts:
+        return {}
+    rows = conn.execute(
+        sa.select(LEDGER.c.job_key, LEDGER.c.step_index, LEDGER.c.step_name,
+                  LEDGER.c.effect_kind, LEDGER.c.step_state, LEDGER.c.failure_retryable,
+                  seconds_since(LEDGER.c.updated_at).label("age"))
+        .where(LEDGER.c.source_name == source_name, LEDGER.c.job_key.in_(texts))
+        .order_by(LEDGER.c.job_key, LEDGER.c.step_index)
+    ).all()
+    grouped: dict[str, list[Any]] = {}
+    for row in rows:
+        grouped.setdefault(row.job_key, []).append(row)
+    facts: dict[str, StepFacts] = {}
+    for key, steps in grouped.items():
+        try:
+            plan = tuple(PlanStep(r.step_name, r.effect_kind) for r in steps)
+        except ValueError:
+            continue  # pragma: no cover - the table's checks keep effect kinds known
+        ages = [float(r.age) for r in steps if r.age is not None]
+        facts[key] = StepFacts(
+            plan,
+            tuple((r.step_index, r.step_state, r.failure_retryable)
+                  for r in steps if r.step_state is not None),
+            min(ages) if ages else None,
+        )
+    return facts
+
+
+def ledger_last_write(source_name: str, key: sa.ColumnElement[Any]) -> sa.ScalarSelect[Any]:
+    """The newest ledger write of the job whose key text is ``key`` (NULL without records)."""
+    return (sa.select(sa.func.max(LEDGER.c.updated_at))
+            .where(LEDGER.c.source_name == source_name, LEDGER.c.job_key == key)
+            .scalar_subquery())
+
+
+def fence_ledger(conn: Connection, source_name: str, job_id: JobKey, next_attempt: int) -> None:
+    """Move the job's ledger past the attempt just ended, so its late writes record nothing."""
+    conn.execute(LEDGER.update()
+                 .where(LEDGER.c.source_name == source_name, LEDGER.c.job_key == str(job_id),
+                        LEDGER.c.attempt_number < next_attempt)
+                 .values(attempt_number=next_attempt))
+
+
+def per_kind(kind_column: sa.ColumnElement[Any], values: Mapping[str, float | None],
+             ) -> sa.ColumnElement[Any]:
+    """A SQL value chosen by the job's kind (``CASE kind WHEN ... END``; NULL otherwise)."""
+    known = {kind: value for kind, value in values.items() if value is not None}
+    if not known:
+        return sa.null()
+    return sa.case({kind: sa.literal(float(value), sa.Float()) for kind, value in known.items()},
+                   value=kind_column, else_=sa.null())
+
+
+def candidate(*, job_id: JobKey, kind: str, policy: KindPolicy, fence: Fence,
+              attempt_count: int, max_attempts: int, lease_live: bool,
+              lease_expired_seconds: float | None, steps: StepFacts | None,
+              session_gone: bool = False, position: bool = False,
+              own_plan: tuple[str | None, StepRows] | None = None,
+              activity_age_seconds: float | None = None) -> Candidate:
+    """A foreign candidate: the job's own plan and step results when its system keeps them
+    (``own_plan``: raw plan text, possibly None, and step records), else the ledger's
+    steps, else one step named after its kind. ``activity_age_seconds`` is the system's own
+    activity; without one, the ledger's last write."""
+    plan: str | tuple[PlanStep, ...] | None
+    if own_plan is not None:
+        plan, step_rows = own_plan
+        activity = activity_age_seconds
+    else:
+        facts = steps or one_step(policy)
+        plan, step_rows = facts.plan, facts.step_rows
+        activity = (activity_age_seconds if activity_age_seconds is not None
+                    else facts.activity_age_seconds)
+    return Candidate(
+        job_id=job_id, job_kind=kind, fence=fence, attempt_count=attempt_count,
+        max_attempts=max_attempts, operator_hold=False, lease_live=lease_live,
+        lease_expired_seconds=lease_expired_seconds, activity_age_seconds=activity,
+        plan=plan, step_rows=step_rows, session_gone=session_gone,
+        position=Cursor((job_id,)) if position else None,
+    )
+
+
+def acting(changes: Sequence[PlannedChange]) -> list[PlannedChange]:
+    """The changes that change something (skips are recorded, never applied)."""
+    return [c for c in changes if c.decision.disposition is not Disposition.SKIP]
+
+
+def is_wedged(change: PlannedChange) -> bool:
+    """True for a terminalization of a hung run under a live lease (its own time predicate)."""
+    return change.decision.reason is Reason.WORKER_WEDGED
+
+
+def reason_text(change: PlannedChange) -> str:
+    """Our reason code, as written into a foreign system's error field."""
+    return change.decision.reason.value
+
+
+def require_columns(conn: Connection, source: str, table: str, schema: str | None,
+                    columns: Mapping[str, str]) -> dict[str, Any]:
+    """Each named column of the table, or one ``ConfigError`` line naming what is missing.
+
+    ``columns`` maps the config key (or the system's own name) to the column name.
+    """
+    inspector = sa.inspect(conn)
+    where = f"schema {schema!r}" if schema else "the default schema"
+    if not inspector.has_table(table, schema=schema):
+        raise ConfigError(f"source {source}: table {table!r} not found in {where}")
+    found = {c["name"]: c for c in inspector.get_columns(table, schema=schema)}
+    for key, column in columns.items():
+        if column not in found:
+            label = f" ({key})" if key != column else ""
+            raise ConfigError(f"source {source}: column {column!r}{label} not found in "
+                              f"table {table!r}")
+    return found
+
+
+_FUNCTION_EXISTS = sa.text(
+    "SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
+    "WHERE p.proname = :name AND (n.nspname = CAST(:schema AS text) OR "
+    "(CAST(:schema AS text) IS NULL AND n.nspname = ANY (current_schemas(false))))")
+
+
+def require_functions(conn: Connection, source: str, schema: str | None,
+                      names: Sequence[str]) -> None:
+    """Each named SQL function exists (PostgreSQL), or one line naming the first missing."""
+    for name in names:
+        if not conn.execute(_FUNCTION_EXISTS, {"name": name, "schema": schema}).scalar():
+            where = f"schema {schema!r}" if schema else "the search path"
+            raise ConfigError(f"source {source}: function {name}() not found in {where}")
+
+
+def require_postgresql(conn: Connection, source: str) -> None:
+    """Foreign job systems live in PostgreSQL; anything else is one line."""
+    if conn.dialect.name != "postgresql":
+        raise ConfigError(f"source {source} needs PostgreSQL (the database_url is "
+                          f"{conn.dialect.name})")

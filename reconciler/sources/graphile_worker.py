@@ -1,0 +1,172 @@
+"""graphile-worker (0.16, 0.17) as a job source: ``_private_jobs`` and its named queues.
+
+- **Running**: ``locked_at`` set; the kind is the task identifier (``_private_tasks``).
+- **Owner liveness**: graphile-worker keeps none (no heartbeat; ``locked_by`` names a worker
+  pool). The lease is ``locked_at`` plus the kind's ``max_run_seconds``, else the
+  system's own 4-hour lock timeout (after which its workers unlock the job themselves).
+- **Attempts**: its own: a claim increments ``attempts``, so a running job has used
+  ``attempts`` of ``max_attempts``.
+- **Fence**: (``locked_at``, ``locked_by``, ``attempts``) and the lease still run out.
+- **Resume**: unlocked as its own stale-lock reset does (``locked_at``, ``locked_by``
+  cleared, ``run_at`` no later than now), its named queue unlocked where the same pool
+  held it, and its workers nudged on ``jobs:insert``; the next claim counts the attempt.
+- **Terminalize**: unlocked the same way, then ``permanently_fail_jobs`` (its own
+  function): ``attempts = max_attempts``, ``last_error`` = our reason code.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from reconciler.config import GraphileWorkerConfig
+from reconciler.core.kinds import KindPolicy, KindRules
+from reconciler.core.vocabulary import Disposition
+from reconciler.errors import ConfigError
+from reconciler.sources.base import ForeignSource
+from reconciler.sources.common import (
+    StepFacts,
+    candidate,
+    fence_ledger,
+    is_wedged,
+    per_kind,
+    reason_text,
+    require_columns,
+    require_functions,
+    require_postgresql,
+)
+from reconciler.sources.port_draft import Candidate, Fence, JobKey, PlannedChange
+from reconciler.storage.clock import db_now, now_plus, seconds_since
+
+LOCK_TIMEOUT_SECONDS = 4 * 3600.0
+"""graphile-worker's own stale-lock timeout: its workers unlock jobs locked this long."""
+
+
+class GraphileWorkerSource(ForeignSource):
+    """graphile-worker's jobs, leased by their kind's ``max_run_seconds`` (else 4 hours)."""
+
+    source_name = "graphile-worker"
+
+    def __init__(self, connection: Connection, config: GraphileWorkerConfig,
+                 kinds: KindRules, *, lock: bool = True) -> None:
+        super().__init__(connection, kinds, lock=lock)
+        self._config = config
+        schema = config.schema
+        self._jobs = sa.table(
+            "_private_jobs", sa.column("id"), sa.column("task_id"), sa.column("job_queue_id"),
+            sa.column("locked_at"), sa.column("locked_by"), sa.column("attempts"),
+            sa.column("max_attempts"), sa.column("run_at"), sa.column("updated_at"),
+            schema=schema)
+        self._tasks = sa.table("_private_tasks", sa.column("id"), sa.column("identifier"),
+                               schema=schema)
+        self._queues = sa.table("_private_job_queues", sa.column("id"),
+                                sa.column("locked_at"), sa.column("locked_by"), schema=schema)
+
+    def check_schema(self) -> None:
+        """graphile-worker's private tables and its ``permanently_fail_jobs``."""
+        require_postgresql(self._conn, self.source_name)
+        schema = self._config.schema
+        if not sa.inspect(self._conn).has_schema(schema):
+            raise ConfigError(f"source graphile-worker: schema {schema!r} not found "
+                              "(has graphile-worker migrated this database?)")
+        require_columns(self._conn, self.source_name, "_private_jobs", schema,
+                        {c: c for c in ("id", "task_id", "job_queue_id", "locked_at",
+                                        "locked_by", "attempts", "max_attempts", "run_at",
+                                        "last_error")})
+        require_columns(self._conn, self.source_name, "_private_tasks", schema,
+                        {"id": "id", "identifier": "identifier"})
+        require_columns(self._conn, self.source_name, "_private_job_queues", schema,
+                        {"id": "id", "locked_at": "locked_at", "locked_by": "locked_by"})
+        require_functions(self._conn, self.source_name, schema, ("permanently_fail_jobs",))
+
+    # -- SQL pieces ---------------------------------------------------------- #
+
+    def _kind_column(self) -> sa.ColumnElement[Any]:
+        return self._tasks.c.identifier
+
+    def _key_column(self) -> sa.ColumnElement[Any]:
+        return self._jobs.c.id
+
+    def _lock_target(self) -> Any:
+        return self._jobs
+
+    def _lease_seconds(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[Any]:
+        by_kind = per_kind(self._kind_column(), {k: p.max_run_seconds
+                                                 for k, p in policies.items()})
+        return sa.func.coalesce(by_kind, LOCK_TIMEOUT_SECONDS)
+
+    def _running(self, policies: Mapping[str, KindPolicy]) -> sa.Select[Any]:
+        jobs, tasks = self._jobs, self._tasks
+        claim_age = seconds_since(jobs.c.locked_at)
+        return (
+            sa.select(jobs.c.id.label("job_id"), tasks.c.identifier.label("job_kind"),
+                      jobs.c.locked_at, jobs.c.locked_by, jobs.c.attempts, jobs.c.max_attempts,
+                      claim_age.label("claim_age"),
+                      (claim_age - self._lease_seconds(policies)).label("lease_expired_seconds"))
+            .select_from(jobs.join(tasks, tasks.c.id == jobs.c.task_id))
+            .where(jobs.c.locked_at.is_not(None))
+        )
+
+    def _expired(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[bool]:
+        return self._jobs.c.locked_at < now_plus(-self._lease_seconds(policies))
+
+    def _candidate(self, row: sa.Row[Any], policy: KindPolicy, steps: StepFacts | None,
+                   position: bool) -> Candidate:
+        lease = policy.max_run_seconds or LOCK_TIMEOUT_SECONDS
+        overrun = float(row.claim_age) - lease
+        attempts, max_attempts = int(row.attempts), int(row.max_attempts)
+        return candidate(
+            job_id=int(row.job_id), kind=row.job_kind, policy=policy,
+            # The lease and the budget ride along: the swap repeats the one, reports the other.
+            fence=Fence(attempts, (row.locked_at, row.locked_by, attempts, lease, max_attempts)),
+            attempt_count=attempts, max_attempts=max_attempts,
+            lease_live=overrun < 0, lease_expired_seconds=overrun if overrun >= 0 else None,
+            steps=steps, position=position,
+        )
+
+    # -- applying ------------------------------------------------------------ #
+
+    def _apply_one(self, change: PlannedChange) -> tuple[bool, int | None]:
+        jobs, queues = self._jobs, self._queues
+        job_id = change.decision.job_id
+        locked_at, locked_by, attempts, lease, max_attempts = change.fence.snapshot
+        still = (self._still_stalled(change) if is_wedged(change)
+                 else jobs.c.locked_at < now_plus(-lease))
+        unlocked = self._conn.execute(
+            jobs.update()
+            .where(jobs.c.id == job_id, jobs.c.locked_at == locked_at,
+                   jobs.c.locked_by.is_not_distinct_from(locked_by),
+                   jobs.c.attempts == attempts, still)
+            .values(locked_at=None, locked_by=None,
+                    run_at=sa.func.greatest(jobs.c.run_at, db_now()), updated_at=db_now())
+            .returning(jobs.c.job_queue_id)
+        ).first()
+        if unlocked is None:
+            return False, None
+        if unlocked.job_queue_id is not None:
+            # The named queue was locked by the same pool for this job: free it too.
+            self._conn.execute(queues.update()
+                               .where(queues.c.id == unlocked.job_queue_id,
+                                      queues.c.locked_by.is_not_distinct_from(locked_by))
+                               .values(locked_at=None, locked_by=None))
+        generation = attempts
+        if change.decision.disposition is Disposition.TERMINALIZE:
+            # Now unlocked, the job is one its own function fails (it refuses locked ones).
+            failed: sa.Function[Any] = sa.Function("permanently_fail_jobs",
+                                 sa.literal([job_id], sa.ARRAY(sa.BigInteger())),
+                                 sa.literal(reason_text(change), sa.Text()),
+                                 packagenames=(self._config.schema,))
+            self._conn.execute(sa.select(failed))
+            generation = max_attempts
+        fence_ledger(self._conn, self.source_name, job_id, attempts + 1)
+        return True, generation
+
+    def _after_apply(self, changed: Mapping[JobKey, int | None]) -> None:
+        if changed:
+            # Its workers listen on jobs:insert; a nudge saves them a poll interval.
+            payload = json.dumps({"r": 0, "count": len(changed)})
+            self._conn.execute(sa.select(sa.func.pg_notify("jobs:insert", payload)))

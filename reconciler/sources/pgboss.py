@@ -1,0 +1,193 @@
+"""pg-boss (10.x) as a job source: its partitioned ``job`` table and queue policies.
+
+- **Running**: ``state = 'active'``; the kind is the queue name (``name``).
+- **Owner liveness**: pg-boss 10 keeps none. The lease is ``started_on`` plus the kind's
+  ``max_run_seconds``, else the job's own ``expire_in`` (after which pg-boss's own
+  maintenance fails or retries it blindly).
+- **Attempts**: its own: a fetch after a first start increments ``retry_count``, so a
+  running job has used ``retry_count + 1`` of ``retry_limit + 1``.
+- **Fence**: (``state = 'active'``, ``started_on``, ``retry_count``) and the lease still run
+  out; every statement names the queue, so PostgreSQL touches one partition.
+- **Resume**: ``retry``, runnable now (``start_after = now()``); the next fetch counts the
+  attempt. A ``stately`` queue keeps one job per state and singleton key: when another job
+  holds ``retry`` the job goes back to ``created``, and when both are held it is left as
+  it is (the swap changes nothing and the pass records ``fence_lost``) rather than break
+  the queue's unique index.
+- **Terminalize**: ``failed`` as its own ``fail`` writes it: ``completed_on = now()``, our
+  reason in ``output`` (``{"reason": ..., "message": ...}``), and a copy into the queue's
+  dead-letter queue when it has one, as pg-boss itself does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import ENUM, JSONB, UUID
+from sqlalchemy.engine import Connection
+
+from reconciler.config import PgBossConfig
+from reconciler.core.kinds import KindPolicy, KindRules
+from reconciler.core.vocabulary import Disposition
+from reconciler.errors import ConfigError
+from reconciler.sources.base import ForeignSource
+from reconciler.sources.common import (
+    StepFacts,
+    candidate,
+    constant,
+    fence_ledger,
+    is_wedged,
+    per_kind,
+    reason_text,
+    require_columns,
+    require_postgresql,
+)
+from reconciler.sources.port_draft import Candidate, Fence, PlannedChange
+from reconciler.storage.clock import db_now, now_plus, seconds_since
+
+JOB_STATES = ("created", "retry", "active", "completed", "cancelled", "failed")
+
+
+class PgBossSource(ForeignSource):
+    """pg-boss's jobs, leased by their kind's ``max_run_seconds`` (else ``expire_in``)."""
+
+    source_name = "pg-boss"
+
+    def __init__(self, connection: Connection, config: PgBossConfig, kinds: KindRules, *,
+                 lock: bool = True) -> None:
+        super().__init__(connection, kinds, lock=lock)
+        self._config = config
+        self._state_type = ENUM(*JOB_STATES, name="job_state", schema=config.schema,
+                                create_type=False)
+        self._jobs = sa.table(
+            "job", sa.column("id", UUID(as_uuid=False)), sa.column("name"), sa.column("state"),
+            sa.column("retry_count"), sa.column("retry_limit"), sa.column("started_on"),
+            sa.column("start_after"), sa.column("expire_in"), sa.column("policy"),
+            sa.column("singleton_key"), sa.column("completed_on"), sa.column("keep_until"),
+            sa.column("dead_letter"), sa.column("data", JSONB), sa.column("output", JSONB),
+            schema=config.schema)
+
+    def check_schema(self) -> None:
+        """pg-boss's job table and the columns this source reads and writes."""
+        require_postgresql(self._conn, self.source_name)
+        schema = self._config.schema
+        if not sa.inspect(self._conn).has_schema(schema):
+            raise ConfigError(f"source pg-boss: schema {schema!r} not found "
+                              "(has pg-boss started on this database?)")
+        require_columns(self._conn, self.source_name, "job", schema,
+                        {c: c for c in ("id", "name", "state", "retry_count", "retry_limit",
+                                        "started_on", "start_after", "expire_in", "policy",
+                                        "singleton_key", "completed_on", "keep_until",
+                                        "dead_letter", "data", "output")})
+
+    # -- SQL pieces ---------------------------------------------------------- #
+
+    def _kind_column(self) -> sa.ColumnElement[Any]:
+        return self._jobs.c.name
+
+    def _key_column(self) -> sa.ColumnElement[Any]:
+        return self._jobs.c.id
+
+    def _lock_target(self) -> Any:
+        return self._jobs
+
+    def _expire_seconds(self) -> sa.ColumnElement[Any]:
+        return sa.cast(sa.func.extract("epoch", self._jobs.c.expire_in), sa.Float())
+
+    def _lease_seconds(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[Any]:
+        by_kind = per_kind(self._kind_column(), {k: p.max_run_seconds
+                                                 for k, p in policies.items()})
+        return sa.func.coalesce(by_kind, self._expire_seconds())
+
+    def _running(self, policies: Mapping[str, KindPolicy]) -> sa.Select[Any]:
+        jobs = self._jobs
+        claim_age = seconds_since(jobs.c.started_on)
+        return (
+            sa.select(jobs.c.id.label("job_id"), jobs.c.name.label("job_kind"),
+                      jobs.c.started_on, jobs.c.retry_count, jobs.c.retry_limit,
+                      claim_age.label("claim_age"),
+                      self._expire_seconds().label("expire_seconds"),
+                      (claim_age - self._lease_seconds(policies)).label("lease_expired_seconds"))
+            .where(jobs.c.state == constant("active"))
+        )
+
+    def _expired(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[bool]:
+        return self._jobs.c.started_on < now_plus(-self._lease_seconds(policies))
+
+    def _candidate(self, row: sa.Row[Any], policy: KindPolicy, steps: StepFacts | None,
+                   position: bool) -> Candidate:
+        lease = policy.max_run_seconds or float(row.expire_seconds)
+        overrun = float(row.claim_age) - lease
+        retries = int(row.retry_count)
+        return candidate(
+            job_id=str(row.job_id), kind=row.job_kind, policy=policy,
+            fence=Fence(retries, (row.job_kind, row.started_on, retries, lease)),
+            attempt_count=retries + 1, max_attempts=int(row.retry_limit) + 1,
+            lease_live=overrun < 0, lease_expired_seconds=overrun if overrun >= 0 else None,
+            steps=steps, position=position,
+        )
+
+    # -- applying ------------------------------------------------------------ #
+
+    def _apply_one(self, change: PlannedChange) -> tuple[bool, int | None]:
+        jobs = self._jobs
+        job_id = str(change.decision.job_id)
+        name, started_on, retries, lease = change.fence.snapshot
+        still = (self._still_stalled(change) if is_wedged(change)
+                 else jobs.c.started_on < now_plus(-lease))
+        fenced = (jobs.c.name == name, jobs.c.id == job_id,
+                  jobs.c.state == constant("active"), jobs.c.started_on == started_on,
+                  jobs.c.retry_count == retries, still)
+        try:
+            # A savepoint: a unique index a concurrent insert makes us violate costs this
+            # change, not the pass.
+            with self._conn.begin_nested():
+                if change.decision.disposition is Disposition.RESUME:
+                    swapped = self._requeue(fenced, name)
+                else:
+                    swapped = self._fail(fenced, reason_text(change))
+        except sa.exc.IntegrityError:
+            return False, None
+        if not swapped:
+            return False, None
+        fence_ledger(self._conn, self.source_name, job_id, retries + 1)
+        return True, retries
+
+    def _stately_sibling(self, state: str) -> sa.ColumnElement[bool]:
+        """Another job of the same stately queue and singleton key already in ``state``."""
+        jobs, other = self._jobs, self._jobs.alias("sibling")
+        return sa.and_(jobs.c.policy == constant("stately"), sa.exists().where(
+            other.c.name == jobs.c.name, other.c.id != jobs.c.id,
+            other.c.state == constant(state), other.c.policy == constant("stately"),
+            sa.func.coalesce(other.c.singleton_key, "") ==
+            sa.func.coalesce(jobs.c.singleton_key, "")))
+
+    def _requeue(self, fenced: tuple[sa.ColumnElement[bool], ...], name: str) -> bool:
+        jobs = self._jobs
+        retry_held, created_held = self._stately_sibling("retry"), self._stately_sibling(
+            "created")
+        state = sa.cast(sa.case((retry_held, constant("created")), else_=constant("retry")),
+                        self._state_type)
+        done = self._conn.execute(
+            jobs.update().where(*fenced, sa.not_(sa.and_(retry_held, created_held)))
+            .values(state=state, start_after=db_now()).returning(jobs.c.id)).first()
+        return done is not None
+
+    def _fail(self, fenced: tuple[sa.ColumnElement[bool], ...], reason: str) -> bool:
+        jobs = self._jobs
+        output = sa.func.jsonb_build_object("reason", reason, "message", reason)
+        failed = self._conn.execute(
+            jobs.update().where(*fenced)
+            .values(state=constant("failed"), completed_on=db_now(), output=output)
+            .returning(jobs.c.name, jobs.c.data, jobs.c.output, jobs.c.retry_limit,
+                       jobs.c.keep_until, jobs.c.start_after, jobs.c.dead_letter)).first()
+        if failed is None:
+            return False
+        if failed.dead_letter is not None and failed.dead_letter != failed.name:
+            # As pg-boss's own fail does: a copy of the failed job into its dead-letter queue.
+            self._conn.execute(jobs.insert().values(
+                name=failed.dead_letter, data=failed.data, output=failed.output,
+                retry_limit=failed.retry_limit,
+                keep_until=failed.keep_until + (failed.keep_until - failed.start_after)))
+        return True

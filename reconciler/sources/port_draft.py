@@ -1,0 +1,224 @@
+"""The ports the pass needs, declared here in the core and implemented outside it.
+
+A pass reads candidates from a **job source**, decides each with the table, and applies
+its decisions through the same source as compare-and-swaps; it records the pass and every
+decision in an **audit log**; where replicas keep a leader for once-only chores, a
+**lease** says who leads. A ``PassStore`` opens one unit of work binding the three to one
+transaction, so a source's changes and their audit commit together when they share a
+database.
+
+Job ids are opaque to the core (``JobKey``: an integer for this project's own jobs, a UUID
+string for pg-boss): it compares them for equality and never computes with them. The fence
+is opaque too: a source snapshots what its swap must repeat (``Fence.snapshot``) and the
+core only carries it back. A source is supported when it passes the conformance suite in
+tests/conformance, which runs unchanged against every source on every engine it supports.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol
+
+from reconciler.core.decisions import Decision, Thresholds
+from reconciler.core.evidence import PlanStep
+from reconciler.core.vocabulary import Disposition, PassOutcome, Reason
+
+JobKey = int | str
+"""A job's id as its source spells it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """The snapshot a decision relied on, which the source's compare-and-swap repeats.
+
+    ``generation`` is what the audit records as ``generation_before``: this project's
+    ``claim_generation``, or a foreign system's nearest monotonic counter (its attempts),
+    None where it keeps none. ``snapshot`` holds whatever else the source's swap compares
+    (status, owner, claim time); the core never reads it.
+    """
+
+    generation: int | None
+    snapshot: tuple[Any, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Cursor:
+    """Where a source's next scan of expired leases continues, paging by key; opaque."""
+
+    position: tuple[Any, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """Raw facts about one running job, read in the pass's transaction.
+
+    Ages are measured by the database's clock. ``plan`` is raw text when the source stores
+    one (parsing it, and judging it unreadable, is the evidence module's job, so one bad
+    row cannot fail a read), or a plan the source built (a foreign job without step
+    records is one step named after its kind). ``position`` is set on rows of the expired
+    scan, so the pass can say where the next scan continues.
+    """
+
+    job_id: JobKey
+    job_kind: str
+    fence: Fence
+    attempt_count: int
+    max_attempts: int
+    operator_hold: bool
+    lease_live: bool
+    lease_expired_seconds: float | None
+    activity_age_seconds: float | None
+    plan: str | tuple[PlanStep, ...] | None
+    step_rows: tuple[tuple[int, str, bool | None], ...]
+    session_gone: bool = False
+    position: Cursor | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedChange:
+    """A decision, the fence its swap repeats, the thresholds its time predicate uses, and
+    the privacy-safe evidence recorded beside it."""
+
+    decision: Decision
+    fence: Fence
+    thresholds: Thresholds
+    evidence: dict[str, Any]
+
+    @property
+    def generation_before(self) -> int | None:
+        """The fence's generation, as the audit records it."""
+        return self.fence.generation
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedDecision:
+    """A decision as it was applied (or not) and written to the audit trail."""
+
+    job_id: JobKey
+    disposition: Disposition
+    reason: Reason
+    resume_step_index: int | None
+    generation_before: int | None
+    generation_after: int | None
+
+
+class JobSource(Protocol):
+    """Where a pass reads candidates and applies its decisions, bound to one transaction."""
+
+    source_name: str
+    """``native``, ``procrastinate``, ``graphile-worker``, ``pg-boss`` or ``table``."""
+
+    def expire_gone_owners(self, timeout_seconds: float) -> int:
+        """Declare owners (worker sessions) silent for ``timeout_seconds`` gone, so their
+        jobs are candidates at once; how many were declared. Zero where the source has no
+        owner liveness of its own."""
+
+    def candidates(
+        self, limit: int, thresholds: Thresholds, after: Cursor | None
+    ) -> list[Candidate]:
+        """Running jobs whose lease expired (paged after ``after``), then jobs without
+        activity for ``thresholds.wedged_after_seconds`` under a live lease; at most
+        ``limit``, locked against other replicas where the engine can."""
+
+    def evidence_for(self, job_ids: Sequence[JobKey]) -> list[Candidate]:
+        """The same facts for named running jobs, whatever their lease (for explain)."""
+
+    def apply(self, changes: Sequence[PlannedChange]) -> dict[JobKey, int | None]:
+        """Compare-and-swap every change (none is a skip), each repeating its fence and its
+        rule's time predicate on the database clock. Returns the jobs changed, each with
+        its generation after (None where the source keeps none); a change missing from the
+        result lost its race and changed nothing."""
+
+    def stale_backlog(self) -> tuple[int, float | None]:
+        """How many running jobs have an expired lease, and the oldest expiry's age."""
+
+
+class AuditLog(Protocol):
+    """Passes and decisions, in the pass's transaction."""
+
+    def start_pass(self, instance: str) -> int:
+        """Insert this pass's row; its counts are filled in by ``finish_pass``."""
+
+    def record_quiet_pass(self, instance: str, outcome: PassOutcome) -> int:
+        """Insert a pass that decided nothing (not leader, or nothing stale)."""
+
+    def finish_pass(self, pass_id: int, source_name: str,
+                    decisions: Sequence[tuple[RecordedDecision, dict[str, Any]]]) -> None:
+        """Record every decision with its evidence, and the pass's counts."""
+
+
+class Lease(Protocol):
+    """The leader lease, for chores that must run on one replica only."""
+
+    def take(self, lease_name: str, holder_id: str, ttl_seconds: float) -> int | None:
+        """Acquire or renew; the fencing token, or None when another holder has it."""
+
+    def release(self, lease_name: str, holder_id: str) -> None:
+        """Give the lease up at once, if this holder has it."""
+
+
+class PassUnit(Protocol):
+    """One pass's unit of work: a source, the audit and the lease on one transaction."""
+
+    @property
+    def jobs(self) -> JobSource:
+        """The job source, bound to this transaction."""
+
+    @property
+    def audit(self) -> AuditLog:
+        """The audit log, bound to this transaction."""
+
+    @property
+    def lease(self) -> Lease:
+        """The leader lease, bound to this transaction."""
+
+
+class PassStore(Protocol):
+    """Opens units of work for passes; what the pass and the sidecar need of storage."""
+
+    def pass_transaction(self, *, dry_run: bool) -> AbstractContextManager[PassUnit]:
+        """One transaction; a dry run reads without locks and never commits."""
+
+    def record_failed_pass(self, instance: str, error_code: str) -> int:
+        """Record a pass that failed before it could record itself, in its own transaction."""
+
+    def release_leadership(self, lease_name: str, holder_id: str) -> None:
+        """Give the leader lease up in its own transaction."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedJob:
+    """What a successful claim returns to the client."""
+
+    job_id: int
+    job_kind: str
+    claim_generation: int
+    attempt_count: int
+    max_attempts: int
+    lease_token: str
+    resume_step_index: int
+    plan: tuple[PlanStep, ...]
+    payload: Any
+
+
+@dataclass(frozen=True, slots=True)
+class JobDetail:
+    """Every column a public view may draw from (the view decides what to show)."""
+
+    job_id: int
+    job_kind: str
+    job_status: str
+    status_reason: str | None
+    attempt_count: int
+    max_attempts: int
+    resume_step_index: int
+    plan_text: str | None
+    operator_hold: bool
+    last_error_code: str | None
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+    step_states: dict[int, str]

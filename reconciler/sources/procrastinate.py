@@ -1,0 +1,176 @@
+"""Procrastinate (3.x) as a job source: its own tables, heartbeats and SQL functions.
+
+- **Running**: ``procrastinate_jobs.status = 'doing'``; the kind is ``task_name``.
+- **Owner liveness**: the job's ``worker_id`` row in ``procrastinate_workers``. A row that is
+  gone (``worker_id`` NULL: Procrastinate deletes the rows of workers that stop or that a
+  starting worker prunes) or whose ``last_heartbeat`` is older than
+  ``session_timeout_seconds`` is a gone owner, and the job is a candidate at once. A live
+  owner is never second-guessed by time (``max_run_seconds`` is not used here).
+- **Attempts**: ``attempts`` counts finished attempts, so a running job has used
+  ``attempts + 1``. Procrastinate keeps no budget in the database: ``max_attempts`` comes
+  from ``[kinds]`` (else ``default_max_attempts``).
+- **Fence**: (``status = 'doing'``, ``worker_id``, ``attempts``) and the owner still gone,
+  checked under a row lock in the transaction that then calls Procrastinate's function.
+- **Resume**: ``procrastinate_retry_job_v2(id, NULL, ...)``: ``todo``, runnable now,
+  ``attempts + 1``, a ``deferred_for_retry`` event from its own trigger.
+- **Terminalize**: ``procrastinate_finish_job_v1(id, 'failed', false)``: ``failed``,
+  ``attempts + 1``, a ``failed`` event. Procrastinate has no error column: our reason is in
+  the audit trail only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from reconciler.config import ProcrastinateConfig
+from reconciler.core.kinds import KindPolicy, KindRules
+from reconciler.core.vocabulary import Disposition
+from reconciler.errors import ConfigError
+from reconciler.sources.base import ForeignSource
+from reconciler.sources.common import (
+    StepFacts,
+    candidate,
+    constant,
+    fence_ledger,
+    is_wedged,
+    require_columns,
+    require_functions,
+    require_postgresql,
+)
+from reconciler.sources.port_draft import Candidate, Fence, PlannedChange
+from reconciler.storage.clock import now_plus, seconds_since
+
+RETRY_FUNCTION = "procrastinate_retry_job_v2"
+FINISH_FUNCTION = "procrastinate_finish_job_v1"
+
+
+class ProcrastinateSource(ForeignSource):
+    """Procrastinate's jobs, judged by its workers' heartbeats."""
+
+    source_name = "procrastinate"
+
+    def __init__(self, connection: Connection, config: ProcrastinateConfig, kinds: KindRules,
+                 *, lock: bool = True) -> None:
+        super().__init__(connection, kinds, lock=lock)
+        self._config = config
+        self._timeout = float(config.session_timeout_seconds)
+        schema = config.schema
+        self._jobs = sa.table("procrastinate_jobs", sa.column("id"), sa.column("task_name"),
+                              sa.column("status"), sa.column("attempts"),
+                              sa.column("worker_id"), schema=schema)
+        self._workers = sa.table("procrastinate_workers", sa.column("id"),
+                                 sa.column("last_heartbeat"), schema=schema)
+
+    def check_schema(self) -> None:
+        """Procrastinate's tables, columns and the two functions this source calls."""
+        require_postgresql(self._conn, self.source_name)
+        schema = self._config.schema
+        if schema is not None and not sa.inspect(self._conn).has_schema(schema):
+            raise ConfigError(f"source procrastinate: schema {schema!r} not found")
+        require_columns(self._conn, self.source_name, "procrastinate_jobs", schema,
+                        {c: c for c in ("id", "task_name", "status", "attempts",
+                                        "worker_id")})
+        require_columns(self._conn, self.source_name, "procrastinate_workers", schema,
+                        {"id": "id", "last_heartbeat": "last_heartbeat"})
+        require_functions(self._conn, self.source_name, schema,
+                          (RETRY_FUNCTION, FINISH_FUNCTION))
+
+    # -- SQL pieces ---------------------------------------------------------- #
+
+    def _owner_gone(self) -> sa.ColumnElement[bool]:
+        workers = self._workers
+        return sa.or_(workers.c.id.is_(None),
+                      workers.c.last_heartbeat < now_plus(-self._timeout))
+
+    def _kind_column(self) -> sa.ColumnElement[Any]:
+        return self._jobs.c.task_name
+
+    def _key_column(self) -> sa.ColumnElement[Any]:
+        return self._jobs.c.id
+
+    def _lock_target(self) -> Any:
+        return self._jobs
+
+    def _running(self, policies: Mapping[str, KindPolicy]) -> sa.Select[Any]:
+        jobs, workers = self._jobs, self._workers
+        heartbeat_age = seconds_since(workers.c.last_heartbeat)
+        return (
+            sa.select(jobs.c.id.label("job_id"), jobs.c.task_name.label("job_kind"),
+                      jobs.c.attempts, jobs.c.worker_id,
+                      workers.c.id.label("worker_row"),
+                      self._owner_gone().label("owner_gone"),
+                      (heartbeat_age - self._timeout).label("lease_expired_seconds"))
+            .select_from(jobs.outerjoin(workers, workers.c.id == jobs.c.worker_id))
+            .where(jobs.c.status == constant("doing"))
+        )
+
+    def _expired(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[bool]:
+        return self._owner_gone()
+
+    def _candidate(self, row: sa.Row[Any], policy: KindPolicy, steps: StepFacts | None,
+                   position: bool) -> Candidate:
+        gone = bool(row.owner_gone)
+        expired = row.lease_expired_seconds
+        return candidate(
+            job_id=int(row.job_id), kind=row.job_kind, policy=policy,
+            fence=Fence(int(row.attempts), (row.worker_id, int(row.attempts))),
+            attempt_count=int(row.attempts) + 1, max_attempts=policy.max_attempts,
+            lease_live=not gone,
+            lease_expired_seconds=float(expired) if gone and expired is not None else None,
+            steps=steps, session_gone=gone, position=position,
+        )
+
+    # -- applying ------------------------------------------------------------ #
+
+    def _apply_one(self, change: PlannedChange) -> tuple[bool, int | None]:
+        jobs = self._jobs
+        job_id = change.decision.job_id
+        worker_id, attempts = change.fence.snapshot
+        still = self._still_stalled(change) if is_wedged(change) else self._owner_gone()
+        fenced = (
+            sa.select(jobs.c.id)
+            .select_from(jobs.outerjoin(self._workers, self._workers.c.id == jobs.c.worker_id))
+            .where(jobs.c.id == job_id, jobs.c.status == constant("doing"),
+                   jobs.c.worker_id.is_not_distinct_from(worker_id),
+                   jobs.c.attempts == attempts, still)
+            .with_for_update(of=jobs)
+        )
+        if self._conn.execute(fenced).first() is None:
+            return False, None
+        # The row is locked and still as decided: Procrastinate's own function does the rest.
+        with self._search_path():
+            if change.decision.disposition is Disposition.RESUME:
+                call = sa.func.procrastinate_retry_job_v2(job_id, sa.null(), sa.null(),
+                                                          sa.null(), sa.null())
+            else:
+                call = sa.func.procrastinate_finish_job_v1(job_id, constant("failed"), False)
+            self._conn.execute(sa.select(call))
+        # Read back what its function wrote: a job with an abort requested is failed, not
+        # retried, and keeps its attempts.
+        after = self._conn.execute(sa.select(jobs.c.attempts).where(jobs.c.id == job_id)
+                                   ).scalar_one()
+        fence_ledger(self._conn, self.source_name, job_id, attempts + 1)
+        return True, int(after)
+
+    @contextmanager
+    def _search_path(self) -> Iterator[None]:
+        """Procrastinate's functions name its tables unqualified: put its schema first in
+        the search path for their calls, then restore the transaction's own path."""
+        schema = self._config.schema
+        if schema is None:
+            yield
+            return
+        previous = self._conn.execute(sa.select(sa.func.current_setting("search_path"))
+                                      ).scalar_one()
+        quoted = self._conn.dialect.identifier_preparer.quote_identifier(schema)
+        self._conn.execute(sa.select(sa.func.set_config("search_path",
+                                                        f"{quoted}, {previous}", True)))
+        try:
+            yield
+        finally:
+            self._conn.execute(sa.select(sa.func.set_config("search_path", previous, True)))

@@ -1,0 +1,260 @@
+"""A home-grown job table as a job source, column by column (``kind = "table"``), on SQLite
+and PostgreSQL.
+
+- **Running**: ``status_column = processing``; the kind is ``kind_column`` (else the table's
+  name), matched by ``[kinds]``.
+- **Lease**: ``lease_expires_column`` (live while in the future); where it is not mapped or
+  empty, ``activity_column`` plus the kind's ``max_run_seconds``; with neither, a job is
+  never reclaimed on time alone.
+- **Activity**: ``activity_column``; rule 2 (``worker_wedged``: live lease, no activity for
+  ``wedged_after_seconds``) and rule 4 (recent activity protects an expired lease) read it.
+- **Attempts**: ``attempts_column`` (the attempts the job system counted, the running one
+  included); ``max_attempts_column``, else the kind's ``max_attempts``.
+- **Steps**: ``plan_column`` and ``steps_column`` (JSON) when mapped: the full decision
+  table, resume at the first unfinished step. Otherwise step ledger records under source
+  ``table`` when the job's task keeps them, else one step named after the kind.
+- **Fence**: status, and each mapped column of (``owner_column``, ``attempts_column``,
+  ``generation_column``, ``lease_expires_column`` or else ``activity_column``) as read,
+  and the rule's time predicate, all in the UPDATE's WHERE clause.
+- **Resume**: ``status = queued``, ``resume_column`` = the step to start at,
+  ``generation_column + 1``, ``reason_column`` = our reason code.
+- **Terminalize**: ``status = failed``, ``generation_column + 1``, ``reason_column``.
+  No other column is written: the owner, the lease and the attempts stay the job system's.
+
+Timestamps are compared by the database's clock: ``timestamptz`` or ``timestamp`` (read
+as UTC) on PostgreSQL, ISO-8601 text on SQLite.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from reconciler.config import TableConfig
+from reconciler.core.kinds import KindPolicy, KindRules
+from reconciler.core.vocabulary import Disposition
+from reconciler.sources.base import ForeignSource
+from reconciler.sources.common import (
+    StepFacts,
+    StepRows,
+    candidate,
+    constant,
+    fence_ledger,
+    is_wedged,
+    per_kind,
+    reason_text,
+    require_columns,
+)
+from reconciler.sources.port_draft import Candidate, Fence, PlannedChange
+from reconciler.storage.clock import seconds_since
+
+UNREADABLE_STEPS: StepRows = ((-1, "unreadable", None),)
+"""Step results that are not a JSON object of index -> state: the evidence module refuses
+them (``reconcile_error``) instead of guessing."""
+
+
+class TableSource(ForeignSource):
+    """A mapped home-grown job table."""
+
+    source_name = "table"
+
+    def __init__(self, connection: Connection, config: TableConfig, kinds: KindRules, *,
+                 lock: bool = True) -> None:
+        super().__init__(connection, kinds, lock=lock)
+        self._config = config
+        self._columns = config.mapped_columns()
+        self._table = sa.table(config.table, *(sa.column(c) for c in self._columns.values()),
+                               schema=config.schema)
+        self._utc_set = False
+
+    def _col(self, key: str) -> sa.ColumnElement[Any]:
+        return self._table.c[self._columns[key]]
+
+    def _has(self, key: str) -> bool:
+        return key in self._columns
+
+    def check_schema(self) -> None:
+        """The table and every mapped column, or one line naming the first missing."""
+        require_columns(self._conn, self.source_name, self._config.table, self._config.schema,
+                        self._columns)
+
+    # -- SQL pieces ---------------------------------------------------------- #
+
+    def _kind_column(self) -> sa.ColumnElement[Any]:
+        if self._has("kind_column"):
+            return self._col("kind_column")
+        return sa.literal(self._config.table)
+
+    def _key_column(self) -> sa.ColumnElement[Any]:
+        return self._col("id_column")
+
+    def _lock_target(self) -> Any:
+        return self._table
+
+    def _utc(self) -> None:
+        # A ``timestamp`` (without time zone) column is UTC: make PostgreSQL read it so, for
+        # this transaction, before the first age is computed.
+        if self._conn.dialect.name == "postgresql" and not self._utc_set:
+            self._conn.execute(sa.select(sa.func.set_config("TimeZone", "UTC", True)))
+            self._utc_set = True
+
+    def _lease_over(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[Any]:
+        """Seconds past the lease's end (negative while it runs); NULL with no lease."""
+        return self._lease_over_by(per_kind(self._kind_column(), {
+            k: p.max_run_seconds for k, p in policies.items()}))
+
+    def _lease_over_by(self, max_run: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
+        by_activity: sa.ColumnElement[Any] = sa.null()
+        if self._has("activity_column"):
+            by_activity = seconds_since(self._col("activity_column")) - max_run
+        if self._has("lease_expires_column"):
+            return sa.func.coalesce(seconds_since(self._col("lease_expires_column")),
+                                    by_activity)
+        return by_activity
+
+    def _running(self, policies: Mapping[str, KindPolicy]) -> sa.Select[Any]:
+        self._utc()
+        fields = [self._key_column().label("job_id"), self._kind_column().label("job_kind"),
+                  self._lease_over(policies).label("lease_expired_seconds")]
+        for key in ("owner_column", "attempts_column", "max_attempts_column",
+                    "generation_column", "lease_expires_column", "activity_column",
+                    "plan_column", "steps_column"):
+            if self._has(key):
+                fields.append(self._col(key).label(key))
+        if self._has("activity_column"):
+            fields.append(seconds_since(self._col("activity_column")).label("activity_age"))
+        return sa.select(*fields).where(
+            self._col("status_column") == constant(self._config.processing))
+
+    def _expired(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[bool]:
+        return sa.func.coalesce(self._lease_over(policies) >= 0, False)
+
+    def _stalled(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[bool]:
+        # Only under a known live lease: a job with no lease at all is never reclaimed on
+        # time alone, not even as wedged.
+        known = self._lease_over(policies).is_not(None)
+        if not self._has("activity_column"):
+            return sa.and_(known, super()._stalled(policies))
+        wedged = per_kind(self._kind_column(), {k: p.thresholds.wedged_after_seconds
+                                                for k, p in policies.items()})
+        return sa.and_(known, sa.func.coalesce(
+            seconds_since(self._col("activity_column")) >= wedged, False))
+
+    def _still_stalled(self, change: PlannedChange) -> sa.ColumnElement[bool]:
+        if not self._has("activity_column"):
+            return super()._still_stalled(change)
+        return seconds_since(self._col("activity_column")) >= \
+            change.thresholds.wedged_after_seconds
+
+    # -- evidence ------------------------------------------------------------ #
+
+    def _candidate(self, row: sa.Row[Any], policy: KindPolicy, steps: StepFacts | None,
+                   position: bool) -> Candidate:
+        values = row._mapping
+        over = values["lease_expired_seconds"]
+        attempts = int(values.get("attempts_column") or 0) if self._has("attempts_column") \
+            else 1
+        max_attempts = values.get("max_attempts_column")
+        generation = values.get("generation_column")
+        activity = values.get("activity_age")
+        own_plan: tuple[str | None, StepRows] | None = None
+        if self._has("plan_column"):
+            # The table's own plan and results: a NULL plan is unresumable, not one step.
+            raw = values["plan_column"]
+            own_plan = (raw if raw is None or isinstance(raw, str) else json.dumps(raw),
+                        _step_rows(values["steps_column"]))
+        return candidate(
+            job_id=row.job_id, kind=str(row.job_kind), policy=policy,
+            # The kind's max_run_seconds rides along: the swap repeats the lease it judged.
+            fence=Fence(int(generation) if generation is not None else (
+                attempts if self._has("attempts_column") else None),
+                (self._snapshot(values), policy.max_run_seconds)),
+            attempt_count=attempts,
+            max_attempts=int(max_attempts) if max_attempts is not None else policy.max_attempts,
+            lease_live=over is None or float(over) < 0,
+            lease_expired_seconds=None if over is None or float(over) < 0 else float(over),
+            steps=steps, position=position, own_plan=own_plan,
+            activity_age_seconds=None if activity is None else float(activity),
+        )
+
+    def _fence_keys(self) -> list[str]:
+        keys = [k for k in ("owner_column", "attempts_column", "generation_column")
+                if self._has(k)]
+        claim = "lease_expires_column" if self._has("lease_expires_column") else (
+            "activity_column" if self._has("activity_column") else None)
+        return [*keys, claim] if claim else keys
+
+    def _snapshot(self, values: Mapping[Any, Any]) -> tuple[Any, ...]:
+        return tuple((key, values[key]) for key in self._fence_keys())
+
+    def _build(self, rows: Any, policies: Mapping[str, KindPolicy], *,
+               position: bool) -> list[Candidate]:
+        if self._has("plan_column"):
+            # Plans live in the table: no ledger read.
+            return [self._candidate(r, policies[r.job_kind], None, position)
+                    for r in rows if r.job_kind in policies]
+        return super()._build(rows, policies, position=position)
+
+    # -- applying ------------------------------------------------------------ #
+
+    def _apply_one(self, change: PlannedChange) -> tuple[bool, int | None]:
+        self._utc()
+        decision = change.decision
+        pairs, max_run = change.fence.snapshot
+        snapshot = dict(pairs)
+        where = [self._key_column() == decision.job_id,
+                 self._col("status_column") == constant(self._config.processing)]
+        where += [self._col(key).is_not_distinct_from(value) for key, value in snapshot.items()]
+        if is_wedged(change):
+            where.append(self._still_stalled(change))
+        else:
+            run_limit = sa.null() if max_run is None else sa.literal(float(max_run), sa.Float())
+            where.append(sa.func.coalesce(self._lease_over_by(run_limit) >= 0, False))
+        values: dict[str, Any] = {}
+        if decision.disposition is Disposition.RESUME:
+            values[self._columns["status_column"]] = constant(self._config.queued)
+            if self._has("resume_column"):
+                values[self._columns["resume_column"]] = decision.resume_step_index or 0
+        else:
+            values[self._columns["status_column"]] = constant(self._config.failed)
+        if self._has("reason_column"):
+            values[self._columns["reason_column"]] = constant(reason_text(change))
+        generation = None
+        if self._has("generation_column"):
+            values[self._columns["generation_column"]] = self._col("generation_column") + 1
+            generation = int(snapshot["generation_column"] or 0) + 1
+        elif self._has("attempts_column"):
+            generation = int(snapshot["attempts_column"] or 0)
+        done = self._conn.execute(self._table.update().where(*where).values(values))
+        if done.rowcount != 1:
+            return False, None
+        if not self._has("plan_column") and self._has("attempts_column"):
+            fence_ledger(self._conn, self.source_name, decision.job_id,
+                         int(snapshot["attempts_column"] or 0) + 1)
+        return True, generation
+
+
+def _step_rows(raw: Any) -> StepRows:
+    """``{"<index>": "started" | ...}`` as step records; unreadable text is refused."""
+    if raw is None:
+        return ()
+    try:
+        data = json.loads(raw) if isinstance(raw, str | bytes) else raw
+    except ValueError:
+        return UNREADABLE_STEPS
+    if not isinstance(data, dict):
+        return UNREADABLE_STEPS
+    rows = []
+    for key, state in data.items():
+        try:
+            index = int(key)
+        except (TypeError, ValueError):
+            return UNREADABLE_STEPS
+        if not isinstance(state, str):
+            return UNREADABLE_STEPS
+        rows.append((index, state, None))
+    return tuple(sorted(rows))

@@ -1,0 +1,47 @@
+// A real pg-boss for the source tests: `migrate`, or `worker QUEUE...` (runs until killed).
+// Handlers write marker files (<job>-started-<attempt>, <job>-done-<attempt>, the attempt
+// being retryCount) and sleep data.hang[attempt] seconds on the attempts the list covers
+// (default: the first, an hour).
+// Maintenance (supervise) is off, so pg-boss's own expiry never races the tests.
+// Environment: SOURCES_PG_CONNINFO, SOURCES_MARKERS; NODE_PATH finds pg-boss.
+"use strict";
+const fs = require("fs");
+const path = require("path");
+const PgBoss = require("pg-boss");
+
+const connectionString = process.env.SOURCES_PG_CONNINFO;
+const mark = (name) =>
+  fs.writeFileSync(path.join(process.env.SOURCES_MARKERS, name), String(process.pid));
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+async function work([job]) {
+  const attempt = job.retryCount;
+  mark(`${job.id}-started-${attempt}`);
+  const hang = job.data.hang ?? [3600];
+  if (attempt < hang.length) {
+    await sleep(hang[attempt] * 1000);
+  }
+  mark(`${job.id}-done-${attempt}`);
+}
+
+async function main(mode, queues) {
+  const boss = new PgBoss({ connectionString, schema: "pgboss", supervise: false,
+                            schedule: false });
+  boss.on("error", (error) => console.error(error));
+  await boss.start();
+  if (mode === "migrate") {
+    await boss.stop({ graceful: false, wait: true });
+    return false;
+  }
+  for (const queue of queues) {
+    await boss.work(queue, { pollingIntervalSeconds: 0.5, batchSize: 1,
+                             includeMetadata: true }, work);
+  }
+  mark(`worker-ready-${process.pid}`);
+  return true;
+}
+
+main(process.argv[2], process.argv.slice(3)).then(
+  (keepRunning) => { if (!keepRunning) process.exit(0); },
+  (error) => { console.error(error); process.exit(1); },
+);

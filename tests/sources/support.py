@@ -1,0 +1,240 @@
+"""What the real-system tests share: one reconcile step, worker processes, markers.
+
+``reconcile_once`` stands in for the pass until the lead wires sources into it: it runs a
+source's ``candidates`` and ``apply`` in one transaction and decides each candidate with
+the real decision table, under the thresholds its kind resolves to. Swapping in the real
+pass means replacing this one function.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import pytest
+from sqlalchemy.engine import Connection, Engine
+
+from reconciler.core.decisions import Decision, decide
+from reconciler.core.evidence import Evidence, EvidenceError, build_steps, parse_plan
+from reconciler.core.kinds import KindRules
+from reconciler.core.vocabulary import Disposition, Reason
+from reconciler.sources.port_draft import Candidate, JobKey, PlannedChange
+
+PR_SET_PDEATHSIG = 1
+
+
+class Source(Protocol):
+    """The part of the job-source port a reconcile step uses."""
+
+    def candidates(self, limit: int, thresholds: Any, after: Any) -> list[Candidate]: ...
+    def evidence_for(self, job_ids: Sequence[JobKey]) -> list[Candidate]: ...
+    def apply(self, changes: Sequence[PlannedChange]) -> dict[JobKey, int | None]: ...
+
+
+OpenSource = Callable[[Connection], Source]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One decision of a reconcile step and whether its swap changed the job."""
+
+    job_id: JobKey
+    disposition: Disposition
+    reason: Reason
+    resume_step_index: int | None
+    applied: bool
+    generation_after: int | None
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+def evidence_from(c: Candidate) -> Evidence:
+    """The core's evidence for one candidate (what the pass will do)."""
+    plan = c.plan if isinstance(c.plan, tuple) else parse_plan(c.plan)
+    return Evidence(
+        job_id=c.job_id,  # type: ignore[arg-type] - JobKey: the core will widen job_id
+        claim_generation=c.fence.generation or 0, attempt_count=c.attempt_count,
+        max_attempts=c.max_attempts, operator_hold=c.operator_hold, lease_live=c.lease_live,
+        lease_expired_seconds=c.lease_expired_seconds,
+        activity_age_seconds=c.activity_age_seconds, plan=plan,
+        steps=build_steps(plan, c.step_rows), session_gone=c.session_gone,
+    )
+
+
+def plan_changes(candidates: Sequence[Candidate], kinds: KindRules) -> list[PlannedChange]:
+    """Decide each candidate under its kind's thresholds; unreadable evidence is skipped."""
+    planned = []
+    for c in candidates:
+        thresholds = kinds.resolve(c.job_kind).thresholds
+        try:
+            evidence = evidence_from(c)
+            planned.append(PlannedChange(decide(evidence, thresholds), c.fence, thresholds,
+                                         evidence.public_facts()))
+        except (EvidenceError, ValueError, TypeError) as exc:
+            planned.append(PlannedChange(
+                Decision(c.job_id, Disposition.SKIP, Reason.RECONCILE_ERROR),  # type: ignore[arg-type]
+                c.fence, thresholds, {"error": type(exc).__name__}))
+    return planned
+
+
+def reconcile_once(engine: Engine, open_source: OpenSource, kinds: KindRules, *,
+                   limit: int = 100, dry_run: bool = False) -> list[Outcome]:
+    """One pass's worth: candidates, decisions, swaps, in one transaction."""
+    with engine.connect() as conn, conn.begin() as tx:
+        source = open_source(conn)
+        defaults = kinds.resolve("").thresholds
+        planned = plan_changes(source.candidates(limit, defaults, None), kinds)
+        changed = {} if dry_run else source.apply(planned)
+        if dry_run:
+            tx.rollback()
+    outcomes = []
+    for p in planned:
+        d = p.decision
+        applied = d.job_id in changed
+        lost = d.disposition is not Disposition.SKIP and not applied and not dry_run
+        outcomes.append(Outcome(
+            d.job_id, Disposition.SKIP if lost else d.disposition,
+            Reason.FENCE_LOST if lost else d.reason, d.resume_step_index, applied,
+            changed.get(d.job_id), p.evidence))
+    return outcomes
+
+
+def explain(engine: Engine, open_source: OpenSource, kinds: KindRules,
+            job_ids: Sequence[JobKey]) -> dict[JobKey, Decision]:
+    """What the table decides now for named running jobs (reads only)."""
+    with engine.connect() as conn:
+        planned = plan_changes(open_source(conn).evidence_for(job_ids), kinds)
+        conn.rollback()
+    return {p.decision.job_id: p.decision for p in planned}
+
+
+def by_job(outcomes: Sequence[Outcome]) -> dict[JobKey, Outcome]:
+    """Outcomes keyed by job id."""
+    return {o.job_id: o for o in outcomes}
+
+
+# --------------------------------------------------------------------------- #
+# Processes
+# --------------------------------------------------------------------------- #
+
+
+def _die_with_parent() -> None:
+    # In the child before exec: SIGKILL it if the test process dies, even by SIGKILL.
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+@dataclass
+class Process:
+    """A worker process of a real job system, started by a test."""
+
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def signal(self, sig: signal.Signals) -> None:
+        """Send a signal (SIGKILL, SIGSTOP, SIGCONT) to the process itself."""
+        if self.popen.poll() is None:
+            os.kill(self.popen.pid, sig)
+
+    def kill(self) -> None:
+        """SIGKILL and reap."""
+        self.signal(signal.SIGKILL)
+        self.popen.wait(timeout=10)
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+
+class Processes:
+    """Starts worker processes and kills every one at the end of the test."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.started: list[Process] = []
+
+    def start(self, name: str, argv: Sequence[str], env: dict[str, str],
+              cwd: Path | None = None) -> Process:
+        log = self.folder / f"{name}.log"
+        handle = log.open("ab")
+        popen = subprocess.Popen(list(argv), stdout=handle, stderr=subprocess.STDOUT,
+                                 stdin=subprocess.DEVNULL, env={**os.environ, **env},
+                                 cwd=cwd, preexec_fn=_die_with_parent)  # noqa: PLW1509
+        handle.close()
+        process = Process(name, popen, log)
+        self.started.append(process)
+        return process
+
+    def close(self) -> None:
+        for process in self.started:
+            if process.alive():
+                process.signal(signal.SIGCONT)
+                process.kill()
+
+
+@pytest.fixture
+def processes(tmp_path: Path) -> Iterator[Processes]:
+    """Worker processes of the test; all SIGKILLed at its end."""
+    started = Processes(tmp_path)
+    try:
+        yield started
+    finally:
+        started.close()
+
+
+def wait_until(condition: Callable[[], Any], what: str, timeout: float = 30.0,
+               process: Process | None = None) -> Any:
+    """Poll ``condition`` until it is truthy; fail naming ``what`` (and a log) at the end."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            log = f"\n--- {process.name} log ---\n{process.output()[-3000:]}" if process else ""
+            pytest.fail(f"timed out after {timeout}s waiting for {what}{log}")
+        time.sleep(0.05)
+
+
+class Markers:
+    """Files a worker's task writes as it goes (``<job>-started-<attempt>`` and so on)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        folder.mkdir(parents=True, exist_ok=True)
+
+    def has(self, name: str) -> bool:
+        return (self.folder / name).exists()
+
+    def names(self) -> set[str]:
+        return {p.name for p in self.folder.iterdir()}
+
+    def of(self, job_id: JobKey) -> set[str]:
+        prefix = f"{job_id}-"
+        return {n.removeprefix(prefix) for n in self.names() if n.startswith(prefix)}
+
+
+FINDINGS_ENV = "RECONCILER_SOURCES_FINDINGS"
+
+
+def record_finding(system: str, test: str, **facts: Any) -> None:
+    """Append what a real system did to ``$RECONCILER_SOURCES_FINDINGS`` (JSON lines), when
+    set: the evidence docs/sources.md and the issue's closing note cite."""
+    path = os.environ.get(FINDINGS_ENV)
+    if not path:
+        return
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps({"system": system, "test": test, **facts}, default=str) + "\n")
