@@ -9,8 +9,10 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from models.base import Base
 from models.tables import EFFECT_KINDS, one_of
+from reconciler.core.vocabulary import StepState
 
-LEDGER_STEP_STATES = ("started", "succeeded", "failed")
+# A ledger step is never "waiting": gates are this project's own workers' business.
+LEDGER_STEP_STATES = (StepState.STARTED, StepState.SUCCEEDED, StepState.FAILED)
 
 
 class StepLedgerEntry(Base):

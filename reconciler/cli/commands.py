@@ -231,7 +231,8 @@ def cmd_jobs_explain(args: argparse.Namespace) -> int:
     settings = _settings(args)
     engine = _open_engine(settings)
     store = open_store(engine)
-    planned = explain_jobs(open_pass_store(engine), [args.job_id], settings.thresholds())
+    planned = explain_jobs(open_pass_store(engine), [args.job_id],
+                           pass_config(settings, "cli-explain"))
     if not planned:
         job = store.get_job(args.job_id)
         if job is None:

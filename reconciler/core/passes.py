@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from reconciler import failpoints
 from reconciler.core.decisions import Decision, Thresholds, decide
 from reconciler.core.evidence import Evidence, EvidenceError, build_steps, parse_plan
+from reconciler.core.kinds import KindRules
 from reconciler.core.ports import (
     Candidate,
     Cursor,
@@ -34,8 +35,15 @@ class PassConfig:
 
     batch_size: int
     thresholds: Thresholds
+    """The defaults; a kind's own thresholds come from ``kinds`` where it is given."""
     instance: str = field(default_factory=lambda: f"reconciler-{uuid.uuid4().hex[:12]}")
     session_timeout_seconds: float = 30.0
+    kinds: KindRules | None = None
+    """Per-kind rules from the configuration's ``[kinds]`` tables."""
+
+    def thresholds_for(self, kind: str) -> Thresholds:
+        """The thresholds a job of this kind is judged by."""
+        return self.thresholds if self.kinds is None else self.kinds.resolve(kind).thresholds
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +106,7 @@ def outcomes(planned: Sequence[PlannedChange], applied: Mapping[JobKey, int | No
     return recorded
 
 
-def explain_jobs(store: PassStore, job_ids: Sequence[JobKey], thresholds: Thresholds
+def explain_jobs(store: PassStore, job_ids: Sequence[JobKey], config: PassConfig
                  ) -> list[PlannedChange]:
     """What the table decides for named running jobs now; reads only, writes nothing.
 
@@ -106,7 +114,8 @@ def explain_jobs(store: PassStore, job_ids: Sequence[JobKey], thresholds: Thresh
     live job is left alone (``lease_live``) as well as what would happen to a stale one.
     """
     with store.pass_transaction(dry_run=True) as tx:
-        return [plan_change(row, thresholds) for row in tx.jobs.evidence_for(job_ids)]
+        return [plan_change(row, config.thresholds_for(row.job_kind))
+                for row in tx.jobs.evidence_for(job_ids)]
 
 
 def run_pass(
@@ -120,7 +129,7 @@ def run_pass(
     if dry_run:
         with store.pass_transaction(dry_run=True) as tx:
             rows = tx.jobs.candidates(config.batch_size, config.thresholds, after)
-            planned = [plan_change(r, config.thresholds) for r in rows]
+            planned = [plan_change(r, config.thresholds_for(r.job_kind)) for r in rows]
         previewed = tuple(
             RecordedDecision(p.decision.job_id, p.decision.disposition, p.decision.reason,
                              p.decision.resume_step_index, p.generation_before, None)
@@ -138,7 +147,7 @@ def run_pass(
             # Nothing stale: the pass row is the whole record, written in one statement.
             pass_id = tx.audit.record_quiet_pass(config.instance, PassOutcome.OK)
             return PassReport(pass_id, PassOutcome.OK)
-        planned = [plan_change(r, config.thresholds) for r in rows]
+        planned = [plan_change(r, config.thresholds_for(r.job_kind)) for r in rows]
         failpoints.hit("between_decide_and_apply")
         pass_id, recorded = apply_and_record(tx, config.instance, planned)
     return PassReport(pass_id, PassOutcome.OK, tuple(recorded), next_cursor(rows, config))

@@ -18,8 +18,8 @@ from sqlalchemy.engine import Connection
 
 from reconciler.core.decisions import Thresholds
 from reconciler.core.kinds import KindPolicy, KindRules
+from reconciler.core.ports import Candidate, Cursor, JobKey, PlannedChange
 from reconciler.sources.common import StepFacts, acting, ledger_facts, ledger_last_write, per_kind
-from reconciler.sources.port_draft import Candidate, Cursor, JobKey, PlannedChange
 from reconciler.storage.clock import now_plus
 
 

@@ -19,9 +19,9 @@ from sqlalchemy.engine import Connection
 from models import StepLedgerEntry
 from reconciler.core.evidence import PlanStep
 from reconciler.core.kinds import KindPolicy
+from reconciler.core.ports import Candidate, Cursor, Fence, JobKey, PlannedChange
 from reconciler.core.vocabulary import Disposition, Reason, StepState
 from reconciler.errors import ConfigError
-from reconciler.sources.port_draft import Candidate, Cursor, Fence, JobKey, PlannedChange
 from reconciler.storage.clock import seconds_since
 
 LEDGER: sa.Table = cast(sa.Table, StepLedgerEntry.__table__)

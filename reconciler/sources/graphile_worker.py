@@ -25,6 +25,7 @@ from sqlalchemy.engine import Connection
 
 from reconciler.config import GraphileWorkerConfig
 from reconciler.core.kinds import KindPolicy, KindRules
+from reconciler.core.ports import Candidate, Fence, JobKey, PlannedChange
 from reconciler.core.vocabulary import Disposition
 from reconciler.errors import ConfigError
 from reconciler.sources.base import ForeignSource
@@ -39,7 +40,6 @@ from reconciler.sources.common import (
     require_functions,
     require_postgresql,
 )
-from reconciler.sources.port_draft import Candidate, Fence, JobKey, PlannedChange
 from reconciler.storage.clock import db_now, now_plus, seconds_since
 
 LOCK_TIMEOUT_SECONDS = 4 * 3600.0

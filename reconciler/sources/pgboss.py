@@ -29,6 +29,7 @@ from sqlalchemy.engine import Connection
 
 from reconciler.config import PgBossConfig
 from reconciler.core.kinds import KindPolicy, KindRules
+from reconciler.core.ports import Candidate, Fence, PlannedChange
 from reconciler.core.vocabulary import Disposition
 from reconciler.errors import ConfigError
 from reconciler.sources.base import ForeignSource
@@ -43,7 +44,6 @@ from reconciler.sources.common import (
     require_columns,
     require_postgresql,
 )
-from reconciler.sources.port_draft import Candidate, Fence, PlannedChange
 from reconciler.storage.clock import db_now, now_plus, seconds_since
 
 JOB_STATES = ("created", "retry", "active", "completed", "cancelled", "failed")

@@ -29,6 +29,7 @@ from sqlalchemy.engine import Connection
 
 from reconciler.config import ProcrastinateConfig
 from reconciler.core.kinds import KindPolicy, KindRules
+from reconciler.core.ports import Candidate, Fence, PlannedChange
 from reconciler.core.vocabulary import Disposition
 from reconciler.errors import ConfigError
 from reconciler.sources.base import ForeignSource
@@ -42,7 +43,6 @@ from reconciler.sources.common import (
     require_functions,
     require_postgresql,
 )
-from reconciler.sources.port_draft import Candidate, Fence, PlannedChange
 from reconciler.storage.clock import now_plus, seconds_since
 
 RETRY_FUNCTION = "procrastinate_retry_job_v2"

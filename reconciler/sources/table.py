@@ -36,6 +36,7 @@ from sqlalchemy.engine import Connection
 
 from reconciler.config import TableConfig
 from reconciler.core.kinds import KindPolicy, KindRules
+from reconciler.core.ports import Candidate, Fence, PlannedChange
 from reconciler.core.vocabulary import Disposition
 from reconciler.sources.base import ForeignSource
 from reconciler.sources.common import (
@@ -49,7 +50,6 @@ from reconciler.sources.common import (
     reason_text,
     require_columns,
 )
-from reconciler.sources.port_draft import Candidate, Fence, PlannedChange
 from reconciler.storage.clock import seconds_since
 
 UNREADABLE_STEPS: StepRows = ((-1, "unreadable", None),)

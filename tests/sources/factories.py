@@ -30,11 +30,11 @@ from sqlalchemy.engine import Connection
 
 from reconciler.config import GraphileWorkerConfig, PgBossConfig, ProcrastinateConfig
 from reconciler.core.kinds import KindRules
+from reconciler.core.ports import JobKey
 from reconciler.ledger import Step, StepLedger
 from reconciler.sources.base import ForeignSource
 from reconciler.sources.graphile_worker import GraphileWorkerSource
 from reconciler.sources.pgboss import PgBossSource
-from reconciler.sources.port_draft import JobKey
 from reconciler.sources.procrastinate import ProcrastinateSource
 from tests.sources.conftest import SourcesDatabase
 

@@ -22,11 +22,11 @@ from typing import Any, Protocol
 import pytest
 from sqlalchemy.engine import Connection, Engine
 
-from reconciler.core.decisions import Decision, decide
-from reconciler.core.evidence import Evidence, EvidenceError, build_steps, parse_plan
+from reconciler.core.decisions import Decision
 from reconciler.core.kinds import KindRules
+from reconciler.core.passes import plan_change
+from reconciler.core.ports import Candidate, JobKey, PlannedChange
 from reconciler.core.vocabulary import Disposition, Reason
-from reconciler.sources.port_draft import Candidate, JobKey, PlannedChange
 
 PR_SET_PDEATHSIG = 1
 
@@ -55,33 +55,9 @@ class Outcome:
     evidence: dict[str, Any] = field(default_factory=dict)
 
 
-def evidence_from(c: Candidate) -> Evidence:
-    """The core's evidence for one candidate (what the pass will do)."""
-    plan = c.plan if isinstance(c.plan, tuple) else parse_plan(c.plan)
-    return Evidence(
-        job_id=c.job_id,  # type: ignore[arg-type] - JobKey: the core will widen job_id
-        claim_generation=c.fence.generation or 0, attempt_count=c.attempt_count,
-        max_attempts=c.max_attempts, operator_hold=c.operator_hold, lease_live=c.lease_live,
-        lease_expired_seconds=c.lease_expired_seconds,
-        activity_age_seconds=c.activity_age_seconds, plan=plan,
-        steps=build_steps(plan, c.step_rows), session_gone=c.session_gone,
-    )
-
-
 def plan_changes(candidates: Sequence[Candidate], kinds: KindRules) -> list[PlannedChange]:
-    """Decide each candidate under its kind's thresholds; unreadable evidence is skipped."""
-    planned = []
-    for c in candidates:
-        thresholds = kinds.resolve(c.job_kind).thresholds
-        try:
-            evidence = evidence_from(c)
-            planned.append(PlannedChange(decide(evidence, thresholds), c.fence, thresholds,
-                                         evidence.public_facts()))
-        except (EvidenceError, ValueError, TypeError) as exc:
-            planned.append(PlannedChange(
-                Decision(c.job_id, Disposition.SKIP, Reason.RECONCILE_ERROR),  # type: ignore[arg-type]
-                c.fence, thresholds, {"error": type(exc).__name__}))
-    return planned
+    """Decide each candidate under its kind's thresholds, as the pass does."""
+    return [plan_change(c, kinds.resolve(c.job_kind).thresholds) for c in candidates]
 
 
 def reconcile_once(engine: Engine, open_source: OpenSource, kinds: KindRules, *,

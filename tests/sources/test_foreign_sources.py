@@ -13,10 +13,10 @@ import pytest
 import sqlalchemy as sa
 
 from reconciler.core.kinds import KindRule, KindRules
+from reconciler.core.ports import Cursor
 from reconciler.core.vocabulary import Disposition, EffectKind, Reason
 from reconciler.errors import ConfigError
 from reconciler.ledger import LeaseLost, Step, StepLedger
-from reconciler.sources.port_draft import Cursor
 from tests.sources.conftest import SourcesDatabase
 from tests.sources.factories import (
     GraphileWorkerFactory,

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from reconciler.core.kinds import KindRule, KindRules
+from reconciler.core.ports import JobKey
 from reconciler.core.vocabulary import Disposition, EffectKind, Reason
-from reconciler.sources.port_draft import JobKey
 from tests.sources.conftest import NODE_DIR, SourcesDatabase, node_env
 from tests.sources.factories import GraphileWorkerFactory, PgBossFactory
 from tests.sources.support import (

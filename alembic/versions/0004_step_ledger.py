@@ -1,9 +1,8 @@
 """The step ledger: steps recorded by tasks of a foreign job system (issue 11).
 
-Revision ID: 0011
-Revises: 0002
+Revision ID: 0004
+Revises: 0003
 
-Chained onto 0002 for now; the lead's 0003 lands first and this one is re-chained after it.
 """
 
 from __future__ import annotations
@@ -14,8 +13,8 @@ import sqlalchemy as sa
 
 from alembic import op
 
-revision: str = '0011'
-down_revision: str | None = '0002'
+revision: str = '0004'
+down_revision: str | None = '0003'
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
