@@ -18,7 +18,15 @@ from reconciler.settings import Settings
 from reconciler.storage.engines import create_engine
 from reconciler.storage.schema import require_current, upgrade
 from reconciler.storage.sql_store import SqlStore
+
+from reconciler.storage.step_ledger import LedgerRun, StepLedger
 from reconciler.storage.wakeups import NotifyWaiter
+
+__all__ = [
+    # The step ledger is public API (reconciler.ledger); its store is handed out from here.
+    "LedgerRun", "StepLedger", "check_schema", "open_engine", "open_pass_store",
+    "open_store", "pass_config", "upgrade_schema", "work_waiter",
+]
 
 
 def open_engine(database: str | Engine) -> Engine:
