@@ -18,7 +18,6 @@ from reconciler.settings import Settings
 from reconciler.storage.engines import create_engine
 from reconciler.storage.schema import require_current, upgrade
 from reconciler.storage.sql_store import SqlStore
-
 from reconciler.storage.step_ledger import LedgerRun, StepLedger
 from reconciler.storage.wakeups import NotifyWaiter
 
