@@ -217,6 +217,8 @@ class ReconciliationDecision(Base):
     generation_after: Mapped[int | None] = mapped_column(BigInteger)
     resume_step_index: Mapped[int | None] = mapped_column(Integer)
     decision_evidence: Mapped[Any | None] = mapped_column(JSON)
+    # A shadow pass records what it would have done and changes no job (DESIGN.md §11).
+    shadow_mode: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
 
     __table_args__ = (
         CheckConstraint(one_of("disposition", DISPOSITIONS), name="disposition_known"),

@@ -66,4 +66,5 @@ def pass_config(settings: Settings, instance: str) -> PassConfig:
         thresholds=settings.thresholds(),
         instance=instance,
         session_timeout_seconds=settings.session_timeout_seconds,
+        shadow=settings.shadow,
     )

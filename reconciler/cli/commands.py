@@ -176,6 +176,8 @@ def cmd_pass(args: argparse.Namespace) -> int:
 
     def human() -> str:
         title = "dry run (nothing written)" if report.dry_run else f"pass {report.pass_id}"
+        if report.shadow:
+            title += " (shadow: decisions recorded, no job changed)"
         lines = [f"{title}: outcome={view['outcome']} candidates={view['candidates']} "
                  f"resumed={view['resumed']} terminalized={view['terminalized']} "
                  f"skipped={view['skipped']}"]

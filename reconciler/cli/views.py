@@ -71,6 +71,7 @@ def pass_view(report: PassReport) -> dict[str, Any]:
         "pass_id": report.pass_id,
         "outcome": report.outcome.value,
         "dry_run": report.dry_run,
+        "shadow": report.shadow,
         "candidates": len(report.decisions),
         "resumed": report.count(Disposition.RESUME),
         "terminalized": report.count(Disposition.TERMINALIZE),

@@ -40,6 +40,8 @@ class PassConfig:
     session_timeout_seconds: float = 30.0
     kinds: KindRules | None = None
     """Per-kind rules from the configuration's ``[kinds]`` tables."""
+    shadow: bool = False
+    """Decide and record every decision marked shadow; change no job."""
 
     def thresholds_for(self, kind: str) -> Thresholds:
         """The thresholds a job of this kind is judged by."""
@@ -55,6 +57,7 @@ class PassReport:
     decisions: tuple[RecordedDecision, ...] = ()
     next_cursor: Cursor | None = None
     dry_run: bool = False
+    shadow: bool = False
 
     def count(self, disposition: Disposition) -> int:
         """How many decisions of this disposition the pass made."""
@@ -70,6 +73,8 @@ def evidence_from(row: Candidate) -> Evidence:
         lease_expired_seconds=row.lease_expired_seconds,
         activity_age_seconds=row.activity_age_seconds,
         plan=plan, steps=build_steps(plan, row.step_rows), session_gone=row.session_gone,
+        lost_attempts_in_a_row=row.lost_attempts_in_a_row,
+        completion_recoverable=row.completion_recoverable,
     )
 
 
@@ -141,29 +146,42 @@ def run_pass(
         # No leader gate: every replica passes. Candidates are locked with SKIP LOCKED on
         # PostgreSQL (replicas share a backlog) and SQLite's write lock serialises passes;
         # each job's compare-and-swap is what makes a decision count once.
-        tx.jobs.expire_gone_owners(config.session_timeout_seconds)
+        if not config.shadow:  # declaring owners gone expires their jobs' leases: a change
+            tx.jobs.expire_gone_owners(config.session_timeout_seconds)
         rows = tx.jobs.candidates(config.batch_size, config.thresholds, after)
         if not rows:
             # Nothing stale: the pass row is the whole record, written in one statement.
             pass_id = tx.audit.record_quiet_pass(config.instance, PassOutcome.OK)
-            return PassReport(pass_id, PassOutcome.OK)
+            return PassReport(pass_id, PassOutcome.OK, shadow=config.shadow)
         planned = [plan_change(r, config.thresholds_for(r.job_kind)) for r in rows]
         failpoints.hit("between_decide_and_apply")
-        pass_id, recorded = apply_and_record(tx, config.instance, planned)
-    return PassReport(pass_id, PassOutcome.OK, tuple(recorded), next_cursor(rows, config))
+        pass_id, recorded = apply_and_record(tx, config.instance, planned,
+                                             shadow=config.shadow)
+    return PassReport(pass_id, PassOutcome.OK, tuple(recorded), next_cursor(rows, config),
+                      shadow=config.shadow)
 
 
-def apply_and_record(tx: PassUnit, instance: str, planned: Sequence[PlannedChange]
-                     ) -> tuple[int, list[RecordedDecision]]:
+def apply_and_record(tx: PassUnit, instance: str, planned: Sequence[PlannedChange], *,
+                     shadow: bool = False) -> tuple[int, list[RecordedDecision]]:
     """Start a pass record, compare-and-swap the non-skip changes through the source, and
-    record every decision as it turned out; the pass id and the recorded decisions."""
+    record every decision as it turned out; the pass id and the recorded decisions.
+
+    In shadow mode nothing is applied: every decision is recorded as decided, marked
+    shadow, with no generation after.
+    """
     pass_id = tx.audit.start_pass(instance)
-    acting = [p for p in planned if p.decision.disposition is not Disposition.SKIP]
-    applied = tx.jobs.apply(acting) if acting else {}
-    failpoints.hit("between_apply_and_record")
-    recorded = outcomes(planned, applied)
+    if shadow:
+        recorded = [RecordedDecision(p.decision.job_id, p.decision.disposition,
+                                     p.decision.reason, p.decision.resume_step_index,
+                                     p.generation_before, None) for p in planned]
+    else:
+        acting = [p for p in planned if p.decision.disposition is not Disposition.SKIP]
+        applied = tx.jobs.apply(acting) if acting else {}
+        failpoints.hit("between_apply_and_record")
+        recorded = outcomes(planned, applied)
     tx.audit.finish_pass(pass_id, tx.jobs.source_name,
-                         [(r, p.evidence) for r, p in zip(recorded, planned, strict=True)])
+                         [(r, p.evidence) for r, p in zip(recorded, planned, strict=True)],
+                         shadow=shadow)
     return pass_id, recorded
 
 

@@ -8,12 +8,13 @@ them be tested without a database.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
 from reconciler.core.vocabulary import (
     AttemptOutcome,
+    EndedBy,
     JobStatus,
     OperatorAction,
     OperatorStatusReason,
@@ -38,10 +39,30 @@ def retry_delay_seconds(attempts_used: int, first_delay_seconds: float,
 def reclaimed_attempt_outcome(reason: Reason) -> AttemptOutcome:
     """How an attempt ends when the reconciler takes its claim away.
 
-    A wedged worker may still be running (``abandoned``); any other stale claim lost its
-    worker (``lost``).
+    A wedged worker may still be running (``abandoned``); a recovered completion finished
+    the attempt's work (``completed``); any other stale claim lost its worker (``lost``).
     """
-    return AttemptOutcome.ABANDONED if reason is Reason.WORKER_WEDGED else AttemptOutcome.LOST
+    if reason is Reason.WORKER_WEDGED:
+        return AttemptOutcome.ABANDONED
+    if reason is Reason.COMPLETION_RECOVERED:
+        return AttemptOutcome.COMPLETED
+    return AttemptOutcome.LOST
+
+
+def lost_in_a_row(history: Sequence[tuple[int, str | None, str | None]]) -> int:
+    """How many attempts, newest first, died without their worker saying so: the open one
+    being judged, then each earlier one the reconciler ended ``lost``. ``history`` is
+    (attempt number, outcome, ended by), newest first. An operator's retry restarts the
+    numbering, and stops the count, so a retried job gets a fresh chance."""
+    if not history or history[0][1] is not None:
+        return 0
+    count, number = 1, history[0][0]
+    for earlier, outcome, ended_by in history[1:]:
+        if (earlier != number - 1 or outcome != AttemptOutcome.LOST.value
+                or ended_by != EndedBy.RECONCILER.value):
+            break
+        count, number = count + 1, earlier
+    return count
 
 
 def first_unfinished_step(plan_length: int, succeeded: Collection[int]) -> int:

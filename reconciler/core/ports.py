@@ -78,6 +78,10 @@ class Candidate:
     step_rows: tuple[tuple[int, str, bool | None], ...]
     session_gone: bool = False
     position: Cursor | None = None
+    lost_attempts_in_a_row: int = 0
+    """The attempt being judged plus the attempts right before it that ended lost."""
+    completion_recoverable: bool = False
+    """The source can record the completion itself (see Reason.COMPLETION_RECOVERED)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,8 +153,10 @@ class AuditLog(Protocol):
         """Insert a pass that decided nothing (not leader, or nothing stale)."""
 
     def finish_pass(self, pass_id: int, source_name: str,
-                    decisions: Sequence[tuple[RecordedDecision, dict[str, Any]]]) -> None:
-        """Record every decision with its evidence, and the pass's counts."""
+                    decisions: Sequence[tuple[RecordedDecision, dict[str, Any]]], *,
+                    shadow: bool = False) -> None:
+        """Record every decision with its evidence, and the pass's counts. A skip already
+        recorded for the same job, reason and generation is not recorded again."""
 
 
 class Lease(Protocol):

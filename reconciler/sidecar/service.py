@@ -107,13 +107,14 @@ class Service:
             return None
         elapsed = time.monotonic() - started
         self.cursor = report.next_cursor
-        self.metrics.observe_pass(report, elapsed, time.time())
+        self.metrics.observe_pass(report, elapsed, time.time(), shadow=report.shadow)
         self.last_pass_finished = time.monotonic()
         log.info(
             "event=pass_finished instance=%s pass_id=%s outcome=%s candidates=%d resumed=%d "
-            "terminalized=%d skipped=%d seconds=%.3f", self.instance, report.pass_id,
+            "terminalized=%d skipped=%d shadow=%d seconds=%.3f", self.instance, report.pass_id,
             report.outcome.value, len(report.decisions), report.count(Disposition.RESUME),
-            report.count(Disposition.TERMINALIZE), report.count(Disposition.SKIP), elapsed)
+            report.count(Disposition.TERMINALIZE), report.count(Disposition.SKIP),
+            report.shadow, elapsed)
         return report
 
     def _record_failure(self, error_code: str) -> None:

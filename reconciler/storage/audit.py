@@ -32,7 +32,7 @@ DECISION_COLUMNS: tuple[tuple[str, Any], ...] = (
     ("job_source", sa.String()), ("job_id", sa.String()), ("disposition", sa.String()),
     ("decision_reason", sa.String()), ("generation_before", sa.BigInteger()),
     ("generation_after", sa.BigInteger()), ("resume_step_index", sa.Integer()),
-    ("decision_evidence", sa.JSON()),
+    ("decision_evidence", sa.JSON()), ("shadow_mode", sa.Boolean()),
 )
 
 
@@ -52,6 +52,19 @@ def _statements(postgres: bool) -> _Statements:
     finished = {"started_at": db_now(), "finished_at": db_now()}
     source = json_rows(postgres, "recorded", DECISION_COLUMNS)
     names = [name for name, _ in DECISION_COLUMNS]
+    earlier = decisions.alias("earlier")
+    # A skip for the same job, reason and generation (and mode) was recorded by an earlier
+    # pass: a held or gated job is recorded once, not on every pass.
+    repeated_skip = sa.and_(
+        source.c.disposition == Disposition.SKIP.value,
+        sa.exists().where(
+            earlier.c.job_source == source.c.job_source,
+            earlier.c.job_id == source.c.job_id,
+            earlier.c.decision_reason == source.c.decision_reason,
+            earlier.c.generation_before.is_not_distinct_from(source.c.generation_before),
+            earlier.c.shadow_mode == source.c.shadow_mode,
+        ),
+    )
     return _Statements(
         start_pass=passes.insert()
         .values(reconciler_instance=sa.bindparam("pass_instance"), started_at=db_now())
@@ -63,7 +76,7 @@ def _statements(postgres: bool) -> _Statements:
         record_decisions=decisions.insert().from_select(
             ["pass_id", "decided_at", *names],
             sa.select(sa.bindparam("recording_pass_id", type_=sa.BigInteger()), db_now(),
-                      *(source.c[name] for name in names)),
+                      *(source.c[name] for name in names)).where(~repeated_skip),
         ),
         finish_pass=passes.update()
         .where(passes.c.pass_id == sa.bindparam("finished_pass_id"))
@@ -100,8 +113,8 @@ def _leadership_statement(postgres: bool) -> Any:
 
 
 def decision_rows(source_name: str,
-                  recorded: Sequence[tuple[RecordedDecision, dict[str, Any]]]
-                  ) -> list[dict[str, Any]]:
+                  recorded: Sequence[tuple[RecordedDecision, dict[str, Any]]], *,
+                  shadow: bool = False) -> list[dict[str, Any]]:
     """The audit rows of a batch's decisions, the job id as text."""
     return [
         {
@@ -109,6 +122,7 @@ def decision_rows(source_name: str,
             "decision_reason": r.reason, "generation_before": r.generation_before,
             "generation_after": r.generation_after,
             "resume_step_index": r.resume_step_index, "decision_evidence": evidence,
+            "shadow_mode": shadow,
         }
         for r, evidence in recorded
     ]
@@ -133,12 +147,15 @@ class SqlAudit:
         }).scalar_one())
 
     def finish_pass(self, pass_id: int, source_name: str,
-                    recorded: Sequence[tuple[RecordedDecision, dict[str, Any]]]) -> None:
-        """Insert every decision in one statement, then the pass's counts."""
+                    recorded: Sequence[tuple[RecordedDecision, dict[str, Any]]], *,
+                    shadow: bool = False) -> None:
+        """Insert every decision in one statement (a skip already on record for the same
+        job, reason and generation is left out), then the pass's counts."""
         if recorded:
             self.conn.execute(self.sql.record_decisions, {
                 "recording_pass_id": pass_id,
-                "recorded_rows": encode_rows(decision_rows(source_name, recorded))})
+                "recorded_rows": encode_rows(decision_rows(source_name, recorded,
+                                                           shadow=shadow))})
         counts = dict.fromkeys(Disposition, 0)
         for r, _ in recorded:
             counts[r.disposition] += 1

@@ -8,6 +8,7 @@ one compare-and-swap statement that repeats, per row, the evidence its rule reli
 from __future__ import annotations
 
 import functools
+from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -16,9 +17,17 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from reconciler.core.decisions import Thresholds
-from reconciler.core.policy import reclaimed_attempt_outcome
+from reconciler.core.policy import lost_in_a_row, reclaimed_attempt_outcome
 from reconciler.core.ports import Candidate, Cursor, Fence, JobKey, PlannedChange
-from reconciler.core.vocabulary import Disposition, EndedBy, Reason, SessionEndReason, SourceKind
+from reconciler.core.vocabulary import (
+    ArtifactState,
+    AttemptOutcome,
+    Disposition,
+    EndedBy,
+    Reason,
+    SessionEndReason,
+    SourceKind,
+)
 from reconciler.storage.clock import db_now, now_plus, seconds_since
 from reconciler.storage.engines import is_postgresql
 from reconciler.storage.sql import (
@@ -26,6 +35,7 @@ from reconciler.storage.sql import (
     NO_CLAIM,
     PLAN_TEXT,
     PROCESSING,
+    artifacts,
     as_float,
     attempts,
     batch_ids,
@@ -71,8 +81,11 @@ class _Statements:
     expired_after: Any
     wedged: Any
     steps: Any
+    history: Any
+    artifacts: Any
     swap: Any
     close_attempts: Any
+    publish: Any
 
 
 @functools.cache
@@ -105,8 +118,16 @@ def _statements(postgres: bool, lock: bool) -> _Statements:
         steps=sa.select(steps.c.job_id, steps.c.step_index, steps.c.step_state,
                         steps.c.failure_retryable)
         .where(in_batch(postgres, steps.c.job_id)),
+        history=sa.select(attempts.c.job_id, attempts.c.attempt_number,
+                          attempts.c.attempt_outcome, attempts.c.ended_by)
+        .where(in_batch(postgres, attempts.c.job_id))
+        .order_by(attempts.c.job_id, attempts.c.claim_generation.desc()),
+        artifacts=sa.select(artifacts.c.job_id, artifacts.c.claim_generation,
+                            artifacts.c.artifact_state)
+        .where(in_batch(postgres, artifacts.c.job_id)),
         swap=_swap_statement(postgres),
         close_attempts=_close_attempts_statement(postgres),
+        publish=_publish_statement(postgres),
     )
 
 
@@ -184,6 +205,19 @@ def _close_attempts_statement(postgres: bool) -> Any:
     )
 
 
+def _publish_statement(postgres: bool) -> Any:
+    """Publish the staged artifacts of recovered completions, as ``complete()`` would; the
+    sidecar's sweep moves their files into place."""
+    values = json_rows(postgres, "ended", ENDED_COLUMNS)
+    return (
+        artifacts.update()
+        .where(artifacts.c.job_id == values.c.job_id,
+               artifacts.c.claim_generation == values.c.generation,
+               artifacts.c.artifact_state == ArtifactState.STAGED.value)
+        .values(artifact_state=ArtifactState.PUBLISHED.value)
+    )
+
+
 def planned_rows(acting: Sequence[PlannedChange]) -> str:
     """The ``planned`` parameter of the swap: what each acting change would write."""
     return encode_rows([
@@ -248,20 +282,31 @@ class NativeSource:
         return self._with_steps(rows)
 
     def _with_steps(self, rows: Sequence[sa.Row[Any]]) -> list[Candidate]:
-        """Candidates with their step records, loaded in one query for the batch."""
+        """Candidates with their step records, attempt history and artifact states, each
+        loaded in one query for the whole batch."""
         if not rows:
             return []
         step_rows: dict[int, list[tuple[int, str, bool | None]]] = {r[0]: [] for r in rows}
-        found = self.conn.execute(
-            self.sql.steps, {"batch_ids": batch_ids(self.postgres, list(step_rows))}).all()
-        for job_id, step_index, state, retryable in found:
+        ids = {"batch_ids": batch_ids(self.postgres, list(step_rows))}
+        for job_id, step_index, state, retryable in self.conn.execute(self.sql.steps, ids):
             step_rows[job_id].append((step_index, state, retryable))
+        history: dict[int, list[tuple[int, str | None, str | None]]] = defaultdict(list)
+        for job_id, number, outcome, ended_by in self.conn.execute(self.sql.history, ids):
+            history[job_id].append((number, outcome, ended_by))
+        unstaged: set[tuple[int, int]] = {
+            (job_id, generation)
+            for job_id, generation, state in self.conn.execute(self.sql.artifacts, ids)
+            if state != ArtifactState.STAGED.value}
         # Positional unpacking: attribute access on a Row costs more than the rest together.
         return [
             Candidate(job_id, kind, Fence(generation), attempts_used, budget, bool(held),
                       bool(live), as_float(expired_for), as_float(idle_for), plan_text,
                       tuple(step_rows[job_id]), bool(gone),
-                      None if live or expires_at is None else Cursor((expires_at, job_id)))
+                      None if live or expires_at is None else Cursor((expires_at, job_id)),
+                      lost_in_a_row(history[job_id]),
+                      # Only a completion that publishes nothing else than its own staged
+                      # set is a status flip plus publishing, safe to do again.
+                      (job_id, generation) not in unstaged)
             for (job_id, kind, generation, attempts_used, budget, held, live, expired_for,
                  idle_for, plan_text, expires_at, gone) in cast(list[tuple[Any, ...]], rows)
         ]
@@ -281,6 +326,12 @@ class NativeSource:
              "outcome": reclaimed_attempt_outcome(c.decision.reason)}
             for c in changes if c.decision.job_id in swapped
         ])})
+        recovered = [{"job_id": c.decision.job_id, "generation": c.generation_before,
+                      "outcome": AttemptOutcome.COMPLETED}
+                     for c in changes if c.decision.job_id in swapped
+                     and c.decision.reason is Reason.COMPLETION_RECOVERED]
+        if recovered:
+            self.conn.execute(self.sql.publish, {"ended_rows": encode_rows(recovered)})
         return swapped
 
     def _swap(self, changes: Sequence[PlannedChange]) -> dict[JobKey, int | None]:

@@ -142,6 +142,10 @@ class Feature(StrEnum):
     GENERATION = "generation"
     """A monotonic counter every claim and every transition bumps (the audit's
     ``generation_before`` / ``generation_after``)."""
+    RECOVERS_COMPLETION = "recovers_completion"
+    """A job whose every step succeeded but whose completion was never recorded is
+    finished ``completed`` (``completion_recovered``) instead of failed
+    (``completion_unrecorded``): the source can record the completion itself."""
 
 
 Capability = Situation | Interference | Feature

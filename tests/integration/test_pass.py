@@ -382,11 +382,12 @@ def assert_resumed(
 
 def assert_terminalized(
     engine: Engine, report: PassReport, crashed: Crashed, reason: Reason,
-    *, outcome: str = "lost",
+    *, outcome: str = "lost", status: str = "failed",
 ) -> dict[str, Any]:
-    """Terminalized: failed with the reason, generation +1, attempt ended, decision kept."""
+    """Terminalized: failed (or completed, for a recovered completion) with the reason,
+    generation +1, attempt ended, decision kept."""
     row = job(engine, crashed.job_id)
-    assert row["job_status"] == "failed"
+    assert row["job_status"] == status
     assert row["status_reason"] == reason.value
     assert row["claim_generation"] == crashed.generation + 1
     assert (row["lease_token"], row["lease_owner"], row["lease_expires_at"]) == (None,) * 3
@@ -551,18 +552,28 @@ def test_step_waiting_on_a_gate_is_skipped(
     assert_counts_match(engine, report)
 
 
-def test_all_steps_done_without_completion_is_terminalized(
+def test_all_steps_done_without_completion_is_finished_completed(
     client: JobClient, engine: Engine, store: SqlStore
 ) -> None:
-    """Every step succeeded but the worker died before complete(): completion_unrecorded."""
-    crashed = crash(client, engine, [PURE, EFFECTFUL], finish(0, 1))
+    """Every step succeeded and its artifacts are staged, but the worker died before
+    complete(): the pass records the completion (completion_recovered), publishing the
+    staged artifacts of that generation, and the attempt ends completed."""
+    def staged_and_done(claim: Claim) -> None:
+        claim.stage_artifact("report.pdf")
+        finish(0, 1)(claim)
+
+    crashed = crash(client, engine, [PURE, EFFECTFUL], staged_and_done)
 
     report = run_pass(store, config())
 
-    stored = assert_terminalized(engine, report, crashed, Reason.COMPLETION_UNRECORDED)
+    stored = assert_terminalized(engine, report, crashed, Reason.COMPLETION_RECOVERED,
+                                 outcome="completed", status="completed")
     evidence = json.loads(stored["evidence_text"])
     assert evidence["step_states"] == ["succeeded", "succeeded"]
     assert evidence["first_unfinished_step"] is None
+    assert evidence["completion_recoverable"] is True
+    assert store.artifacts_of(crashed.job_id) == [
+        (crashed.generation, "report.pdf", "published")]
     assert_counts_match(engine, report)
 
 
@@ -769,7 +780,7 @@ def test_late_completion_after_the_decision_makes_the_terminalize_lose_its_fence
     thresholds = Thresholds(stale_after_seconds=0.0, wedged_after_seconds=60.0)
     crashed = crash(client, engine, [PURE, EFFECTFUL], finish(0, 1))
     planned = decide_now(store, thresholds)
-    assert [p.decision.reason for p in planned] == [Reason.COMPLETION_UNRECORDED]
+    assert [p.decision.reason for p in planned] == [Reason.COMPLETION_RECOVERED]
 
     crashed.claim.complete()
     before = snapshot(engine)
@@ -826,8 +837,11 @@ def test_pass_row_counts_equal_its_decisions_and_a_second_pass_sees_nothing_new(
 
     assert [(d.job_id, d.reason) for d in second.decisions] == [
         (waiting.job_id, Reason.WAITING_ON_GATE)]
-    again = assert_counts_match(engine, second)
+    again = pass_row(engine, second.pass_id)
     assert (again["candidates_seen"], again["skipped_count"]) == (1, 1)
+    # The same skip at the same generation is on record already: not written again.
+    assert decisions_in(engine, second.pass_id) == []
+    assert len(decisions_for(engine, waiting.job_id)) == 1
     assert len(decisions_for(engine, resumed.job_id)) == 1
     assert len(decisions_for(engine, dead.job_id)) == 1
 

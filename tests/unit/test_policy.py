@@ -11,6 +11,7 @@ from reconciler.core.policy import (
     OperatorChange,
     Refusal,
     first_unfinished_step,
+    lost_in_a_row,
     operator_change,
     reclaimed_attempt_outcome,
     retry_delay_seconds,
@@ -40,11 +41,35 @@ class TestRetryDelay:
 
 
 class TestReclaimedAttemptOutcome:
-    def test_a_wedged_attempt_is_abandoned_and_every_other_is_lost(self) -> None:
-        """Only worker_wedged may still be running; the rest lost their worker."""
+    def test_a_wedged_attempt_is_abandoned_a_recovered_one_completed_the_rest_lost(
+        self,
+    ) -> None:
+        """Only worker_wedged may still be running; a recovered completion did its work;
+        the rest lost their worker."""
         assert reclaimed_attempt_outcome(Reason.WORKER_WEDGED) is AttemptOutcome.ABANDONED
-        for reason in set(Reason) - {Reason.WORKER_WEDGED}:
+        assert reclaimed_attempt_outcome(Reason.COMPLETION_RECOVERED) is (
+            AttemptOutcome.COMPLETED)
+        for reason in set(Reason) - {Reason.WORKER_WEDGED, Reason.COMPLETION_RECOVERED}:
             assert reclaimed_attempt_outcome(reason) is AttemptOutcome.LOST
+
+
+class TestLostInARow:
+    @pytest.mark.parametrize(("history", "expected"), [
+        ([], 0),
+        ([(1, None, None)], 1),
+        ([(2, None, None), (1, "lost", "reconciler")], 2),
+        ([(3, None, None), (2, "lost", "reconciler"), (1, "lost", "reconciler")], 3),
+        ([(3, None, None), (2, "retrying", "worker"), (1, "lost", "reconciler")], 1),
+        ([(2, None, None), (1, "lost", "operator")], 1),
+        # An operator's retry restarts the numbering: the earlier losses do not count.
+        ([(1, None, None), (3, "lost", "reconciler"), (2, "lost", "reconciler")], 1),
+        ([(2, "completed", "worker"), (1, "lost", "reconciler")], 0),
+    ])
+    def test_counts_the_open_attempt_and_the_losses_right_before_it(
+        self, history: list[tuple[int, str | None, str | None]], expected: int
+    ) -> None:
+        """Newest first: the open attempt, then each consecutive reconciler-ended loss."""
+        assert lost_in_a_row(history) == expected
 
 
 class TestFirstUnfinishedStep:

@@ -1,0 +1,76 @@
+"""Operating safely (DESIGN.md section 11), on SQLite and PostgreSQL: shadow passes change
+nothing and say so, skips are recorded once per job, reason and generation, and a job
+whose workers keep dying is quarantined as a crash loop."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from sqlalchemy.engine import Engine
+
+from reconciler.core.passes import PassReport, run_pass
+from reconciler.core.vocabulary import Disposition, Reason
+from reconciler.storage.sql_store import SqlStore
+from reconciler.worker import JobClient
+from tests.integration.test_pass import (
+    EFFECTFUL,
+    IDEMPOTENT,
+    config,
+    crash,
+    decisions_for,
+    finish,
+    gated,
+    snapshot,
+)
+
+
+def test_a_shadow_pass_records_every_decision_marked_shadow_and_changes_no_job(
+    client: JobClient, engine: Engine, store: SqlStore
+) -> None:
+    """The pass decides as usual, records each decision with shadow_mode set and no
+    generation after, and leaves every job, step and attempt exactly as it was."""
+    resumable = crash(client, engine, [IDEMPOTENT, EFFECTFUL], finish(0))
+    doomed = crash(client, engine, [IDEMPOTENT, EFFECTFUL], finish(0), max_attempts=1)
+    before = snapshot(engine)
+
+    report = store_pass(store, shadow=True)
+
+    assert report.shadow
+    assert sorted((d.job_id, d.disposition, d.reason) for d in report.decisions) == sorted([
+        (resumable.job_id, Disposition.RESUME, Reason.RESUMED_FROM_UNSTARTED_STEP),
+        (doomed.job_id, Disposition.TERMINALIZE, Reason.RESUME_EXHAUSTED),
+    ])
+    after = snapshot(engine)
+    for table in ("job_runs", "step_runs", "job_attempts"):
+        assert after[table] == before[table], table
+    for crashed in (resumable, doomed):
+        (stored,) = decisions_for(engine, crashed.job_id)
+        assert (stored["shadow_mode"], stored["generation_after"]) == (True, None)
+
+    # Switched on, the same jobs are decided for real, and recorded again (not shadow).
+    real = store_pass(store)
+    assert not real.shadow
+    assert {d.job_id for d in real.decisions if d.disposition is not Disposition.SKIP} == {
+        resumable.job_id, doomed.job_id}
+    assert [r["shadow_mode"] for r in decisions_for(engine, resumable.job_id)] == [True, False]
+
+
+def test_a_gated_job_is_recorded_once_however_many_passes_see_it(
+    client: JobClient, engine: Engine, store: SqlStore
+) -> None:
+    """Three passes over a job waiting on a gate leave one waiting_on_gate record: a skip
+    for the same job, reason and generation is not recorded again."""
+    waiting = crash(client, engine, [IDEMPOTENT, EFFECTFUL], gated)
+
+    reports = [store_pass(store) for _ in range(3)]
+
+    assert [[(d.job_id, d.reason) for d in r.decisions] for r in reports] == [
+        [(waiting.job_id, Reason.WAITING_ON_GATE)]] * 3
+    (stored,) = decisions_for(engine, waiting.job_id)
+    assert (stored["decision_reason"], stored["generation_before"]) == (
+        "waiting_on_gate", waiting.generation)
+
+
+def store_pass(store: SqlStore, *, shadow: bool = False) -> PassReport:
+    """One pass of the suite's configuration, optionally in shadow mode."""
+    return run_pass(store, replace(config(), shadow=shadow))
