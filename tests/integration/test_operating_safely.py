@@ -4,6 +4,7 @@ whose workers keep dying is quarantined as a crash loop."""
 
 from __future__ import annotations
 
+import signal
 from dataclasses import replace
 
 from sqlalchemy.engine import Engine
@@ -12,6 +13,8 @@ from reconciler.core.passes import PassReport, run_pass
 from reconciler.core.vocabulary import Disposition, Reason
 from reconciler.storage.sql_store import SqlStore
 from reconciler.worker import JobClient
+from tests.conftest import run_python
+from tests.helpers import job_row
 from tests.integration.test_pass import (
     EFFECTFUL,
     IDEMPOTENT,
@@ -21,6 +24,7 @@ from tests.integration.test_pass import (
     finish,
     gated,
     snapshot,
+    wait_expired,
 )
 
 
@@ -74,3 +78,37 @@ def test_a_gated_job_is_recorded_once_however_many_passes_see_it(
 def store_pass(store: SqlStore, *, shadow: bool = False) -> PassReport:
     """One pass of the suite's configuration, optionally in shadow mode."""
     return run_pass(store, replace(config(), shadow=shadow))
+
+
+POISON_WORKER = """
+import os, signal, sys
+from reconciler.worker import JobClient
+client = JobClient(sys.argv[1])
+claim = client.claim(worker="victim", lease_seconds=0.3)
+assert claim is not None, "nothing to claim"
+claim.start_step(claim.next_step_index)  # the poison: this step kills its process
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_job_that_kills_every_worker_that_runs_it_is_quarantined_as_a_crash_loop(
+    db_url: str, client: JobClient, engine: Engine, store: SqlStore
+) -> None:
+    """Two real worker processes in a row are SIGKILLed by the same idempotent step: the
+    first death is resumed, the second ends the job failed crash_loop (budget left), so it
+    takes no third worker down with it."""
+    job_id = client.enqueue("poison", steps=[IDEMPOTENT], max_attempts=5)
+    looping = replace(config(), thresholds=replace(config().thresholds, crash_loop_after=2))
+    reasons = []
+    for _ in range(2):
+        died = run_python(POISON_WORKER, db_url)
+        assert died.returncode == -signal.SIGKILL, died.stderr
+        wait_expired(engine, job_id)
+        report = run_pass(store, looping)
+        reasons += [d.reason for d in report.decisions if d.job_id == job_id]
+
+    assert reasons == [Reason.RESUMED_IDEMPOTENT_STEP, Reason.CRASH_LOOP]
+    row = job_row(engine, job_id)
+    assert (row["job_status"], row["status_reason"], row["attempt_count"]) == (
+        "failed", "crash_loop", 2)
+    assert client.claim("third-victim", lease_seconds=5) is None
