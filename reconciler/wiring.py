@@ -67,4 +67,5 @@ def pass_config(settings: Settings, instance: str) -> PassConfig:
         instance=instance,
         session_timeout_seconds=settings.session_timeout_seconds,
         shadow=settings.shadow,
+        brake=settings.brake_limits(),
     )

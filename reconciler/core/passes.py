@@ -10,9 +10,10 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from reconciler import failpoints
+from reconciler.core.brake import BrakeLimits, apply_brake, brake, count_limit
 from reconciler.core.decisions import Decision, Thresholds, decide
 from reconciler.core.evidence import Evidence, EvidenceError, build_steps, parse_plan
 from reconciler.core.kinds import KindRules
@@ -42,6 +43,8 @@ class PassConfig:
     """Per-kind rules from the configuration's ``[kinds]`` tables."""
     shadow: bool = False
     """Decide and record every decision marked shadow; change no job."""
+    brake: BrakeLimits | None = None
+    """The mass-staleness brake's limits; None: no brake."""
 
     def thresholds_for(self, kind: str) -> Thresholds:
         """The thresholds a job of this kind is judged by."""
@@ -58,6 +61,7 @@ class PassReport:
     next_cursor: Cursor | None = None
     dry_run: bool = False
     shadow: bool = False
+    braked: bool = False
 
     def count(self, disposition: Disposition) -> int:
         """How many decisions of this disposition the pass made."""
@@ -150,15 +154,42 @@ def run_pass(
             tx.jobs.expire_gone_owners(config.session_timeout_seconds)
         rows = tx.jobs.candidates(config.batch_size, config.thresholds, after)
         if not rows:
-            # Nothing stale: the pass row is the whole record, written in one statement.
+            # Nothing stale: the pass row is the whole record, written in one statement,
+            # and any staleness event the brake remembered is over.
+            if config.brake is not None:
+                tx.lease.keep_brake(None)
             pass_id = tx.audit.record_quiet_pass(config.instance, PassOutcome.OK)
             return PassReport(pass_id, PassOutcome.OK, shadow=config.shadow)
         planned = [plan_change(r, config.thresholds_for(r.job_kind)) for r in rows]
+        braked = False
+        if config.brake is not None:
+            planned, braked = brake_planned(tx, config.brake, planned)
         failpoints.hit("between_decide_and_apply")
         pass_id, recorded = apply_and_record(tx, config.instance, planned,
                                              shadow=config.shadow)
     return PassReport(pass_id, PassOutcome.OK, tuple(recorded), next_cursor(rows, config),
-                      shadow=config.shadow)
+                      shadow=config.shadow, braked=braked)
+
+
+def brake_planned(tx: PassUnit, limits: BrakeLimits, planned: list[PlannedChange]
+                  ) -> tuple[list[PlannedChange], bool]:
+    """Apply the mass-staleness brake to a batch: when so many running jobs went stale at
+    once that an outage is likelier than mass death, every change becomes a skip
+    ``mass_staleness_brake`` for the hold. The event's start is kept in the database, so
+    every replica and a restarted one brake alike. A batch that would change nothing
+    costs no count."""
+    if all(p.decision.disposition is Disposition.SKIP for p in planned):
+        return planned, False
+    running = tx.jobs.running_count()
+    stale = tx.jobs.stale_count(count_limit(running, limits))
+    since, now = tx.lease.brake_state()
+    state = brake(stale, running, limits, since, now)
+    if state.engaged_since != since:
+        tx.lease.keep_brake(state.engaged_since)
+    if not state.engaged:
+        return planned, False
+    held = apply_brake([p.decision for p in planned])
+    return [replace(p, decision=d) for p, d in zip(planned, held, strict=True)], True
 
 
 def apply_and_record(tx: PassUnit, instance: str, planned: Sequence[PlannedChange], *,

@@ -142,6 +142,13 @@ class JobSource(Protocol):
     def stale_backlog(self) -> tuple[int, float | None]:
         """How many running jobs have an expired lease, and the oldest expiry's age."""
 
+    def running_count(self) -> int:
+        """Every running job (for the mass-staleness brake)."""
+
+    def stale_count(self, limit: int) -> int:
+        """Running jobs the pass would act on whose lease expired (held ones left out),
+        counted up to ``limit`` (for the mass-staleness brake)."""
+
 
 class AuditLog(Protocol):
     """Passes and decisions, in the pass's transaction."""
@@ -167,6 +174,13 @@ class Lease(Protocol):
 
     def release(self, lease_name: str, holder_id: str) -> None:
         """Give the lease up at once, if this holder has it."""
+
+    def brake_state(self) -> tuple[datetime | None, datetime]:
+        """When the current mass-staleness event's brake first engaged (None: no event),
+        shared by every replica, and the database's now."""
+
+    def keep_brake(self, engaged_since: datetime | None) -> None:
+        """Remember (or, with None, forget) when the current event's brake engaged."""
 
 
 class PassUnit(Protocol):

@@ -82,15 +82,20 @@ class Service:
             if report is None:
                 break
             reports.append(report)
-            # A full batch of skips with nowhere further to page would only repeat itself.
-            progressed = report.next_cursor is not None or any(
-                d.disposition is not Disposition.SKIP for d in report.decisions)
+            # A full batch of skips with nowhere further to page would only repeat itself
+            # (a braked batch, a shadow pass, held jobs): the next tick tries again.
+            progressed = report.next_cursor is not None or (not report.shadow and any(
+                d.disposition is not Disposition.SKIP for d in report.decisions))
             if (len(report.decisions) < self.config.batch_size or not progressed
                     or self.stopping.is_set() or time.monotonic() >= deadline):
                 break
-        if len(reports) > 1:
-            log.info("event=tick_finished instance=%s batches=%d decisions=%d",
-                     self.instance, len(reports), sum(len(r.decisions) for r in reports))
+        if reports:
+            self.metrics.observe_tick(len(reports))
+            braked = any(r.braked for r in reports)
+            self.metrics.observe_brake(braked)
+            log.info("event=tick_finished instance=%s batches=%d decisions=%d braked=%d "
+                     "shadow=%d", self.instance, len(reports),
+                     sum(len(r.decisions) for r in reports), braked, self.config.shadow)
         return reports
 
     def run_one_pass(self) -> PassReport | None:

@@ -138,6 +138,26 @@ class ForeignSource(ABC):
             sa.select(sa.func.count(), sa.func.max(expired.c.lease_expired_seconds))).one()
         return int(count), None if oldest is None else float(oldest)
 
+    def running_count(self) -> int:
+        """Running jobs of reconciled kinds."""
+        policies = self._policies()
+        if not policies:
+            return 0
+        running = self._running(policies).where(self._reconciled(policies)).subquery()
+        return int(self._conn.execute(sa.select(sa.func.count()).select_from(running))
+                   .scalar_one())
+
+    def stale_count(self, limit: int) -> int:
+        """Expired running jobs of reconciled kinds, up to ``limit``."""
+        policies = self._policies()
+        if not policies:
+            return 0
+        stale = (self._running(policies).where(self._reconciled(policies),
+                                               self._expired(policies))
+                 .limit(limit).subquery())
+        return int(self._conn.execute(sa.select(sa.func.count()).select_from(stale))
+                   .scalar_one())
+
     # -- shared helpers ------------------------------------------------------ #
 
     def _after_apply(  # noqa: B027 - an optional hook, empty unless a system needs it

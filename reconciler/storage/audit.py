@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -188,6 +189,40 @@ class SqlLease:
             .where(leases.c.lease_name == lease_name, leases.c.holder_id == holder_id)
             .values(lease_expires_at=db_now())
         )
+
+    def brake_state(self) -> tuple[datetime | None, datetime]:
+        """When the current event's brake engaged (None: no event), and the database's now."""
+        return read_brake(self.conn)
+
+    def keep_brake(self, engaged_since: datetime | None) -> None:
+        """Remember (or forget) when the current event's brake engaged."""
+        write_brake(self.conn, engaged_since)
+
+
+BRAKE_LEASE_NAME = "mass_staleness_brake"
+
+
+def _brake_row() -> Any:
+    return leases.c.lease_name == BRAKE_LEASE_NAME
+
+
+def read_brake(conn: Connection) -> tuple[datetime | None, datetime]:
+    """When the current event's brake engaged (kept as the ``mass_staleness_brake`` row of
+    reconciler_leases, its expiry column holding that instant) and the database's now."""
+    row = conn.execute(
+        sa.select(sa.select(leases.c.lease_expires_at).where(_brake_row())
+                  .scalar_subquery(), db_now())
+    ).one()
+    return row[0], row[1]
+
+
+def write_brake(conn: Connection, engaged_since: datetime | None) -> None:
+    """Remember when the current event's brake engaged, or forget the event."""
+    conn.execute(leases.delete().where(_brake_row()))
+    if engaged_since is not None:
+        conn.execute(leases.insert().values(
+            lease_name=BRAKE_LEASE_NAME, holder_id="every-replica", fencing_token=0,
+            lease_expires_at=engaged_since))
 
 
 def record_failed_pass(conn: Connection, instance: str, error_code: str) -> int:

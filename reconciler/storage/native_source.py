@@ -339,6 +339,19 @@ class NativeSource:
         return {int(job_id): int(generation) for job_id, generation in self.conn.execute(
             self.sql.swap, {"planned_rows": planned_rows(changes)})}
 
+    def running_count(self) -> int:
+        """Every processing job, through the processing indexes."""
+        return int(self.conn.execute(sa.select(sa.func.count()).where(IN_PROCESSING))
+                   .scalar_one())
+
+    def stale_count(self, limit: int) -> int:
+        """Expired, unheld processing jobs, up to ``limit`` (a bounded index range)."""
+        stale = sa.select(jobs.c.job_id).where(
+            IN_PROCESSING, jobs.c.lease_expires_at <= db_now(),
+            jobs.c.operator_hold.is_(False)).limit(limit).subquery()
+        return int(self.conn.execute(sa.select(sa.func.count()).select_from(stale))
+                   .scalar_one())
+
     def stale_backlog(self) -> tuple[int, float | None]:
         """How many processing jobs have an expired lease, and the oldest one's age."""
         row = self.conn.execute(

@@ -9,8 +9,10 @@ from dataclasses import replace
 
 from sqlalchemy.engine import Engine
 
+from reconciler.core.brake import BrakeLimits
 from reconciler.core.passes import PassReport, run_pass
 from reconciler.core.vocabulary import Disposition, Reason
+from reconciler.storage.audit import read_brake
 from reconciler.storage.sql_store import SqlStore
 from reconciler.worker import JobClient
 from tests.conftest import run_python
@@ -112,3 +114,43 @@ def test_a_job_that_kills_every_worker_that_runs_it_is_quarantined_as_a_crash_lo
     assert (row["job_status"], row["status_reason"], row["attempt_count"]) == (
         "failed", "crash_loop", 2)
     assert client.claim("third-victim", lease_seconds=5) is None
+
+
+def test_a_database_outage_brakes_the_pass_and_live_workers_carry_on_after(
+    client: JobClient, engine: Engine, store: SqlStore
+) -> None:
+    """Twenty-five workers alive but cut off from the database past their leases: the pass
+    finds them all stale at once, brakes (every change becomes skip mass_staleness_brake,
+    no job changes), and when the database is back the workers heartbeat and finish."""
+    claims = []
+    for n in range(25):
+        client.enqueue("report", steps=[IDEMPOTENT], max_attempts=3)
+        claim = client.claim(f"worker-{n}", lease_seconds=0.3)
+        assert claim is not None
+        claim.start_step(0)
+        claims.append(claim)
+    wait_expired(engine, *(c.job_id for c in claims))  # the outage: no heartbeat lands
+    before = snapshot(engine)
+    limits = BrakeLimits(min_jobs=20, stale_fraction=0.5, hold_seconds=120)
+
+    braked = run_pass(store, replace(config(), brake=limits))
+
+    assert braked.braked
+    assert {(d.disposition, d.reason) for d in braked.decisions} == {
+        (Disposition.SKIP, Reason.MASS_STALENESS_BRAKE)}
+    assert len(braked.decisions) == 25
+    for table in ("job_runs", "step_runs", "job_attempts"):
+        assert snapshot(engine)[table] == before[table], table
+    # Still within the hold: a second pass brakes too, from the same recorded start.
+    assert run_pass(store, replace(config(), brake=limits)).braked
+
+    for claim in claims:  # the database is back: the same claims still hold their jobs
+        claim.heartbeat()
+        claim.finish_step(0)
+        claim.complete()
+    assert {job_row(engine, c.job_id)["job_status"] for c in claims} == {"completed"}
+    quiet = run_pass(store, replace(config(), brake=limits))
+    assert (quiet.braked, quiet.decisions) == (False, ())
+    # The event is over: the next outage brakes afresh, however long after this one.
+    with engine.connect() as conn:
+        assert read_brake(conn)[0] is None
