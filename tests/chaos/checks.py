@@ -272,8 +272,11 @@ class _Checker:
     def _completed_attempts_overwritten(self) -> None:
         for (job_id, generation), attempt in self.db.attempts.items():
             job = self.db.jobs.get(job_id)
+            # A completion the reconciler recorded (completion_recovered) ends the attempt
+            # completed and moves the job one generation past it.
+            final = generation + (attempt.ended_by == "reconciler")
             if attempt.outcome == "completed" and job is not None and (
-                job.generation != generation or job.status != "completed"
+                job.generation != final or job.status != "completed"
             ):
                 self.add(STALE, "completed_attempt_overwritten", job_id,
                          f"attempt {generation} completed, job is {job.status} at "
@@ -374,7 +377,16 @@ class _Checker:
     def _final_state_unexplained(self, job_id: int, job: Job,
                                  decided_at: dict[tuple[int, int], AppliedDecision]) -> str:
         final = self.db.attempts.get((job_id, job.generation))
-        if job.status == "completed":
+        recovered = decided_at.get((job_id, job.generation - 1))
+        if job.status == "completed" and recovered is not None:
+            # The reconciler recorded a completion the worker did the work of: the attempt
+            # it ended (the generation before) ended completed.
+            before = self.db.attempts.get((job_id, job.generation - 1))
+            if recovered.reason != "completion_recovered" or before is None \
+                    or before.outcome != "completed":
+                return (f"completed by a {recovered.reason} decision, attempt "
+                        f"{before.outcome if before else 'missing'}")
+        elif job.status == "completed":
             if final is None or final.outcome != "completed":
                 return (f"completed, but the attempt of generation {job.generation} is "
                         f"{final.outcome if final else 'missing'}")
