@@ -91,7 +91,7 @@ _TYPE_SAMPLES = {"counter": ("",), "gauge": ("",), "untyped": ("",),
 
 
 def register_service_metrics(registry: CollectorRegistry) -> list[str]:
-    """Register the metrics reconciler/sidecar/service.py declares beside Metrics(), read from source.
+    """Register the metrics sidecar/service.py declares beside Metrics(), read from source.
 
     The service is too heavy to construct here (it opens the database), so each
     ``Counter(...)``/``Gauge(...)``/``Histogram(...)`` call in its source is repeated on
