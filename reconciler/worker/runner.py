@@ -90,6 +90,7 @@ class JobRunner:
         self.claim = claim
         self.done = threading.Event()
         self.outcome = "running"
+        self.move_failed = False
         self._beating = threading.Event()
 
     def check_writable(self) -> None:
@@ -179,8 +180,23 @@ class JobRunner:
         failpoints.hit("before_complete")
         generation = claim.complete()
         failpoints.hit("after_complete")
-        move_published(worker.client.store, worker.artifact_root, claim.job_id, generation)
+        self._move_published(generation)
         return "completed"
+
+    def _move_published(self, generation: int) -> None:
+        """Move the completed job's files into place; a failure here is not the job's.
+
+        The job completed (its artifacts were published in the same transaction), so a
+        filesystem or database error now is logged and counted, never turned into an error
+        outcome; the sidecar's artifact sweep finishes the move.
+        """
+        try:
+            move_published(self.worker.client.store, self.worker.artifact_root,
+                           self.claim.job_id, generation)
+        except Exception as exc:
+            self.move_failed = True
+            log.warning("event=artifact_move_failed job_id=%s generation=%s error=%s",
+                        self.claim.job_id, generation, type(exc).__name__)
 
 
 def _call_with_deadline(handler: Handler, context: StepContext, deadline: float

@@ -8,7 +8,12 @@ Failure modes it is built against:
 - A lost lease stops the claim's writes at once (every write is fenced in the database).
 - SIGTERM stops claiming, lets running steps finish within ``shutdown_grace_seconds``, then
   releases what is left between steps. A second signal, or the grace running out, ends
-  without further writes: the leases expire and the reconciler takes over.
+  without further writes to its jobs; its one last write marks its session stopped (best
+  effort, bounded by ``SESSION_END_TIMEOUT_SECONDS``), so the next pass takes those jobs at
+  once instead of waiting out their leases. ``run()`` returns right after: a handler still
+  running in an abandoned thread ends when the process does.
+- A failure to move published files after ``complete()`` is not the job's failure: the job
+  is completed, the failure is logged and counted, and the sidecar's sweep finishes the move.
 - A restart under the same name on the same host replaces the previous session, whose
   claims the next pass takes back at once.
 """
@@ -35,13 +40,22 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("reconciler.worker")
 
+# How long a worker that aborts waits for its last write (its session's end) before exiting
+# anyway: a database that hangs must not hold a process its supervisor is about to kill.
+SESSION_END_TIMEOUT_SECONDS = 2.0
+
 
 @dataclass
 class WorkerStats:
-    """What a worker's run did, by outcome."""
+    """What a worker's run did, by outcome.
+
+    ``artifact_move_failures`` counts completed jobs whose published files could not be
+    moved into place (the sidecar's sweep finishes those moves); they count as completed.
+    """
 
     claimed: int = 0
     outcomes: dict[str, int] = field(default_factory=dict)
+    artifact_move_failures: int = 0
 
     def add(self, outcome: str) -> None:
         self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
@@ -112,11 +126,20 @@ class Worker:
             if runner in self._running:
                 self._running.discard(runner)
                 self.stats.add(runner.outcome)
+                if runner.move_failed:
+                    self.stats.artifact_move_failures += 1
                 self._slots.release()
         self._wake.set()
 
     def run(self, max_jobs: int | None = None) -> WorkerStats:
-        """Claim and run jobs until stopped (SIGTERM/SIGINT) or ``max_jobs`` were claimed."""
+        """Claim and run jobs until stopped (SIGTERM/SIGINT) or ``max_jobs`` were claimed.
+
+        Refuses to start (ValueError) with no handlers registered: such a worker could run
+        nothing it claims.
+        """
+        if not self.handlers:
+            raise ValueError(f"worker {self.name!r} has no handlers: call "
+                             "worker.register(kind, {step_name: handler}) before run()")
         store = self.client.store
         self.session_id = self._register_session()
         log.info("event=worker_started worker=%s session=%s", self.name, self.session_id)
@@ -130,10 +153,40 @@ class Worker:
         finally:
             self.stopping.set()
             restore()
-        if not self.aborting.is_set():
+        if self.aborting.is_set():
+            self._end_session_on_abort(self.session_id)
+        else:
             store.stop_session(self.session_id)
         log.info("event=worker_stopped worker=%s outcomes=%s", self.name, self.stats.outcomes)
         return self.stats
+
+    def _end_session_on_abort(self, session_id: int) -> None:
+        """Mark the session stopped on the way out of an abort: one write, best effort.
+
+        Jobs still held (their handlers outlived the grace) are then taken by the next pass
+        at once, instead of waiting out their leases or ``session_timeout_seconds``. The
+        write runs in its own thread so that a database that hangs holds the exit for at
+        most ``SESSION_END_TIMEOUT_SECONDS``; if it fails, the reconciler notices the
+        silent session later, as it would after a SIGKILL.
+        """
+        ended = threading.Event()
+
+        def end() -> None:
+            try:
+                self.client.store.stop_session(session_id)
+                ended.set()
+            except Exception as exc:
+                log.warning("event=session_stop_failed session=%s error=%s", session_id,
+                            type(exc).__name__)
+
+        writer = threading.Thread(target=end, daemon=True, name="session-end")
+        writer.start()
+        writer.join(SESSION_END_TIMEOUT_SECONDS)
+        if ended.is_set():
+            log.warning("event=session_stopped_on_abort session=%s", session_id)
+        elif writer.is_alive():
+            log.warning("event=session_stop_timed_out session=%s seconds=%s", session_id,
+                        SESSION_END_TIMEOUT_SECONDS)
 
     def _register_session(self) -> int:
         """Register this process's session, waiting out a database that is not there yet."""
