@@ -115,7 +115,7 @@ class Worker:
         self.stopping.set()
         self._wake.set()
 
-    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+    def _on_signal(self, signum: int) -> None:
         log.warning("event=signal signal=%s stopping=%s", signal.Signals(signum).name,
                     self.stopping.is_set())
         self.stop()
@@ -267,14 +267,37 @@ class Worker:
                 log.warning("event=session_heartbeat_failed error=%s", type(exc).__name__)
 
     def _install_signal_handlers(self) -> Callable[[], None]:
+        """SIGTERM/SIGINT call ``stop()``, from a thread of their own.
+
+        A Python signal handler runs in the main thread between two of its bytecodes,
+        possibly while that thread holds an Event's internal lock (``_wake.clear()`` in the
+        claim loop); ``stop()`` setting that Event there would wait on itself forever, as
+        a second signal soon after the first did. The handler only writes the signal's
+        number to a pipe (no lock taken); a watcher thread reads it and stops the worker.
+        """
         if threading.current_thread() is not threading.main_thread():
             return lambda: None
-        previous = {sig: signal.signal(sig, self._on_signal)
+        read_fd, write_fd = os.pipe()
+
+        def on_signal(signum: int, _frame: FrameType | None) -> None:
+            os.write(write_fd, bytes([signum]))
+
+        def watch() -> None:
+            try:
+                while signums := os.read(read_fd, 16):
+                    for signum in signums:
+                        self._on_signal(signum)
+            finally:
+                os.close(read_fd)
+
+        threading.Thread(target=watch, daemon=True, name="signal-watcher").start()
+        previous = {sig: signal.signal(sig, on_signal)
                     for sig in (signal.SIGTERM, signal.SIGINT)}
 
         def restore() -> None:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+            os.close(write_fd)  # the watcher reads the end of the pipe and returns
 
         return restore
 
