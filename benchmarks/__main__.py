@@ -3,6 +3,7 @@
     python -m benchmarks --engine sqlite --jobs 1000000 --stale 10000
     python -m benchmarks --engine postgresql --jobs 1000000 --stale 10000 [--peers]
     python -m benchmarks --smoke            # N = 10k on both engines, checks it runs
+    python -m benchmarks --measure time_to_recovery [--smoke]   # benchmarks/recovery.py
 
 PostgreSQL: ``--database-url`` names an empty database to use, else a throwaway server is
 started (tests/pg_server.py; Debian's postgresql binaries).
@@ -29,6 +30,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from benchmarks.dataset import Shape, build, floor_update, restore_stale, writes_floor
+from benchmarks.recovery import plan_for, run_recovery
 from reconciler.core.decisions import Thresholds
 from reconciler.core.passes import PassConfig, PassReport, run_pass
 from reconciler.storage.engines import create_engine
@@ -278,6 +280,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true",
                         help="N = 10k, small memory probe: checks the benchmark runs")
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
+    parser.add_argument("--measure", choices=("pass", "time_to_recovery", "all"),
+                        default="pass", help="the pass's costs (default), recovery after "
+                        "workers die with a replica (real processes), or both")
+    parser.add_argument("--orphans", type=int, default=10_000,
+                        help="time_to_recovery: jobs whose workers die")
+    parser.add_argument("--replicas", type=int, default=1,
+                        help="time_to_recovery: replicas left running after the kill")
+    parser.add_argument("--workers", type=int, default=4,
+                        help="time_to_recovery: worker processes holding the orphans")
+    parser.add_argument("--backlog", type=int, default=100_000,
+                        help="backlog_drain: orphans decided by one, then two replicas")
+    parser.add_argument("--recovery-timeout", type=float, default=3600.0,
+                        help="time_to_recovery: seconds to wait for the last orphan")
     args = parser.parse_args(argv)
     jobs = 10_000 if args.smoke else args.jobs
     stale = args.stale if args.stale is not None else max(jobs // 100, 1)
@@ -292,10 +307,25 @@ def main(argv: list[str] | None = None) -> int:
               f"{'unit':<10} details")
         print(f"machine: {os.cpu_count()} cores, python {sys.version.split()[0]}, "
               f"sqlite {__import__('sqlite3').sqlite_version}")
+    measures = ("pass", "time_to_recovery") if args.measure == "all" else (args.measure,)
+    if "time_to_recovery" in measures and args.database_url:
+        parser.error("--measure time_to_recovery makes fresh databases on a throwaway "
+                     "server; leave out --database-url")
+    plan = plan_for(smoke=args.smoke, orphans=args.orphans, replicas=args.replicas,
+                    workers=args.workers, backlog=args.backlog,
+                    timeout_seconds=args.recovery_timeout)
+    ok = True
     for name in engines:
-        run(name, args.database_url if name == "postgresql" else None, jobs, stale,
-            memory=memory, peers=args.peers and name == "postgresql", emit=emit)
-    return 0
+        if "pass" in measures:
+            run(name, args.database_url if name == "postgresql" else None, jobs, stale,
+                memory=memory, peers=args.peers and name == "postgresql", emit=emit)
+        if "time_to_recovery" in measures:
+            dbs = Databases(name, None)
+            try:
+                ok = run_recovery(dbs, plan, emit) and ok
+            finally:
+                dbs.close()
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

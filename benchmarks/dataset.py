@@ -65,12 +65,16 @@ def _insert_jobs(conn: Connection, first: int, last: int, status: str, *, lease:
     """))
 
 
-def build(engine: Engine, shape: Shape) -> None:
-    """Fill an empty, migrated database with the shape's jobs, steps and attempts."""
+def build(engine: Engine, shape: Shape, *, stale_lease_seconds: int = -300) -> None:
+    """Fill an empty, migrated database with the shape's jobs, steps and attempts.
+
+    ``stale_lease_seconds``: when the S stale claims' leases run out, from now (expired
+    five minutes ago by default; a positive value makes the backlog appear later, at once).
+    """
     stale, live = shape.stale, shape.live
     rest = shape.jobs - stale - live
     with engine.begin() as conn:
-        expired, quiet = _ts(conn, -300), _ts(conn, -600)
+        expired, quiet = _ts(conn, stale_lease_seconds), _ts(conn, -600)
         _insert_jobs(conn, 1, stale, "processing", lease=expired, activity=quiet,
                      attempts="CASE WHEN n % 10 = 0 THEN 3 ELSE 1 END", finished=False)
         _insert_jobs(conn, stale + 1, stale + live, "processing", lease=_ts(conn, 3600),

@@ -107,9 +107,12 @@ class ClaimsSql:
               session_id: int | None = None) -> ClaimedJob | None:
         """Atomically take the oldest available queued job and start a new attempt on it.
 
+        ``kinds=None`` claims any kind; an empty list names no kind and claims nothing.
         On PostgreSQL two claims can still race past the singleton check onto two jobs of
         one key; the unique partial index refuses the loser, which then simply tries again.
         """
+        if kinds is not None and len(kinds) == 0:
+            return None
         for _ in range(SINGLETON_RETRIES):
             try:
                 return self._claim_once(worker, lease_seconds, kinds, session_id)
@@ -138,7 +141,7 @@ class ClaimsSql:
                 .order_by(jobs.c.available_at, jobs.c.job_id)
                 .limit(1)
             )
-            if kinds:
+            if kinds is not None:
                 pick = pick.where(jobs.c.job_kind.in_(list(kinds)))
             if session_id is not None:
                 # A session already declared gone claims nothing: its claims could not be

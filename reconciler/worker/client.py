@@ -231,8 +231,9 @@ class JobClient:
               ) -> Claim | None:
         """Atomically claim the next available job, or None when there is none.
 
-        ``kinds`` limits the claim to those job kinds; ``session_id`` ties the claim to a
-        worker session (the ``Worker`` runtime passes its own).
+        ``kinds`` limits the claim to those job kinds (None: any kind; an empty list names
+        none and claims nothing); ``session_id`` ties the claim to a worker session (the
+        ``Worker`` runtime passes its own).
         """
         if not isinstance(worker, str) or not worker:
             raise ValueError("worker must be a non-empty name")

@@ -3,12 +3,17 @@
 Failure modes it is built against:
 
 - A hung handler cannot be killed inside a thread. Past ``max_run_seconds`` the runner
-  abandons it, ends the job ``failed`` with ``handler_lifetime_exceeded`` (never requeued:
-  the hung copy may still run) and frees the slot.
+  (runner.py) abandons it, ends the job ``failed`` with ``handler_lifetime_exceeded``
+  (never requeued: the hung copy may still run) and frees the slot.
 - A lost lease stops the claim's writes at once (every write is fenced in the database).
 - SIGTERM stops claiming, lets running steps finish within ``shutdown_grace_seconds``, then
   releases what is left between steps. A second signal, or the grace running out, ends
-  without further writes: the leases expire and the reconciler takes over.
+  without further writes to its jobs; its one last write marks its session stopped (best
+  effort, bounded by ``SESSION_END_TIMEOUT_SECONDS``), so the next pass takes those jobs at
+  once instead of waiting out their leases. ``run()`` returns right after: a handler still
+  running in an abandoned thread ends when the process does.
+- A failure to move published files after ``complete()`` is not the job's failure: the job
+  is completed, the failure is logged and counted, and the sidecar's sweep finishes the move.
 - A restart under the same name on the same host replaces the previous session, whose
   claims the next pass takes back at once.
 """
@@ -27,204 +32,33 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from reconciler import failpoints
-from reconciler.core.vocabulary import short_code
-from reconciler.errors import LeaseLost
-from reconciler.worker.artifacts import move_published, staging_path, write_atomically
+from reconciler.worker.runner import LIFETIME_EXCEEDED, Handler, JobRunner, StepContext
 
 if TYPE_CHECKING:
     from reconciler.core.worker_ports import WorkWaiter
-    from reconciler.worker.client import Claim, JobClient
+    from reconciler.worker.client import JobClient
 
 log = logging.getLogger("reconciler.worker")
 
-Handler = Callable[["StepContext"], object]
-
-LIFETIME_EXCEEDED = "handler_lifetime_exceeded"
-HANDLER_MISSING = "handler_missing"
-
-
-class WorkerStopped(Exception):  # noqa: N818 - a state, not a failure
-    """The worker is shutting down without further writes."""
-
-
-def error_code_of(exc: BaseException) -> str:
-    """The short code stored for a handler's exception: its type name, never its message."""
-    try:
-        return short_code(type(exc).__name__)
-    except ValueError:
-        return "HandlerError"
-
-
-class StepContext:
-    """What a step callable gets: ids, payload, the lease-lost event, artifact staging."""
-
-    __slots__ = ("_claim", "_root", "_runner", "attempt", "generation", "job_id",
-                 "lease_lost", "payload", "step_index", "step_name")
-
-    def __init__(self, runner: JobRunner, claim: Claim, step_index: int, root: Path) -> None:
-        self._runner = runner
-        self._claim = claim
-        self._root = root
-        self.job_id = claim.job_id
-        self.payload = claim.payload
-        self.step_index = step_index
-        self.step_name = claim.steps[step_index].step_name
-        self.attempt = claim.attempt
-        # The claim's fencing token: unique per attempt, for handlers that hand it on to
-        # systems of their own (attempt numbers repeat after a release).
-        self.generation = claim.generation
-        self.lease_lost = claim.lease_lost
-
-    def stage_artifact(self, name: str, data: bytes | str) -> Path:
-        """Stage a file for this attempt; it is published only if this attempt completes."""
-        self._runner.check_writable()
-        path = staging_path(self._root, self.job_id, self._claim.generation, name)
-        write_atomically(path, data.encode() if isinstance(data, str) else data)
-        try:
-            self._claim.stage_artifact(name)
-        except LeaseLost:
-            path.unlink(missing_ok=True)
-            raise
-        return path
-
-    def report_progress(self) -> None:
-        """Tell the reconciler this handler is moving."""
-        self._runner.check_writable()
-        self._claim.report_progress()
+# How long a worker that aborts waits for its last write (its session's end) before exiting
+# anyway: a database that hangs must not hold a process its supervisor is about to kill.
+SESSION_END_TIMEOUT_SECONDS = 2.0
 
 
 @dataclass
 class WorkerStats:
-    """What a worker's run did, by outcome."""
+    """What a worker's run did, by outcome.
+
+    ``artifact_move_failures`` counts completed jobs whose published files could not be
+    moved into place (the sidecar's sweep finishes those moves); they count as completed.
+    """
 
     claimed: int = 0
     outcomes: dict[str, int] = field(default_factory=dict)
+    artifact_move_failures: int = 0
 
     def add(self, outcome: str) -> None:
         self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
-
-
-class JobRunner:
-    """Runs one claim's steps in order, with a heartbeat thread and a lifetime."""
-
-    def __init__(self, worker: Worker, claim: Claim) -> None:
-        self.worker = worker
-        self.claim = claim
-        self.done = threading.Event()
-        self.outcome = "running"
-        self._beating = threading.Event()
-
-    def check_writable(self) -> None:
-        """Refuse writes once the worker aborts (second signal or grace spent)."""
-        if self.worker.aborting.is_set():
-            raise WorkerStopped
-
-    def _heartbeat_loop(self) -> None:
-        interval = self.worker.lease_seconds / 3
-        while not self._beating.wait(interval):
-            if self.worker.aborting.is_set():
-                return
-            try:
-                failpoints.hit("in_heartbeat")
-                self.claim.heartbeat()
-            except LeaseLost:
-                log.warning("event=lease_lost job_id=%s generation=%s", self.claim.job_id,
-                            self.claim.generation)
-                return
-            except Exception as exc:  # a database blip: the lease has slack, try again
-                log.warning("event=heartbeat_failed job_id=%s error=%s", self.claim.job_id,
-                            type(exc).__name__)
-
-    def run(self) -> None:
-        beat = threading.Thread(target=self._heartbeat_loop, daemon=True,
-                                name=f"heartbeat-{self.claim.job_id}")
-        beat.start()
-        try:
-            self.outcome = self._run_steps()
-        except LeaseLost:
-            self.outcome = "lost"
-            log.warning("event=lease_lost job_id=%s", self.claim.job_id)
-        except WorkerStopped:
-            self.outcome = "abandoned_on_stop"
-        except Exception as exc:
-            # The store failed (database down): leave the claim; its lease will expire.
-            self.outcome = "error"
-            log.error("event=runner_failed job_id=%s error=%s", self.claim.job_id,
-                      type(exc).__name__)
-        finally:
-            self._beating.set()
-            self.done.set()
-            self.worker.runner_finished(self)
-
-    def _run_steps(self) -> str:
-        claim, worker = self.claim, self.worker
-        handlers = worker.handlers.get(claim.job_kind, {})
-        deadline = time.monotonic() + worker.max_run_seconds
-        for index in range(claim.next_step_index, len(claim.steps)):
-            self.check_writable()
-            if claim.lease_lost.is_set():
-                return "lost"
-            if worker.stopping.is_set():
-                claim.release()
-                return "released"
-            if index > claim.next_step_index:
-                failpoints.hit("between_steps")
-            name = claim.steps[index].step_name
-            handler = handlers.get(name)
-            if handler is None:
-                claim.fail_step(index, HANDLER_MISSING, retryable=False)
-                claim.fail(HANDLER_MISSING, retryable=False)
-                return "failed"
-            kind = claim.steps[index].kind.value
-            failpoints.hit("before_step_start", kind)
-            claim.start_step(index)
-            failpoints.hit("after_step_start", kind)
-            context = StepContext(self, claim, index, worker.artifact_root)
-            finished, error = _call_with_deadline(handler, context, deadline)
-            failpoints.hit("after_step_effect", kind)
-            self.check_writable()
-            if not finished:
-                log.error("event=handler_lifetime_exceeded job_id=%s step=%s",
-                          claim.job_id, index)
-                claim.fail(LIFETIME_EXCEEDED, retryable=False, status_reason=LIFETIME_EXCEEDED)
-                return "lifetime_exceeded"
-            if error is not None:
-                code = error_code_of(error)
-                retryable = bool(getattr(error, "retryable", True))
-                claim.fail_step(index, code, retryable=retryable)
-                requeued = claim.fail(code, retryable=retryable)
-                log.warning("event=step_failed job_id=%s step=%s error=%s requeued=%s",
-                            claim.job_id, index, code, requeued)
-                return "retrying" if requeued else "failed"
-            claim.finish_step(index)
-        self.check_writable()
-        failpoints.hit("before_complete")
-        generation = claim.complete()
-        failpoints.hit("after_complete")
-        move_published(worker.client.store, worker.artifact_root, claim.job_id, generation)
-        return "completed"
-
-
-def _call_with_deadline(handler: Handler, context: StepContext, deadline: float
-                        ) -> tuple[bool, BaseException | None]:
-    """Run a handler in its own thread; (finished, error). An overdue thread is abandoned."""
-    result: list[BaseException | None] = []
-
-    def target() -> None:
-        try:
-            handler(context)
-            result.append(None)
-        except BaseException as exc:  # the handler's failure is data for the job record
-            result.append(exc)
-
-    thread = threading.Thread(target=target, daemon=True,
-                              name=f"handler-{context.job_id}-{context.step_index}")
-    thread.start()
-    thread.join(max(deadline - time.monotonic(), 0))
-    if thread.is_alive():
-        return False, None
-    return True, result[0] if result else None
 
 
 class Worker:
@@ -281,7 +115,7 @@ class Worker:
         self.stopping.set()
         self._wake.set()
 
-    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+    def _on_signal(self, signum: int) -> None:
         log.warning("event=signal signal=%s stopping=%s", signal.Signals(signum).name,
                     self.stopping.is_set())
         self.stop()
@@ -292,11 +126,20 @@ class Worker:
             if runner in self._running:
                 self._running.discard(runner)
                 self.stats.add(runner.outcome)
+                if runner.move_failed:
+                    self.stats.artifact_move_failures += 1
                 self._slots.release()
         self._wake.set()
 
     def run(self, max_jobs: int | None = None) -> WorkerStats:
-        """Claim and run jobs until stopped (SIGTERM/SIGINT) or ``max_jobs`` were claimed."""
+        """Claim and run jobs until stopped (SIGTERM/SIGINT) or ``max_jobs`` were claimed.
+
+        Refuses to start (ValueError) with no handlers registered: such a worker could run
+        nothing it claims.
+        """
+        if not self.handlers:
+            raise ValueError(f"worker {self.name!r} has no handlers: call "
+                             "worker.register(kind, {step_name: handler}) before run()")
         store = self.client.store
         self.session_id = self._register_session()
         log.info("event=worker_started worker=%s session=%s", self.name, self.session_id)
@@ -310,10 +153,40 @@ class Worker:
         finally:
             self.stopping.set()
             restore()
-        if not self.aborting.is_set():
+        if self.aborting.is_set():
+            self._end_session_on_abort(self.session_id)
+        else:
             store.stop_session(self.session_id)
         log.info("event=worker_stopped worker=%s outcomes=%s", self.name, self.stats.outcomes)
         return self.stats
+
+    def _end_session_on_abort(self, session_id: int) -> None:
+        """Mark the session stopped on the way out of an abort: one write, best effort.
+
+        Jobs still held (their handlers outlived the grace) are then taken by the next pass
+        at once, instead of waiting out their leases or ``session_timeout_seconds``. The
+        write runs in its own thread so that a database that hangs holds the exit for at
+        most ``SESSION_END_TIMEOUT_SECONDS``; if it fails, the reconciler notices the
+        silent session later, as it would after a SIGKILL.
+        """
+        ended = threading.Event()
+
+        def end() -> None:
+            try:
+                self.client.store.stop_session(session_id)
+                ended.set()
+            except Exception as exc:
+                log.warning("event=session_stop_failed session=%s error=%s", session_id,
+                            type(exc).__name__)
+
+        writer = threading.Thread(target=end, daemon=True, name="session-end")
+        writer.start()
+        writer.join(SESSION_END_TIMEOUT_SECONDS)
+        if ended.is_set():
+            log.warning("event=session_stopped_on_abort session=%s", session_id)
+        elif writer.is_alive():
+            log.warning("event=session_stop_timed_out session=%s seconds=%s", session_id,
+                        SESSION_END_TIMEOUT_SECONDS)
 
     def _register_session(self) -> int:
         """Register this process's session, waiting out a database that is not there yet."""
@@ -394,16 +267,39 @@ class Worker:
                 log.warning("event=session_heartbeat_failed error=%s", type(exc).__name__)
 
     def _install_signal_handlers(self) -> Callable[[], None]:
+        """SIGTERM/SIGINT call ``stop()``, from a thread of their own.
+
+        A Python signal handler runs in the main thread between two of its bytecodes,
+        possibly while that thread holds an Event's internal lock (``_wake.clear()`` in the
+        claim loop); ``stop()`` setting that Event there would wait on itself forever, as
+        a second signal soon after the first did. The handler only writes the signal's
+        number to a pipe (no lock taken); a watcher thread reads it and stops the worker.
+        """
         if threading.current_thread() is not threading.main_thread():
             return lambda: None
-        previous = {sig: signal.signal(sig, self._on_signal)
+        read_fd, write_fd = os.pipe()
+
+        def on_signal(signum: int, _frame: FrameType | None) -> None:
+            os.write(write_fd, bytes([signum]))
+
+        def watch() -> None:
+            try:
+                while signums := os.read(read_fd, 16):
+                    for signum in signums:
+                        self._on_signal(signum)
+            finally:
+                os.close(read_fd)
+
+        threading.Thread(target=watch, daemon=True, name="signal-watcher").start()
+        previous = {sig: signal.signal(sig, on_signal)
                     for sig in (signal.SIGTERM, signal.SIGINT)}
 
         def restore() -> None:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+            os.close(write_fd)  # the watcher reads the end of the pipe and returns
 
         return restore
 
 
-__all__ = ["StepContext", "Worker", "WorkerStats"]
+__all__ = ["LIFETIME_EXCEEDED", "StepContext", "Worker", "WorkerStats"]

@@ -7,6 +7,7 @@ artifact root. Layout: ``staging/<job_id>/<generation>/<name>`` while an attempt
 
 from __future__ import annotations
 
+import logging
 import threading
 from pathlib import Path
 from typing import Any, cast
@@ -167,6 +168,46 @@ def test_publication_commits_with_the_fenced_completion_and_an_interrupted_move_
     move_published(client.store, root, job_id, generation)
     assert files_under(root) == {f"published/{job_id}/a.txt": "A",
                                  f"published/{job_id}/b.txt": "B"}
+
+
+def test_failed_move_after_completion_leaves_the_job_completed_and_the_sweep_finishes_it(
+    client: JobClient, engine: Engine, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The job completed before its files moved: a failed move is logged and counted apart,
+    never turned into an error of the job, and the sidecar's sweep moves the files later."""
+    root = tmp_path / "artifacts"
+    job_id = client.enqueue("report", steps=[Step("render", "pure")])
+    blocker = root / "published" / str(job_id)
+
+    def render(ctx: StepContext) -> None:
+        ctx.stage_artifact("report.txt", "done")
+        # A file where the job's published folder must go: the move after completion fails.
+        blocker.parent.mkdir(parents=True, exist_ok=True)
+        blocker.write_text("in the way")
+
+    worker = Worker(client, "publisher", lease_seconds=5, poll_interval_seconds=0.05,
+                    artifact_root=root)
+    worker.register("report", {"render": render})
+    with caplog.at_level(logging.WARNING, logger="reconciler.worker"):
+        stats = run_worker(worker, 1)
+
+    assert stats.outcomes == {"completed": 1}
+    assert stats.artifact_move_failures == 1
+    assert [r.getMessage() for r in caplog.records if "artifact_move" in r.getMessage()] == [
+        f"event=artifact_move_failed job_id={job_id} generation=1 error=FileExistsError"]
+    with engine.connect() as conn:
+        status = conn.execute(sa.select(JOBS.c.job_status).where(JOBS.c.job_id == job_id))
+        assert status.scalar_one() == "completed"
+    assert states(engine, job_id) == {(1, "report.txt"): "published"}
+    assert [r["settled_at"] for r in artifact_rows(engine, job_id)] == [None]
+    assert files_under(root) == {f"staging/{job_id}/1/report.txt": "done",
+                                 f"published/{job_id}": "in the way"}
+
+    blocker.unlink()
+    result = sweep_artifacts(client.store, root)
+    assert (result.discarded, result.settled, result.failures) == (0, 1, 0)
+    assert files_under(root) == {f"published/{job_id}/report.txt": "done"}
+    assert all(r["settled_at"] is not None for r in artifact_rows(engine, job_id))
 
 
 def test_only_the_completing_generations_set_is_published(

@@ -360,6 +360,20 @@ class TestClaim:
         assert claim.job_id == report
         assert client.claim("w1", lease_seconds=5, kinds=["report"]) is None
 
+    def test_an_empty_kind_list_claims_nothing_while_none_claims_any_kind(
+        self, client: JobClient, engine: Engine
+    ) -> None:
+        """``kinds=[]`` names no kind: the client and the store claim nothing with it."""
+        job_id = client.enqueue("email", steps=PLAN)
+        assert client.claim("w1", lease_seconds=5, kinds=[]) is None
+        assert client.store.claim("w1", 5.0, [], None) is None
+        row = job_row(engine, job_id)
+        assert (row["job_status"], row["attempt_count"], row["claim_generation"]) == (
+            "queued", 0, 0)
+        claim = client.claim("w1", lease_seconds=5, kinds=None)
+        assert claim is not None
+        assert claim.job_id == job_id
+
 
 # -- atomic claim under a race ---------------------------------------------------------------
 

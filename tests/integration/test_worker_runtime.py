@@ -312,6 +312,24 @@ def read_step_log(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+# -- 0. a worker that could run nothing -----------------------------------------------------
+
+
+def test_worker_with_no_handlers_refuses_to_run_and_claims_nothing(
+    client: JobClient, engine: Engine
+) -> None:
+    """run() without a registered handler is one clear error, before any session or claim."""
+    job_id = client.enqueue("report", steps=[Step("fetch", "idempotent")])
+    worker = Worker(client, "empty", lease_seconds=5, poll_interval_seconds=0.05)
+    with pytest.raises(ValueError, match=r"^worker 'empty' has no handlers: call "
+                       r"worker\.register\(kind, \{step_name: handler\}\) before run\(\)$"):
+        worker.run(max_jobs=1)
+    assert session_rows(engine, "empty") == []
+    row = job_row(engine, job_id)
+    assert (row["job_status"], row["attempt_count"]) == ("queued", 0)
+    assert attempt_rows(engine, job_id) == []
+
+
 # -- 1. the wedged handler -------------------------------------------------------------------
 
 
@@ -617,39 +635,89 @@ def test_sigterm_mid_job_releases_it_and_another_worker_resumes_at_the_next_step
     assert row["attempt_count"] == attempts_before + 1
 
 
-def test_sigterm_with_a_grace_too_short_exits_without_writes_and_the_reconciler_takes_over(
-    db_url: str, engine: Engine, client: JobClient, tmp_path: Path,
-    worker_processes: Callable[[dict[str, Any]], WorkerProcess],
+def signal_after_the_first(proc: WorkerProcess) -> None:
+    """A second SIGTERM, sent once the worker logged the first (two pending ones merge)."""
+    proc.process.send_signal(signal.SIGTERM)
+    wait_for(lambda: "stopping=False" in proc.stderr(), "the worker to take the first SIGTERM")
+    proc.process.send_signal(signal.SIGTERM)
+
+
+@pytest.mark.parametrize("how", ["grace_spent", "second_signal"])
+def test_worker_that_aborts_marks_its_session_stopped_and_the_next_pass_takes_its_job_at_once(
+    engine: Engine, client: JobClient, tmp_path: Path,
+    worker_processes: Callable[[dict[str, Any]], WorkerProcess], how: str,
 ) -> None:
-    """When the grace runs out mid-step the worker exits writing nothing; a pass recovers it."""
+    """A handler outlives the grace (or a second signal comes): the process exits writing
+    nothing to its job but its session's end, and the very next pass resumes the job, long
+    before its 30 s lease or the 30 s session timeout would have let it."""
     job_id = client.enqueue("stoppable", steps=STOP_PLAN, max_attempts=3)
     proc = worker_processes({
-        "db_url": db_url, "name": "impatient", "kind": "stoppable",
+        "db_url": client.settings.database_url, "name": "impatient", "kind": "stoppable",
         "log": str(tmp_path / "steps.jsonl"),
-        "steps": {"fetch": 0, "render": 3.0, "publish": 0},
-        "settings": {"session_heartbeat_seconds": 0.2, "session_timeout_seconds": 0.5},
-        "worker": {"lease_seconds": 30, "shutdown_grace_seconds": 0.2,
-                   "poll_interval_seconds": 0.1},
+        "steps": {"fetch": 0, "render": 30.0, "publish": 0},
+        "worker": {"lease_seconds": 30, "poll_interval_seconds": 0.1,
+                   "shutdown_grace_seconds": 0.2 if how == "grace_spent" else 30},
     })
     wait_for(lambda: step_state(engine, job_id, 1) == "started", "step 1 to start")
     before = snapshot(engine, job_id)
     signalled = time.monotonic()
-    proc.process.send_signal(signal.SIGTERM)
+    if how == "grace_spent":
+        proc.process.send_signal(signal.SIGTERM)
+    else:
+        signal_after_the_first(proc)
     assert proc.wait() == 0, proc.stderr()
-    assert time.monotonic() - signalled < 2.5, "it waited for the 3 s step"
+    # Far below the 30 s step it would otherwise wait for, with room for a loaded machine.
+    assert time.monotonic() - signalled < 15, "it waited for the 30 s step"
+    assert "event=session_stopped_on_abort" in proc.stderr()
 
-    assert snapshot(engine, job_id) == before
-    assert before["job"]["job_status"] == "processing"
-    assert [s["step_state"] for s in before["steps"]] == ["succeeded", "started"]
     [session] = session_rows(engine, "impatient")
-    assert session["stopped_at"] is None  # no further writes, not even the session's end
+    assert session["stop_reason"] == "stopped"
+    after = snapshot(engine, job_id)
+    # The session's end expired the lease; nothing else of the job, its steps or attempts moved.
+    assert after["job"].pop("lease_expires_at") <= database_now(engine)
+    before["job"].pop("lease_expires_at")
+    assert after == before
+    assert [s["step_state"] for s in after["steps"]] == ["succeeded", "started"]
 
-    wait_until_sessions_silent(engine, 0.5)
-    assert decisions_of(reconcile(engine, session_timeout_seconds=0.5)) == [
+    # The sidecar's defaults: a 30 s session timeout and a 60 s staleness threshold.
+    assert decisions_of(reconcile(engine)) == [
         (job_id, Disposition.RESUME, Reason.RESUMED_IDEMPOTENT_STEP, 1)]
     row = job_row(engine, job_id)
     assert (row["job_status"], row["resume_step_index"], row["attempt_count"]) == (
         "queued", 1, 1)
+
+
+def test_worker_whose_session_write_hangs_still_exits_after_a_short_timeout(
+    db_url: str, engine: Engine, client: JobClient, tmp_path: Path,
+    worker_processes: Callable[[dict[str, Any]], WorkerProcess],
+) -> None:
+    """The session's end is best effort: with its row locked, the aborting worker exits
+    after the short timeout instead of waiting on the lock (SQLite's 30 s busy timeout, or
+    forever on PostgreSQL), and the session is left for the reconciler's timeout."""
+    job_id = client.enqueue("stoppable", steps=STOP_PLAN, max_attempts=3)
+    proc = worker_processes({
+        "db_url": db_url, "name": "blocked", "kind": "stoppable",
+        "log": str(tmp_path / "steps.jsonl"),
+        "steps": {"fetch": 0, "render": 30.0, "publish": 0},
+        "worker": {"lease_seconds": 30, "shutdown_grace_seconds": 0.2,
+                   "poll_interval_seconds": 0.1},
+    })
+    wait_for(lambda: step_state(engine, job_id, 1) == "started", "step 1 to start")
+    [session] = session_rows(engine, "blocked")
+    with engine.connect() as conn, conn.begin():
+        # A writer holding the session's row: SQLite's BEGIN IMMEDIATE takes the database's
+        # write lock with it; PostgreSQL locks the row.
+        conn.execute(SESSIONS.update().where(SESSIONS.c.session_id == session["session_id"])
+                     .values(host_name=SESSIONS.c.host_name))
+        signalled = time.monotonic()
+        proc.process.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=40) == 0, proc.stderr()
+        # 0.2 s of grace and 2 s for the write, far below SQLite's 30 s busy timeout (and
+        # PostgreSQL's wait without end), with room for a loaded machine.
+        assert time.monotonic() - signalled < 15, "it waited on the locked session row"
+    assert "event=session_stop_timed_out" in proc.stderr()
+    assert [s["stopped_at"] for s in session_rows(engine, "blocked")] == [None]
+    assert status_of(engine, job_id) == "processing"
 
 
 # -- 5. retries ------------------------------------------------------------------------------
