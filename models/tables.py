@@ -52,12 +52,17 @@ SESSION_END_REASONS = tuple(SessionEndReason)
 
 PROCESSING = text("job_status = 'processing'")
 QUEUED = text("job_status = 'queued'")
+# The statuses a job never leaves on its own: what job retention may delete.
+FINISHED_STATUSES = (JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED)
 
 
 def one_of(column: str, values: tuple[StrEnum, ...]) -> str:
     """SQL for a CHECK that keeps a short-code column inside its vocabulary."""
     quoted = ", ".join(f"'{v.value}'" for v in values)
     return f"{column} IN ({quoted})"
+
+
+FINISHED = text(one_of("job_status", FINISHED_STATUSES))
 
 
 class JobRun(Base):
@@ -124,6 +129,11 @@ class JobRun(Base):
         Index(
             "ix_job_runs_processing_session", "worker_session_id",
             postgresql_where=PROCESSING, sqlite_where=PROCESSING,
+        ),
+        # Job retention pages finished jobs oldest first; only finished jobs are indexed.
+        Index(
+            "ix_job_runs_finished_at", "finished_at", "job_id",
+            postgresql_where=FINISHED, sqlite_where=FINISHED,
         ),
     )
 
@@ -217,9 +227,14 @@ class ReconciliationDecision(Base):
     generation_after: Mapped[int | None] = mapped_column(BigInteger)
     resume_step_index: Mapped[int | None] = mapped_column(Integer)
     decision_evidence: Mapped[Any | None] = mapped_column(JSON)
+    # Recorded by a shadow pass: decided, nothing changed (DESIGN.md section 11).
+    shadow_mode: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
 
     __table_args__ = (
         CheckConstraint(one_of("disposition", DISPOSITIONS), name="disposition_known"),
+        # `reconciler decisions --shadow` pages shadow decisions newest first.
+        Index("ix_reconciliation_decisions_shadow_mode_decision", "shadow_mode",
+              "decision_id"),
         Index("ix_reconciliation_decisions_pass_id", "pass_id"),
         Index("ix_reconciliation_decisions_source_job", "job_source", "job_id"),
         Index("ix_reconciliation_decisions_decided_at", "decided_at"),
