@@ -18,7 +18,7 @@ down_revision: str | None = '0004'
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
-FINISHED = sa.text("job_status IN ('completed', 'failed', 'cancelled')")
+FINISHED = sa.text("finished_at IS NOT NULL")
 
 
 def upgrade() -> None:

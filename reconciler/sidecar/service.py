@@ -35,6 +35,7 @@ from reconciler.errors import ConfigError, ReconcilerError
 from reconciler.settings import Settings
 from reconciler.sidecar.artifact_sweep import sweep_artifacts
 from reconciler.sidecar.metrics import Metrics
+from reconciler.storage.retention import delete_finished_jobs
 from reconciler.wiring import check_schema, open_engine, open_pass_store, open_store, pass_config
 
 log = logging.getLogger("reconciler.sidecar.service")
@@ -44,6 +45,9 @@ LEADER_LEASE_NAME = "reconciler"
 JITTER_FRACTION = 0.1
 RETENTION_INTERVAL_SECONDS = 600.0
 RETENTION_BATCH_ROWS = 5000
+# Job retention: jobs per transaction, and transactions per run (10,000 jobs a run).
+JOB_RETENTION_BATCH_JOBS = 500
+JOB_RETENTION_MAX_BATCHES = 20
 SHUTDOWN_TIMEOUT_SECONDS = 30.0
 
 
@@ -160,6 +164,22 @@ class Service:
         if deleted:
             log.info("event=retention_deleted rows=%d", deleted)
 
+    def apply_job_retention(self) -> None:
+        """Delete finished jobs older than ``job_retention_days`` with their rows, in
+        bounded batches; on the leading replica only."""
+        if not self.leading:
+            return
+        try:
+            report = delete_finished_jobs(self.engine, self.settings.job_retention_days,
+                                          JOB_RETENTION_BATCH_JOBS, JOB_RETENTION_MAX_BATCHES)
+        except Exception as exc:
+            log.warning("event=job_retention_failed error=%s", type(exc).__name__)
+            return
+        self.metrics.job_rows_deleted.inc(report.rows_deleted)
+        if report.rows_deleted:
+            log.info("event=job_retention_deleted jobs=%d rows=%d batches=%d",
+                     report.jobs_deleted, report.rows_deleted, report.batches)
+
     def sweep_artifacts(self) -> None:
         """Discard stale staged artifacts on the leading replica; failures are counted and
         retried next run."""
@@ -256,6 +276,7 @@ class Service:
         self._schedule(self.refresh_backlog, min(interval, 15.0), "backlog")
         self._schedule(self.sweep_artifacts, interval, "artifacts")
         self._schedule(self.apply_retention, RETENTION_INTERVAL_SECONDS, "retention")
+        self._schedule(self.apply_job_retention, RETENTION_INTERVAL_SECONDS, "job_retention")
         self.scheduler.add_listener(self._on_overrun, EVENT_JOB_MAX_INSTANCES)
         self.scheduler.start()
         log.info("event=service_started instance=%s interval_seconds=%s", self.instance,
