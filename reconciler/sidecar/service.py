@@ -35,8 +35,14 @@ from reconciler.errors import ConfigError, ReconcilerError
 from reconciler.settings import Settings
 from reconciler.sidecar.artifact_sweep import sweep_artifacts
 from reconciler.sidecar.metrics import Metrics
-from reconciler.storage.retention import delete_finished_jobs
-from reconciler.wiring import check_schema, open_engine, open_pass_store, open_store, pass_config
+from reconciler.wiring import (
+    check_schema,
+    open_engine,
+    open_job_retention,
+    open_pass_store,
+    open_store,
+    pass_config,
+)
 
 log = logging.getLogger("reconciler.sidecar.service")
 
@@ -62,6 +68,7 @@ class Service:
         check_schema(self.engine)
         self.store = open_store(self.engine)
         self.passes = open_pass_store(self.engine)
+        self.job_retention = open_job_retention(self.engine)
         self.metrics = Metrics()
         self.pass_overruns = Counter("reconciler_pass_overruns",
                                      "Scheduled passes skipped because the previous one ran on",
@@ -170,8 +177,9 @@ class Service:
         if not self.leading:
             return
         try:
-            report = delete_finished_jobs(self.engine, self.settings.job_retention_days,
-                                          JOB_RETENTION_BATCH_JOBS, JOB_RETENTION_MAX_BATCHES)
+            report = self.job_retention.delete_finished_jobs(
+                self.settings.job_retention_days, JOB_RETENTION_BATCH_JOBS,
+                JOB_RETENTION_MAX_BATCHES)
         except Exception as exc:
             log.warning("event=job_retention_failed error=%s", type(exc).__name__)
             return

@@ -120,3 +120,15 @@ def delete_finished_jobs(engine: Engine, days: float, batch_jobs: int,
             break
         after = batch.next_after
     return RetentionReport(jobs_deleted, rows_deleted, batches)
+
+
+class JobRetentionSql:
+    """Job retention on one engine; what the sidecar's chore calls (through wiring)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def delete_finished_jobs(self, days: float, batch_jobs: int,
+                             max_batches: int) -> RetentionReport:
+        """One retention run (see ``delete_finished_jobs``)."""
+        return delete_finished_jobs(self.engine, days, batch_jobs, max_batches)
