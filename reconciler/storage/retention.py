@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
@@ -73,18 +74,29 @@ def _unsettled_artifacts() -> sa.ColumnElement[bool]:
     )
 
 
-def delete_finished_jobs_batch(conn: Connection, days: float, batch_jobs: int,
-                               after: tuple[datetime, int] | None = None) -> RetentionBatch:
-    """Delete at most ``batch_jobs`` finished jobs older than ``days`` (after ``after``,
-    a ``(finished_at, job_id)`` key) with their rows, in the caller's transaction."""
-    cutoff = now_plus(-days * SECONDS_PER_DAY)
-    old_enough = sa.and_(IS_FINISHED, jobs.c.finished_at < cutoff)
+def _old_enough(days: float) -> sa.ColumnElement[bool]:
+    """The evidence a job may go: finished, and longer ago than ``days``."""
+    return sa.and_(IS_FINISHED, jobs.c.finished_at < now_plus(-days * SECONDS_PER_DAY))
+
+
+def scan_query(days: float, batch_jobs: int,
+               after: tuple[datetime, int] | None = None) -> sa.Select[Any]:
+    """A batch's scan: old finished jobs the sweep is done with, oldest first, by key."""
     query = (sa.select(jobs.c.job_id, jobs.c.finished_at)
-             .where(old_enough, ~_unsettled_artifacts())
+             .where(_old_enough(days), ~_unsettled_artifacts())
              .order_by(jobs.c.finished_at, jobs.c.job_id).limit(batch_jobs))
     if after is not None:
         query = query.where(sa.tuple_(jobs.c.finished_at, jobs.c.job_id) > sa.tuple_(
             sa.literal(after[0], jobs.c.finished_at.type), sa.literal(after[1])))
+    return query
+
+
+def delete_finished_jobs_batch(conn: Connection, days: float, batch_jobs: int,
+                               after: tuple[datetime, int] | None = None) -> RetentionBatch:
+    """Delete at most ``batch_jobs`` finished jobs older than ``days`` (after ``after``,
+    a ``(finished_at, job_id)`` key) with their rows, in the caller's transaction."""
+    old_enough = _old_enough(days)
+    query = scan_query(days, batch_jobs, after)
     # Locked rows are left for the next run: an operator or a worker is acting on them.
     found = list(conn.execute(for_update(is_postgresql(conn), query, lock=True)))
     if not found:
