@@ -4,6 +4,7 @@ bounded batches; live, recent and not yet swept jobs stay (DESIGN.md section 11)
 from __future__ import annotations
 
 import logging
+import threading
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -179,6 +180,36 @@ def test_jobs_left_for_the_sweep_do_not_hold_back_older_ones(engine: Engine) -> 
     assert run.batches == 3  # two full batches, then an empty one
     assert job_ids(engine) == set(waiting)
     assert not set(behind) & job_ids(engine)
+
+
+def test_a_job_retried_while_retention_runs_is_never_deleted(engine: Engine) -> None:
+    """An operator retrying an old failed job while a retention run is under way wins: on
+    PostgreSQL the run skips the row the operator holds, on SQLite it waits for the
+    operator's write; either way the job stays, queued, and the other old job goes."""
+    retried = insert_job(engine, "failed", finished_days_ago=31)
+    other = insert_job(engine, "completed", finished_days_ago=31)
+    results: list[int] = []
+    with engine.connect() as operator, operator.begin():
+        # The operator's transaction holds the job (PostgreSQL: its row lock; SQLite: the
+        # write lock every write transaction takes at BEGIN IMMEDIATE).
+        operator.execute(sa.select(jobs.c.job_id).where(jobs.c.job_id == retried)
+                         .with_for_update() if is_postgresql(operator) else
+                         sa.select(jobs.c.job_id).where(jobs.c.job_id == retried))
+        run = threading.Thread(target=lambda: results.append(delete_finished_jobs(
+            engine, RETENTION_DAYS, batch_jobs=10, max_batches=5).jobs_deleted))
+        run.start()
+        run.join(timeout=1.0 if is_postgresql(operator) else 0.3)
+        operator.execute(jobs.update().where(jobs.c.job_id == retried)
+                         .values(job_status="queued", finished_at=None))
+    run.join(timeout=15)
+    assert not run.is_alive()
+    assert results == [1]
+    assert job_ids(engine) == {retried}
+    assert other not in job_ids(engine)
+    with engine.connect() as conn:
+        assert conn.execute(sa.select(jobs.c.job_status)
+                            .where(jobs.c.job_id == retried)).scalar_one() == "queued"
+    assert child_job_ids(engine)["step_runs"] == {retried}
 
 
 def explain(engine: Engine, query: sa.Select[Any]) -> str:
