@@ -52,12 +52,17 @@ SESSION_END_REASONS = tuple(SessionEndReason)
 
 PROCESSING = text("job_status = 'processing'")
 QUEUED = text("job_status = 'queued'")
+# The statuses a job never leaves on its own: what job retention may delete.
+FINISHED_STATUSES = (JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED)
+# Set when a job finishes, cleared when it is resumed or retried.
+HAS_FINISHED = text("finished_at IS NOT NULL")
 
 
 def one_of(column: str, values: tuple[StrEnum, ...]) -> str:
     """SQL for a CHECK that keeps a short-code column inside its vocabulary."""
     quoted = ", ".join(f"'{v.value}'" for v in values)
     return f"{column} IN ({quoted})"
+
 
 
 class JobRun(Base):
@@ -124,6 +129,12 @@ class JobRun(Base):
         Index(
             "ix_job_runs_processing_session", "worker_session_id",
             postgresql_where=PROCESSING, sqlite_where=PROCESSING,
+        ),
+        # Job retention pages finished jobs oldest first; only finished jobs are indexed.
+        # (Its ``finished_at < cutoff`` implies the predicate on both engines.)
+        Index(
+            "ix_job_runs_finished_at", "finished_at", "job_id",
+            postgresql_where=HAS_FINISHED, sqlite_where=HAS_FINISHED,
         ),
     )
 
@@ -222,6 +233,9 @@ class ReconciliationDecision(Base):
 
     __table_args__ = (
         CheckConstraint(one_of("disposition", DISPOSITIONS), name="disposition_known"),
+        # `reconciler decisions --shadow` pages shadow decisions newest first.
+        Index("ix_reconciliation_decisions_shadow_mode_decision", "shadow_mode",
+              "decision_id"),
         Index("ix_reconciliation_decisions_pass_id", "pass_id"),
         Index("ix_reconciliation_decisions_source_job", "job_source", "job_id"),
         Index("ix_reconciliation_decisions_decided_at", "decided_at"),

@@ -16,6 +16,7 @@ from reconciler.core.ports import PassStore
 from reconciler.core.worker_ports import WorkWaiter
 from reconciler.settings import Settings
 from reconciler.storage.engines import create_engine
+from reconciler.storage.retention import JobRetentionSql
 from reconciler.storage.schema import require_current, upgrade
 from reconciler.storage.sql_store import SqlStore
 from reconciler.storage.step_ledger import LedgerRun, StepLedger
@@ -23,8 +24,8 @@ from reconciler.storage.wakeups import NotifyWaiter
 
 __all__ = [
     # The step ledger is public API (reconciler.ledger); its store is handed out from here.
-    "LedgerRun", "StepLedger", "check_schema", "open_engine", "open_pass_store",
-    "open_store", "pass_config", "upgrade_schema", "work_waiter",
+    "LedgerRun", "StepLedger", "check_schema", "open_engine", "open_job_retention",
+    "open_pass_store", "open_store", "pass_config", "upgrade_schema", "work_waiter",
 ]
 
 
@@ -36,6 +37,11 @@ def open_engine(database: str | Engine) -> Engine:
 def check_schema(engine: Engine) -> None:
     """Refuse an unreachable database or one whose schema is not at this release's head."""
     require_current(engine)
+
+
+def open_job_retention(engine: Engine) -> JobRetentionSql:
+    """Retention of finished jobs in this project's own tables (a sidecar chore)."""
+    return JobRetentionSql(engine)
 
 
 def upgrade_schema(engine: Engine) -> None:

@@ -68,12 +68,16 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def _settings_parent() -> OneLineParser:
+def _settings_parent(without: frozenset[str] = frozenset()) -> OneLineParser:
+    """Every setting as a flag; ``without`` names settings whose flag a command spells
+    differently (``decisions --shadow`` filters the audit, it does not run in shadow)."""
     parent = OneLineParser(add_help=False)
     group = parent.add_argument_group("settings (flag, else RECONCILER_<NAME>, else default)")
     # Every setting has a flag, generated from the one declaration in Settings. Values stay
     # text here: Settings validates, so a bad flag and a bad env var read the same.
     for name, spec in Settings.model_fields.items():
+        if name in without:
+            continue
         flag = f"--{name.replace('_', '-')}"
         help_text = f"{spec.description} (default {spec.default})"
         if spec.annotation is bool:
@@ -128,7 +132,12 @@ def build_parser() -> argparse.ArgumentParser:
         acting.add_argument("job_id", type=int)
         acting.add_argument("--json", action="store_true")
 
-    audit = commands.add_parser("decisions", parents=[common], help="the audit trail")
+    # Reading the audit never runs a pass, so the shadow setting means nothing here; its
+    # flag is this command's filter instead (dest ``shadow_only``, so it is never a setting).
+    audit = commands.add_parser("decisions", parents=[_settings_parent(frozenset({"shadow"}))],
+                                help="the audit trail")
+    audit.add_argument("--shadow", dest="shadow_only", action="store_true",
+                       help="only decisions recorded in shadow mode (nothing was changed)")
     audit.add_argument("--reason", choices=[r.value for r in Reason])
     audit.add_argument("--since", type=parse_duration, metavar="DURATION",
                        help="only decisions younger than this (90s, 15m, 2h, 7d)")
@@ -281,8 +290,8 @@ def cmd_jobs_action(args: argparse.Namespace) -> int:
 
 def cmd_decisions(args: argparse.Namespace) -> int:
     store = open_store(_open_engine(_settings(args)))
-    records = [decision_view(r) for r in store.list_decisions(args.reason, args.since,
-                                                               args.limit)]
+    records = [decision_view(r) for r in store.list_decisions(
+        args.reason, args.since, args.limit, shadow_only=args.shadow_only)]
 
     def human() -> str:
         if not records:
@@ -291,6 +300,7 @@ def cmd_decisions(args: argparse.Namespace) -> int:
             f"{r['decided_at']}  pass {r['pass_id']}  job {r['job_id']}: {r['disposition']} "
             f"({r['decision_reason']})"
             + (f" at step {r['resume_step_index']}" if r["resume_step_index"] is not None else "")
+            + (" [shadow: nothing changed]" if r["shadow"] else "")
             for r in records)
 
     _emit(args, records, human)

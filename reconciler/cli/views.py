@@ -57,7 +57,9 @@ def decision_view(record: dict[str, Any]) -> dict[str, Any]:
     integers gets them back as numbers.
     """
     view = {key: _iso(value) if isinstance(value, datetime) else value
-            for key, value in record.items()}
+            for key, value in record.items() if key != "shadow_mode"}
+    # Recorded by a shadow pass: decided, nothing changed. Public name ``shadow``.
+    view["shadow"] = bool(record.get("shadow_mode", False))
     job_id = view.get("job_id")
     if view.get("job_source") in INTEGER_KEYED_SOURCES and isinstance(job_id, str) \
             and job_id.lstrip("-").isdigit():

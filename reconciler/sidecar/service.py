@@ -35,7 +35,14 @@ from reconciler.errors import ConfigError, ReconcilerError
 from reconciler.settings import Settings
 from reconciler.sidecar.artifact_sweep import sweep_artifacts
 from reconciler.sidecar.metrics import Metrics
-from reconciler.wiring import check_schema, open_engine, open_pass_store, open_store, pass_config
+from reconciler.wiring import (
+    check_schema,
+    open_engine,
+    open_job_retention,
+    open_pass_store,
+    open_store,
+    pass_config,
+)
 
 log = logging.getLogger("reconciler.sidecar.service")
 
@@ -44,6 +51,9 @@ LEADER_LEASE_NAME = "reconciler"
 JITTER_FRACTION = 0.1
 RETENTION_INTERVAL_SECONDS = 600.0
 RETENTION_BATCH_ROWS = 5000
+# Job retention: jobs per transaction, and transactions per run (10,000 jobs a run).
+JOB_RETENTION_BATCH_JOBS = 500
+JOB_RETENTION_MAX_BATCHES = 20
 SHUTDOWN_TIMEOUT_SECONDS = 30.0
 
 
@@ -58,6 +68,7 @@ class Service:
         check_schema(self.engine)
         self.store = open_store(self.engine)
         self.passes = open_pass_store(self.engine)
+        self.job_retention = open_job_retention(self.engine)
         self.metrics = Metrics()
         self.pass_overruns = Counter("reconciler_pass_overruns",
                                      "Scheduled passes skipped because the previous one ran on",
@@ -166,6 +177,23 @@ class Service:
         if deleted:
             log.info("event=retention_deleted rows=%d", deleted)
 
+    def apply_job_retention(self) -> None:
+        """Delete finished jobs older than ``job_retention_days`` with their rows, in
+        bounded batches; on the leading replica only."""
+        if not self.leading:
+            return
+        try:
+            report = self.job_retention.delete_finished_jobs(
+                self.settings.job_retention_days, JOB_RETENTION_BATCH_JOBS,
+                JOB_RETENTION_MAX_BATCHES)
+        except Exception as exc:
+            log.warning("event=job_retention_failed error=%s", type(exc).__name__)
+            return
+        self.metrics.job_rows_deleted.inc(report.rows_deleted)
+        if report.rows_deleted:
+            log.info("event=job_retention_deleted jobs=%d rows=%d batches=%d",
+                     report.jobs_deleted, report.rows_deleted, report.batches)
+
     def sweep_artifacts(self) -> None:
         """Discard stale staged artifacts on the leading replica; failures are counted and
         retried next run."""
@@ -262,6 +290,7 @@ class Service:
         self._schedule(self.refresh_backlog, min(interval, 15.0), "backlog")
         self._schedule(self.sweep_artifacts, interval, "artifacts")
         self._schedule(self.apply_retention, RETENTION_INTERVAL_SECONDS, "retention")
+        self._schedule(self.apply_job_retention, RETENTION_INTERVAL_SECONDS, "job_retention")
         self.scheduler.add_listener(self._on_overrun, EVENT_JOB_MAX_INSTANCES)
         self.scheduler.start()
         log.info("event=service_started instance=%s interval_seconds=%s", self.instance,

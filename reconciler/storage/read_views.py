@@ -73,10 +73,14 @@ class ReadViewsSql:
         return _detail(row, states.get(job_id, {}))
 
     def list_decisions(
-        self, reason: str | None, since_seconds: float | None, limit: int
+        self, reason: str | None, since_seconds: float | None, limit: int, *,
+        shadow_only: bool = False,
     ) -> list[dict[str, Any]]:
-        """Decision records as stored, newest first."""
+        """Decision records as stored, newest first; ``shadow_only``: only those recorded
+        by shadow passes."""
         query = sa.select(decisions).order_by(decisions.c.decision_id.desc()).limit(limit)
+        if shadow_only:
+            query = query.where(decisions.c.shadow_mode == sa.true())
         if reason is not None:
             query = query.where(decisions.c.decision_reason == reason)
         if since_seconds is not None:

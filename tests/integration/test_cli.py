@@ -34,12 +34,14 @@ JOB_EXTRA_KEYS = {"operator_hold", "last_error_code", "finished_at"}
 STEP_KEYS = {"name", "state"}
 STEP_EXTRA_KEYS = {"index", "effect_kind"}
 PASS_KEYS = {"pass_id", "candidates", "resumed", "terminalized", "skipped", "decisions"}
-PASS_EXTRA_KEYS = {"outcome", "dry_run"}
+PASS_EXTRA_KEYS = {"outcome", "dry_run", "shadow"}
 PASS_DECISION_KEYS = {"job_id", "disposition", "reason", "resume_step_index"}
-# "decision records as stored": the reconciliation_decisions columns.
+# "decision records as stored": the reconciliation_decisions columns (shadow_mode is
+# shown as "shadow", DESIGN.md section 11).
 STORED_DECISION_KEYS = {"decision_id", "pass_id", "job_source", "job_id", "decided_at",
                         "disposition", "decision_reason", "generation_before",
-                        "generation_after", "resume_step_index", "decision_evidence"}
+                        "generation_after", "resume_step_index", "decision_evidence",
+                        "shadow"}
 # DESIGN.md §5, in table order, then the pass's own outcomes.
 TABLE_REASONS = ("operator_hold", "worker_wedged", "lease_live", "recent_activity",
                  "unresumable_plan", "waiting_on_gate", "completion_recovered",
@@ -349,6 +351,53 @@ def test_decisions_limit_defaults_to_100_and_since_filters_by_age(
     # Every odd row is lease_live, the two-hour-old ones included: 7d reaches them.
     assert len(week_of_one_reason) == 52
     assert {r["decision_reason"] for r in week_of_one_reason} == {"lease_live"}
+
+
+def test_decisions_shadow_lists_only_decisions_recorded_in_shadow_mode(
+    db_url: str, engine: Engine
+) -> None:
+    """`decisions --shadow` lists only shadow decisions, each `"shadow": true`; without it
+    every decision is listed with its flag, whatever RECONCILER_SHADOW says; human lines
+    mark shadow decisions; `--no-shadow` is a one-line usage error."""
+    with engine.begin() as conn:
+        pass_id = conn.execute(passes.insert().values(
+            reconciler_instance="shadow-test", started_at=db_now(), finished_at=db_now(),
+            pass_outcome="ok",  # noqa: S106 - an outcome code, not a password
+        ).returning(passes.c.pass_id)).scalar_one()
+        # Jobs 2000-2005; the even ones were decided by a shadow pass.
+        for n in range(6):
+            conn.execute(decisions.insert().values(
+                pass_id=pass_id, job_id=2000 + n, decided_at=db_now(),
+                disposition="resume" if n < 4 else "skip",
+                decision_reason="resumed_from_unstarted_step" if n < 4 else "lease_live",
+                generation_before=1, generation_after=2 if n < 4 else None,
+                shadow_mode=n % 2 == 0))
+
+    shadow, everything, env_shadow, shadow_resumes, human, no_shadow = run_many(db_url, [
+        (("decisions", "--shadow", "--json"), {}),
+        (("decisions", "--json"), {}),
+        (("decisions", "--json"), {"shadow": "true"}),
+        (("decisions", "--shadow", "--reason", "resumed_from_unstarted_step", "--json"), {}),
+        (("decisions", "--shadow"), {}),
+        (("decisions", "--no-shadow"), {}),
+    ])
+
+    assert [(r["job_id"], r["shadow"]) for r in ok_json(shadow)] == [
+        (2004, True), (2002, True), (2000, True)]
+    listed = ok_json(everything)
+    assert [(r["job_id"], r["shadow"]) for r in listed] == [
+        (2005 - n, n % 2 == 1) for n in range(6)]
+    assert all(set(r) == STORED_DECISION_KEYS for r in listed)
+    assert ok_json(env_shadow) == listed
+    assert [r["job_id"] for r in ok_json(shadow_resumes)] == [2002, 2000]
+    assert human.returncode == 0, human.stderr
+    lines = human.stdout.strip().splitlines()
+    assert len(lines) == 3
+    assert all("[shadow: nothing changed]" in line for line in lines)
+    assert "job 2004: skip (lease_live)" in lines[0]
+    assert no_shadow.returncode == 2
+    assert "--no-shadow" in no_shadow.stderr
+    assert len(no_shadow.stderr.strip().splitlines()) == 1
 
 
 def test_decisions_rejects_a_malformed_duration_or_limit(tmp_path: Path) -> None:

@@ -132,11 +132,26 @@ class TestCommandLines:
 
     @pytest.mark.parametrize(("argv", "shadow"), [
         (("pass",), None), (("pass", "--shadow"), True), (("pass", "--no-shadow"), False),
-        (("run", "--shadow"), True), (("decisions", "--shadow"), True)])
+        (("run", "--shadow"), True), (("jobs", "list", "--shadow"), True)])
     def test_boolean_settings_are_switches(self, argv: tuple[str, ...],
                                            shadow: bool | None) -> None:
         """`--shadow` and `--no-shadow` take no value; absent, the environment decides."""
         assert parse(*argv).shadow is shadow
+
+    @pytest.mark.parametrize(("argv", "shadow_only"), [
+        (("decisions",), False), (("decisions", "--shadow"), True),
+        (("decisions", "--shadow", "--reason", "lease_live", "--json"), True)])
+    def test_decisions_shadow_is_a_filter_not_the_setting(
+            self, argv: tuple[str, ...], shadow_only: bool) -> None:
+        """`decisions --shadow` asks for shadow decisions only; it sets no shadow setting,
+        so the environment's RECONCILER_SHADOW still decides that (and means nothing here)."""
+        args = parse(*argv)
+        assert args.shadow_only is shadow_only
+        assert not hasattr(args, "shadow")
+
+    def test_decisions_has_no_no_shadow(self, capsys: pytest.CaptureFixture[str]) -> None:
+        """`decisions --no-shadow` is a usage error: the filter is a plain switch."""
+        assert "--no-shadow" in refused(capsys, "decisions", "--no-shadow")
 
     def test_verbose_flag(self) -> None:
         """`--verbose` is accepted after a command."""
