@@ -14,8 +14,9 @@ from sqlalchemy.engine import make_url
 
 from tests.conformance.fixtures import RegisteredSource, SourceFixture
 from tests.conformance.native import NATIVE
+from tests.conformance.table import TABLE
 
-SOURCES: tuple[RegisteredSource, ...] = (NATIVE,)
+SOURCES: tuple[RegisteredSource, ...] = (NATIVE, TABLE)
 
 
 @pytest.fixture(params=SOURCES, ids=lambda registered: registered.name)
