@@ -14,9 +14,23 @@ from sqlalchemy.engine import make_url
 
 from tests.conformance.fixtures import RegisteredSource, SourceFixture
 from tests.conformance.native import NATIVE
+from tests.conformance.systems import GRAPHILE_WORKER, PG_BOSS, PROCRASTINATE
 from tests.conformance.table import TABLE
 
-SOURCES: tuple[RegisteredSource, ...] = (NATIVE, TABLE)
+# The real systems' session fixtures (their schemas installed once, emptied per test).
+from tests.sources.conftest import (  # noqa: F401 - fixtures, found by name
+    graphile_db,
+    graphile_schema,
+    node_modules,
+    pgboss_db,
+    pgboss_schema,
+    procrastinate_db,
+    procrastinate_schema,
+    sources_db,
+)
+
+SOURCES: tuple[RegisteredSource, ...] = (NATIVE, TABLE, PROCRASTINATE, GRAPHILE_WORKER,
+                                         PG_BOSS)
 
 
 @pytest.fixture(params=SOURCES, ids=lambda registered: registered.name)
@@ -26,5 +40,5 @@ def source(request: pytest.FixtureRequest, db_url: str) -> Iterator[SourceFixtur
     engine_name = make_url(db_url).get_backend_name()
     if engine_name not in registered.engines:
         pytest.skip(f"{registered.name} does not run on {engine_name}")
-    with registered.open(db_url) as fixture:
+    with registered.open(request if registered.shared else db_url) as fixture:
         yield fixture
