@@ -107,6 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", parents=[common],
                                help="crash real workers and watch the reconciler recover them")
     demo.add_argument("--keep", action="store_true", help="keep the demo's database file")
+    demo.add_argument("--source", choices=("native", "procrastinate"), default="native",
+                      help="native: this project's workers on SQLite; procrastinate: a real "
+                      "Procrastinate worker on a throwaway PostgreSQL")
 
     run_once = commands.add_parser("pass", parents=[common], help="run one bounded pass now")
     run_once.add_argument("--dry-run", action="store_true", help="decide, write nothing")
@@ -339,6 +342,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    if args.source == "procrastinate":
+        from reconciler.cli.demo_procrastinate import (  # noqa: PLC0415 - optional peer
+            run_procrastinate_demo,
+        )
+
+        return run_procrastinate_demo()
     from reconciler.cli.demo import run_demo  # noqa: PLC0415 - keeps other commands light
 
     return run_demo(keep=args.keep)

@@ -12,11 +12,13 @@ from PyPI, graphile-worker and pg-boss from npm) into one shared database; each 
 empties their job tables, the step ledger and the audit.
 
 What none of the three can express is declared, with the reason: an operator hold (none
-has one), a step waiting on a gate (the ledger has no such state), a resume step or generation of their own (the ledger, not the system, says where
-a run continues; their attempt counters move with their own claims), a stored plan that
-cannot be read or a step record outside its plan (the ledger keeps plan and records in one
-row per step, so neither can exist). graphile-worker and pg-boss have no worker heartbeat,
-so neither a silent owner nor a late heartbeat exists for them.
+has one), a step waiting on a gate (the ledger has no such state), a resume step or a
+generation of their own (the ledger, not the system, says where a run continues; their
+attempt counters move with their own claims), a stored plan that cannot be read or a step
+record outside its plan (the ledger keeps plan and records in one row per step, so neither
+can exist). graphile-worker and pg-boss have no worker heartbeat, so neither a silent owner
+nor a late heartbeat exists for them; for Procrastinate a lease that ran out is a silent
+heartbeat, so recent activity never protects (the table's session-gone rule).
 """
 
 from __future__ import annotations
