@@ -198,10 +198,10 @@ class ForeignSource(ABC):
         texts = sorted({str(k) for k in keys})
         if not texts:
             return {}
-        return dict(self._conn.execute(
+        return {key: last for key, last in self._conn.execute(
             sa.select(LEDGER.c.job_key, sa.func.max(LEDGER.c.updated_at))
             .where(LEDGER.c.source_name == self.source_name, LEDGER.c.job_key.in_(texts))
-            .group_by(LEDGER.c.job_key)).tuples().all())
+            .group_by(LEDGER.c.job_key))}
 
     def _ledger_unchanged(self, change: PlannedChange, seen: Any) -> bool:
         """Whether the job's ledger is as the decision read it; its rows stay locked (on
