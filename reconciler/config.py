@@ -341,6 +341,7 @@ _KIND_NUMBERS: dict[str, tuple[type, float, bool]] = {
     "wedged_after_seconds": (float, 0.0, False),
     "max_run_seconds": (float, 0.0, False),
     "max_attempts": (int, 1.0, True),
+    "crash_loop_after": (int, 1.0, True),
 }
 
 
@@ -364,7 +365,8 @@ def parse_kinds(tables: Mapping[str, Any] | None, settings: Settings,
     try:
         kinds = KindRules(rules, stale_after_seconds=settings.stale_after_seconds,
                           wedged_after_seconds=settings.wedged_after_seconds,
-                          max_attempts=settings.default_max_attempts)
+                          max_attempts=settings.default_max_attempts,
+                          crash_loop_after=settings.crash_loop_after)
     except ValueError as exc:  # pragma: no cover - TOML keys are unique already
         raise ConfigError(f"{name}: [kinds] {exc}") from None
     problems = kinds.problems()

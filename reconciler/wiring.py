@@ -9,13 +9,18 @@ from __future__ import annotations
 
 import threading
 
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 
+from reconciler.config import Config, NativeConfig
+from reconciler.core.kinds import KindRules
 from reconciler.core.passes import PassConfig
-from reconciler.core.ports import PassStore
+from reconciler.core.ports import JobSource, PassStore
 from reconciler.core.worker_ports import WorkWaiter
 from reconciler.settings import Settings
+from reconciler.sources import open_foreign_source
 from reconciler.storage.engines import create_engine
+from reconciler.storage.native_kinds import kinded_native
+from reconciler.storage.pass_store import SourceFactory, native_source
 from reconciler.storage.retention import JobRetentionSql
 from reconciler.storage.schema import require_current, upgrade
 from reconciler.storage.sql_store import SqlStore
@@ -25,7 +30,8 @@ from reconciler.storage.wakeups import NotifyWaiter
 __all__ = [
     # The step ledger is public API (reconciler.ledger); its store is handed out from here.
     "LedgerRun", "StepLedger", "check_schema", "open_engine", "open_job_retention",
-    "open_pass_store", "open_store", "pass_config", "upgrade_schema", "work_waiter",
+    "open_pass_store", "open_store", "pass_config", "source_factory", "upgrade_schema",
+    "work_waiter",
 ]
 
 
@@ -34,9 +40,11 @@ def open_engine(database: str | Engine) -> Engine:
     return create_engine(database) if isinstance(database, str) else database
 
 
-def check_schema(engine: Engine) -> None:
-    """Refuse an unreachable database or one whose schema is not at this release's head."""
+def check_schema(engine: Engine, config: Config | None = None) -> None:
+    """Refuse an unreachable database, one whose schema is not at this release's head, or
+    (for a foreign ``[source]``) one without that system's tables: one line naming it."""
     require_current(engine)
+    check_source(engine, config)
 
 
 def open_job_retention(engine: Engine) -> JobRetentionSql:
@@ -44,9 +52,20 @@ def open_job_retention(engine: Engine) -> JobRetentionSql:
     return JobRetentionSql(engine)
 
 
-def upgrade_schema(engine: Engine) -> None:
-    """Apply this project's migrations (and only its own tables)."""
+def check_source(engine: Engine, config: Config | None) -> None:
+    """Refuse a foreign ``[source]`` whose tables, columns or functions are not there."""
+    if config is None or isinstance(config.source, NativeConfig):
+        return
+    with engine.connect() as conn:
+        open_foreign_source(conn, config.source, config.kinds, lock=False).check_schema()
+        conn.rollback()
+
+
+def upgrade_schema(engine: Engine, config: Config | None = None) -> None:
+    """Apply this project's migrations (only its own tables; a foreign schema is never
+    altered), then check the configured foreign source's schema is there."""
     upgrade(engine)
+    check_source(engine, config)
 
 
 def open_store(engine: Engine) -> SqlStore:
@@ -55,9 +74,24 @@ def open_store(engine: Engine) -> SqlStore:
     return SqlStore(engine)
 
 
-def open_pass_store(engine: Engine) -> PassStore:
+def source_factory(config: Config | None) -> SourceFactory:
+    """How a pass's transaction gets its job source: the configured ``[source]`` (native,
+    the default, honours ``[kinds]`` too)."""
+    if config is None:
+        return native_source
+    if isinstance(config.source, NativeConfig):
+        return kinded_native(config.kinds)
+    source, kinds = config.source, config.kinds
+
+    def foreign(conn: Connection, lock: bool) -> JobSource:
+        return open_foreign_source(conn, source, kinds, lock=lock)
+
+    return foreign
+
+
+def open_pass_store(engine: Engine, config: Config | None = None) -> PassStore:
     """Where passes read and apply: the configured job source with the audit and lease."""
-    return SqlStore(engine)
+    return SqlStore(engine, source_factory(config))
 
 
 def work_waiter(engine: Engine, interrupt: threading.Event) -> WorkWaiter:
@@ -65,13 +99,20 @@ def work_waiter(engine: Engine, interrupt: threading.Event) -> WorkWaiter:
     return NotifyWaiter(engine, interrupt)
 
 
-def pass_config(settings: Settings, instance: str) -> PassConfig:
-    """The pass configuration these settings give an instance."""
+def pass_config(settings: Settings, instance: str, kinds: KindRules | None = None
+                ) -> PassConfig:
+    """The pass configuration these settings (and ``[kinds]``) give an instance.
+
+    With ``[kinds]``, the scan's thresholds are the defaults with the shortest wedged time
+    any kind has (so a kind wedged sooner is found) and each job is decided under its own
+    kind's thresholds.
+    """
     return PassConfig(
         batch_size=settings.batch_size,
-        thresholds=settings.thresholds(),
+        thresholds=settings.thresholds() if kinds is None else kinds.scan_thresholds(),
         instance=instance,
         session_timeout_seconds=settings.session_timeout_seconds,
         shadow=settings.shadow,
         brake=settings.brake_limits(),
+        kinds=kinds,
     )

@@ -17,6 +17,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 
 from reconciler import __version__
 from reconciler.cli.views import decision_view, job_view, pass_view
+from reconciler.config import Config, NativeConfig, load_config
 from reconciler.core.decisions import render_markdown, render_table
 from reconciler.core.passes import explain_jobs, run_pass
 from reconciler.core.vocabulary import JobStatus, Reason
@@ -27,7 +28,7 @@ from reconciler.errors import (
     ReconcilerError,
 )
 from reconciler.logs import configure_logging
-from reconciler.settings import Settings, load_settings
+from reconciler.settings import Settings
 from reconciler.wiring import (
     check_schema,
     open_engine,
@@ -72,6 +73,9 @@ def _settings_parent(without: frozenset[str] = frozenset()) -> OneLineParser:
     """Every setting as a flag; ``without`` names settings whose flag a command spells
     differently (``decisions --shadow`` filters the audit, it does not run in shadow)."""
     parent = OneLineParser(add_help=False)
+    parent.add_argument("--config", metavar="PATH", default=None,
+                        help="a TOML config file: settings, [source] and [kinds] "
+                        "(else RECONCILER_CONFIG; flags and RECONCILER_<NAME> win over it)")
     group = parent.add_argument_group("settings (flag, else RECONCILER_<NAME>, else default)")
     # Every setting has a flag, generated from the one declaration in Settings. Values stay
     # text here: Settings validates, so a bad flag and a bad env var read the same.
@@ -107,6 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", parents=[common],
                                help="crash real workers and watch the reconciler recover them")
     demo.add_argument("--keep", action="store_true", help="keep the demo's database file")
+    demo.add_argument("--source", choices=("native", "procrastinate"), default="native",
+                      help="native: this project's workers on SQLite; procrastinate: a real "
+                      "Procrastinate worker on a throwaway PostgreSQL")
 
     run_once = commands.add_parser("pass", parents=[common], help="run one bounded pass now")
     run_once.add_argument("--dry-run", action="store_true", help="decide, write nothing")
@@ -125,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     why = job_commands.add_parser(
         "explain", parents=[common],
         help="what the decision table says about a processing job right now (read only)")
-    why.add_argument("job_id", type=int)
+    why.add_argument("job_id", help="the job's id as its source spells it")
     why.add_argument("--json", action="store_true")
     for action, help_text in OPERATOR_HELP.items():
         acting = job_commands.add_parser(action, parents=[common], help=help_text)
@@ -150,13 +157,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _config(args: argparse.Namespace) -> Config:
+    """Flag > environment > config file (``--config``, else ``RECONCILER_CONFIG``) > default."""
+    return load_config(getattr(args, "config", None),
+                       **{name: getattr(args, name, None) for name in Settings.model_fields})
+
+
 def _settings(args: argparse.Namespace) -> Settings:
-    return load_settings(**{name: getattr(args, name, None) for name in Settings.model_fields})
+    return _config(args).settings
 
 
-def _open_engine(settings: Settings) -> Engine:
+def _open_engine(settings: Settings, config: Config | None = None) -> Engine:
     engine = open_engine(settings.database_url)
-    check_schema(engine)
+    check_schema(engine, config)
     return engine
 
 
@@ -168,19 +181,20 @@ def _emit(args: argparse.Namespace, data: Any, human: Callable[[], str]) -> None
 
 
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
-    settings = _settings(args)
-    engine = open_engine(settings.database_url)
-    upgrade_schema(engine)
+    config = _config(args)
+    engine = open_engine(config.settings.database_url)
+    upgrade_schema(engine, config)
     print(f"database at {engine.url.render_as_string(hide_password=True)} is up to date")
     return 0
 
 
 def cmd_pass(args: argparse.Namespace) -> int:
-    settings = _settings(args)
-    store = open_pass_store(_open_engine(settings))
+    config = _config(args)
+    settings = config.settings
+    store = open_pass_store(_open_engine(settings, config), config)
     instance = settings.instance_name or f"cli-{socket.gethostname()}-{os.getpid()}"
-    config = pass_config(settings, instance)
-    report = run_pass(store, config, dry_run=args.dry_run)
+    report = run_pass(store, pass_config(settings, instance, config.kinds),
+                      dry_run=args.dry_run)
     view = pass_view(report)
 
     def human() -> str:
@@ -239,13 +253,27 @@ def cmd_jobs_show(args: argparse.Namespace) -> int:
 
 
 def cmd_jobs_explain(args: argparse.Namespace) -> int:
-    settings = _settings(args)
-    engine = _open_engine(settings)
+    config = _config(args)
+    settings = config.settings
+    engine = _open_engine(settings, config)
     store = open_store(engine)
-    planned = explain_jobs(open_pass_store(engine), [args.job_id],
-                           pass_config(settings, "cli-explain"))
+    job_id: int | str = args.job_id
+    if not isinstance(config.source, NativeConfig):
+        # A foreign job id as its system spells it (a UUID for pg-boss, a number elsewhere);
+        # the source compares it with its own key column.
+        job_id = int(args.job_id) if args.job_id.isdigit() else args.job_id
+        planned = explain_jobs(open_pass_store(engine, config), [job_id],
+                               pass_config(settings, "cli-explain", config.kinds))
+        if not planned:
+            raise NotFoundError(f"no running {config.source.kind} job with id {args.job_id}")
+    else:
+        if not args.job_id.isdigit():
+            raise NotFoundError(f"no job with id {args.job_id}")
+        job_id = int(args.job_id)
+        planned = explain_jobs(open_pass_store(engine, config), [job_id],
+                               pass_config(settings, "cli-explain", config.kinds))
     if not planned:
-        job = store.get_job(args.job_id)
+        job = store.get_job(int(job_id))
         if job is None:
             raise NotFoundError(f"no job with id {args.job_id}")
         raise ActionRefusedError(f"job {args.job_id} is {job.job_status}, not processing: "
@@ -289,7 +317,8 @@ def cmd_jobs_action(args: argparse.Namespace) -> int:
 
 
 def cmd_decisions(args: argparse.Namespace) -> int:
-    store = open_store(_open_engine(_settings(args)))
+    config = _config(args)
+    store = open_store(_open_engine(config.settings, config))
     records = [decision_view(r) for r in store.list_decisions(
         args.reason, args.since, args.limit, shadow_only=args.shadow_only)]
 
@@ -320,10 +349,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     from reconciler.sidecar.service import Service  # noqa: PLC0415 - keeps other commands light
 
     configure_logging(args.verbose)
-    return Service(_settings(args)).run_until_signalled()
+    config = _config(args)
+    return Service(config.settings, config=config).run_until_signalled()
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    if args.source == "procrastinate":
+        from reconciler.cli.demo_procrastinate import (  # noqa: PLC0415 - optional peer
+            run_procrastinate_demo,
+        )
+
+        return run_procrastinate_demo()
     from reconciler.cli.demo import run_demo  # noqa: PLC0415 - keeps other commands light
 
     return run_demo(keep=args.keep)

@@ -2,10 +2,10 @@
 
 A job's kind is what its system names it by (a task name, a queue name, a job type). Each
 ``[kinds."<glob>"]`` table of the config file may set any of ``effect``,
-``stale_after_seconds``, ``wedged_after_seconds``, ``max_run_seconds``, ``max_attempts``
-and ``reconcile``. For one kind, every key is taken from the **most specific** matching
-pattern that sets it, else from the defaults (the settings), so ``[kinds."*"]`` can set a
-house rule that ``[kinds."reports.*"]`` refines key by key.
+``stale_after_seconds``, ``wedged_after_seconds``, ``max_run_seconds``, ``max_attempts``,
+``crash_loop_after`` and ``reconcile``. For one kind, every key is taken from the **most
+specific** matching pattern that sets it, else from the defaults (the settings), so
+``[kinds."*"]`` can set a house rule that ``[kinds."reports.*"]`` refines key by key.
 
 Specificity, compared in this order, higher wins:
 
@@ -33,7 +33,7 @@ from reconciler.core.decisions import Thresholds
 from reconciler.core.vocabulary import EffectKind
 
 KIND_KEYS = ("effect", "stale_after_seconds", "wedged_after_seconds", "max_run_seconds",
-             "max_attempts", "reconcile")
+             "max_attempts", "crash_loop_after", "reconcile")
 """The keys a ``[kinds."<glob>"]`` table may hold."""
 
 
@@ -47,6 +47,7 @@ class KindRule:
     wedged_after_seconds: float | None = None
     max_run_seconds: float | None = None
     max_attempts: int | None = None
+    crash_loop_after: int | None = None
     reconcile: bool | None = None
 
     def __post_init__(self) -> None:
@@ -106,7 +107,8 @@ class KindRules:
 
     def __init__(self, rules: Iterable[KindRule], *, stale_after_seconds: float,
                  wedged_after_seconds: float, max_attempts: int,
-                 effect: EffectKind = EffectKind.EFFECTFUL) -> None:
+                 effect: EffectKind = EffectKind.EFFECTFUL,
+                 crash_loop_after: int | None = None) -> None:
         ordered = sorted(rules, key=lambda r: specificity(r.pattern), reverse=True)
         patterns = [r.pattern for r in ordered]
         if len(set(patterns)) != len(patterns):
@@ -114,7 +116,8 @@ class KindRules:
         self._ordered: tuple[KindRule, ...] = tuple(ordered)
         self._defaults = KindRule("*", effect=effect, stale_after_seconds=stale_after_seconds,
                                   wedged_after_seconds=wedged_after_seconds,
-                                  max_attempts=max_attempts, reconcile=True)
+                                  max_attempts=max_attempts, reconcile=True,
+                                  crash_loop_after=crash_loop_after)
         # Kinds are few (task and queue names): each is resolved once.
         self._resolve = functools.lru_cache(maxsize=4096)(self._resolve_uncached)
 
@@ -132,17 +135,43 @@ class KindRules:
         matching.append(self._defaults)
 
         def pick(key: str) -> Any:
-            # The defaults set every key but max_run_seconds, which may stay None.
+            # The defaults set every key but max_run_seconds (and crash_loop_after when the
+            # caller gives none), which may stay None.
             return next((v for r in matching if (v := getattr(r, key)) is not None), None)
 
         max_run = pick("max_run_seconds")
+        crash_loop = pick("crash_loop_after")
         return KindPolicy(
             kind=kind, effect=pick("effect"),
             thresholds=Thresholds(float(pick("stale_after_seconds")),
-                                  float(pick("wedged_after_seconds"))),
+                                  float(pick("wedged_after_seconds")),
+                                  None if crash_loop is None else int(crash_loop)),
             max_run_seconds=None if max_run is None else float(max_run),
             max_attempts=int(pick("max_attempts")), reconcile=bool(pick("reconcile")),
         )
+
+    def resolve_defaults(self) -> KindPolicy:
+        """The defaults as a policy (what ``[kinds]`` refines)."""
+        d = self._defaults
+        return KindPolicy(
+            kind="*", effect=d.effect or EffectKind.EFFECTFUL,
+            thresholds=Thresholds(float(d.stale_after_seconds or 0.0),
+                                  float(d.wedged_after_seconds or 0.0), d.crash_loop_after),
+            max_run_seconds=None, max_attempts=int(d.max_attempts or 1), reconcile=True)
+
+    def scan_thresholds(self) -> Thresholds:
+        """The thresholds a candidate scan uses: the defaults with the shortest wedged time
+        any table sets, so a kind wedged sooner than the default is found (each candidate
+        is then decided under its own kind's thresholds)."""
+        base = self.resolve_defaults().thresholds
+        shortest = min([base.wedged_after_seconds,
+                        *(r.wedged_after_seconds for r in self._ordered
+                          if r.wedged_after_seconds is not None)])
+        return Thresholds(base.stale_after_seconds, shortest, base.crash_loop_after)
+
+    def excludes_kinds(self) -> bool:
+        """Whether some table says ``reconcile = false`` (a scan must then filter kinds)."""
+        return any(r.reconcile is False for r in self._ordered)
 
     def problems(self) -> list[str]:
         """Inconsistent resolutions, one line each: a pattern whose resolved wedged time is

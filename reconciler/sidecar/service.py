@@ -28,6 +28,7 @@ from apscheduler.events import EVENT_JOB_MAX_INSTANCES, JobExecutionEvent
 from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
 
+from reconciler.config import Config
 from reconciler.core.passes import PassReport, run_pass
 from reconciler.core.ports import Cursor
 from reconciler.core.vocabulary import Disposition
@@ -60,20 +61,22 @@ SHUTDOWN_TIMEOUT_SECONDS = 30.0
 class Service:
     """One reconciler instance: passes, chores, HTTP endpoints."""
 
-    def __init__(self, settings: Settings, *, instance: str | None = None) -> None:
+    def __init__(self, settings: Settings, *, instance: str | None = None,
+                 config: Config | None = None) -> None:
         self.settings = settings
         self.instance = (instance or settings.instance_name
                          or f"{socket.gethostname()}-{os.getpid()}")
         self.engine = open_engine(settings.database_url)
-        check_schema(self.engine)
+        check_schema(self.engine, config)
         self.store = open_store(self.engine)
-        self.passes = open_pass_store(self.engine)
+        self.passes = open_pass_store(self.engine, config)
         self.job_retention = open_job_retention(self.engine)
         self.metrics = Metrics()
         self.pass_overruns = Counter("reconciler_pass_overruns",
                                      "Scheduled passes skipped because the previous one ran on",
                                      registry=self.metrics.registry)
-        self.config = pass_config(settings, self.instance)
+        self.config = pass_config(settings, self.instance,
+                                  None if config is None else config.kinds)
         self.cursor: Cursor | None = None
         self.leading = False
         self.last_pass_finished: float | None = None

@@ -9,6 +9,7 @@ as one ``CASE`` over the kinds actually running, which are few.
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -18,8 +19,15 @@ from sqlalchemy.engine import Connection
 
 from reconciler.core.decisions import Thresholds
 from reconciler.core.kinds import KindPolicy, KindRules
-from reconciler.core.ports import Candidate, Cursor, JobKey, PlannedChange
-from reconciler.sources.common import StepFacts, acting, ledger_facts, ledger_last_write, per_kind
+from reconciler.core.ports import Candidate, Cursor, Fence, JobKey, PlannedChange
+from reconciler.sources.common import (
+    LEDGER,
+    StepFacts,
+    acting,
+    ledger_facts,
+    ledger_last_write,
+    per_kind,
+)
 from reconciler.storage.clock import now_plus
 
 
@@ -120,7 +128,10 @@ class ForeignSource(ABC):
     def apply(self, changes: Sequence[PlannedChange]) -> dict[JobKey, int | None]:
         """Compare-and-swap each resume or terminalization; the jobs changed."""
         changed: dict[JobKey, int | None] = {}
-        for change in acting(changes):
+        for planned in acting(changes):
+            change, seen = _unwrap(planned)
+            if seen is not _NO_LEDGER and not self._ledger_unchanged(change, seen):
+                continue  # a step was recorded since the decision: it no longer holds
             swapped, generation = self._apply_one(change)
             if swapped:
                 changed[change.decision.job_id] = generation
@@ -193,6 +204,53 @@ class ForeignSource(ABC):
 
     def _build(self, rows: Sequence[sa.Row[Any]], policies: Mapping[str, KindPolicy],
                *, position: bool) -> list[Candidate]:
-        steps = ledger_facts(self._conn, self.source_name, [r.job_id for r in rows])
-        return [self._candidate(r, policies[r.job_kind], steps.get(str(r.job_id)), position)
-                for r in rows if r.job_kind in policies]
+        keys = [r.job_id for r in rows]
+        steps = ledger_facts(self._conn, self.source_name, keys)
+        seen = self._ledger_writes(keys)
+        # The fence carries the job's last ledger write as read, so the swap repeats it.
+        return [_wrap(c, seen.get(str(c.job_id)))
+                for c in (self._candidate(r, policies[r.job_kind], steps.get(str(r.job_id)),
+                                          position)
+                          for r in rows if r.job_kind in policies)]
+
+    def _ledger_writes(self, keys: Sequence[JobKey]) -> dict[str, Any]:
+        """The newest ledger write of each job that has one, by key text."""
+        texts = sorted({str(k) for k in keys})
+        if not texts:
+            return {}
+        return {key: last for key, last in self._conn.execute(
+            sa.select(LEDGER.c.job_key, sa.func.max(LEDGER.c.updated_at))
+            .where(LEDGER.c.source_name == self.source_name, LEDGER.c.job_key.in_(texts))
+            .group_by(LEDGER.c.job_key))}
+
+    def _ledger_unchanged(self, change: PlannedChange, seen: Any) -> bool:
+        """Whether the job's ledger is as the decision read it; its rows stay locked (on
+        PostgreSQL) until the pass commits, by when the swap has fenced the attempt out."""
+        key = str(change.decision.job_id)
+        where = (LEDGER.c.source_name == self.source_name, LEDGER.c.job_key == key)
+        rows = sa.select(LEDGER.c.updated_at).where(*where)
+        if self._conn.dialect.name == "postgresql":
+            rows = rows.with_for_update()
+        now = [r[0] for r in self._conn.execute(rows)]
+        return bool((max(now) if now else None) == seen)
+
+
+_LEDGER_MARK = "step-ledger"
+_NO_LEDGER = object()
+
+
+def _wrap(candidate: Candidate, seen: Any) -> Candidate:
+    """The candidate with its last ledger write (None: no records) added to its fence."""
+    fence = candidate.fence
+    return dataclasses.replace(candidate, fence=Fence(
+        fence.generation, (_LEDGER_MARK, fence.snapshot, seen)))
+
+
+def _unwrap(change: PlannedChange) -> tuple[PlannedChange, Any]:
+    """The change with the source's own fence back, and the ledger write it read (or
+    ``_NO_LEDGER`` for a source whose steps are not in the ledger)."""
+    snapshot = change.fence.snapshot
+    if len(snapshot) != 3 or snapshot[0] != _LEDGER_MARK:
+        return change, _NO_LEDGER
+    fence = Fence(change.fence.generation, snapshot[1])
+    return dataclasses.replace(change, fence=fence), snapshot[2]

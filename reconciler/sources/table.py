@@ -14,8 +14,8 @@ and PostgreSQL.
   table, resume at the first unfinished step. Otherwise step ledger records under source
   ``table`` when the job's task keeps them, else one step named after the kind.
 - **Fence**: status, and each mapped column of (``owner_column``, ``attempts_column``,
-  ``generation_column``, ``lease_expires_column`` or else ``activity_column``) as read,
-  and the rule's time predicate, all in the UPDATE's WHERE clause.
+  ``generation_column``, ``lease_expires_column``, ``activity_column``) as read, and the
+  rule's time predicate, all in the UPDATE's WHERE clause.
 - **Resume**: ``status = queued``, ``resume_column`` = the step to start at,
   ``generation_column + 1``, ``reason_column`` = our reason code.
 - **Terminalize**: ``status = failed``, ``generation_column + 1``, ``reason_column``.
@@ -182,11 +182,10 @@ class TableSource(ForeignSource):
         )
 
     def _fence_keys(self) -> list[str]:
-        keys = [k for k in ("owner_column", "attempts_column", "generation_column")
-                if self._has(k)]
-        claim = "lease_expires_column" if self._has("lease_expires_column") else (
-            "activity_column" if self._has("activity_column") else None)
-        return [*keys, claim] if claim else keys
+        # The activity time too: the decision relied on it (recent activity protects a job,
+        # no activity wedges one), so a late worker's progress must make the swap miss.
+        return [k for k in ("owner_column", "attempts_column", "generation_column",
+                            "lease_expires_column", "activity_column") if self._has(k)]
 
     def _snapshot(self, values: Mapping[Any, Any]) -> tuple[Any, ...]:
         return tuple((key, values[key]) for key in self._fence_keys())

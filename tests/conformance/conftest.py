@@ -1,29 +1,66 @@
 """Runs the suite against every registered source, on every engine the source runs on.
 
 A new source plugs in by adding its ``RegisteredSource`` to ``SOURCES``; its fixture is
-opened on the same migrated databases (``db_url``: SQLite and PostgreSQL) as every other
-integration test.
+opened on a fresh migrated database of each engine it runs on, as every other integration
+test's (``shared`` sources: on the session's database holding the real system's schema).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
-from sqlalchemy.engine import make_url
 
 from tests.conformance.fixtures import RegisteredSource, SourceFixture
 from tests.conformance.native import NATIVE
+from tests.conformance.systems import GRAPHILE_WORKER, PG_BOSS, PROCRASTINATE
+from tests.conformance.table import TABLE
+from tests.conftest import ENGINES, PostgresForTests
+from tests.helpers import fresh_database
+from tests.pg_server import INSTALL_HINT
 
-SOURCES: tuple[RegisteredSource, ...] = (NATIVE,)
+# The real systems' session fixtures (their schemas installed once, emptied per test).
+from tests.sources.conftest import (  # noqa: F401 - fixtures, found by name
+    graphile_db,
+    graphile_schema,
+    node_modules,
+    pgboss_db,
+    pgboss_schema,
+    procrastinate_db,
+    procrastinate_schema,
+    sources_db,
+)
+
+SOURCES: tuple[RegisteredSource, ...] = (NATIVE, TABLE, PROCRASTINATE, GRAPHILE_WORKER,
+                                         PG_BOSS)
 
 
-@pytest.fixture(params=SOURCES, ids=lambda registered: registered.name)
-def source(request: pytest.FixtureRequest, db_url: str) -> Iterator[SourceFixture]:
-    """The source under test on a fresh migrated database of one engine."""
-    registered: RegisteredSource = request.param
-    engine_name = make_url(db_url).get_backend_name()
-    if engine_name not in registered.engines:
-        pytest.skip(f"{registered.name} does not run on {engine_name}")
-    with registered.open(db_url) as fixture:
-        yield fixture
+CASES = [(registered, engine) for registered in SOURCES for engine in ENGINES
+         if engine in registered.engines]
+"""Every source on every engine it runs on (no case for an engine a source never uses)."""
+
+
+@pytest.fixture(params=CASES, ids=lambda case: f"{case[0].name}-{case[1]}")
+def source(request: pytest.FixtureRequest, tmp_path: Path,
+           postgres: PostgresForTests | None) -> Iterator[SourceFixture]:
+    """The source under test: on a fresh migrated database of one engine, or (a real
+    system's schema, installed once) on the session's shared database, emptied."""
+    registered, engine = request.param
+    if engine == "postgresql" and postgres is None:
+        pytest.skip(f"PostgreSQL not available: {INSTALL_HINT}")
+    if registered.shared:
+        with registered.open(request) as fixture:
+            yield fixture
+        return
+    if engine == "sqlite":
+        with registered.open(fresh_database(tmp_path)) as fixture:
+            yield fixture
+        return
+    assert postgres is not None
+    name = postgres.new_database(migrated=True)
+    try:
+        with registered.open(postgres.url(name)) as fixture:
+            yield fixture
+    finally:
+        postgres.drop(name)

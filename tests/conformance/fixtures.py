@@ -18,7 +18,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Literal, NamedTuple, Protocol
+from typing import Any, Literal, NamedTuple, Protocol
 
 from reconciler.core.decisions import Decision
 from reconciler.core.evidence import PlanStep
@@ -242,4 +242,8 @@ class RegisteredSource:
 
     name: str
     engines: tuple[str, ...]
-    open: Callable[[str], AbstractContextManager[SourceFixture]]
+    open: Callable[[Any], AbstractContextManager[SourceFixture]]
+    shared: bool = False
+    """False: ``open`` takes a fresh migrated database's URL. True: ``open`` takes the
+    test's ``pytest.FixtureRequest`` and opens on a database shared by the session (a real
+    system's schema, installed once), emptied for the test."""

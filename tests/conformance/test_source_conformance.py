@@ -317,14 +317,20 @@ def test_a_dry_run_decides_like_a_pass_and_changes_nothing(source: SourceFixture
         (d.job_id, d.disposition, d.reason) for d in preview.decisions}
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a dry run does not declare silent worker sessions gone (that is a write), so it "
-    "neither sees nor previews the jobs of a dead owner whose lease is still live, which "
-    "the next real pass resumes"))
+OWNERS_EXPIRED_BY_WRITE = frozenset({"native"})
+"""Sources that declare silent owners gone with a write (``expire_gone_owners``), which a
+dry run does not make; the others judge an owner's liveness as they read."""
+
+
 def test_a_dry_run_previews_the_jobs_of_an_owner_that_went_silent(
-    source: SourceFixture,
+    source: SourceFixture, request: pytest.FixtureRequest,
 ) -> None:
     """A dry run shows the resume a pass would make for a job whose owner went silent."""
+    if source.source_name in OWNERS_EXPIRED_BY_WRITE:
+        request.applymarker(pytest.mark.xfail(strict=True, reason=(
+            "a dry run does not declare silent worker sessions gone (that is a write), so "
+            "it neither sees nor previews the jobs of a dead owner whose lease is still "
+            "live, which the next real pass resumes")))
     situation = Situation(State.OWNER_GONE, 1)
     require(source, situation)
     job = source.make(situation)

@@ -28,7 +28,12 @@ from typing import Any, Protocol
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from reconciler.config import GraphileWorkerConfig, PgBossConfig, ProcrastinateConfig
+from reconciler.config import (
+    GraphileWorkerConfig,
+    PgBossConfig,
+    ProcrastinateConfig,
+    SourceConfig,
+)
 from reconciler.core.kinds import KindRules
 from reconciler.core.ports import JobKey
 from reconciler.ledger import Step, StepLedger
@@ -51,6 +56,7 @@ class SystemFactory(Protocol):
     source_name: str
     default_max_attempts: int
     db: SourcesDatabase
+    config: SourceConfig
 
     def open_source(self, conn: Connection, kinds: KindRules, *,
                     lock: bool = True) -> ForeignSource: ...

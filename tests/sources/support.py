@@ -1,9 +1,9 @@
-"""What the real-system tests share: one reconcile step, worker processes, markers.
+"""What the real-system tests share: one real pass, worker processes, markers.
 
-``reconcile_once`` stands in for the pass until the lead wires sources into it: it runs a
-source's ``candidates`` and ``apply`` in one transaction and decides each candidate with
-the real decision table, under the thresholds its kind resolves to. Swapping in the real
-pass means replacing this one function.
+``reconcile_once`` runs the real pass (``run_pass``) over a source built by the
+composition root from a ``[source]`` config and ``[kinds]`` rules, so the audit rows are
+written, and checks them: one per decision, with the source's name and the job id as the
+system spells it.
 """
 
 from __future__ import annotations
@@ -17,34 +17,31 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, cast
 
 import pytest
-from sqlalchemy.engine import Connection, Engine
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
 
+from models import ReconciliationDecision
+from reconciler.config import Config, SourceConfig
 from reconciler.core.decisions import Decision
 from reconciler.core.kinds import KindRules
-from reconciler.core.passes import plan_change
+from reconciler.core.passes import explain_jobs, plan_change, run_pass
 from reconciler.core.ports import Candidate, JobKey, PlannedChange
 from reconciler.core.vocabulary import Disposition, Reason
+from reconciler.settings import Settings
+from reconciler.wiring import open_pass_store, pass_config
+
+DECISIONS = cast(sa.Table, ReconciliationDecision.__table__)
 
 PR_SET_PDEATHSIG = 1
 
 
-class Source(Protocol):
-    """The part of the job-source port a reconcile step uses."""
-
-    def candidates(self, limit: int, thresholds: Any, after: Any) -> list[Candidate]: ...
-    def evidence_for(self, job_ids: Sequence[JobKey]) -> list[Candidate]: ...
-    def apply(self, changes: Sequence[PlannedChange]) -> dict[JobKey, int | None]: ...
-
-
-OpenSource = Callable[[Connection], Source]
-
-
 @dataclass(frozen=True)
 class Outcome:
-    """One decision of a reconcile step and whether its swap changed the job."""
+    """One decision of a pass as its audit row recorded it, and whether its swap changed
+    the job."""
 
     job_id: JobKey
     disposition: Disposition
@@ -60,34 +57,55 @@ def plan_changes(candidates: Sequence[Candidate], kinds: KindRules) -> list[Plan
     return [plan_change(c, kinds.resolve(c.job_kind).thresholds) for c in candidates]
 
 
-def reconcile_once(engine: Engine, open_source: OpenSource, kinds: KindRules, *,
+def config_for(engine: Engine, source: SourceConfig, kinds: KindRules, *,
+               limit: int = 100) -> Config:
+    """What a config file naming ``source`` and these ``[kinds]`` would give the pass."""
+    settings = Settings(database_url=engine.url.render_as_string(hide_password=False),
+                        batch_size=limit,
+                        stale_after_seconds=kinds.resolve_defaults().thresholds
+                        .stale_after_seconds,
+                        wedged_after_seconds=kinds.resolve_defaults().thresholds
+                        .wedged_after_seconds)
+    return Config(settings=settings, source=source, kinds=kinds)
+
+
+def reconcile_once(engine: Engine, source: SourceConfig, kinds: KindRules, *,
                    limit: int = 100, dry_run: bool = False) -> list[Outcome]:
-    """One pass's worth: candidates, decisions, swaps, in one transaction."""
-    with engine.connect() as conn, conn.begin() as tx:
-        source = open_source(conn)
-        defaults = kinds.resolve("").thresholds
-        planned = plan_changes(source.candidates(limit, defaults, None), kinds)
-        changed = {} if dry_run else source.apply(planned)
-        if dry_run:
-            tx.rollback()
+    """One real pass (``run_pass`` through the composition root) over the source; every
+    decision is checked against its audit row (the source's name, the job id as the
+    system spells it) and returned as the audit recorded it."""
+    config = config_for(engine, source, kinds, limit=limit)
+    report = run_pass(open_pass_store(engine, config),
+                      pass_config(config.settings, "sources-test", kinds), dry_run=dry_run)
+    if dry_run:
+        assert report.pass_id is None
+        return [Outcome(d.job_id, d.disposition, d.reason, d.resume_step_index, False, None)
+                for d in report.decisions]
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.select(DECISIONS).where(DECISIONS.c.pass_id == report.pass_id)
+            .order_by(DECISIONS.c.decision_id)).mappings().all()
+    assert [(r["job_source"], r["job_id"]) for r in rows] == [
+        (source.kind, str(d.job_id)) for d in report.decisions], "audit rows != decisions"
     outcomes = []
-    for p in planned:
-        d = p.decision
-        applied = d.job_id in changed
-        lost = d.disposition is not Disposition.SKIP and not applied and not dry_run
+    for d, row in zip(report.decisions, rows, strict=True):
+        assert (row["disposition"], row["decision_reason"]) == (d.disposition.value,
+                                                                d.reason.value)
+        evidence = row["decision_evidence"]
         outcomes.append(Outcome(
-            d.job_id, Disposition.SKIP if lost else d.disposition,
-            Reason.FENCE_LOST if lost else d.reason, d.resume_step_index, applied,
-            changed.get(d.job_id), p.evidence))
+            d.job_id, d.disposition, d.reason, d.resume_step_index,
+            d.disposition is not Disposition.SKIP, d.generation_after,
+            evidence if isinstance(evidence, dict) else {}))
     return outcomes
 
 
-def explain(engine: Engine, open_source: OpenSource, kinds: KindRules,
+def explain(engine: Engine, source: SourceConfig, kinds: KindRules,
             job_ids: Sequence[JobKey]) -> dict[JobKey, Decision]:
-    """What the table decides now for named running jobs (reads only)."""
-    with engine.connect() as conn:
-        planned = plan_changes(open_source(conn).evidence_for(job_ids), kinds)
-        conn.rollback()
+    """What the table decides now for named running jobs (reads only), as
+    ``reconciler jobs explain`` asks it."""
+    config = config_for(engine, source, kinds)
+    planned = explain_jobs(open_pass_store(engine, config), job_ids,
+                           pass_config(config.settings, "sources-test", kinds))
     return {p.decision.job_id: p.decision for p in planned}
 
 

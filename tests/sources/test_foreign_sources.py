@@ -7,8 +7,6 @@ system's own functions; the source is judged with the real decision table
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import pytest
 import sqlalchemy as sa
 
@@ -52,9 +50,7 @@ def system(request: pytest.FixtureRequest) -> SystemFactory:
 def run(system: SystemFactory, kinds: KindRules | None = None, **kw: object
         ) -> dict[object, object]:
     rules = kinds or kind_rules()
-    factory: Callable[..., object] = system.open_source
-    return by_job(reconcile_once(system.db.engine,
-                                 lambda conn: factory(conn, rules), rules, **kw))
+    return by_job(reconcile_once(system.db.engine, system.config, rules, **kw))
 
 
 class TestDeadOwner:
@@ -107,8 +103,7 @@ class TestLeftAlone:
         """Asked about a live job, the table says lease_live and the job stays running."""
         job = system.live("idem.report")
         rules = kind_rules()
-        decision = explain(system.db.engine,
-                           lambda conn: system.open_source(conn, rules), rules, [job])[job]
+        decision = explain(system.db.engine, system.config, rules, [job])[job]
         assert decision.reason is Reason.LEASE_LIVE
         assert system.status(job) == "running"
 

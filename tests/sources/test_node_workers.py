@@ -83,8 +83,7 @@ class NodeSystem:
     def recover(self, job: JobKey, worker: Process, kinds: KindRules = KINDS) -> Outcome:
         """Reconcile until the job is decided (its lease has run out)."""
         def decided() -> Outcome | None:
-            for outcome in reconcile_once(self.factory.db.engine,
-                                          lambda conn: self.factory.open_source(conn, kinds),
+            for outcome in reconcile_once(self.factory.db.engine, self.factory.config,
                                           kinds):
                 if str(outcome.job_id) == str(job):
                     return outcome
@@ -177,8 +176,7 @@ class TestLiveWorker:
                          stale_after_seconds=60.0, wedged_after_seconds=3600.0, max_attempts=3)
         deadline = time.monotonic() + 1.0
         while time.monotonic() < deadline:
-            assert reconcile_once(system.factory.db.engine,
-                                  lambda conn: system.factory.open_source(conn, slow),
+            assert reconcile_once(system.factory.db.engine, system.factory.config,
                                   slow) == []
             time.sleep(0.25)
         assert system.row(job) == claimed

@@ -61,8 +61,7 @@ def start_worker(processes: Processes, factory: ProcrastinateFactory, markers: M
 def recover(factory: ProcrastinateFactory, job: int, worker: Process) -> Outcome:
     """Run reconcile steps until the job is decided (its owner judged gone)."""
     def decided() -> Outcome | None:
-        for outcome in reconcile_once(factory.db.engine,
-                                      lambda conn: factory.open_source(conn, KINDS), KINDS):
+        for outcome in reconcile_once(factory.db.engine, factory.config, KINDS):
             if outcome.job_id == job:
                 return outcome
         return None
@@ -153,8 +152,7 @@ class TestLiveWorker:
         owner = procrastinate.row(job)
         deadline = time.monotonic() + TIMEOUT_SECONDS + 0.5
         while time.monotonic() < deadline:
-            assert reconcile_once(procrastinate.db.engine,
-                                  lambda conn: procrastinate.open_source(conn, KINDS),
+            assert reconcile_once(procrastinate.db.engine, procrastinate.config,
                                   KINDS) == []
             time.sleep(0.25)
         assert procrastinate.row(job) == owner

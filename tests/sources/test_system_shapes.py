@@ -17,8 +17,7 @@ KINDS = KindRules([KindRule("idem.*", effect=EffectKind.IDEMPOTENT)],
 
 def run(factory: GraphileWorkerFactory | PgBossFactory | ProcrastinateFactory
         ) -> dict[object, object]:
-    return by_job(reconcile_once(factory.db.engine,
-                                 lambda conn: factory.open_source(conn, KINDS), KINDS))
+    return by_job(reconcile_once(factory.db.engine, factory.config, KINDS))
 
 
 class TestGraphileWorker:

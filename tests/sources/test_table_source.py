@@ -122,8 +122,7 @@ def run(home: Home, config: TableConfig | None = None, kinds: KindRules = KINDS,
         **kw: Any) -> dict[Any, Any]:
     """One reconcile step over the table (the full mapping unless another is given)."""
     mapping = config or home.full
-    return by_job(reconcile_once(home.engine, lambda conn: TableSource(conn, mapping, kinds),
-                                 kinds, **kw))
+    return by_job(reconcile_once(home.engine, mapping, kinds, **kw))
 
 
 def steps(*states: str | None) -> dict[str, Any]:
@@ -197,8 +196,7 @@ class TestLiveness:
         """A lease in the future: not read as a candidate; explain says lease_live."""
         job = add(home, lease_in=30, activity_ago=1, **steps("started"))
         assert run(home) == {}
-        decision = explain(home.engine, lambda conn: TableSource(conn, home.full, KINDS),
-                           KINDS, [job])
+        decision = explain(home.engine, home.full, KINDS, [job])
         assert decision[job].reason is Reason.LEASE_LIVE
 
     def test_recent_activity_protects_an_expired_lease(self, home: Home) -> None:

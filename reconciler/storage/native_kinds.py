@@ -1,0 +1,106 @@
+"""The ``native`` source under a config file's ``[kinds]`` tables (DESIGN.md section 9).
+
+Without ``[kinds]`` the native source's prebuilt scans serve every pass unchanged. With
+them, two things change where the source scans, so neither fills a batch with jobs the
+pass would only skip:
+
+- kinds resolved to ``reconcile = false`` are left out of both scans (never touched);
+- the wedged scan uses each running kind's own ``wedged_after_seconds`` (one ``CASE`` over
+  the kinds running now, which are few), so a kind wedged sooner than the default is
+  found and one wedged later is not picked up early.
+
+Decisions are then made per kind by the pass (``PassConfig.thresholds_for``); the swap
+already repeats each change's own thresholds.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from reconciler.core.decisions import Thresholds
+from reconciler.core.kinds import KindPolicy, KindRules
+from reconciler.core.ports import Candidate, Cursor, JobSource
+from reconciler.storage.clock import db_now, now_plus, seconds_since
+
+# The native source's evidence columns: one definition of what a decision reads.
+from reconciler.storage.native_source import NativeSource
+from reconciler.storage.native_source import _evidence_columns as evidence_columns
+from reconciler.storage.pass_store import SourceFactory, native_source
+from reconciler.storage.sql import IN_PROCESSING, as_float, for_update, jobs
+
+
+class KindedNativeSource(NativeSource):
+    """This project's own jobs, scanned under per-kind rules (see the module docstring)."""
+
+    def __init__(self, conn: Connection, kinds: KindRules, *, lock: bool) -> None:
+        super().__init__(conn, lock=lock)
+        self.kinds = kinds
+        self.lock = lock
+
+    def _policies(self) -> dict[str, KindPolicy]:
+        """The reconciled kinds among the processing jobs, with their policies."""
+        running = self.conn.execute(
+            sa.select(jobs.c.job_kind).where(IN_PROCESSING).distinct()).scalars()
+        policies = {kind: self.kinds.resolve(kind) for kind in running}
+        return {kind: p for kind, p in policies.items() if p.reconcile}
+
+    def candidates(self, limit: int, thresholds: Thresholds, after: Cursor | None
+                   ) -> list[Candidate]:
+        """Expired leases of reconciled kinds first (paged by key), then live leases idle
+        past their own kind's wedged time, within ``limit``."""
+        policies = self._policies()
+        if not policies or limit <= 0:
+            return []
+        reconciled = jobs.c.job_kind.in_(sorted(policies))
+        expired = (sa.select(*evidence_columns())
+                   .where(IN_PROCESSING, reconciled, jobs.c.lease_expires_at <= db_now())
+                   .order_by(jobs.c.lease_expires_at, jobs.c.job_id).limit(limit))
+        if after is not None:
+            expires_at, job_id = after.position
+            expired = expired.where(
+                sa.tuple_(jobs.c.lease_expires_at, jobs.c.job_id)
+                > sa.tuple_(sa.literal(expires_at, jobs.c.lease_expires_at.type),
+                            sa.literal(job_id, sa.BigInteger())))
+        rows: list[Any] = list(self.conn.execute(
+            for_update(self.postgres, expired, lock=self.lock)).all())
+        if len(rows) < limit:
+            wedged_after = sa.case(
+                {kind: sa.literal(-p.thresholds.wedged_after_seconds, sa.Float())
+                 for kind, p in policies.items()},
+                value=jobs.c.job_kind)
+            wedged = (sa.select(*evidence_columns())
+                      .where(IN_PROCESSING, reconciled,
+                             jobs.c.last_activity_at <= now_plus(wedged_after),
+                             jobs.c.lease_expires_at > db_now())
+                      .order_by(jobs.c.last_activity_at, jobs.c.job_id)
+                      .limit(limit - len(rows)))
+            rows += self.conn.execute(for_update(self.postgres, wedged, lock=self.lock)).all()
+        return self._with_steps(rows)
+
+    def stale_backlog(self) -> tuple[int, float | None]:
+        """Processing jobs of reconciled kinds with an expired lease; the oldest one's age."""
+        policies = self._policies()
+        if not policies:
+            return 0, None
+        row = self.conn.execute(
+            sa.select(sa.func.count(), sa.func.max(seconds_since(jobs.c.lease_expires_at)))
+            .where(IN_PROCESSING, jobs.c.job_kind.in_(sorted(policies)),
+                   jobs.c.lease_expires_at <= db_now())
+        ).one()
+        return int(row[0]), as_float(row[1])
+
+
+def kinded_native(kinds: KindRules) -> SourceFactory:
+    """A source factory for the native source under ``kinds``; the plain native source
+    (its prebuilt scans) when no table could change what a scan finds."""
+    if not any(r.reconcile is False or r.wedged_after_seconds is not None
+               for r in kinds.rules):
+        return native_source
+
+    def build(conn: Connection, lock: bool) -> JobSource:
+        return KindedNativeSource(conn, kinds, lock=lock)
+
+    return build
