@@ -15,7 +15,7 @@ from typing import Any, NoReturn
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from reconciler import __version__
-from reconciler.cli.views import decision_view, job_view, pass_view
+from reconciler.cli.views import decision_view, job_view, pass_view, printable
 from reconciler.core.decisions import Thresholds, render_markdown, render_table
 from reconciler.core.passes import PassConfig, explain_jobs, run_pass
 from reconciler.core.vocabulary import JobStatus, Reason
@@ -26,8 +26,10 @@ from reconciler.errors import (
     ReconcilerError,
 )
 from reconciler.logs import configure_logging
+from reconciler.redaction import display_url, redact
 from reconciler.settings import Settings, load_settings
-from reconciler.storage.engines import create_engine
+from reconciler.storage.diagnosis import error_code, error_line
+from reconciler.storage.engines import DatabaseTimeouts, create_engine
 from reconciler.storage.schema import require_current, upgrade
 from reconciler.storage.sql_store import SqlStore
 
@@ -35,6 +37,8 @@ log = logging.getLogger("reconciler.cli")
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 _UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+MAX_JOB_ID = 2**63 - 1  # job_runs.job_id is a BIGINT
+MAX_SINCE_SECONDS = 100 * 365 * 86400.0
 
 
 def parse_duration(text: str) -> float:
@@ -42,7 +46,22 @@ def parse_duration(text: str) -> float:
     match = _DURATION.match(text)
     if not match:
         raise argparse.ArgumentTypeError(f"not a duration: {text!r} (use e.g. 90s, 15m, 2h, 7d)")
-    return float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+    seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+    if seconds > MAX_SINCE_SECONDS:
+        raise argparse.ArgumentTypeError(f"duration too long: {text!r} (at most 100 years)")
+    return seconds
+
+
+def _job_id(text: str) -> int:
+    """A job id as ``job_runs`` can hold it: a whole number from 1 to 2**63-1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a job id: {text!r}") from None
+    if not 1 <= value <= MAX_JOB_ID:
+        raise argparse.ArgumentTypeError(
+            f"no job can have id {text!r}: ids run from 1 to {MAX_JOB_ID}")
+    return value
 
 
 def _positive_int(text: str) -> int:
@@ -50,8 +69,8 @@ def _positive_int(text: str) -> int:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1: {text!r}")
+    if not 1 <= value <= MAX_JOB_ID:
+        raise argparse.ArgumentTypeError(f"must be from 1 to {MAX_JOB_ID}: {text!r}")
     return value
 
 
@@ -59,7 +78,8 @@ class OneLineParser(argparse.ArgumentParser):
     """Usage mistakes end with one line naming the fix, like every other error."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(2, printable(f"{self.prog}: error: {message} (see {self.prog} --help)")
+                  + "\n")
 
 
 def _settings_parent() -> OneLineParser:
@@ -103,17 +123,17 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("--limit", type=_positive_int, default=100)
     listing.add_argument("--json", action="store_true")
     show = job_commands.add_parser("show", parents=[common], help="one job and its steps")
-    show.add_argument("job_id", type=int)
+    show.add_argument("job_id", type=_job_id)
     show.add_argument("--json", action="store_true")
 
     why = job_commands.add_parser(
         "explain", parents=[common],
         help="what the decision table says about a processing job right now (read only)")
-    why.add_argument("job_id", type=int)
+    why.add_argument("job_id", type=_job_id)
     why.add_argument("--json", action="store_true")
     for action, help_text in OPERATOR_HELP.items():
         acting = job_commands.add_parser(action, parents=[common], help=help_text)
-        acting.add_argument("job_id", type=int)
+        acting.add_argument("job_id", type=_job_id)
         acting.add_argument("--json", action="store_true")
 
     audit = commands.add_parser("decisions", parents=[common], help="the audit trail")
@@ -134,23 +154,30 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 
 def _open_store(settings: Settings) -> SqlStore:
-    engine = create_engine(settings.database_url)
+    # must_exist: no command but `db upgrade` leaves an empty SQLite file behind.
+    engine = create_engine(settings.database_url,
+                           timeouts=DatabaseTimeouts.from_settings(settings), must_exist=True)
     require_current(engine)
     return SqlStore(engine)
 
 
-def _emit(args: argparse.Namespace, data: Any, human: Callable[[], str]) -> None:
+def _emit(args: argparse.Namespace, data: Any, human: Callable[[], list[str]]) -> None:
+    """``--json``: the data as JSON (which escapes by itself). Otherwise the human lines,
+    each through ``printable``: a newline or an escape sequence stored in a job's kind or
+    a step's name is shown escaped on its own line, never obeyed by the terminal."""
     if getattr(args, "json", False):
         print(json.dumps(data, indent=2, default=str))
     else:
-        print(human())
+        print("\n".join(printable(line) for line in human()))
 
 
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
     settings = _settings(args)
-    engine = create_engine(settings.database_url)
+    engine = create_engine(settings.database_url,
+                           timeouts=DatabaseTimeouts.from_settings(settings))
     upgrade(engine)
-    print(f"database at {engine.url.render_as_string(hide_password=True)} is up to date")
+    shown = display_url(engine.url.render_as_string(hide_password=True))
+    print(printable(f"database at {shown} is up to date"))
     return 0
 
 
@@ -168,7 +195,7 @@ def cmd_pass(args: argparse.Namespace) -> int:
     report = run_pass(store, config, dry_run=args.dry_run)
     view = pass_view(report)
 
-    def human() -> str:
+    def human() -> list[str]:
         title = "dry run (nothing written)" if report.dry_run else f"pass {report.pass_id}"
         lines = [f"{title}: outcome={view['outcome']} candidates={view['candidates']} "
                  f"resumed={view['resumed']} terminalized={view['terminalized']} "
@@ -177,7 +204,7 @@ def cmd_pass(args: argparse.Namespace) -> int:
                   + (f" at step {d['resume_step_index']}"
                      if d["resume_step_index"] is not None else "")
                   for d in view["decisions"]]
-        return "\n".join(lines)
+        return lines
 
     _emit(args, view, human)
     return 0
@@ -187,14 +214,14 @@ def cmd_jobs_list(args: argparse.Namespace) -> int:
     store = _open_store(_settings(args))
     views = [job_view(j) for j in store.list_jobs(args.status, args.limit)]
 
-    def human() -> str:
+    def human() -> list[str]:
         if not views:
-            return "no jobs"
+            return ["no jobs"]
         lines = [f"{'JOB':>8}  {'KIND':<16} {'STATUS':<11} {'ATTEMPTS':>8}  {'STEP':>4}  REASON"]
-        lines += [f"{v['job_id']:>8}  {v['job_kind'][:16]:<16} {v['status']:<11} "
+        lines += [f"{v['job_id']:>8}  {printable(v['job_kind'])[:16]:<16} {v['status']:<11} "
                   f"{v['attempts_used']:>3}/{v['max_attempts']:<4}  {v['resume_step_index']:>4}"
                   f"  {v['reason'] or '-'}" for v in views]
-        return "\n".join(lines)
+        return lines
 
     _emit(args, views, human)
     return 0
@@ -207,7 +234,7 @@ def cmd_jobs_show(args: argparse.Namespace) -> int:
         raise NotFoundError(f"no job with id {args.job_id}")
     view = job_view(job)
 
-    def human() -> str:
+    def human() -> list[str]:
         lines = [f"job {view['job_id']} ({view['job_kind']}): {view['status']}"
                  + (f" ({view['reason']})" if view["reason"] else ""),
                  f"  attempts {view['attempts_used']}/{view['max_attempts']}, "
@@ -215,7 +242,7 @@ def cmd_jobs_show(args: argparse.Namespace) -> int:
                  + (", held by an operator" if view["operator_hold"] else "")]
         lines += [f"  step {s['index']}: {s['name']} [{s.get('effect_kind', '?')}] {s['state']}"
                   for s in view["steps"]]
-        return "\n".join(lines)
+        return lines
 
     _emit(args, view, human)
     return 0
@@ -238,11 +265,11 @@ def cmd_jobs_explain(args: argparse.Namespace) -> int:
             "rule": d.rule_number, "resume_step_index": d.resume_step_index,
             "evidence": change.evidence}
 
-    def human() -> str:
+    def human() -> list[str]:
         rule = f"rule {d.rule_number}" if d.rule_number else "pass outcome"
         lines = [f"job {d.job_id}: {d.disposition.value} ({d.reason.value}, {rule})"]
         lines += [f"  {key}: {value}" for key, value in change.evidence.items()]
-        return "\n".join(lines)
+        return lines
 
     _emit(args, view, human)
     return 0
@@ -265,8 +292,12 @@ def cmd_jobs_action(args: argparse.Namespace) -> int:
         raise ActionRefusedError(f"cannot {args.jobs_command} job {args.job_id}: {refusal}")
     job = store.get_job(args.job_id)
     view = job_view(job) if job is not None else {"job_id": args.job_id}
-    _emit(args, view, lambda: f"job {args.job_id}: {args.jobs_command} applied; "
-                              f"status {view.get('status')}")
+    line = f"job {args.job_id}: {args.jobs_command} applied; status {view.get('status')}"
+    if args.jobs_command == "retry" and view.get("operator_hold"):
+        # A retry never lifts a hold: the operator who held the job decides when it runs.
+        line += (f"; it is still held and will not run until `reconciler jobs unhold "
+                 f"{args.job_id}`")
+    _emit(args, view, lambda: [line])
     return 0
 
 
@@ -275,14 +306,14 @@ def cmd_decisions(args: argparse.Namespace) -> int:
     records = [decision_view(r) for r in store.list_decisions(args.reason, args.since,
                                                                args.limit)]
 
-    def human() -> str:
+    def human() -> list[str]:
         if not records:
-            return "no decisions"
-        return "\n".join(
+            return ["no decisions"]
+        return [
             f"{r['decided_at']}  pass {r['pass_id']}  job {r['job_id']}: {r['disposition']} "
             f"({r['decision_reason']})"
             + (f" at step {r['resume_step_index']}" if r["resume_step_index"] is not None else "")
-            for r in records)
+            for r in records]
 
     _emit(args, records, human)
     return 0
@@ -301,7 +332,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     from reconciler.sidecar.service import Service  # noqa: PLC0415 - keeps other commands light
 
     configure_logging(args.verbose)
-    return Service(_settings(args)).run_until_signalled()
+    service = Service(_settings(args))
+    code = service.run_until_signalled()
+    if service.stuck:
+        # A thread is still blocked inside the database driver: the interpreter would wait
+        # for it at exit (for as long as the database stays frozen). Exit now instead.
+        logging.shutdown()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -335,19 +374,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     verbose = getattr(args, "verbose", False)
     configure_logging(verbose, level=logging.WARNING)
     try:
-        return COMMANDS[_command_key(args)](args)
+        code = COMMANDS[_command_key(args)](args)
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        return _output_closed()
     except ReconcilerError as exc:
         if verbose:
             log.exception("command failed")
-        print(f"reconciler: error: {exc}", file=sys.stderr)
-        return exc.exit_code
+        return _fail(str(exc), exc.exit_code)
     except (OperationalError, DBAPIError) as exc:
         if verbose:
             log.exception("database error")
-        line = str(getattr(exc, "orig", exc)).strip().splitlines()
-        print(f"reconciler: error: database error: {line[0] if line else type(exc).__name__}",
-              file=sys.stderr)
-        return DatabaseUnavailableError.exit_code
+        return _fail(f"database error ({error_code(exc).value}): {error_line(exc)}",
+                     DatabaseUnavailableError.exit_code)
     except KeyboardInterrupt:
         return 130
+
+
+def _fail(message: str, code: int) -> int:
+    """The one error line: passwords hidden, control characters escaped."""
+    print(printable(f"reconciler: error: {redact(message)}"), file=sys.stderr)
+    return code
+
+
+def _output_closed() -> int:
+    """The reader of our output went away (``| head -1``): what it wanted it got. End
+    quietly; point stdout at /dev/null so the interpreter's final flush cannot fail."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 0
 

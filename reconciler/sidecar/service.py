@@ -8,6 +8,7 @@ duplicate work only; correctness comes from each job's compare-and-swap.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import random
@@ -16,8 +17,9 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -28,11 +30,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
 from reconciler.core.decisions import Thresholds
 from reconciler.core.passes import LEADER_LEASE_NAME, PassConfig, PassReport, run_pass
 from reconciler.core.ports import Cursor
-from reconciler.core.vocabulary import Disposition
-from reconciler.errors import ConfigError, ReconcilerError
+from reconciler.core.vocabulary import DatabaseErrorCode, Disposition
+from reconciler.errors import ConfigError, DatabaseUnavailableError
+from reconciler.redaction import redact
 from reconciler.settings import Settings
 from reconciler.sidecar.metrics import Metrics
-from reconciler.storage.engines import create_engine
+from reconciler.sidecar.probe import DatabaseProbe
+from reconciler.storage.diagnosis import database_answers, error_code, error_line
+from reconciler.storage.engines import DatabaseTimeouts, create_engine
 from reconciler.storage.schema import require_current
 from reconciler.storage.sql_store import SqlStore
 from reconciler.worker.artifacts import sweep_artifacts
@@ -42,7 +47,11 @@ log = logging.getLogger("reconciler.sidecar.service")
 JITTER_FRACTION = 0.1
 RETENTION_INTERVAL_SECONDS = 600.0
 RETENTION_BATCH_ROWS = 5000
-SHUTDOWN_TIMEOUT_SECONDS = 30.0
+START_RETRY_SECONDS = 3.0  # a database error at start is retried this long before exit 3
+HEALTH_CHECK_SECONDS = 5.0
+HTTP_WORKERS = 4  # requests served at once
+HTTP_WAITING = 16  # connections accepted beyond those, waiting; more are closed at once
+HTTP_REQUEST_TIMEOUT_SECONDS = 2.0  # an idle or slow client holds a worker no longer
 
 
 def pass_config(settings: Settings, instance: str) -> PassConfig:
@@ -63,9 +72,12 @@ class Service:
         self.settings = settings
         self.instance = (instance or settings.instance_name
                          or f"{socket.gethostname()}-{os.getpid()}")
-        self.engine = create_engine(settings.database_url)
-        require_current(self.engine)
+        self.engine = create_engine(settings.database_url,
+                                    timeouts=DatabaseTimeouts.from_settings(settings),
+                                    must_exist=True)
+        _check_schema_at_start(self.engine)
         self.store = SqlStore(self.engine)
+        self.probe = DatabaseProbe(settings.database_url)
         self.metrics = Metrics()
         self.pass_overruns = Counter("reconciler_pass_overruns",
                                      "Scheduled passes skipped because the previous one ran on",
@@ -73,9 +85,12 @@ class Service:
         self.config = pass_config(settings, self.instance)
         self.cursor: Cursor | None = None
         self.last_pass_finished: float | None = None
+        self.last_pass_failure: tuple[DatabaseErrorCode, str] | None = None
         self.stopping = threading.Event()
+        self.stuck = False
+        """True once a stop gave up on a thread still blocked in the database driver."""
         self.scheduler = BackgroundScheduler(timezone="UTC")
-        self.http: ThreadingHTTPServer | None = None
+        self.http: HTTPServer | None = None
 
     # -- the jobs the scheduler runs ---------------------------------------------------------
 
@@ -86,11 +101,14 @@ class Service:
             report = run_pass(self.store, self.config, after=self.cursor)
         except Exception as exc:
             elapsed = time.monotonic() - started
-            self.metrics.observe_failed_pass(elapsed)
+            code, line = error_code(exc), error_line(exc)
+            self.metrics.observe_failed_pass(elapsed, code)
             self.metrics.is_leader.set(0)
-            log.error("event=pass_failed instance=%s error=%s seconds=%.3f", self.instance,
-                      type(exc).__name__, elapsed)
-            self._record_failure(type(exc).__name__)
+            self.last_pass_failure = (code, line)
+            log.error("event=pass_failed instance=%s error=%s code=%s seconds=%.3f reason=%s",
+                      self.instance, type(exc).__name__, code.value, elapsed, json.dumps(line))
+            if database_answers(code):
+                self._record_failure(code)
             return None
         elapsed = time.monotonic() - started
         self.cursor = report.next_cursor
@@ -98,6 +116,7 @@ class Service:
         # A follower's not_leader pass is a healthy pass too: readiness must not stall a
         # rolling update of the replicas that are not leading.
         self.last_pass_finished = time.monotonic()
+        self.last_pass_failure = None
         log.info(
             "event=pass_finished instance=%s pass_id=%s outcome=%s candidates=%d resumed=%d "
             "terminalized=%d skipped=%d seconds=%.3f", self.instance, report.pass_id,
@@ -105,11 +124,17 @@ class Service:
             report.count(Disposition.TERMINALIZE), report.count(Disposition.SKIP), elapsed)
         return report
 
-    def _record_failure(self, error_code: str) -> None:
+    def _record_failure(self, code: DatabaseErrorCode) -> None:
         try:
-            self.store.record_failed_pass(self.instance, error_code[:64])
+            self.store.record_failed_pass(self.instance, code.value)
         except Exception as exc:  # the database is down: the metric and the log carry it
             log.debug("event=failed_pass_not_recorded error=%s", type(exc).__name__)
+
+    def check_health(self) -> None:
+        """Probe the database between passes: one that stops answering ends leadership
+        (as far as anyone scraping can tell) at once, not when a pass finally gives up."""
+        if not self.probe.check().ok:
+            self.metrics.is_leader.set(0)
 
     def renew_leadership(self) -> None:
         """Keep the leader lease between passes and say whether this instance leads."""
@@ -158,11 +183,17 @@ class Service:
     # -- HTTP -------------------------------------------------------------------------------
 
     def readiness(self) -> tuple[bool, str]:
-        """Ready when the database answers, the schema is current and a pass ran lately."""
-        try:
-            require_current(self.engine)
-        except ReconcilerError as exc:
-            return False, str(exc)
+        """Ready when the database answers, the schema is current and a pass ran lately.
+
+        Never blocks on the database for more than the probe's wait (half a second): the
+        probe runs on its own thread, and one that is not back in time is the answer.
+        """
+        probe = self.probe.check()
+        if not probe.ok:
+            return False, probe.line
+        if self.last_pass_failure is not None:
+            code, line = self.last_pass_failure
+            return False, f"the last pass failed ({code.value}): {line}"
         if self.last_pass_finished is None:
             return False, "no pass has finished yet"
         age = time.monotonic() - self.last_pass_finished
@@ -184,7 +215,7 @@ class Service:
                     self._reply(200, b"ok\n")
                 elif path == "/readyz":
                     ready, why = service.readiness()
-                    self._reply(200 if ready else 503, (why + "\n").encode())
+                    self._reply(200 if ready else 503, (redact(why) + "\n").encode())
                 else:
                     self._reply(404, b"not found\n")
 
@@ -199,14 +230,16 @@ class Service:
             def log_message(self, format: str, *args: Any) -> None:
                 return
 
+            # An idle or trickling client is cut off instead of holding a worker.
+            timeout = HTTP_REQUEST_TIMEOUT_SECONDS
+
         address = (self.settings.metrics_host, self.settings.metrics_port)
         try:
-            self.http = ThreadingHTTPServer(address, Handler)
+            self.http = BoundedHTTPServer(address, Handler)
         except OSError as exc:
             raise ConfigError(f"cannot serve metrics on {address[0]}:{address[1]}: "
                               f"{exc.strerror or type(exc).__name__} (set metrics_host / "
                               "metrics_port)") from None
-        self.http.daemon_threads = True
         threading.Thread(target=self.http.serve_forever, daemon=True, name="http").start()
         log.info("event=http_listening host=%s port=%d", self.settings.metrics_host,
                  self.http.server_address[1])
@@ -235,6 +268,7 @@ class Service:
         self._schedule(self.renew_leadership, self.settings.leader_lease_seconds / 3,
                        "leadership")
         self._schedule(self.refresh_backlog, min(interval, 15.0), "backlog")
+        self._schedule(self.check_health, min(interval, HEALTH_CHECK_SECONDS), "health")
         self._schedule(self.sweep_artifacts, interval, "artifacts")
         self._schedule(self.apply_retention, RETENTION_INTERVAL_SECONDS, "retention")
         self.scheduler.add_listener(self._on_overrun, EVENT_JOB_MAX_INSTANCES)
@@ -245,19 +279,26 @@ class Service:
     def stop(self) -> None:
         """Finish the pass in flight, give up leadership, stop serving."""
         self.scheduler.shutdown(wait=True)
+        self.metrics.is_leader.set(0)
         try:
             self.store.release_leadership(LEADER_LEASE_NAME, self.instance)
         except Exception as exc:
-            log.warning("event=leader_release_failed error=%s", type(exc).__name__)
-        self.metrics.is_leader.set(0)
+            log.warning("event=leader_release_failed error=%s code=%s", type(exc).__name__,
+                        error_code(exc).value)
         if self.http is not None:
             self.http.shutdown()
             self.http.server_close()
+        self.probe.close()
         self.engine.dispose()
         log.info("event=service_stopped instance=%s", self.instance)
 
     def run_until_signalled(self) -> int:
-        """Run until SIGTERM or SIGINT, then stop cleanly; the exit code."""
+        """Run until SIGTERM or SIGINT, then stop cleanly; the exit code.
+
+        A stop that takes longer than ``shutdown_timeout_seconds`` (a pass blocked in the
+        database driver) is given up: the result is 1 and ``stuck`` is set, and the caller
+        must end the process without waiting for that thread (``os._exit``).
+        """
         def on_signal(signum: int, _frame: object) -> None:
             log.info("event=signal signal=%s", signal.Signals(signum).name)
             self.stopping.set()
@@ -266,13 +307,71 @@ class Service:
         signal.signal(signal.SIGINT, on_signal)
         self.start()
         self.stopping.wait()
-        stopper = threading.Thread(target=self.stop, daemon=True)
+        stopper = threading.Thread(target=self.stop, daemon=True, name="stop")
         stopper.start()
-        stopper.join(SHUTDOWN_TIMEOUT_SECONDS)
+        timeout = self.settings.shutdown_timeout_seconds
+        stopper.join(timeout)
         if stopper.is_alive():
-            log.error("event=shutdown_timeout seconds=%s", SHUTDOWN_TIMEOUT_SECONDS)
+            self.stuck = True
+            log.error("event=shutdown_timeout seconds=%s", timeout)
             return 1
         return 0
+
+
+class BoundedHTTPServer(HTTPServer):
+    """An HTTP server with a fixed number of worker threads, never one per connection.
+
+    ``HTTP_WORKERS`` requests are served at once and ``HTTP_WAITING`` more wait their turn;
+    a connection beyond those is closed at once. Each connection's socket times out after
+    ``HTTP_REQUEST_TIMEOUT_SECONDS``, so idle clients cannot keep the workers.
+    """
+
+    request_queue_size = 64
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]
+                 ) -> None:
+        super().__init__(address, handler)
+        self._pool = ThreadPoolExecutor(max_workers=HTTP_WORKERS, thread_name_prefix="http")
+        self._slots = threading.BoundedSemaphore(HTTP_WORKERS + HTTP_WAITING)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """Hand the connection to a worker, or close it when all are taken and many wait."""
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        self._pool.submit(self._serve, request, client_address)
+
+    def _serve(self, request: Any, client_address: Any) -> None:
+        try:
+            self.finish_request(request, client_address)
+        except Exception:
+            self.handle_error(request, client_address)
+        finally:
+            self.shutdown_request(request)
+            self._slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that goes away mid-reply is not the service's error; no traceback."""
+        log.debug("event=http_request_failed")
+
+    def server_close(self) -> None:
+        """Stop listening and let the workers go."""
+        super().server_close()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _check_schema_at_start(engine: Any) -> None:
+    """``require_current``, retrying a database that is unavailable for a moment (a
+    restart, a lock), so a transient error is neither an old schema nor an exit at once."""
+    deadline = time.monotonic() + START_RETRY_SECONDS
+    while True:
+        try:
+            require_current(engine)
+            return
+        except DatabaseUnavailableError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.5)
 
 
 def _soon() -> datetime:

@@ -55,7 +55,7 @@ from reconciler.core.vocabulary import (
 )
 from reconciler.errors import LeaseLost
 from reconciler.storage.clock import db_now, now_plus, seconds_since
-from reconciler.storage.engines import is_postgresql, read_only
+from reconciler.storage.engines import is_postgresql, limit_pass_transaction, read_only
 
 jobs: sa.Table = cast(sa.Table, JobRun.__table__)
 steps: sa.Table = cast(sa.Table, StepRun.__table__)
@@ -598,10 +598,12 @@ class SqlStore:
         with self.engine.connect() as conn:
             if dry_run:
                 with read_only(conn).begin() as tx:
+                    limit_pass_transaction(conn)
                     yield SqlPassTransaction(conn, lock=False)
                     tx.rollback()
             else:
                 with conn.begin():
+                    limit_pass_transaction(conn)
                     yield SqlPassTransaction(conn, lock=True)
 
     def record_failed_pass(self, instance: str, error_code: str) -> int:
