@@ -31,7 +31,7 @@ from sqlalchemy.engine import Engine
 from benchmarks.dataset import Shape, build, floor_update, restore_stale, writes_floor
 from reconciler.core.decisions import Thresholds
 from reconciler.core.passes import PassConfig, PassReport, run_pass
-from reconciler.storage.engines import create_engine
+from reconciler.storage.engines import UNLIMITED_TIMEOUTS, create_engine
 from reconciler.storage.schema import upgrade
 from reconciler.storage.sql_store import SqlStore
 
@@ -77,7 +77,8 @@ class Databases:
             url = f"sqlite:///{path}"
         else:
             url = self.postgres_database()
-        engine = create_engine(url)
+        # Datasets of a million rows take longer than a session's statement timeout.
+        engine = create_engine(url, timeouts=UNLIMITED_TIMEOUTS)
         upgrade(engine)
         try:
             yield engine

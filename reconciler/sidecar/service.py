@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import random
+import selectors
 import signal
 import socket
 import threading
@@ -21,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from apscheduler.events import EVENT_JOB_MAX_INSTANCES, JobExecutionEvent
 from apscheduler.schedulers.background import BackgroundScheduler
@@ -50,8 +51,9 @@ RETENTION_BATCH_ROWS = 5000
 START_RETRY_SECONDS = 3.0  # a database error at start is retried this long before exit 3
 HEALTH_CHECK_SECONDS = 5.0
 HTTP_WORKERS = 4  # requests served at once
-HTTP_WAITING = 16  # connections accepted beyond those, waiting; more are closed at once
-HTTP_REQUEST_TIMEOUT_SECONDS = 2.0  # an idle or slow client holds a worker no longer
+HTTP_WAITING = 16  # requests queued for a worker beyond those; more are closed at once
+HTTP_IDLE_LIMIT = 512  # connections that have not sent their request yet
+HTTP_REQUEST_TIMEOUT_SECONDS = 2.0  # an idle or slow client is cut off after this
 
 
 def pass_config(settings: Settings, instance: str) -> PassConfig:
@@ -319,27 +321,55 @@ class Service:
 
 
 class BoundedHTTPServer(HTTPServer):
-    """An HTTP server with a fixed number of worker threads, never one per connection.
+    """An HTTP server with a fixed set of threads, never one per connection.
 
-    ``HTTP_WORKERS`` requests are served at once and ``HTTP_WAITING`` more wait their turn;
-    a connection beyond those is closed at once. Each connection's socket times out after
-    ``HTTP_REQUEST_TIMEOUT_SECONDS``, so idle clients cannot keep the workers.
+    A new connection waits, on one watcher thread, until it has sent something (at most
+    ``HTTP_REQUEST_TIMEOUT_SECONDS``; then it is closed), so idle clients cost a file
+    descriptor and no thread, and never keep a scrape waiting. A connection that has sent
+    its request goes to one of ``HTTP_WORKERS`` threads. Beyond ``HTTP_IDLE_LIMIT`` idle
+    connections, or ``HTTP_WAITING`` requests queued for a worker, a connection is closed
+    at once.
     """
 
-    request_queue_size = 64
+    request_queue_size = 128
 
     def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]
                  ) -> None:
         super().__init__(address, handler)
         self._pool = ThreadPoolExecutor(max_workers=HTTP_WORKERS, thread_name_prefix="http")
-        self._slots = threading.BoundedSemaphore(HTTP_WORKERS + HTTP_WAITING)
+        self._queued = threading.BoundedSemaphore(HTTP_WORKERS + HTTP_WAITING)
+        self._idle = selectors.DefaultSelector()
+        self._idle_lock = threading.Lock()
+        self._closed = threading.Event()
+        threading.Thread(target=self._watch_idle, daemon=True, name="http-idle").start()
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        """Hand the connection to a worker, or close it when all are taken and many wait."""
-        if not self._slots.acquire(blocking=False):
-            self.shutdown_request(request)
-            return
-        self._pool.submit(self._serve, request, client_address)
+        """Park the new connection until it sends its request (or times out)."""
+        deadline = time.monotonic() + HTTP_REQUEST_TIMEOUT_SECONDS
+        with self._idle_lock:
+            if len(self._idle.get_map()) >= HTTP_IDLE_LIMIT:
+                self.shutdown_request(request)
+                return
+            self._idle.register(request, selectors.EVENT_READ, (client_address, deadline))
+
+    def _watch_idle(self) -> None:
+        while not self._closed.is_set():
+            events = self._idle.select(timeout=0.2)
+            now = time.monotonic()
+            ready = []
+            with self._idle_lock:
+                for key, _ in events:
+                    self._idle.unregister(key.fileobj)
+                    ready.append(key)
+                for key in list(self._idle.get_map().values()):
+                    if key.data[1] < now:
+                        self._idle.unregister(key.fileobj)
+                        self.shutdown_request(_socket_of(key))
+            for key in ready:
+                if not self._queued.acquire(blocking=False):
+                    self.shutdown_request(_socket_of(key))
+                    continue
+                self._pool.submit(self._serve, key.fileobj, key.data[0])
 
     def _serve(self, request: Any, client_address: Any) -> None:
         try:
@@ -348,16 +378,25 @@ class BoundedHTTPServer(HTTPServer):
             self.handle_error(request, client_address)
         finally:
             self.shutdown_request(request)
-            self._slots.release()
+            self._queued.release()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A client that goes away mid-reply is not the service's error; no traceback."""
         log.debug("event=http_request_failed")
 
     def server_close(self) -> None:
-        """Stop listening and let the workers go."""
+        """Stop listening, close the idle connections, let the workers go."""
         super().server_close()
+        self._closed.set()
+        with self._idle_lock:
+            for key in list(self._idle.get_map().values()):
+                self._idle.unregister(key.fileobj)
+                self.shutdown_request(_socket_of(key))
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _socket_of(key: selectors.SelectorKey) -> socket.socket:
+    return cast(socket.socket, key.fileobj)
 
 
 def _check_schema_at_start(engine: Any) -> None:

@@ -67,6 +67,12 @@ class DatabaseTimeouts:
 
 # The defaults are the settings' defaults (declared once, on Settings).
 DEFAULT_TIMEOUTS: Final = DatabaseTimeouts.from_settings(Settings.model_construct())
+# For tools that legitimately run long statements (migrations by hand, benchmark datasets):
+# only the connection attempt is bounded.
+UNLIMITED_TIMEOUTS: Final = DatabaseTimeouts(
+    connect_seconds=DEFAULT_TIMEOUTS.connect_seconds, statement_seconds=None,
+    lock_seconds=None, sqlite_busy_seconds=DEFAULT_TIMEOUTS.sqlite_busy_seconds,
+    pass_statement_seconds=None, pass_lock_seconds=None)
 _timeouts_of: weakref.WeakKeyDictionary[Engine, DatabaseTimeouts] = weakref.WeakKeyDictionary()
 
 
@@ -254,8 +260,10 @@ def limit_transaction(conn: Connection, *, statement_seconds: float | None,
     """
     if not is_postgresql(conn):
         return
-    conn.exec_driver_sql(f"SET LOCAL statement_timeout = {_ms(statement_seconds)}")
-    conn.exec_driver_sql(f"SET LOCAL lock_timeout = {_ms(lock_seconds)}")
+    # SET LOCAL, in one round trip (set_config(..., true) is its function form).
+    conn.exec_driver_sql(
+        f"SELECT set_config('statement_timeout', '{_ms(statement_seconds)}', true), "
+        f"set_config('lock_timeout', '{_ms(lock_seconds)}', true)")
     dbapi = conn.connection.dbapi_connection
     if isinstance(dbapi, AnsweringConnection):
         dbapi.transaction_answer_seconds = _answer_seconds(statement_seconds)

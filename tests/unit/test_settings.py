@@ -359,8 +359,8 @@ class TestDerivedPassTimeouts:
 
     def test_given_values_win(self) -> None:
         """Set explicitly, the pass timeouts are what was set."""
-        settings = load_settings(pass_statement_timeout_seconds="2",
-                                 pass_lock_timeout_seconds="0.5")
+        settings = load_settings(pass_statement_timeout_seconds=2.0,
+                                 pass_lock_timeout_seconds=0.5)
         assert settings.pass_timeouts == (2.0, 0.5)
 
 
