@@ -34,10 +34,13 @@ from reconciler.core.passes import PassConfig, PassReport, run_pass
 from reconciler.storage.engines import UNLIMITED_TIMEOUTS, create_engine
 from reconciler.storage.schema import upgrade
 from reconciler.storage.sql_store import SqlStore
+from tests.progress import Progress
 
 THRESHOLDS = Thresholds(stale_after_seconds=60.0, wedged_after_seconds=3600.0)
 BATCH_SIZES = (100, 500, 2000)
 QUIET_PASSES = 50
+# What the run is doing, on stderr at least every 10 s (the table or JSON stays on stdout).
+PROGRESS = Progress("benchmark", enabled=False)
 
 
 @dataclass
@@ -116,14 +119,18 @@ def _config(batch_size: int) -> PassConfig:
     return PassConfig(batch_size=batch_size, thresholds=THRESHOLDS, instance="bench")
 
 
-def drain(store: SqlStore, batch_size: int) -> tuple[int, int]:
+def drain(store: SqlStore, batch_size: int, progress: Progress = PROGRESS,
+          stale: int | None = None) -> tuple[int, int]:
     """Run passes until nothing is stale; (jobs decided, passes)."""
     decided = passes = 0
     config = _config(batch_size)
+    progress.phase(f"draining {stale or 'the'} stale jobs, {batch_size} a pass", total=stale,
+                   announce=False)
     while True:
         report: PassReport = run_pass(store, config)
         passes += 1
         decided += len(report.decisions)
+        progress.advance(decided)
         if len(report.decisions) < batch_size:
             return decided, passes
 
@@ -131,13 +138,16 @@ def drain(store: SqlStore, batch_size: int) -> tuple[int, int]:
 def measure_recovery(dbs: Databases, shape: Shape, batch_size: int) -> list[Measurement]:
     """Recovered jobs per second over all S stale jobs, beside the set-based floor."""
     with dbs.fresh() as engine:
-        build(engine, shape)
+        _build(engine, shape)
+        PROGRESS.phase(f"{dbs.engine_name}: recovery baselines (set-based UPDATEs)")
         floor_seconds, floor_rows = _timed(lambda: floor_update(engine))
         restore_stale(engine, shape)
         writes_seconds, writes_rows = _timed(lambda: writes_floor(engine))
         restore_stale(engine, shape)
         store = SqlStore(engine)
-        seconds, (decided, passes) = _timed(lambda: drain(store, batch_size))
+        PROGRESS.phase(f"{dbs.engine_name}: recovery, draining {shape.stale} stale jobs")
+        seconds, (decided, passes) = _timed(lambda: drain(store, batch_size,
+                                                          stale=shape.stale))
     rate, floor_rate = decided / seconds, floor_rows / floor_seconds
     writes_rate = writes_rows / writes_seconds
     return [Measurement(
@@ -155,7 +165,9 @@ def quiet_pass_ms(engine: Engine) -> float:
     config = _config(500)
     run_pass(store, config)
     samples = []
-    for _ in range(QUIET_PASSES):
+    PROGRESS.phase(f"{QUIET_PASSES} quiet passes", total=QUIET_PASSES, announce=False)
+    for n in range(QUIET_PASSES):
+        PROGRESS.advance(n)
         seconds, report = _timed(lambda: run_pass(store, config))
         if report.decisions:
             raise RuntimeError("the quiet-pass measurement found stale jobs")
@@ -166,7 +178,8 @@ def quiet_pass_ms(engine: Engine) -> float:
 def measure_quiet(dbs: Databases, jobs: int) -> Measurement:
     """A pass with nothing stale over ``jobs`` jobs, 1% of them live and running."""
     with dbs.fresh() as engine:
-        build(engine, Shape(jobs=jobs, stale=0))
+        _build(engine, Shape(jobs=jobs, stale=0))
+        PROGRESS.phase(f"{dbs.engine_name}: a pass with nothing stale over {jobs} jobs")
         return Measurement("quiet_pass", dbs.engine_name, jobs, 0,
                            round(quiet_pass_ms(engine), 3), "ms",
                            {"live_running": Shape(jobs, 0).live, "samples": QUIET_PASSES})
@@ -193,7 +206,8 @@ def measure_round_trips(dbs: Databases) -> list[Measurement]:
     for batch_size in BATCH_SIZES:
         shape = Shape(jobs=max(10_000, batch_size * 3), stale=batch_size * 2)
         with dbs.fresh() as engine:
-            build(engine, shape)
+            _build(engine, shape)
+            PROGRESS.phase(f"{dbs.engine_name}: statements of a pass of {batch_size}")
             with _counting(engine) as statements:
                 report = run_pass(SqlStore(engine), _config(batch_size))
         out.append(Measurement("round_trips_per_batch", dbs.engine_name, shape.jobs,
@@ -207,10 +221,12 @@ import json, resource, sys, tracemalloc
 from reconciler.storage.engines import create_engine
 from reconciler.storage.sql_store import SqlStore
 from benchmarks.__main__ import drain
+from tests.progress import Progress
 engine = create_engine(sys.argv[1])
 store = SqlStore(engine)
 tracemalloc.start()
-decided, passes = drain(store, int(sys.argv[2]))
+with Progress("benchmark memory probe", enabled=sys.argv[4] == "1") as progress:
+    decided, passes = drain(store, int(sys.argv[2]), progress, int(sys.argv[3]))
 peak = tracemalloc.get_traced_memory()[1]
 print(json.dumps({"decided": decided, "peak_python_bytes": peak,
                   "max_rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
@@ -223,10 +239,13 @@ def measure_memory(dbs: Databases, stale_counts: tuple[int, ...]) -> list[Measur
     for stale in stale_counts:
         shape = Shape(jobs=max(stale * 2, 10_000), stale=stale)
         with dbs.fresh() as engine:
-            build(engine, shape)
+            _build(engine, shape)
+            PROGRESS.phase(f"{dbs.engine_name}: peak memory of a process draining {stale}")
             url = engine.url.render_as_string(hide_password=False)
+            # stderr is left to the terminal: the probe's own progress lines.
             probe = subprocess.run(
-                [sys.executable, "-c", MEMORY_PROBE, url, "500"], capture_output=True,
+                [sys.executable, "-c", MEMORY_PROBE, url, "500", str(stale),
+                 "1" if PROGRESS.enabled else "0"], stdout=subprocess.PIPE,
                 text=True, check=True, cwd=Path(__file__).resolve().parent.parent,
             )
         result = json.loads(probe.stdout)
@@ -235,6 +254,11 @@ def measure_memory(dbs: Databases, stale_counts: tuple[int, ...]) -> list[Measur
                                {"max_rss_mib": round(result["max_rss_kib"] / 1024, 1),
                                 "decided": result["decided"]}))
     return out
+
+
+def _build(engine: Engine, shape: Shape) -> None:
+    PROGRESS.phase(f"building a dataset of {shape.jobs} jobs ({shape.stale} stale)")
+    build(engine, shape)
 
 
 def run(engine_name: str, base_url: str | None, jobs: int, stale: int, *,
@@ -279,7 +303,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true",
                         help="N = 10k, small memory probe: checks the benchmark runs")
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
+    parser.add_argument("--quiet", action="store_true",
+                        help="no progress lines on stderr (at least every 10 s otherwise)")
     args = parser.parse_args(argv)
+    PROGRESS.enabled = not args.quiet
     jobs = 10_000 if args.smoke else args.jobs
     stale = args.stale if args.stale is not None else max(jobs // 100, 1)
     memory = (100, 1000) if args.smoke else tuple(int(x) for x in args.memory.split(","))
@@ -293,9 +320,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{'unit':<10} details")
         print(f"machine: {os.cpu_count()} cores, python {sys.version.split()[0]}, "
               f"sqlite {__import__('sqlite3').sqlite_version}")
-    for name in engines:
-        run(name, args.database_url if name == "postgresql" else None, jobs, stale,
-            memory=memory, peers=args.peers and name == "postgresql", emit=emit)
+    with PROGRESS:
+        for name in engines:
+            run(name, args.database_url if name == "postgresql" else None, jobs, stale,
+                memory=memory, peers=args.peers and name == "postgresql", emit=emit)
     return 0
 
 
