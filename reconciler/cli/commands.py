@@ -150,6 +150,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _settings(args: argparse.Namespace) -> Settings:
+    flag_url = getattr(args, "database_url", None)
+    if flag_url and redact(flag_url) != flag_url:
+        # The process list shows every argument to every user on the machine.
+        log.warning("event=password_on_command_line text=%s", json.dumps(
+            "--database-url carries a password, which `ps` shows to every user; use "
+            "RECONCILER_DATABASE_URL_FILE or RECONCILER_DATABASE_URL"))
     return load_settings(**{name: getattr(args, name, None) for name in Settings.model_fields})
 
 

@@ -25,10 +25,12 @@ from typing import Any, cast
 import psycopg
 import pytest
 import sqlalchemy as sa
+from alembic.script import ScriptDirectory
 from sqlalchemy.engine import Engine
 
 from models import ReconciliationPass
 from reconciler.settings import Settings
+from reconciler.sidecar.service import Service
 from reconciler.storage.engines import create_engine, is_postgresql
 from reconciler.storage.schema import upgrade
 from reconciler.worker import JobClient, Step
@@ -354,6 +356,20 @@ def test_the_database_url_can_come_from_a_file(db_url: str, tmp_path: Path) -> N
     assert proc.stdout.strip() == "[]"
 
 
+def test_a_password_given_as_a_flag_draws_a_warning(tmp_path: Path) -> None:
+    """`--database-url` with a password works but warns that `ps` shows it to everyone,
+    naming the file setting to use instead; the password itself is never printed."""
+    url = f"postgresql+psycopg://rec:{SECRET}@127.0.0.1:1/db"
+    proc = run_cli(f"sqlite:///{tmp_path / 'unused.db'}", "jobs", "list", "--database-url",
+                   url)
+    assert proc.returncode == 3, proc.stderr
+    warning, error = proc.stderr.strip().splitlines()
+    assert error.startswith("reconciler: error: cannot reach the database")
+    assert "event=password_on_command_line" in warning
+    assert "RECONCILER_DATABASE_URL_FILE" in warning
+    assert SECRET not in proc.stderr
+
+
 # --------------------------------------------------------------------------------------------
 # 3. A failing pass says why
 # --------------------------------------------------------------------------------------------
@@ -400,6 +416,32 @@ def test_a_pass_that_cannot_write_says_why_in_its_log_readyz_and_metrics(
     assert f" code={expected} " in line, line
     assert ("readonly" if expected == "read_only" else "permission denied") in line, line
     one_line(by_hand, 3, f"({expected})")
+
+
+def test_readiness_reads_the_migration_scripts_once_per_process(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 10: /readyz no longer re-reads the migration scripts on every probe; the
+    head revision is read once per process."""
+    reads: list[int] = []
+    original = ScriptDirectory.from_config
+
+    def counting(*args: Any, **kwargs: Any) -> ScriptDirectory:
+        reads.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(ScriptDirectory, "from_config", staticmethod(counting))
+    service = Service(Settings(database_url=db_url))
+    try:
+        for _ in range(4):
+            service.readiness()
+            time.sleep(service.probe.fresh_seconds + 0.1)  # the next call probes again
+        ready, why = service.readiness()
+    finally:
+        service.probe.close()
+        service.engine.dispose()
+    assert (ready, why) == (False, "no pass has finished yet")
+    assert len(reads) <= 1, len(reads)
 
 
 # --------------------------------------------------------------------------------------------
