@@ -335,12 +335,13 @@ class BoundedHTTPServer(HTTPServer):
 
     def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]
                  ) -> None:
-        super().__init__(address, handler)
+        # Before binding: a bind that fails calls server_close(), which needs them.
         self._pool = ThreadPoolExecutor(max_workers=HTTP_WORKERS, thread_name_prefix="http")
         self._queued = threading.BoundedSemaphore(HTTP_WORKERS + HTTP_WAITING)
         self._idle = selectors.DefaultSelector()
         self._idle_lock = threading.Lock()
         self._closed = threading.Event()
+        super().__init__(address, handler)
         threading.Thread(target=self._watch_idle, daemon=True, name="http-idle").start()
 
     def process_request(self, request: Any, client_address: Any) -> None:
