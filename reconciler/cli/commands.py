@@ -6,15 +6,15 @@ import argparse
 import json
 import logging
 import os
-import re
 import socket
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn
+from typing import Any
 
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from reconciler import __version__
+from reconciler.cli.arguments import OneLineParser, job_id, parse_duration, positive_int
 from reconciler.cli.views import decision_view, job_view, pass_view, printable
 from reconciler.core.decisions import Thresholds, render_markdown, render_table
 from reconciler.core.passes import PassConfig, explain_jobs, run_pass
@@ -34,53 +34,6 @@ from reconciler.storage.schema import require_current, upgrade
 from reconciler.storage.sql_store import SqlStore
 
 log = logging.getLogger("reconciler.cli")
-
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
-_UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
-MAX_JOB_ID = 2**63 - 1  # job_runs.job_id is a BIGINT
-MAX_SINCE_SECONDS = 100 * 365 * 86400.0
-
-
-def parse_duration(text: str) -> float:
-    """``90``, ``90s``, ``15m``, ``2h`` or ``7d`` as seconds."""
-    match = _DURATION.match(text)
-    if not match:
-        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (use e.g. 90s, 15m, 2h, 7d)")
-    seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
-    if seconds > MAX_SINCE_SECONDS:
-        raise argparse.ArgumentTypeError(f"duration too long: {text!r} (at most 100 years)")
-    return seconds
-
-
-def _job_id(text: str) -> int:
-    """A job id as ``job_runs`` can hold it: a whole number from 1 to 2**63-1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a job id: {text!r}") from None
-    if not 1 <= value <= MAX_JOB_ID:
-        raise argparse.ArgumentTypeError(
-            f"no job can have id {text!r}: ids run from 1 to {MAX_JOB_ID}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if not 1 <= value <= MAX_JOB_ID:
-        raise argparse.ArgumentTypeError(f"must be from 1 to {MAX_JOB_ID}: {text!r}")
-    return value
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """Usage mistakes end with one line naming the fix, like every other error."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, printable(f"{self.prog}: error: {message} (see {self.prog} --help)")
-                  + "\n")
-
 
 def _settings_parent() -> OneLineParser:
     parent = OneLineParser(add_help=False)
@@ -120,27 +73,27 @@ def build_parser() -> argparse.ArgumentParser:
     job_commands = jobs.add_subparsers(dest="jobs_command", required=True, metavar="ACTION")
     listing = job_commands.add_parser("list", parents=[common], help="jobs, newest first")
     listing.add_argument("--status", choices=[s.value for s in JobStatus])
-    listing.add_argument("--limit", type=_positive_int, default=100)
+    listing.add_argument("--limit", type=positive_int, default=100)
     listing.add_argument("--json", action="store_true")
     show = job_commands.add_parser("show", parents=[common], help="one job and its steps")
-    show.add_argument("job_id", type=_job_id)
+    show.add_argument("job_id", type=job_id)
     show.add_argument("--json", action="store_true")
 
     why = job_commands.add_parser(
         "explain", parents=[common],
         help="what the decision table says about a processing job right now (read only)")
-    why.add_argument("job_id", type=_job_id)
+    why.add_argument("job_id", type=job_id)
     why.add_argument("--json", action="store_true")
     for action, help_text in OPERATOR_HELP.items():
         acting = job_commands.add_parser(action, parents=[common], help=help_text)
-        acting.add_argument("job_id", type=_job_id)
+        acting.add_argument("job_id", type=job_id)
         acting.add_argument("--json", action="store_true")
 
     audit = commands.add_parser("decisions", parents=[common], help="the audit trail")
     audit.add_argument("--reason", choices=[r.value for r in Reason])
     audit.add_argument("--since", type=parse_duration, metavar="DURATION",
                        help="only decisions younger than this (90s, 15m, 2h, 7d)")
-    audit.add_argument("--limit", type=_positive_int, default=100)
+    audit.add_argument("--limit", type=positive_int, default=100)
     audit.add_argument("--json", action="store_true")
 
     explain = commands.add_parser("explain", parents=[common], help="print the decision table")
