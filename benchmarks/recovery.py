@@ -117,20 +117,27 @@ class RecoveryPlan:
     timeout_seconds: float
 
 
+# Every worker dying at once is exactly what the mass-staleness brake holds back for
+# brake_hold_seconds (it looks like an outage); these scenarios measure recovery itself, so
+# the brake is off. With it on, add brake_hold_seconds to every figure.
+NO_BRAKE = {"brake_hold_seconds": 0.0}
+
+
 def plan_for(*, smoke: bool, orphans: int, replicas: int, workers: int, backlog: int,
              timeout_seconds: float) -> RecoveryPlan:
     """The full plan (the defaults and interval_seconds = 5), or the smoke one for CI."""
     if smoke:
         # Short everything, so both engines fit in a minute; only checks that it runs.
         fast = {"interval_seconds": 1.0, "leader_lease_seconds": 4.0,
-                "session_timeout_seconds": 4.0, "session_heartbeat_seconds": 1.0}
+                "session_timeout_seconds": 4.0, "session_heartbeat_seconds": 1.0,
+                **NO_BRAKE}
         return RecoveryPlan(orphans=200, replicas=1, workers=1, backlog=2000,
                             scenarios=(Scenario("smoke", fast),),
                             backlog_settings={"interval_seconds": 1.0},
                             timeout_seconds=60.0)
     return RecoveryPlan(orphans=orphans, replicas=replicas, workers=workers, backlog=backlog,
-                        scenarios=(Scenario("defaults"),
-                                   Scenario("interval_5", {"interval_seconds": 5.0})),
+                        scenarios=(Scenario("defaults", NO_BRAKE),
+                                   Scenario("interval_5", {"interval_seconds": 5.0, **NO_BRAKE})),
                         backlog_settings={"interval_seconds": 1.0},
                         timeout_seconds=timeout_seconds)
 
