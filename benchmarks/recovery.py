@@ -133,12 +133,12 @@ def plan_for(*, smoke: bool, orphans: int, replicas: int, workers: int, backlog:
                 **NO_BRAKE}
         return RecoveryPlan(orphans=200, replicas=1, workers=1, backlog=2000,
                             scenarios=(Scenario("smoke", fast),),
-                            backlog_settings={"interval_seconds": 1.0},
+                            backlog_settings={"interval_seconds": 1.0, **NO_BRAKE},
                             timeout_seconds=60.0)
     return RecoveryPlan(orphans=orphans, replicas=replicas, workers=workers, backlog=backlog,
                         scenarios=(Scenario("defaults", NO_BRAKE),
                                    Scenario("interval_5", {"interval_seconds": 5.0, **NO_BRAKE})),
-                        backlog_settings={"interval_seconds": 1.0},
+                        backlog_settings={"interval_seconds": 1.0, **NO_BRAKE},
                         timeout_seconds=timeout_seconds)
 
 
