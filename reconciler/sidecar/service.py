@@ -47,7 +47,7 @@ log = logging.getLogger("reconciler.sidecar.service")
 JITTER_FRACTION = 0.1
 RETENTION_INTERVAL_SECONDS = 600.0
 RETENTION_BATCH_ROWS = 5000
-START_RETRY_SECONDS = 3.0  # a database error at start is retried this long before exit 3
+START_RETRY_SECONDS = 10.0  # a database error at start is retried this long before exit 3
 HEALTH_CHECK_SECONDS = 5.0
 
 

@@ -453,11 +453,12 @@ def test_a_reader_that_stops_reading_ends_the_listing_quietly(db_url: str, clien
                                                               ) -> None:
     """`reconciler jobs list --json | head -1`: the reader goes away after a line; the
     command ends 0 with nothing on stderr (it used to print a BrokenPipeError traceback)."""
-    for n in range(100):
+    for n in range(300):  # well over a pipe's 64 KiB of JSON: the writer must block
         client.enqueue(f"kind-{n}", steps=STEPS)
     env = child_env(database_url=db_url)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "reconciler.cli", "jobs", "list", "--json"], cwd=REPO_ROOT,
+        [sys.executable, "-m", "reconciler.cli", "jobs", "list", "--json", "--limit", "300"],
+        cwd=REPO_ROOT,
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdout is not None
     assert proc.stderr is not None
@@ -693,15 +694,25 @@ def test_idle_connections_to_metrics_do_not_each_take_a_thread(
 def test_a_database_down_at_start_is_waited_for_and_never_read_as_an_old_schema(
     own_postgres: ThrowawayPostgres, launcher: Launcher  # noqa: F811
 ) -> None:
-    """A database that is down when `reconciler run` starts and back a second later: the
-    service starts (a transient error is retried, never taken for "schema out of date")."""
+    """A database that drops the service's first connections at start (a restart in
+    progress) and is back moments later: the service retries and starts; the transient
+    error is neither an exit nor taken for "schema out of date"."""
     own_postgres.create_database("late")
     url = migrated(own_postgres.url("late"))
     _stop_server(own_postgres)
+    # In the server's place, a listener that hangs up on whoever connects: the service's
+    # first attempts fail, and we know when it has made two of them.
+    refuser = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    refuser.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    refuser.bind(("127.0.0.1", own_postgres.port))
+    refuser.listen(8)
+    refuser.settimeout(60)
     try:
         service = launcher.spawn(url)
-        time.sleep(1.0)
+        for _ in range(2):
+            refuser.accept()[0].close()
     finally:
+        refuser.close()
         _start_server(own_postgres)
     Launcher.wait_listening(service)
     Launcher.wait_ready(service)
