@@ -70,7 +70,7 @@ class Service:
         self.instance = (instance or settings.instance_name
                          or f"{socket.gethostname()}-{os.getpid()}")
         self.engine = create_engine(settings.database_url,
-                                    timeouts=DatabaseTimeouts.from_settings(settings),
+                                    timeouts=DatabaseTimeouts.for_passes(settings),
                                     must_exist=True)
         _check_schema_at_start(self.engine)
         self.store = SqlStore(self.engine)

@@ -141,7 +141,15 @@ def require_current(engine: Engine) -> None:
         "run `reconciler db upgrade`")
 
 
+_NOT_REACHED = (DatabaseErrorCode.UNREACHABLE, DatabaseErrorCode.NO_ANSWER,
+                DatabaseErrorCode.AUTHENTICATION_FAILED)
+
+
 def describe_connection_error(engine: Engine, exc: Exception) -> str:
-    """One line naming the database (password hidden) and the driver's first line."""
+    """One line naming the database (password hidden), what went wrong (a code, unless it
+    was never reached) and the driver's first line."""
     url = display_url(engine.url.render_as_string(hide_password=True))
-    return f"cannot reach the database at {url}: {error_line(exc)}"
+    code = error_code(exc)
+    if code in _NOT_REACHED:
+        return f"cannot reach the database at {url}: {error_line(exc)}"
+    return f"database error ({code.value}) at {url}: {error_line(exc)}"
