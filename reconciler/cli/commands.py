@@ -41,8 +41,9 @@ def _settings_parent() -> OneLineParser:
     # Every setting has a flag, generated from the one declaration in Settings. Values stay
     # text here: Settings validates, so a bad flag and a bad env var read the same.
     for name, spec in Settings.model_fields.items():
+        shown = "" if spec.default is None else f" (default {spec.default})"  # derived ones
         group.add_argument(f"--{name.replace('_', '-')}", dest=name, default=None,
-                           metavar="VALUE", help=f"{spec.description} (default {spec.default})")
+                           metavar="VALUE", help=f"{spec.description}{shown}")
     parent.add_argument("--verbose", action="store_true", help="tracebacks and debug logs")
     return parent
 
