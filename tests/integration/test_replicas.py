@@ -119,7 +119,8 @@ def still_processing(engine: Engine) -> int:
 def acting_decisions(engine: Engine) -> list[dict[str, Any]]:
     """Every non-skip decision of the audit, with the replica that made it."""
     with engine.connect() as conn:
-        return [dict(r._mapping) for r in conn.execute(
+        # The audit keeps job ids as text; this project's own ids are integers.
+        return [{**r._mapping, "job_id": int(r.job_id)} for r in conn.execute(
             sa.select(DECISIONS.c.job_id, DECISIONS.c.disposition,
                       DECISIONS.c.generation_before, DECISIONS.c.generation_after,
                       PASSES.c.reconciler_instance)
@@ -202,7 +203,9 @@ def test_four_reconciler_run_replicas_over_one_backlog_decide_each_orphan_exactl
     client: JobClient, engine: Engine, db_url: str, launcher: Launcher
 ) -> None:
     """Four ``reconciler run`` processes over one backlog: every orphan decided, none twice."""
+    # brake_hold_seconds=0: every orphan goes stale at once, which the brake would hold.
     replicas = [launcher.spawn(db_url, instance_name=f"replica-{i}", batch_size=BATCH_SIZE,
+                               brake_hold_seconds=0,
                                interval_seconds=0.2)
                 for i in range(REPLICAS)]
     for replica in replicas:
