@@ -226,6 +226,9 @@ class Launcher:
             "metrics_port": 0, "leader_lease_seconds": LEADER_LEASE_SECONDS,
             "stale_after_seconds": 0, "instance_name": instance,
             "artifact_root": self.workdir / "artifacts",
+            # These tests make whole backlogs stale at once, which the mass-staleness brake
+            # (tested on its own) would hold back.
+            "brake_hold_seconds": 0,
         } | settings
         stderr_path = self.workdir / f"{instance}.stderr"
         with stderr_path.open("wb") as stderr:
