@@ -269,12 +269,13 @@ class Service:
 
     # -- lifecycle --------------------------------------------------------------------------
 
-    def _schedule(self, func: Callable[[], object], seconds: float, name: str) -> None:
+    def _schedule(self, func: Callable[[], object], seconds: float, name: str,
+                  first_run: datetime | None = None) -> None:
         self.scheduler.add_job(
             func, "interval", seconds=seconds, jitter=seconds * JITTER_FRACTION, id=name,
             # APScheduler 3 wants whole seconds here.
             name=name, max_instances=1, coalesce=True, misfire_grace_time=max(int(seconds), 1),
-            next_run_time=_soon(),
+            next_run_time=first_run or _soon(),
         )
 
     def _on_overrun(self, event: JobExecutionEvent) -> None:
@@ -286,10 +287,14 @@ class Service:
     def start(self) -> None:
         """Start HTTP and the scheduler (non-blocking)."""
         self.start_http()
+        # Leadership is known before the first tick, so /metrics never shows a pass
+        # finished by a replica that does not yet know it leads.
+        self.renew_leadership()
         interval = self.settings.interval_seconds
         self._schedule(self.run_tick, interval, "pass")
-        self._schedule(self.renew_leadership, self.settings.leader_lease_seconds / 3,
-                       "leadership")
+        lead_every = self.settings.leader_lease_seconds / 3
+        self._schedule(self.renew_leadership, lead_every, "leadership",
+                       first_run=datetime.now(UTC) + timedelta(seconds=lead_every))
         self._schedule(self.refresh_backlog, min(interval, 15.0), "backlog")
         self._schedule(self.sweep_artifacts, interval, "artifacts")
         self._schedule(self.apply_retention, RETENTION_INTERVAL_SECONDS, "retention")
