@@ -4,6 +4,7 @@
     python -m benchmarks --engine postgresql --jobs 1000000 --stale 10000 [--peers]
     python -m benchmarks --smoke            # N = 10k on both engines, checks it runs
     python -m benchmarks --measure time_to_recovery [--smoke]   # benchmarks/recovery.py
+    python -m benchmarks --measure parked [--smoke]   # held and gated jobs: benchmarks/parked.py
 
 PostgreSQL: ``--database-url`` names an empty database to use, else a throwaway server is
 started (tests/pg_server.py; Debian's postgresql binaries).
@@ -29,6 +30,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from benchmarks import parked
 from benchmarks.dataset import Shape, build, floor_update, restore_stale, writes_floor
 from benchmarks.recovery import plan_for, run_recovery
 from reconciler.core.decisions import Thresholds
@@ -260,6 +262,19 @@ def run(engine_name: str, base_url: str | None, jobs: int, stale: int, *,
         dbs.close()
 
 
+def measure_parked(engine_name: str, base_url: str | None, jobs: int, count: int
+                   ) -> Measurement:
+    """The quiet pass with ``count`` held and gated jobs parked (benchmarks/parked.py)."""
+    dbs = Databases(engine_name, base_url)
+    try:
+        with dbs.fresh() as engine:
+            figures = parked.measure(engine, _config(parked.BATCH_SIZE), jobs, count)
+    finally:
+        dbs.close()
+    return Measurement("quiet_pass_parked", engine_name, jobs, count,
+                       figures.pop("parked_quiet_ms"), "ms", figures)
+
+
 def _table_row(m: Measurement) -> str:
     extra = " ".join(f"{k}={v}" for k, v in m.extra.items())
     return (f"{m.measurement:<22} {m.engine:<10} {m.jobs:>9} {m.stale:>7} "
@@ -280,9 +295,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true",
                         help="N = 10k, small memory probe: checks the benchmark runs")
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
-    parser.add_argument("--measure", choices=("pass", "time_to_recovery", "all"),
+    parser.add_argument("--measure", choices=("pass", "time_to_recovery", "parked", "all"),
                         default="pass", help="the pass's costs (default), recovery after "
-                        "workers die with a replica (real processes), or both")
+                        "workers die with a replica (real processes), held and gated jobs "
+                        "left out of the scans, or all three")
+    parser.add_argument("--parked", type=int, default=10_000,
+                        help="parked: held and gated jobs among --jobs")
     parser.add_argument("--orphans", type=int, default=10_000,
                         help="time_to_recovery: jobs whose workers die")
     parser.add_argument("--replicas", type=int, default=1,
@@ -307,7 +325,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{'unit':<10} details")
         print(f"machine: {os.cpu_count()} cores, python {sys.version.split()[0]}, "
               f"sqlite {__import__('sqlite3').sqlite_version}")
-    measures = ("pass", "time_to_recovery") if args.measure == "all" else (args.measure,)
+    measures = (("pass", "time_to_recovery", "parked") if args.measure == "all"
+                else (args.measure,))
     if "time_to_recovery" in measures and args.database_url:
         parser.error("--measure time_to_recovery makes fresh databases on a throwaway "
                      "server; leave out --database-url")
@@ -319,6 +338,9 @@ def main(argv: list[str] | None = None) -> int:
         if "pass" in measures:
             run(name, args.database_url if name == "postgresql" else None, jobs, stale,
                 memory=memory, peers=args.peers and name == "postgresql", emit=emit)
+        if "parked" in measures:
+            emit(measure_parked(name, args.database_url if name == "postgresql" else None,
+                                jobs, 1_000 if args.smoke else args.parked))
         if "time_to_recovery" in measures:
             dbs = Databases(name, None)
             try:

@@ -52,6 +52,8 @@ SESSION_END_REASONS = tuple(SessionEndReason)
 
 PROCESSING = text("job_status = 'processing'")
 QUEUED = text("job_status = 'queued'")
+# What the pass scans: running jobs, less those parked once their hold or gate was recorded.
+SCANNED = text("job_status = 'processing' AND NOT reconcile_parked")
 # The statuses a job never leaves on its own: what job retention may delete.
 FINISHED_STATUSES = (JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED)
 # Set when a job finishes, cleared when it is resumed or retried.
@@ -88,6 +90,9 @@ class JobRun(Base):
     idempotency_key: Mapped[str | None] = mapped_column(String(200), unique=True)
     singleton_key: Mapped[str | None] = mapped_column(String(200))
     operator_hold: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+    # Internal: set by a pass once it recorded the job held or waiting on its gate, so the
+    # candidate scans pass over it; any worker write, operator action or decision clears it.
+    reconcile_parked: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
     last_error_code: Mapped[str | None] = mapped_column(String(64))
     job_payload: Mapped[Any | None] = mapped_column(JSON)
     # Internal: the worker session holding the claim, so a gone session frees it early.
@@ -107,14 +112,15 @@ class JobRun(Base):
             " AND lease_expires_at IS NOT NULL AND last_activity_at IS NOT NULL)",
             name="processing_has_lease",
         ),
-        # Candidate scans of the pass: cost follows the batch, not the table.
+        # Candidate scans of the pass: cost follows the batch, not the table (and not the
+        # number of held or gated jobs either).
         Index(
             "ix_job_runs_processing_lease_expiry", "lease_expires_at", "job_id",
-            postgresql_where=PROCESSING, sqlite_where=PROCESSING,
+            postgresql_where=SCANNED, sqlite_where=SCANNED,
         ),
         Index(
             "ix_job_runs_processing_last_activity", "last_activity_at", "job_id",
-            postgresql_where=PROCESSING, sqlite_where=PROCESSING,
+            postgresql_where=SCANNED, sqlite_where=SCANNED,
         ),
         Index(
             "ix_job_runs_queued_available", "available_at", "job_id",

@@ -17,6 +17,7 @@ from reconciler.core.brake import BrakeLimits, apply_brake, brake, count_limit
 from reconciler.core.decisions import Decision, Thresholds, decide
 from reconciler.core.evidence import Evidence, EvidenceError, build_steps, parse_plan
 from reconciler.core.kinds import KindRules
+from reconciler.core.policy import PARKING_REASONS
 from reconciler.core.ports import (
     Candidate,
     Cursor,
@@ -213,6 +214,11 @@ def apply_and_record(tx: PassUnit, instance: str, planned: Sequence[PlannedChang
     tx.audit.finish_pass(pass_id, tx.jobs.source_name,
                          [(r, p.evidence) for r, p in zip(recorded, planned, strict=True)],
                          shadow=shadow)
+    if not shadow:  # parking writes a job row; shadow mode changes none
+        parking = [p for p in planned if p.decision.disposition is Disposition.SKIP
+                   and p.decision.reason in PARKING_REASONS]
+        if parking:
+            tx.jobs.park(parking)
     return pass_id, recorded
 
 

@@ -36,6 +36,11 @@ def retry_delay_seconds(attempts_used: int, first_delay_seconds: float,
     return min(first_delay_seconds * float(2 ** exponent), max_delay_seconds)
 
 
+# Skips that stay true until someone else acts (an operator, the gate's worker): once
+# recorded, the job is parked out of the scans instead of filling every batch.
+PARKING_REASONS = frozenset({Reason.OPERATOR_HOLD, Reason.WAITING_ON_GATE})
+
+
 def reclaimed_attempt_outcome(reason: Reason) -> AttemptOutcome:
     """How an attempt ends when the reconciler takes its claim away.
 

@@ -139,6 +139,11 @@ class JobSource(Protocol):
         its generation after (None where the source keeps none); a change missing from the
         result lost its race and changed nothing."""
 
+    def park(self, skipped: Sequence[PlannedChange]) -> int:
+        """Leave these recorded held or gated jobs out of later scans until something about
+        them changes (each fenced on its generation); how many were parked. A source with
+        nowhere to keep the mark parks none and rescans them, recorded once all the same."""
+
     def stale_backlog(self) -> tuple[int, float | None]:
         """How many running jobs have an expired lease, and the oldest expiry's age."""
 

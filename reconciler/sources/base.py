@@ -138,6 +138,11 @@ class ForeignSource(ABC):
         self._after_apply(changed)
         return changed
 
+    def park(self, skipped: Sequence[PlannedChange]) -> int:
+        """None: a foreign system's tables have no column of ours to park a job in, so its
+        held or gated jobs are rescanned (and, already recorded, not recorded again)."""
+        return 0
+
     def stale_backlog(self) -> tuple[int, float | None]:
         """How many running jobs of reconciled kinds are expired, and the oldest expiry age."""
         policies = self._policies()

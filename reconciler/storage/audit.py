@@ -27,6 +27,7 @@ from reconciler.storage.sql import (
     leases,
     passes,
     seconds_param,
+    unindexed,
 )
 
 DECISION_COLUMNS: tuple[tuple[str, Any], ...] = (
@@ -61,9 +62,11 @@ def _statements(postgres: bool) -> _Statements:
         sa.exists().where(
             earlier.c.job_source == source.c.job_source,
             earlier.c.job_id == source.c.job_id,
-            earlier.c.decision_reason == source.c.decision_reason,
+            # Only (job_source, job_id) may lead the lookup: SQLite without statistics would
+            # pick the shadow index and walk every decision, for every row recorded.
+            unindexed(earlier.c.decision_reason) == source.c.decision_reason,
             earlier.c.generation_before.is_not_distinct_from(source.c.generation_before),
-            earlier.c.shadow_mode == source.c.shadow_mode,
+            unindexed(earlier.c.shadow_mode) == source.c.shadow_mode,
         ),
     )
     return _Statements(

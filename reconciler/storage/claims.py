@@ -160,6 +160,7 @@ class ClaimsSql:
                     lease_token=token, lease_owner=worker, worker_session_id=session_id,
                     lease_expires_at=now_plus(lease_seconds),
                     claimed_at=db_now(), last_activity_at=db_now(), updated_at=db_now(),
+                    reconcile_parked=False,
                 )
                 .returning(
                     jobs.c.job_id, jobs.c.job_kind, jobs.c.claim_generation,
@@ -183,12 +184,15 @@ class ClaimsSql:
 
     def _fence(self, conn: Connection, job_id: int, token: str, *extra: Any,
                **changes: Any) -> sa.Row[Any]:
-        """The fenced write every post-claim operation starts with; LeaseLost on no row."""
+        """The fenced write every post-claim operation starts with; LeaseLost on no row.
+
+        It also unparks the job: a worker's write may open the gate a pass parked it on.
+        """
         row = conn.execute(
             jobs.update()
             .where(jobs.c.job_id == job_id, jobs.c.lease_token == token,
                    jobs.c.job_status == PROCESSING, *extra)
-            .values(**changes)
+            .values({"reconcile_parked": False, **changes})
             .returning(jobs.c.claim_generation, jobs.c.attempt_count, jobs.c.max_attempts,
                        PLAN_TEXT)
         ).one_or_none()

@@ -24,12 +24,9 @@ from reconciler.core.decisions import Thresholds
 from reconciler.core.kinds import KindPolicy, KindRules
 from reconciler.core.ports import Candidate, Cursor, JobSource
 from reconciler.storage.clock import db_now, now_plus, seconds_since
-
-# The native source's evidence columns: one definition of what a decision reads.
-from reconciler.storage.native_source import NativeSource
-from reconciler.storage.native_source import _evidence_columns as evidence_columns
+from reconciler.storage.native_source import NativeSource, evidence_columns
 from reconciler.storage.pass_store import SourceFactory, native_source
-from reconciler.storage.sql import IN_PROCESSING, as_float, for_update, jobs
+from reconciler.storage.sql import IN_PROCESSING, SCANNED, as_float, for_update, jobs
 
 
 class KindedNativeSource(NativeSource):
@@ -56,7 +53,7 @@ class KindedNativeSource(NativeSource):
             return []
         reconciled = jobs.c.job_kind.in_(sorted(policies))
         expired = (sa.select(*evidence_columns())
-                   .where(IN_PROCESSING, reconciled, jobs.c.lease_expires_at <= db_now())
+                   .where(SCANNED, reconciled, jobs.c.lease_expires_at <= db_now())
                    .order_by(jobs.c.lease_expires_at, jobs.c.job_id).limit(limit))
         if after is not None:
             expires_at, job_id = after.position
@@ -72,7 +69,7 @@ class KindedNativeSource(NativeSource):
                  for kind, p in policies.items()},
                 value=jobs.c.job_kind)
             wedged = (sa.select(*evidence_columns())
-                      .where(IN_PROCESSING, reconciled,
+                      .where(SCANNED, reconciled,
                              jobs.c.last_activity_at <= now_plus(wedged_after),
                              jobs.c.lease_expires_at > db_now())
                       .order_by(jobs.c.last_activity_at, jobs.c.job_id)
@@ -87,7 +84,7 @@ class KindedNativeSource(NativeSource):
             return 0, None
         row = self.conn.execute(
             sa.select(sa.func.count(), sa.func.max(seconds_since(jobs.c.lease_expires_at)))
-            .where(IN_PROCESSING, jobs.c.job_kind.in_(sorted(policies)),
+            .where(SCANNED, jobs.c.job_kind.in_(sorted(policies)),
                    jobs.c.lease_expires_at <= db_now())
         ).one()
         return int(row[0]), as_float(row[1])

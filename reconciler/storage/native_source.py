@@ -35,6 +35,7 @@ from reconciler.storage.sql import (
     NO_CLAIM,
     PLAN_TEXT,
     PROCESSING,
+    SCANNED,
     artifacts,
     as_float,
     attempts,
@@ -54,7 +55,7 @@ from reconciler.storage.sql import (
 )
 
 
-def _evidence_columns() -> tuple[Any, ...]:
+def evidence_columns() -> tuple[Any, ...]:
     """The facts a decision reads, ages measured by the database clock in the statement."""
     return (
         jobs.c.job_id, jobs.c.job_kind, jobs.c.claim_generation, jobs.c.attempt_count,
@@ -86,13 +87,14 @@ class _Statements:
     swap: Any
     close_attempts: Any
     publish: Any
+    park: Any
 
 
 @functools.cache
 def _statements(postgres: bool, lock: bool) -> _Statements:
-    columns = _evidence_columns()
+    columns = evidence_columns()
     limit = sa.bindparam("batch_limit", type_=sa.Integer())
-    expired = (sa.select(*columns).where(IN_PROCESSING, jobs.c.lease_expires_at <= db_now())
+    expired = (sa.select(*columns).where(SCANNED, jobs.c.lease_expires_at <= db_now())
                .order_by(jobs.c.lease_expires_at, jobs.c.job_id).limit(limit))
     expired_after = expired.where(
         sa.tuple_(jobs.c.lease_expires_at, jobs.c.job_id)
@@ -101,7 +103,7 @@ def _statements(postgres: bool, lock: bool) -> _Statements:
     )
     wedged = (
         sa.select(*columns)
-        .where(IN_PROCESSING,
+        .where(SCANNED,
                jobs.c.last_activity_at <= now_plus(seconds_param("wedged_cutoff_seconds")),
                jobs.c.lease_expires_at > db_now())
         .order_by(jobs.c.last_activity_at, jobs.c.job_id)
@@ -128,6 +130,7 @@ def _statements(postgres: bool, lock: bool) -> _Statements:
         swap=_swap_statement(postgres),
         close_attempts=_close_attempts_statement(postgres),
         publish=_publish_statement(postgres),
+        park=_park_statement(postgres),
     )
 
 
@@ -218,6 +221,19 @@ def _publish_statement(postgres: bool) -> Any:
     )
 
 
+def _park_statement(postgres: bool) -> Any:
+    """Park recorded held or gated jobs, fenced on the generation the pass read; on
+    PostgreSQL the scan's row locks keep a worker's unparking write from slipping between."""
+    values = json_rows(postgres, "parked", ENDED_COLUMNS[:2])
+    return (
+        jobs.update()
+        .where(jobs.c.job_id == values.c.job_id,
+               unindexed(jobs.c.claim_generation) == values.c.generation,
+               unindexed(jobs.c.job_status) == PROCESSING)
+        .values(reconcile_parked=True)
+    )
+
+
 def planned_rows(acting: Sequence[PlannedChange]) -> str:
     """The ``planned`` parameter of the swap: what each acting change would write."""
     return encode_rows([
@@ -274,7 +290,7 @@ class NativeSource:
     def evidence_for(self, job_ids: Sequence[JobKey]) -> list[Candidate]:
         """The same facts for named processing jobs, whatever their lease (for explain)."""
         rows = list(self.conn.execute(
-            sa.select(*_evidence_columns())
+            sa.select(*evidence_columns())
             .where(jobs.c.job_id.in_([int(i) for i in job_ids]),
                    jobs.c.job_status == PROCESSING)
             .order_by(jobs.c.job_id)
@@ -334,6 +350,13 @@ class NativeSource:
             self.conn.execute(self.sql.publish, {"ended_rows": encode_rows(recovered)})
         return swapped
 
+    def park(self, skipped: Sequence[PlannedChange]) -> int:
+        """Leave recorded held or gated jobs out of the scans until a worker write, an
+        operator action or a decision clears the mark (see ``ports.JobSource.park``)."""
+        return int(self.conn.execute(self.sql.park, {"parked_rows": encode_rows([
+            {"job_id": c.decision.job_id, "generation": c.generation_before}
+            for c in skipped])}).rowcount)
+
     def _swap(self, changes: Sequence[PlannedChange]) -> dict[JobKey, int | None]:
         """The batch's compare-and-swap (``_swap_statement``): changed jobs, new generation."""
         return {int(job_id): int(generation) for job_id, generation in self.conn.execute(
@@ -347,7 +370,7 @@ class NativeSource:
     def stale_count(self, limit: int) -> int:
         """Expired, unheld processing jobs, up to ``limit`` (a bounded index range)."""
         stale = sa.select(jobs.c.job_id).where(
-            IN_PROCESSING, jobs.c.lease_expires_at <= db_now(),
+            SCANNED, jobs.c.lease_expires_at <= db_now(),
             jobs.c.operator_hold.is_(False)).limit(limit).subquery()
         return int(self.conn.execute(sa.select(sa.func.count()).select_from(stale))
                    .scalar_one())
@@ -356,6 +379,6 @@ class NativeSource:
         """How many processing jobs have an expired lease, and the oldest one's age."""
         row = self.conn.execute(
             sa.select(sa.func.count(), sa.func.max(seconds_since(jobs.c.lease_expires_at)))
-            .where(IN_PROCESSING, jobs.c.lease_expires_at <= db_now())
+            .where(SCANNED, jobs.c.lease_expires_at <= db_now())
         ).one()
         return int(row[0]), as_float(row[1])

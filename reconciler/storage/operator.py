@@ -33,7 +33,8 @@ from reconciler.storage.sql import (
 def _columns(change: OperatorChange, conn: Connection, job_id: int,
              plan_text: str | None) -> dict[str, Any]:
     """The column values of an applied change."""
-    values: dict[str, Any] = {"updated_at": db_now()}
+    # Whatever an operator changes may end what a pass parked the job on (its hold).
+    values: dict[str, Any] = {"updated_at": db_now(), "reconcile_parked": False}
     if change.hold is not None:
         values["operator_hold"] = change.hold
     if change.new_status is not None:

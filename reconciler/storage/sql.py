@@ -52,11 +52,14 @@ QUEUED = JobStatus.QUEUED.value
 # applies, so the scans that rely on those indexes spell the status out as a literal.
 IN_PROCESSING = jobs.c.job_status == sa.literal_column(f"'{PROCESSING}'")
 IN_QUEUE = jobs.c.job_status == sa.literal_column(f"'{QUEUED}'")
+# The candidate scans' rows: written as the scan indexes' predicate (models.tables.SCANNED),
+# which SQLite uses only when the query repeats it term for term.
+SCANNED = sa.and_(IN_PROCESSING, sa.text("NOT job_runs.reconcile_parked"))
 
 # The claim columns a job drops whenever no worker holds it any more.
 NO_CLAIM: dict[str, Any] = {
     "lease_token": None, "lease_owner": None, "lease_expires_at": None,
-    "worker_session_id": None,
+    "worker_session_id": None, "reconcile_parked": False,
 }
 
 

@@ -146,6 +146,9 @@ class Feature(StrEnum):
     """A job whose every step succeeded but whose completion was never recorded is
     finished ``completed`` (``completion_recovered``) instead of failed
     (``completion_unrecorded``): the source can record the completion itself."""
+    PARKS = "parks"
+    """A held or gated job, once recorded, is left out of later scans (it fills no batch)
+    until something about it changes; a source that cannot park rescans it."""
 
 
 Capability = Situation | Interference | Feature

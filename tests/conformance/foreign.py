@@ -73,12 +73,15 @@ class ForeignFixture:
     def supports(self, what: Capability) -> bool:
         """Everything but the declared gaps. No foreign source records a completion itself
         (DESIGN.md section 11: only the native source recovers one)."""
-        return what not in self.gaps and what is not Feature.RECOVERS_COMPLETION
+        return what not in self.gaps and what not in (Feature.RECOVERS_COMPLETION,
+                                                      Feature.PARKS)
 
     def why_unsupported(self, what: Capability) -> str:
         """The declared gap's line."""
         if what is Feature.RECOVERS_COMPLETION:
             return f"{self.source_name} keeps completion_unrecorded: its completion is its own"
+        if what is Feature.PARKS:
+            return f"{self.source_name}'s tables have no column of ours to park a job in"
         return self.gaps.get(what, f"{self.source_name} supports {what}")
 
     def audit(self, job: SourceJob) -> list[AuditEntry]:

@@ -209,10 +209,12 @@ class NativeSource:
         return int(job_row(self.reconciler_engine, cast(int, job.key))["claim_generation"])
 
     def snapshot(self, job: SourceJob) -> object:
-        """The job's row, its step records and its attempts, every column."""
+        """The job's row (less the pass's own parking mark, which is bookkeeping, not the
+        job's state), its step records and its attempts, every column."""
         key = cast(int, job.key)
         return (
-            rows_of(self.reconciler_engine, JOBS, JOBS.c.job_id == key),
+            [{k: v for k, v in row.items() if k != "reconcile_parked"}
+             for row in rows_of(self.reconciler_engine, JOBS, JOBS.c.job_id == key)],
             rows_of(self.reconciler_engine, STEPS, STEPS.c.job_id == key,
                     order=STEPS.c.step_index),
             rows_of(self.reconciler_engine, ATTEMPTS, ATTEMPTS.c.job_id == key,

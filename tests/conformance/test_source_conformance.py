@@ -215,6 +215,27 @@ def test_a_held_gated_or_unreadable_job_is_skipped_and_left_untouched(
         (job.key, SKIP, expected.reason)]
 
 
+@pytest.mark.parametrize("situation", [Situation(State.HELD, 1), Situation(State.GATED, 1)],
+                         ids=str)
+def test_a_held_or_gated_job_is_recorded_once_however_many_passes_meet_it(
+    source: SourceFixture, situation: Situation
+) -> None:
+    """Three passes leave one audit row; a source that parks does not even read the job
+    again (DESIGN.md section 11: held and gated jobs fill no batch)."""
+    require(source, situation)
+    job = source.make(situation)
+
+    reports = [source.run_pass() for _ in range(3)]
+
+    assert [(e.reason, e.generation_before) for e in source.audit(job)] == [
+        (SKIPPED[situation].reason, job.generation)]
+    later = [[d.reason for d in r.decisions if d.job_id == job.key] for r in reports[1:]]
+    if source.supports(Feature.PARKS):
+        assert later == [[], []]
+    else:
+        assert later == [[SKIPPED[situation].reason]] * 2
+
+
 def test_a_job_with_a_live_owner_is_never_a_candidate(source: SourceFixture) -> None:
     """A job whose owner holds a live lease and makes progress is not even looked at."""
     require(source, LIVE)

@@ -61,20 +61,57 @@ def test_a_shadow_pass_records_every_decision_marked_shadow_and_changes_no_job(
     assert [r["shadow_mode"] for r in decisions_for(engine, resumable.job_id)] == [True, False]
 
 
-def test_a_gated_job_is_recorded_once_however_many_passes_see_it(
+def test_a_gated_job_is_recorded_once_then_parked_until_its_worker_writes_again(
     client: JobClient, engine: Engine, store: SqlStore
 ) -> None:
-    """Three passes over a job waiting on a gate leave one waiting_on_gate record: a skip
-    for the same job, reason and generation is not recorded again."""
+    """Three passes over a job waiting on a gate leave one waiting_on_gate record, and only
+    the first pass even reads it (the later ones are quiet); the gate's worker finishing
+    the step brings the job back into the scans."""
     waiting = crash(client, engine, [IDEMPOTENT, EFFECTFUL], gated)
 
     reports = [store_pass(store) for _ in range(3)]
 
     assert [[(d.job_id, d.reason) for d in r.decisions] for r in reports] == [
-        [(waiting.job_id, Reason.WAITING_ON_GATE)]] * 3
+        [(waiting.job_id, Reason.WAITING_ON_GATE)], [], []]
     (stored,) = decisions_for(engine, waiting.job_id)
     assert (stored["decision_reason"], stored["generation_before"]) == (
         "waiting_on_gate", waiting.generation)
+
+    waiting.claim.finish_step(1)  # the gate opened; its worker records it, then dies
+    wait_expired(engine, waiting.job_id)
+    after_gate = store_pass(store)
+    assert [(d.job_id, d.reason) for d in after_gate.decisions] == [
+        (waiting.job_id, Reason.COMPLETION_RECOVERED)]
+
+
+def test_held_jobs_are_recorded_once_and_unholding_brings_them_back(
+    client: JobClient, engine: Engine, store: SqlStore
+) -> None:
+    """A batch of held stale jobs does not fill every batch: each is recorded held once,
+    the next passes find the unheld stale job at once, and an unhold lets the pass
+    decide a held job again."""
+    held = [crash(client, engine, [IDEMPOTENT], wait=False) for _ in range(4)]
+    for h in held:
+        assert store.operator_action(h.job_id, "hold") == (True, None)
+    loose = crash(client, engine, [IDEMPOTENT])
+    wait_expired(engine, *(h.job_id for h in held))
+    small_batches = replace(config(batch_size=4))
+
+    first = run_pass(store, small_batches)
+    second = run_pass(store, small_batches)
+
+    assert {(d.job_id, d.reason) for d in first.decisions} == {
+        (h.job_id, Reason.OPERATOR_HOLD) for h in held}
+    assert [(d.job_id, d.reason) for d in second.decisions] == [
+        (loose.job_id, Reason.RESUMED_FROM_UNSTARTED_STEP)]
+    assert run_pass(store, small_batches).decisions == ()
+
+    assert store.operator_action(held[0].job_id, "unhold") == (True, None)
+    after_unhold = run_pass(store, small_batches)
+    assert [(d.job_id, d.reason) for d in after_unhold.decisions] == [
+        (held[0].job_id, Reason.RESUMED_FROM_UNSTARTED_STEP)]
+    assert [r["decision_reason"] for r in decisions_for(engine, held[1].job_id)] == [
+        "operator_hold"]
 
 
 def store_pass(store: SqlStore, *, shadow: bool = False) -> PassReport:

@@ -38,6 +38,7 @@ from reconciler.core.passes import (
     plan_change,
     run_pass,
 )
+from reconciler.core.policy import PARKING_REASONS
 from reconciler.core.ports import PlannedChange, RecordedDecision
 from reconciler.core.vocabulary import Disposition, PassOutcome, Reason
 from reconciler.sidecar.service import LEADER_LEASE_NAME
@@ -407,8 +408,11 @@ def assert_skipped(
     engine: Engine, report: PassReport, crashed: Crashed, reason: Reason,
     before: dict[str, Any],
 ) -> dict[str, Any]:
-    """Skipped: the job row is exactly as before, its attempt still open, the decision kept."""
-    assert job(engine, crashed.job_id) == before
+    """Skipped: the job row is as before (parked, if its skip lasts until someone acts),
+    its attempt still open, the decision kept."""
+    after = job(engine, crashed.job_id)
+    assert after.pop("reconcile_parked") is (reason in PARKING_REASONS)
+    assert after == {k: v for k, v in before.items() if k != "reconcile_parked"}
     assert before["job_status"] == "processing"
     assert before["claim_generation"] == crashed.generation
     still_open = attempt(engine, crashed.job_id, crashed.generation)
@@ -814,7 +818,8 @@ def test_progress_after_a_wedged_decision_makes_it_lose_its_fence(
 def test_pass_row_counts_equal_its_decisions_and_a_second_pass_sees_nothing_new(
     client: JobClient, engine: Engine, store: SqlStore
 ) -> None:
-    """A mixed batch is counted exactly on the pass row; the next pass only meets the skipped."""
+    """A mixed batch is counted exactly on the pass row; the next pass is quiet (the gated
+    job, recorded once, is parked out of the scans)."""
     resumed = crash(client, engine, [IDEMPOTENT, EFFECTFUL], finish(0), wait=False)
     retried = crash(client, engine, [IDEMPOTENT, EFFECTFUL], failed_retryably, wait=False)
     dead = crash(client, engine, [IDEMPOTENT, EFFECTFUL], mid_effect, wait=False)
@@ -835,11 +840,9 @@ def test_pass_row_counts_equal_its_decisions_and_a_second_pass_sees_nothing_new(
 
     second = run_pass(store, config())
 
-    assert [(d.job_id, d.reason) for d in second.decisions] == [
-        (waiting.job_id, Reason.WAITING_ON_GATE)]
+    assert second.decisions == ()
     again = pass_row(engine, second.pass_id)
-    assert (again["candidates_seen"], again["skipped_count"]) == (1, 1)
-    # The same skip at the same generation is on record already: not written again.
+    assert (again["candidates_seen"], again["skipped_count"]) == (0, 0)
     assert decisions_in(engine, second.pass_id) == []
     assert len(decisions_for(engine, waiting.job_id)) == 1
     assert len(decisions_for(engine, resumed.job_id)) == 1

@@ -202,6 +202,8 @@ class JobModel:
     requeued: list[tuple[int, str]] = field(default_factory=list)
     """(generation that ended, by whom) for every requeue: worker, operator, reconciler."""
     died_mid_step: bool = False
+    parked: bool = False
+    """Recorded held or gated by a pass: out of the scans until a write about the job."""
 
     def first_unfinished(self) -> int | None:
         """The first step that has not succeeded, or None when all have."""
@@ -372,6 +374,7 @@ class StoreMachine(RuleBasedStateMachine):
             return None
         assert error is None, f"{method} through the current claim raised {error!r}"
         event(f"write: {method}")
+        job.parked = False  # any write of the job's worker may have opened its gate
         return result, window
 
     def _expire_session_claims(self, session_id: int, window: Window) -> None:
@@ -721,6 +724,7 @@ class StoreMachine(RuleBasedStateMachine):
             f"{action} on a {job.status} job: got {(applied, reason)}, expected refusal "
             f"{refusal}")
         if refusal is None:
+            job.parked = False
             if action in ("hold", "unhold"):
                 job.hold = action == "hold"
             elif action == "retry":
@@ -788,6 +792,8 @@ class StoreMachine(RuleBasedStateMachine):
         """
         assert job.lease_expires_at is not None
         assert job.last_activity_at is not None
+        if job.parked:
+            return {None}  # DESIGN §11: held and gated jobs, once recorded, fill no batch
         live = {False} if cut else {not r for r in window.reached(job.lease_expires_at)}
         wedged = window.reached(job.last_activity_at + timedelta(seconds=WEDGED_AFTER_SECONDS))
         recent = {not r for r in window.reached(
@@ -866,6 +872,8 @@ class StoreMachine(RuleBasedStateMachine):
         for job in processing.values():
             assert job.lease_expires_at is not None
             assert job.last_activity_at is not None
+            if job.parked:
+                continue
             live = {not r for r in window.reached(job.lease_expires_at)}
             old = window.reached(job.last_activity_at
                                  + timedelta(seconds=WEDGED_AFTER_SECONDS))
@@ -973,6 +981,7 @@ class StoreMachine(RuleBasedStateMachine):
             event(f"pass: {d.disposition.value} {d.reason.value}")
             if d.disposition.value == "skip":
                 assert d.generation_after is None
+                job.parked = d.reason.value in ("operator_hold", "waiting_on_gate")
                 continue
             assert d.generation_after == job.generation + 1
             job.requeued.append((job.generation, "reconciler"))
@@ -1181,7 +1190,7 @@ class StoreMachine(RuleBasedStateMachine):
             "hold": bool(row["operator_hold"]), "lease_expires_at": row["lease_expires_at"],
             "available_at": row["available_at"], "last_error": row["last_error_code"],
             "plan": tuple(s["effect_kind"] for s in row["step_plan"]),
-            "key": row["idempotency_key"],
+            "key": row["idempotency_key"], "parked": bool(row["reconcile_parked"]),
         }
         expected = {name: getattr(job, name) for name in actual}
         assert actual == expected, f"job {job.job_id}: database {actual} != model {expected}"
