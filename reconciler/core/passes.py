@@ -223,10 +223,19 @@ def apply_and_record(tx: PassUnit, instance: str, planned: Sequence[PlannedChang
 
 
 def next_cursor(rows: Sequence[Candidate], config: PassConfig) -> Cursor | None:
-    """Where the expired-lease scan continues: only after a full page of expired leases.
+    """Where the next pass's scans continue after a full batch: after the last row each
+    scan gave; None once a batch came back short (the sweep is done and starts over).
 
-    Wedged candidates (live leases) fill a batch only when that scan came up short, and
-    carry no position, so they never move the cursor.
+    Both scans page, so neither skipped expired jobs (recent activity, the brake) nor
+    skipped wedged ones (shadow mode, the brake) can starve the jobs behind them; leases
+    that expire later sort after the cursor, so they are not passed over either.
     """
-    positions = [r.position for r in rows if r.position is not None]
-    return positions[-1] if len(positions) >= config.batch_size else None
+    if len(rows) < config.batch_size:
+        return None
+    expired = [r.position.position for r in rows
+               if r.position is not None and r.position.position is not None]
+    wedged = [r.position.wedged for r in rows
+              if r.position is not None and r.position.wedged is not None]
+    if not expired and not wedged:
+        return None
+    return Cursor(expired[-1] if expired else None, wedged[-1] if wedged else None)

@@ -49,9 +49,19 @@ class Fence:
 
 @dataclass(frozen=True, slots=True)
 class Cursor:
-    """Where a source's next scan of expired leases continues, paging by key; opaque."""
+    """Where a source's next scans continue, paging by key; opaque to the pass.
 
-    position: tuple[Any, ...]
+    ``position``: after this row of the expired-lease scan (None: from its start).
+    ``wedged``: after this row of the wedged scan (None: from its start). A row of a scan
+    carries a cursor with its own place set.
+    """
+
+    position: tuple[Any, ...] | None
+    wedged: tuple[Any, ...] | None = None
+
+    def in_wedged_scan(self) -> Cursor:
+        """The same place, as a row of the wedged scan."""
+        return Cursor(None, self.position)
 
 
 @dataclass(frozen=True, slots=True)

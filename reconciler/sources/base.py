@@ -88,8 +88,9 @@ class ForeignSource(ABC):
 
     def candidates(self, limit: int, thresholds: Thresholds, after: Cursor | None
                    ) -> list[Candidate]:
-        """Expired running jobs paged by id after ``after``, then live ones whose recorded
-        steps stopped moving for their kind's ``wedged_after_seconds``; at most ``limit``.
+        """Expired running jobs, then live ones whose recorded steps stopped moving for
+        their kind's ``wedged_after_seconds``, each scan paged by id after the cursor's
+        place in it; at most ``limit``.
 
         ``thresholds`` are the settings' values; each kind's own resolved thresholds (which
         default to them) are used instead.
@@ -101,7 +102,7 @@ class ForeignSource(ABC):
         expired = self._expired(policies)
         expired_scan = (self._running(policies).where(self._reconciled(policies), expired)
                         .order_by(key).limit(limit))
-        if after is not None:
+        if after is not None and after.position is not None:
             expired_scan = expired_scan.where(key > after.position[0])
         found = self._build(self._conn.execute(self._locked(expired_scan)).all(), policies,
                             position=True)
@@ -111,8 +112,12 @@ class ForeignSource(ABC):
                            .where(self._reconciled(policies), sa.not_(expired),
                                   self._stalled(policies))
                            .order_by(key).limit(room))
-            found += self._build(self._conn.execute(self._locked(wedged_scan)).all(),
-                                 policies, position=False)
+            if after is not None and after.wedged is not None:
+                wedged_scan = wedged_scan.where(key > after.wedged[0])
+            stalled = self._build(self._conn.execute(self._locked(wedged_scan)).all(),
+                                  policies, position=True)
+            found += [dataclasses.replace(c, position=c.position.in_wedged_scan())
+                      for c in stalled if c.position is not None]
         return found
 
     def evidence_for(self, job_ids: Sequence[JobKey]) -> list[Candidate]:

@@ -55,12 +55,8 @@ class KindedNativeSource(NativeSource):
         expired = (sa.select(*evidence_columns())
                    .where(SCANNED, reconciled, jobs.c.lease_expires_at <= db_now())
                    .order_by(jobs.c.lease_expires_at, jobs.c.job_id).limit(limit))
-        if after is not None:
-            expires_at, job_id = after.position
-            expired = expired.where(
-                sa.tuple_(jobs.c.lease_expires_at, jobs.c.job_id)
-                > sa.tuple_(sa.literal(expires_at, jobs.c.lease_expires_at.type),
-                            sa.literal(job_id, sa.BigInteger())))
+        if after is not None and after.position is not None:
+            expired = expired.where(_after(jobs.c.lease_expires_at, after.position))
         rows: list[Any] = list(self.conn.execute(
             for_update(self.postgres, expired, lock=self.lock)).all())
         if len(rows) < limit:
@@ -74,6 +70,8 @@ class KindedNativeSource(NativeSource):
                              jobs.c.lease_expires_at > db_now())
                       .order_by(jobs.c.last_activity_at, jobs.c.job_id)
                       .limit(limit - len(rows)))
+            if after is not None and after.wedged is not None:
+                wedged = wedged.where(_after(jobs.c.last_activity_at, after.wedged))
             rows += self.conn.execute(for_update(self.postgres, wedged, lock=self.lock)).all()
         return self._with_steps(rows)
 
@@ -88,6 +86,13 @@ class KindedNativeSource(NativeSource):
                    jobs.c.lease_expires_at <= db_now())
         ).one()
         return int(row[0]), as_float(row[1])
+
+
+def _after(time_column: Any, place: tuple[Any, ...]) -> Any:
+    """Rows after a cursor's (time, job id) in a scan ordered by ``time_column``, job id."""
+    at, job_id = place
+    return (sa.tuple_(time_column, jobs.c.job_id)
+            > sa.tuple_(sa.literal(at, time_column.type), sa.literal(job_id, sa.BigInteger())))
 
 
 def kinded_native(kinds: KindRules) -> SourceFactory:

@@ -64,7 +64,7 @@ def evidence_columns() -> tuple[Any, ...]:
         seconds_since(jobs.c.lease_expires_at).label("lease_expired_seconds"),
         seconds_since(jobs.c.last_activity_at).label("activity_age_seconds"),
         PLAN_TEXT, jobs.c.lease_expires_at,
-        session_gone().label("session_gone"),
+        session_gone().label("session_gone"), jobs.c.last_activity_at,
     )
 
 
@@ -81,6 +81,7 @@ class _Statements:
     expired: Any
     expired_after: Any
     wedged: Any
+    wedged_after: Any
     steps: Any
     history: Any
     artifacts: Any
@@ -90,17 +91,20 @@ class _Statements:
     park: Any
 
 
+def after_row(time_column: Any, name: str) -> Any:
+    """Rows after a cursor's (time, job id) in a scan ordered by ``time_column``, job id."""
+    return (sa.tuple_(time_column, jobs.c.job_id)
+            > sa.tuple_(sa.bindparam(name, type_=time_column.type),
+                        sa.bindparam("after_job_id", type_=sa.BigInteger())))
+
+
 @functools.cache
 def _statements(postgres: bool, lock: bool) -> _Statements:
     columns = evidence_columns()
     limit = sa.bindparam("batch_limit", type_=sa.Integer())
     expired = (sa.select(*columns).where(SCANNED, jobs.c.lease_expires_at <= db_now())
                .order_by(jobs.c.lease_expires_at, jobs.c.job_id).limit(limit))
-    expired_after = expired.where(
-        sa.tuple_(jobs.c.lease_expires_at, jobs.c.job_id)
-        > sa.tuple_(sa.bindparam("after_expires_at", type_=jobs.c.lease_expires_at.type),
-                    sa.bindparam("after_job_id", type_=sa.BigInteger()))
-    )
+    expired_after = expired.where(after_row(jobs.c.lease_expires_at, "after_expires_at"))
     wedged = (
         sa.select(*columns)
         .where(SCANNED,
@@ -109,6 +113,7 @@ def _statements(postgres: bool, lock: bool) -> _Statements:
         .order_by(jobs.c.last_activity_at, jobs.c.job_id)
         .limit(limit)
     )
+    wedged_after = wedged.where(after_row(jobs.c.last_activity_at, "after_activity_at"))
     return _Statements(
         silent_sessions=sa.select(sessions.c.session_id).where(
             sessions.c.stopped_at.is_(None),
@@ -117,6 +122,7 @@ def _statements(postgres: bool, lock: bool) -> _Statements:
         expired=for_update(postgres, expired, lock=lock),
         expired_after=for_update(postgres, expired_after, lock=lock),
         wedged=for_update(postgres, wedged, lock=lock),
+        wedged_after=for_update(postgres, wedged_after, lock=lock),
         steps=sa.select(steps.c.job_id, steps.c.step_index, steps.c.step_state,
                         steps.c.failure_retryable)
         .where(in_batch(postgres, steps.c.job_id)),
@@ -272,8 +278,9 @@ class NativeSource:
     def candidates(
         self, limit: int, thresholds: Thresholds, after: Cursor | None
     ) -> list[Candidate]:
-        """Expired leases first (paged by key), then wedged live leases, within ``limit``."""
-        if after is None:
+        """Expired leases first, then wedged live leases, within ``limit``; each scan paged
+        by key after the cursor's place in it."""
+        if after is None or after.position is None:
             rows = list(self.conn.execute(self.sql.expired, {"batch_limit": limit}).all())
         else:
             expires_at, job_id = after.position
@@ -281,10 +288,14 @@ class NativeSource:
                 "batch_limit": limit, "after_expires_at": expires_at, "after_job_id": job_id,
             }).all())
         if len(rows) < limit:
-            rows += self.conn.execute(self.sql.wedged, {
-                "batch_limit": limit - len(rows),
-                "wedged_cutoff_seconds": -thresholds.wedged_after_seconds,
-            }).all()
+            wedged = {"batch_limit": limit - len(rows),
+                      "wedged_cutoff_seconds": -thresholds.wedged_after_seconds}
+            if after is None or after.wedged is None:
+                rows += self.conn.execute(self.sql.wedged, wedged).all()
+            else:
+                activity_at, job_id = after.wedged
+                rows += self.conn.execute(self.sql.wedged_after, {
+                    **wedged, "after_activity_at": activity_at, "after_job_id": job_id}).all()
         return self._with_steps(rows)
 
     def evidence_for(self, job_ids: Sequence[JobKey]) -> list[Candidate]:
@@ -318,13 +329,15 @@ class NativeSource:
             Candidate(job_id, kind, Fence(generation), attempts_used, budget, bool(held),
                       bool(live), as_float(expired_for), as_float(idle_for), plan_text,
                       tuple(step_rows[job_id]), bool(gone),
-                      None if live or expires_at is None else Cursor((expires_at, job_id)),
+                      Cursor(None, (active_at, job_id)) if live
+                      else Cursor((expires_at, job_id)),
                       lost_in_a_row(history[job_id]),
                       # Only a completion that publishes nothing else than its own staged
                       # set is a status flip plus publishing, safe to do again.
                       (job_id, generation) not in unstaged)
             for (job_id, kind, generation, attempts_used, budget, held, live, expired_for,
-                 idle_for, plan_text, expires_at, gone) in cast(list[tuple[Any, ...]], rows)
+                 idle_for, plan_text, expires_at, gone, active_at)
+            in cast(list[tuple[Any, ...]], rows)
         ]
 
     def apply(self, changes: Sequence[PlannedChange]) -> dict[JobKey, int | None]:

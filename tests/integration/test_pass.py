@@ -992,6 +992,27 @@ def test_cursor_after_a_batch_topped_up_by_a_wedged_job_still_reaches_expired_jo
     assert [d.job_id for d in follow.decisions] == [later.job_id]
 
 
+def test_the_wedged_scan_pages_so_skipped_wedged_jobs_cannot_starve_the_rest(
+    client: JobClient, engine: Engine, store: SqlStore
+) -> None:
+    """Three wedged live leases and batches of 2 in shadow mode (which changes nothing, so
+    the first two stay wedged): the cursor carries the next pass on to the third."""
+    wedged = [crash(client, engine, [IDEMPOTENT], lease_seconds=30, wait=False)
+              for _ in range(3)]
+    wait_idle(engine, wedged[-1].job_id, 0.4)
+    paging = config(2, wedged=0.3, shadow=True)
+
+    first = run_pass(store, paging)
+    second = run_pass(store, paging, after=first.next_cursor)
+
+    assert [(d.job_id, d.reason) for d in first.decisions] == [
+        (w.job_id, Reason.WORKER_WEDGED) for w in wedged[:2]]
+    assert [d.job_id for d in second.decisions] == [wedged[2].job_id]
+    assert second.next_cursor is None
+    assert [d.job_id for d in run_pass(store, paging).decisions] == [
+        w.job_id for w in wedged[:2]]  # no cursor: the sweep starts over
+
+
 def test_heartbeating_job_stays_out_of_every_pass(
     client: JobClient, engine: Engine, store: SqlStore
 ) -> None:
