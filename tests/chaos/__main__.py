@@ -32,6 +32,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--concurrency", type=int, default=4, help="slots per worker")
     parser.add_argument("--drain-seconds", type=float, default=120.0,
                         help="longest the fault-free drain may take")
+    parser.add_argument("--poison", type=int, default=2,
+                        help="jobs whose step SIGKILLs every worker that runs it")
+    parser.add_argument("--interval-seconds", type=float, default=0.3,
+                        help="the replicas' pass interval")
     parser.add_argument("--seed", type=int, help="random seed (printed in the report)")
     parser.add_argument("--keep", action="store_true",
                         help="keep the run's folder (SQLite database, ledger, process logs)")
@@ -53,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
             engine=args.engine, jobs=args.jobs, kills=args.kills, replicas=args.replicas,
             db_restarts=args.db_restarts, seconds=args.seconds, workers=args.workers,
             concurrency=args.concurrency, drain_seconds=args.drain_seconds, seed=args.seed,
-            keep=args.keep)
+            keep=args.keep, poison=args.poison, interval_seconds=args.interval_seconds)
     except ValueError as exc:
         print(f"chaos: {exc}", file=sys.stderr)
         return 2

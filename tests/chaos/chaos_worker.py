@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import signal
 import sys
 import time
 from pathlib import Path
@@ -32,6 +33,10 @@ PLANS: tuple[tuple[Step, ...], ...] = (
     (Step("parse", "pure"), Step("index", "idempotent")),
 )
 STEP_NAMES = sorted({step.step_name for plan in PLANS for step in plan})
+# A poison job: its one step kills whatever process runs it (an OOM, a segfault), so the
+# reconciler must quarantine it (crash_loop) instead of feeding it worker after worker.
+POISON_KIND = "chaos-poison"
+POISON_PLAN: tuple[Step, ...] = (Step("swallow", "idempotent"),)
 
 LEASE_SECONDS = 1.0
 SESSION_HEARTBEAT_SECONDS = 0.3
@@ -91,6 +96,16 @@ def make_handler(ledger: Ledger, effect_kind: str, rng: random.Random):
     return handler
 
 
+def poison_handler(ledger: Ledger):
+    """The poison step: recorded as begun (fsynced), then the process dies by SIGKILL."""
+
+    def handler(ctx: StepContext) -> None:
+        ledger.began(ctx.job_id, ctx.step_index, generation_of(ctx), "idempotent")
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    return handler
+
+
 def worker_settings(url: str, artifact_root: Path) -> Settings:
     """The worker's settings: short everything, so a run sees many leases come and go."""
     return Settings(
@@ -119,6 +134,7 @@ def build_worker(url: str, name: str, ledger_dir: Path, seed: int, concurrency: 
     kinds = {step.step_name: step.kind.value for plan in PLANS for step in plan}
     worker.register(JOB_KIND, {name: make_handler(ledger, kinds[name], rng)
                                for name in STEP_NAMES})
+    worker.register(POISON_KIND, {"swallow": poison_handler(ledger)})
     return worker, ledger
 
 

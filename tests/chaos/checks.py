@@ -21,6 +21,8 @@ failure says what broke, not only that something did.
   started while the ledger shows it began (or was recorded started); evidence of a step
   record no write ever made; an effectful step recorded succeeded (or a job completed)
   without its effect in the ledger.
+- ``poison_not_contained``: a poison job (its step SIGKILLs every worker that runs it) not
+  ended ``failed`` ``crash_loop``, or begun by more workers than ``crash_loop_after``.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ from sqlalchemy.engine import Engine
 
 from models import JobAttempt, JobRun, OperatorAction, ReconciliationDecision, StepRun
 from reconciler.core.vocabulary import Reason
+from reconciler.settings import Settings
+from tests.chaos.chaos_worker import POISON_KIND
 from tests.chaos.ledger import FENCED_OPS, LedgerData, read_ledger
 
 jobs_table = cast(sa.Table, JobRun.__table__)
@@ -53,7 +57,10 @@ COUNTS = (
     "attempts_over_budget",
     "unexplained_transitions",
     EVIDENCE,
+    "poison_not_contained",
 )
+# The replicas run with the default, so a poison job may take this many workers down.
+CRASH_LOOP_AFTER = int(Settings.model_fields["crash_loop_after"].default)
 TERMINAL = frozenset({"completed", "failed", "cancelled"})
 RECONCILER_REASONS = frozenset(r.value for r in Reason)
 # SQLite's clock ticks in milliseconds (truncated), so an attempt's recorded end may be up
@@ -74,6 +81,7 @@ class Violation:
 
 @dataclass(frozen=True, slots=True)
 class Job:
+    kind: str
     status: str
     reason: str | None
     generation: int
@@ -181,13 +189,14 @@ def load_database(engine: Engine) -> Database:
     db = Database()
     with engine.connect() as conn:
         for r in conn.execute(sa.select(
-            jobs_table.c.job_id, jobs_table.c.job_status, jobs_table.c.status_reason,
+            jobs_table.c.job_id, jobs_table.c.job_kind, jobs_table.c.job_status,
+            jobs_table.c.status_reason,
             jobs_table.c.claim_generation, jobs_table.c.attempt_count,
             jobs_table.c.max_attempts, jobs_table.c.step_plan,
         )):
             db.jobs[int(r.job_id)] = Job(
-                r.job_status, r.status_reason, int(r.claim_generation), int(r.attempt_count),
-                int(r.max_attempts), _effect_kinds(r.step_plan))
+                r.job_kind, r.job_status, r.status_reason, int(r.claim_generation),
+                int(r.attempt_count), int(r.max_attempts), _effect_kinds(r.step_plan))
         for r in conn.execute(sa.select(
             steps_table.c.job_id, steps_table.c.step_index, steps_table.c.step_state,
             steps_table.c.claim_generation,
@@ -248,8 +257,22 @@ class _Checker:
         self.attempts_over_budget()
         self.unexplained_transitions()
         self.evidence_contradicting_ledger()
+        self.poison_not_contained()
 
     # -- the counts ------------------------------------------------------------------------
+
+    def poison_not_contained(self) -> None:
+        begun: Counter[int] = Counter(job_id for job_id, _, _ in self.ledger.began)
+        for job_id, job in self.db.jobs.items():
+            if job.kind != POISON_KIND:
+                continue
+            if (job.status, job.reason) != ("failed", Reason.CRASH_LOOP.value):
+                self.add("poison_not_contained", "not_quarantined", job_id,
+                         f"{job.status} ({job.reason})")
+            if begun[job_id] > CRASH_LOOP_AFTER:
+                self.add("poison_not_contained", "fed_too_many_workers", job_id,
+                         f"begun by {begun[job_id]} workers, crash_loop_after "
+                         f"{CRASH_LOOP_AFTER}")
 
     def jobs_lost(self) -> None:
         for job_id, job in self.db.jobs.items():

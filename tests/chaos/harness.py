@@ -87,6 +87,8 @@ TICK_SECONDS = 0.05
 STATUS_EVERY_SECONDS = 1.0
 STOP_TIMEOUT_SECONDS = 15.0
 MAX_ATTEMPTS_RANGE = (3, 6)
+# Well above crash_loop_after: a poison job must end crash_loop, not run out of attempts.
+POISON_MAX_ATTEMPTS = 6
 
 
 @dataclass(frozen=True)
@@ -104,6 +106,10 @@ class ChaosParams:
     drain_seconds: float = 120.0
     seed: int | None = None
     keep: bool = False
+    poison: int = 2
+    """Jobs whose step SIGKILLs every worker that runs it, enqueued at the start."""
+    interval_seconds: float = REPLICA_SETTINGS["interval_seconds"]
+    """The replicas' pass interval."""
 
     def __post_init__(self) -> None:
         if self.engine not in ("sqlite", "postgresql"):
@@ -112,8 +118,10 @@ class ChaosParams:
             raise ValueError("--db-restarts needs --engine postgresql")
         if min(self.jobs, self.workers, self.concurrency, self.replicas) < 1:
             raise ValueError("jobs, workers, concurrency and replicas must be at least 1")
-        if self.kills < 0 or self.db_restarts < 0 or self.seconds <= 0:
-            raise ValueError("kills and db_restarts must be >= 0, seconds > 0")
+        if self.kills < 0 or self.db_restarts < 0 or self.seconds <= 0 or self.poison < 0:
+            raise ValueError("kills, db_restarts and poison must be >= 0, seconds > 0")
+        if self.interval_seconds <= 0:
+            raise ValueError("interval_seconds must be > 0")
 
 
 @dataclass
@@ -136,6 +144,7 @@ class RunStats:
     kills_by_failpoint: Counter[str] = field(default_factory=Counter)
     killer_kills: Counter[str] = field(default_factory=Counter)
     unexpected_exits: Counter[str] = field(default_factory=Counter)
+    poison_deaths: int = 0
     processes_started: Counter[str] = field(default_factory=Counter)
     db_restarts: int = 0
     drain_start_kills: int = 0
@@ -180,6 +189,7 @@ class ChaosResult:
             "db_restarts": s.db_restarts,
             "processes_started": dict(s.processes_started),
             "unexpected_exits": dict(sorted(s.unexpected_exits.items())),
+            "poison_deaths": s.poison_deaths,
             "jobs_enqueued": s.jobs_enqueued,
             "drained": s.drained,
             "unfinished_at_drain": s.unfinished_at_drain,
@@ -210,7 +220,8 @@ class ChaosResult:
                 f"{k}={v}" for k, v in sorted(s.kills_by_failpoint.items())),
             "  by killer: " + ", ".join(f"{k}={v}" for k, v in sorted(s.killer_kills.items())),
             f"processes started: {dict(s.processes_started)}; unexpected exits: "
-            f"{dict(sorted(s.unexpected_exits.items())) or 0}",
+            f"{dict(sorted(s.unexpected_exits.items())) or 0}; workers killed by the "
+            f"{p.poison} poison jobs: {s.poison_deaths}",
             f"jobs: {f['jobs']} {f['jobs_by_final_state']}",
             f"claims: {f['claims']} {f['attempts_by_outcome']}",
             f"decisions applied: {f['decisions_applied']}; all decisions (skips too) by "
@@ -305,6 +316,7 @@ class Harness:
             self._spawn("replica", slot, same_name=True)
         for slot in range(p.workers):
             self._spawn("worker", slot, same_name=True)
+        self._enqueue_poison()
         next_status = started
         while time.monotonic() < end:
             now = time.monotonic()
@@ -369,6 +381,13 @@ class Harness:
                 return  # the database is restarting; the same keys are tried again later
             self.stats.jobs_enqueued = last
 
+    def _enqueue_poison(self) -> None:
+        assert self.client is not None
+        for n in range(self.params.poison):
+            self.client.enqueue(chaos_worker.POISON_KIND, chaos_worker.POISON_PLAN,
+                                idempotency_key=f"chaos-poison-{n}",
+                                max_attempts=POISON_MAX_ATTEMPTS)
+
     def _unfinished(self) -> int:
         assert self.engine is not None
         try:
@@ -418,7 +437,8 @@ class Harness:
                     str(self.params.concurrency)]
         else:
             module, args = "tests.chaos.chaos_replica", []
-            env.update({f"RECONCILER_{k.upper()}": str(v) for k, v in REPLICA_SETTINGS.items()})
+            settings = {**REPLICA_SETTINGS, "interval_seconds": self.params.interval_seconds}
+            env.update({f"RECONCILER_{k.upper()}": str(v) for k, v in settings.items()})
             env["RECONCILER_DATABASE_URL"] = self.url
             env["RECONCILER_INSTANCE_NAME"] = name
             env["RECONCILER_ARTIFACT_ROOT"] = str(self.workdir / "artifacts")
@@ -437,6 +457,8 @@ class Harness:
                 self.stats.killer_kills[child.role] += 1
             elif code == -signal.SIGKILL and child.failpoint:
                 self.stats.kills_by_failpoint[child.failpoint] += 1
+            elif code == -signal.SIGKILL and child.role == "worker":
+                self.stats.poison_deaths += 1  # nothing else SIGKILLs an unarmed worker
             elif not child.killed_by_harness:
                 self.stats.unexpected_exits[f"{child.role}:exit_{code}"] += 1
             delay = self.rng.uniform(*RESPAWN_DELAY_SECONDS)

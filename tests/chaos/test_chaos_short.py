@@ -36,7 +36,8 @@ def test_short_chaos_run_keeps_every_invariant(engine: str) -> None:
     assert result.stats.drained, result.render()
     assert result.stats.kills >= MIN_KILLS, result.render()
     assert result.stats.db_restarts == params.db_restarts
-    assert result.checks.facts["jobs"] == params.jobs
+    assert result.checks.facts["jobs"] == params.jobs + params.poison
+    assert result.stats.poison_deaths > 0, result.render()  # the poison did kill workers
     # The kills reached workers at failpoints, workers at random and replicas.
     assert result.stats.kills_by_failpoint, result.render()
     assert result.stats.killer_kills["worker"] > 0, result.render()
