@@ -329,14 +329,14 @@ def _lease_holder(engine: Engine) -> str | None:
                             .order_by(LEASES.c.lease_name).limit(1)).scalar_one_or_none()
 
 
-def _decisions(engine: Engine, *where: Any) -> list[tuple[int, datetime, str]]:
+def _decisions(engine: Engine) -> list[tuple[int, datetime, str]]:
     """(job, decided_at, instance) of every non-skip decision, oldest first."""
     with engine.connect() as conn:
         return [(int(j), d, str(i)) for j, d, i in conn.execute(
             sa.select(DECISIONS.c.job_id, DECISIONS.c.decided_at,
                       PASSES.c.reconciler_instance)
             .join(PASSES, PASSES.c.pass_id == DECISIONS.c.pass_id)
-            .where(DECISIONS.c.disposition != "skip", *where)
+            .where(DECISIONS.c.disposition != "skip")
             .order_by(DECISIONS.c.decided_at))]
 
 
@@ -477,7 +477,8 @@ def backlog_drain(dbs: Databases, plan: RecoveryPlan, replicas: int) -> Measurem
         done = wait_until_decided(
             engine, what, b, plan.timeout_seconds,
             lambda: any(r.process.poll() is None for r in running), JOBS.c.job_id <= b)
-        decided = _decisions(engine, DECISIONS.c.job_id <= b)
+        # The audit keeps job ids as text (any source's ids): compare them as numbers here.
+        decided = [d for d in _decisions(engine) if d[0] <= b]
         for replica in running:
             replica.stop()
     span = (decided[-1][1] - decided[0][1]).total_seconds() if decided else float("nan")
