@@ -126,8 +126,10 @@ class ForeignSource(ABC):
             return []
         policies = self._policies(reconciled_only=False)
         key = self._key_column()
-        rows = self._conn.execute(self._running(policies).where(key.in_(list(job_ids)))
-                                  .order_by(key)).all()
+        # Compared as text: an id from the command line names a job whatever the key's
+        # type (a number, a UUID, a text key of digits), and this reads a handful of rows.
+        named = sa.cast(key, sa.String()).in_([str(k) for k in job_ids])
+        rows = self._conn.execute(self._running(policies).where(named).order_by(key)).all()
         return self._build(rows, policies, position=False)
 
     def apply(self, changes: Sequence[PlannedChange]) -> dict[JobKey, int | None]:

@@ -198,6 +198,9 @@ class TestLiveness:
         assert run(home) == {}
         decision = explain(home.engine, home.full, KINDS, [job])
         assert decision[job].reason is Reason.LEASE_LIVE
+        # As the command line gives it: text, compared as the key column's own type.
+        typed = explain(home.engine, home.full, KINDS, [str(job), "not-a-number"])
+        assert [(d.job_id, d.reason) for d in typed.values()] == [(job, Reason.LEASE_LIVE)]
 
     def test_recent_activity_protects_an_expired_lease(self, home: Home) -> None:
         """Lease run out but progress 5 s ago: skip recent_activity, nothing written."""
