@@ -128,6 +128,10 @@ class Settings(BaseSettings):
     shutdown_timeout_seconds: float = _seconds(
         30.0, "how long `reconciler run` waits at SIGTERM for its pass in flight before it "
         "exits 1 anyway", maximum=3600.0)
+    start_retry_seconds: float = _seconds(
+        10.0, "how long `reconciler run` retries a database it cannot reach at start (a "
+        "restart in progress) before it exits 3 (0: no retry)", inclusive=True,
+        maximum=3600.0)
 
     @model_validator(mode="before")
     @classmethod

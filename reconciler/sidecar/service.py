@@ -63,7 +63,6 @@ RETENTION_BATCH_ROWS = 5000
 # Job retention: jobs per transaction, and transactions per run (10,000 jobs a run).
 JOB_RETENTION_BATCH_JOBS = 500
 JOB_RETENTION_MAX_BATCHES = 20
-START_RETRY_SECONDS = 10.0  # a database error at start is retried this long before exit 3
 HEALTH_CHECK_SECONDS = 5.0
 
 
@@ -80,7 +79,7 @@ class Service:
         self.engine = open_engine(settings.database_url,
                                   timeouts=DatabaseTimeouts.for_passes(settings),
                                   must_exist=True)
-        _check_schema_at_start(self.engine, config)
+        _check_schema_at_start(self.engine, config, settings.start_retry_seconds)
         self.store = open_store(self.engine)
         self.passes = open_pass_store(self.engine, config)
         self.job_retention = open_job_retention(self.engine)
@@ -384,10 +383,11 @@ class Service:
         return 0
 
 
-def _check_schema_at_start(engine: Any, config: Config | None) -> None:
+def _check_schema_at_start(engine: Any, config: Config | None, retry_seconds: float) -> None:
     """``check_schema``, retrying a database that is unavailable for a moment (a restart,
-    a lock), so a transient error is neither an old schema nor an exit at once."""
-    deadline = time.monotonic() + START_RETRY_SECONDS
+    a lock) for ``retry_seconds``, so a transient error is neither an old schema nor an
+    exit at once."""
+    deadline = time.monotonic() + retry_seconds
     while True:
         try:
             check_schema(engine, config)

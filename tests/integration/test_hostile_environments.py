@@ -35,6 +35,7 @@ from reconciler.storage.engines import create_engine, is_postgresql
 from reconciler.storage.schema import upgrade
 from reconciler.worker import JobClient, Step
 from tests.conftest import REPO_ROOT, PostgresForTests, run_cli
+from tests.helpers import fresh_database
 from tests.integration.test_service import (
     Launcher,
     ReconcilerProcess,
@@ -52,6 +53,8 @@ from tests.pg_server import ThrowawayPostgres
 passes: sa.Table = cast(sa.Table, ReconciliationPass.__table__)
 
 STEPS = [Step("fetch", "idempotent"), Step("publish", "effectful")]
+# A PostgreSQL URL nothing listens on: a command that gets as far as the database ends 3.
+NO_DATABASE = "postgresql+psycopg://rec@127.0.0.1:1/db"
 SECRET = "Hunter2Secret"  # noqa: S105 - the password the tests make sure never shows
 
 
@@ -432,10 +435,11 @@ def test_readiness_reads_the_migration_scripts_once_per_process(
 
     monkeypatch.setattr(ScriptDirectory, "from_config", staticmethod(counting))
     service = Service(Settings(database_url=db_url))
+    service.probe.fresh_seconds = 0.05  # every call below probes the database again
     try:
         for _ in range(4):
             service.readiness()
-            time.sleep(service.probe.fresh_seconds + 0.1)  # the next call probes again
+            time.sleep(0.1)
         ready, why = service.readiness()
     finally:
         service.probe.close()
@@ -473,18 +477,26 @@ def test_a_reader_that_stops_reading_ends_the_listing_quietly(db_url: str, clien
 @pytest.mark.parametrize("args", [
     ("jobs", "show", "9223372036854775808"),
     ("jobs", "hold", "99999999999999999999"),
-    ("jobs", "explain", "0"),
+    ("jobs", "show", "0"),
     ("jobs", "list", "--limit", "9223372036854775808"),
 ])
-def test_a_number_no_bigint_can_hold_is_a_usage_error(db_url: str, args: tuple[str, ...]
-                                                      ) -> None:
-    """A job id or limit beyond what the database can hold: one line, exit 2, on both
-    engines (it was an OverflowError on SQLite and "database error", exit 3, on
-    PostgreSQL)."""
-    proc = run_cli(db_url, *args)
+def test_a_number_no_bigint_can_hold_is_a_usage_error(args: tuple[str, ...]) -> None:
+    """A job id or limit beyond what the database can hold: one line, exit 2 (it was an
+    OverflowError on SQLite and "database error", exit 3, on PostgreSQL). It is refused
+    before any database is opened, whichever the engine: the URL here reaches none, so a
+    number that got through would end in exit 3 instead."""
+    proc = run_cli(NO_DATABASE, *args)
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_explain_of_an_id_no_bigint_can_hold_finds_no_job(db_url: str) -> None:
+    """`jobs explain` takes an id as its source spells it (a UUID for pg-boss), so an id
+    beyond a BIGINT is not a usage error there: it is no job, one line, exit 5, on both
+    engines (never an OverflowError or a database error)."""
+    one_line(run_cli(db_url, "jobs", "explain", "9223372036854775808"), 5,
+             "no job with id 9223372036854775808")
 
 
 def test_a_database_from_a_newer_release_is_refused_alike_by_run_and_upgrade(
@@ -507,27 +519,30 @@ def test_a_database_from_a_newer_release_is_refused_alike_by_run_and_upgrade(
 # --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("flag", "value"), [
-    ("--interval-seconds", "inf"),
-    ("--leader-lease-seconds", "1e300"),
-    ("--wedged-after-seconds", "inf"),
-    ("--stale-after-seconds", "nan"),
+@pytest.mark.parametrize(("command", "flag", "value"), [
+    ("run", "--interval-seconds", "inf"),
+    ("run", "--leader-lease-seconds", "1e300"),
+    ("run", "--wedged-after-seconds", "inf"),
+    ("run", "--stale-after-seconds", "nan"),
+    ("pass", "--wedged-after-seconds", "inf"),
 ])
 def test_a_setting_that_would_overflow_is_refused_before_anything_starts(
-    db_url: str, flag: str, value: str
+    command: str, flag: str, value: str
 ) -> None:
-    """`run` with an infinite or astronomical duration ends in one line naming the setting
-    with exit 2 (it crashed with OverflowError, or ended "interval out of range" with
-    exit 3 on PostgreSQL)."""
+    """`run` (or `pass`) with an infinite or astronomical duration ends in one line naming
+    the setting with exit 2 (`run` crashed with OverflowError; `pass` on PostgreSQL ended
+    "interval out of range" with exit 3). It is refused before any database is opened (the
+    URL here reaches none: a value that got through would end in exit 3)."""
     setting = flag.removeprefix("--").replace("-", "_")
-    one_line(run_cli(db_url, "run", flag, value, timeout=60, metrics_port=0), 2, setting)
-    one_line(run_cli(db_url, "pass", flag, value), 2, setting)
+    one_line(run_cli(NO_DATABASE, command, flag, value, timeout=60, metrics_port=0), 2,
+             setting)
 
 
-def test_a_misspelled_variable_is_named_with_the_closest_setting(db_url: str) -> None:
+def test_a_misspelled_variable_is_named_with_the_closest_setting(tmp_path: Path) -> None:
     """RECONCILER_BATCHSIZE=10 is not silently ignored: a warning names it and the setting
-    it was probably meant to be; the command still works."""
-    proc = run_cli(db_url, "jobs", "list", "--json", batchsize=10)
+    it was probably meant to be; the command still works (settings are read before any
+    engine, so one engine shows it)."""
+    proc = run_cli(fresh_database(tmp_path), "jobs", "list", "--json", batchsize=10)
     assert proc.returncode == 0, proc.stderr
     (warning,) = proc.stderr.strip().splitlines()
     assert "RECONCILER_BATCHSIZE" in warning
@@ -548,6 +563,7 @@ def test_control_characters_are_escaped_in_human_output_and_kept_in_json(
     kind = "evil\n\x1b[31mred\x07\u202e"
     job_id = client.enqueue(kind, steps=[Step("fetch\x1b[2J", "idempotent")])
 
+    shown = ""
     for args in (("jobs", "list"), ("jobs", "show", str(job_id))):
         proc = run_cli(db_url, *args)
         assert proc.returncode == 0, proc.stderr
@@ -555,7 +571,7 @@ def test_control_characters_are_escaped_in_human_output_and_kept_in_json(
         assert "\x7f" not in proc.stdout
         assert "\u202e" not in proc.stdout
         assert "\\x1b[31m" in proc.stdout
-    shown = run_cli(db_url, "jobs", "show", str(job_id)).stdout
+        shown = proc.stdout
     assert shown.splitlines()[0].startswith(f"job {job_id} (evil\\x0a\\x1b[31mred\\x07\\u202e)")
     assert "fetch\\x1b[2J" in shown
     as_json = run_cli(db_url, "jobs", "show", str(job_id), "--json")
@@ -720,8 +736,9 @@ def test_a_database_down_at_start_is_waited_for_and_never_read_as_an_old_schema(
 
 
 def test_a_database_that_stays_down_at_start_is_exit_3_not_4(tmp_path: Path) -> None:
-    """A SQLite database locked by someone else for longer than the start-up retries:
-    exit 3 (unavailable), never exit 4 (schema out of date)."""
+    """A SQLite database locked by someone else for longer than the start-up retries
+    (`start_retry_seconds`, shortened here): exit 3 (unavailable), never exit 4 (schema
+    out of date)."""
     url = migrated(f"sqlite:///{tmp_path / 'jobs.db'}")
     import sqlite3  # noqa: PLC0415 - only here
 
@@ -730,7 +747,8 @@ def test_a_database_that_stays_down_at_start_is_exit_3_not_4(tmp_path: Path) -> 
         holder.execute("PRAGMA locking_mode = EXCLUSIVE")
         holder.execute("BEGIN EXCLUSIVE")
         holder.execute("CREATE TABLE held (x)")
-        proc = run_cli(url, "run", timeout=60, metrics_port=0, sqlite_busy_timeout_seconds=0.2)
+        proc = run_cli(url, "run", timeout=60, metrics_port=0, sqlite_busy_timeout_seconds=0.2,
+                       start_retry_seconds=1)
     finally:
         holder.close()
     one_line(proc, 3, "database is locked")

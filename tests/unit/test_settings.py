@@ -54,6 +54,7 @@ DEFAULTS: dict[str, Any] = {
     "pass_statement_timeout_seconds": None,  # issue 12: derived from interval_seconds
     "pass_lock_timeout_seconds": None,
     "shutdown_timeout_seconds": 30.0,
+    "start_retry_seconds": 10.0,
 }
 
 # (setting, text as it would come from a flag or an env var, value it means)
@@ -93,6 +94,7 @@ GOOD_VALUES: list[tuple[str, str, Any]] = [
     ("pass_statement_timeout_seconds", "12", 12.0),
     ("pass_lock_timeout_seconds", "3", 3.0),
     ("shutdown_timeout_seconds", "5", 5.0),
+    ("start_retry_seconds", "0", 0.0),
 ]
 
 # (setting, bad text); each is refused on its own, with every other setting at its default.
@@ -147,6 +149,8 @@ BAD_VALUES: list[tuple[str, str]] = [
     ("statement_timeout_seconds", "0"),
     ("pass_lock_timeout_seconds", "inf"),
     ("shutdown_timeout_seconds", "0"),
+    ("start_retry_seconds", "-1"),
+    ("start_retry_seconds", "inf"),
 ]
 
 
