@@ -349,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
                 run(name, args.database_url if name == "postgresql" else None, jobs, stale,
                     memory=memory, peers=args.peers and name == "postgresql", emit=emit)
             if "time_to_recovery" in measures:
-                PROGRESS.phase(f"{name}: time to recovery ({args.orphans} orphans)")
+                PROGRESS.phase(f"{name}: time to recovery ({plan.orphans} orphans)")
                 dbs = Databases(name, None)
                 try:
                     ok = run_recovery(dbs, plan, emit) and ok
