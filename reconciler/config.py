@@ -160,6 +160,12 @@ def load_config(path: str | Path | None = None, **flags: Any) -> Config:
         else:
             raise ConfigError(f"{name}: unknown key {key!r} (not a setting)")
 
+    # database_url and database_url_file are one setting given two ways: either from a flag
+    # or the environment wins over either from the file (not "give one, not both").
+    url_keys = ("database_url", "database_url_file")
+    if any(flags.get(k) is not None or os.environ.get(f"RECONCILER_{k.upper()}")
+           for k in url_keys):
+        file_settings = {k: v for k, v in file_settings.items() if k not in url_keys}
     settings = _settings(name, file_settings, flags)
     source = parse_source(data.get("source"), settings, name)
     kinds = parse_kinds(data.get("kinds"), settings, name)
