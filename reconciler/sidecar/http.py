@@ -26,8 +26,9 @@ class BoundedHTTPServer(HTTPServer):
     ``HTTP_REQUEST_TIMEOUT_SECONDS``; then it is closed), so idle clients cost a file
     descriptor and no thread, and never keep a scrape waiting. A connection that has sent
     its request goes to one of ``HTTP_WORKERS`` threads. Beyond ``HTTP_IDLE_LIMIT`` idle
-    connections, or ``HTTP_WAITING`` requests queued for a worker, a connection is closed
-    at once.
+    connections the one idle longest is closed to make room (so a flood of idle
+    connections cannot lock a scrape out); beyond ``HTTP_WAITING`` requests queued for a
+    worker, a connection is closed at once.
     """
 
     request_queue_size = 128
@@ -47,9 +48,11 @@ class BoundedHTTPServer(HTTPServer):
         """Park the new connection until it sends its request (or times out)."""
         deadline = time.monotonic() + HTTP_REQUEST_TIMEOUT_SECONDS
         with self._idle_lock:
-            if len(self._idle.get_map()) >= HTTP_IDLE_LIMIT:
-                self.shutdown_request(request)
-                return
+            idle = self._idle.get_map()
+            if len(idle) >= HTTP_IDLE_LIMIT:
+                oldest = min(idle.values(), key=lambda key: float(key.data[1]))
+                self._idle.unregister(oldest.fileobj)
+                self.shutdown_request(_socket_of(oldest))
             self._idle.register(request, selectors.EVENT_READ, (client_address, deadline))
 
     def _watch_idle(self) -> None:
@@ -59,6 +62,8 @@ class BoundedHTTPServer(HTTPServer):
             ready = []
             with self._idle_lock:
                 for key, _ in events:
+                    if key.fileobj not in self._idle.get_map():
+                        continue  # closed to make room since select() saw it
                     self._idle.unregister(key.fileobj)
                     ready.append(key)
                 for key in list(self._idle.get_map().values()):
