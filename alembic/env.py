@@ -8,7 +8,7 @@ from sqlalchemy.engine import Connection
 
 from alembic import context
 from models import metadata
-from reconciler.storage.engines import create_engine
+from reconciler.storage.engines import UNLIMITED_TIMEOUTS, create_engine
 
 config = context.config
 
@@ -31,7 +31,8 @@ def run_migrations_online() -> None:
         run_on(shared)
         return
     url = os.environ.get("RECONCILER_DATABASE_URL") or config.get_main_option("sqlalchemy.url")
-    engine = create_engine(str(url))
+    # A migration may rewrite a large table: no statement or lock timeout here.
+    engine = create_engine(str(url), timeouts=UNLIMITED_TIMEOUTS)
     try:
         with engine.connect() as connection:
             run_on(connection)

@@ -35,13 +35,16 @@ from benchmarks.dataset import Shape, build, floor_update, restore_stale, writes
 from benchmarks.recovery import plan_for, run_recovery
 from reconciler.core.decisions import Thresholds
 from reconciler.core.passes import PassConfig, PassReport, run_pass
-from reconciler.storage.engines import create_engine
+from reconciler.storage.engines import UNLIMITED_TIMEOUTS, create_engine
 from reconciler.storage.schema import upgrade
 from reconciler.storage.sql_store import SqlStore
+from tests.progress import Progress
 
 THRESHOLDS = Thresholds(stale_after_seconds=60.0, wedged_after_seconds=3600.0)
 BATCH_SIZES = (100, 500, 2000)
 QUIET_PASSES = 50
+# What the run is doing, on stderr at least every 10 s (the table or JSON stays on stdout).
+PROGRESS = Progress("benchmark", enabled=False)
 
 
 @dataclass
@@ -81,7 +84,8 @@ class Databases:
             url = f"sqlite:///{path}"
         else:
             url = self.postgres_database()
-        engine = create_engine(url)
+        # Datasets of a million rows take longer than a session's statement timeout.
+        engine = create_engine(url, timeouts=UNLIMITED_TIMEOUTS)
         upgrade(engine)
         try:
             yield engine
@@ -119,14 +123,18 @@ def _config(batch_size: int) -> PassConfig:
     return PassConfig(batch_size=batch_size, thresholds=THRESHOLDS, instance="bench")
 
 
-def drain(store: SqlStore, batch_size: int) -> tuple[int, int]:
+def drain(store: SqlStore, batch_size: int, progress: Progress = PROGRESS,
+          stale: int | None = None) -> tuple[int, int]:
     """Run passes until nothing is stale; (jobs decided, passes)."""
     decided = passes = 0
     config = _config(batch_size)
+    progress.phase(f"draining {stale or 'the'} stale jobs, {batch_size} a pass", total=stale,
+                   announce=False)
     while True:
         report: PassReport = run_pass(store, config)
         passes += 1
         decided += len(report.decisions)
+        progress.advance(decided)
         if len(report.decisions) < batch_size:
             return decided, passes
 
@@ -134,13 +142,16 @@ def drain(store: SqlStore, batch_size: int) -> tuple[int, int]:
 def measure_recovery(dbs: Databases, shape: Shape, batch_size: int) -> list[Measurement]:
     """Recovered jobs per second over all S stale jobs, beside the set-based floor."""
     with dbs.fresh() as engine:
-        build(engine, shape)
+        _build(engine, shape)
+        PROGRESS.phase(f"{dbs.engine_name}: recovery baselines (set-based UPDATEs)")
         floor_seconds, floor_rows = _timed(lambda: floor_update(engine))
         restore_stale(engine, shape)
         writes_seconds, writes_rows = _timed(lambda: writes_floor(engine))
         restore_stale(engine, shape)
         store = SqlStore(engine)
-        seconds, (decided, passes) = _timed(lambda: drain(store, batch_size))
+        PROGRESS.phase(f"{dbs.engine_name}: recovery, draining {shape.stale} stale jobs")
+        seconds, (decided, passes) = _timed(lambda: drain(store, batch_size,
+                                                          stale=shape.stale))
     rate, floor_rate = decided / seconds, floor_rows / floor_seconds
     writes_rate = writes_rows / writes_seconds
     return [Measurement(
@@ -158,7 +169,9 @@ def quiet_pass_ms(engine: Engine) -> float:
     config = _config(500)
     run_pass(store, config)
     samples = []
-    for _ in range(QUIET_PASSES):
+    PROGRESS.phase(f"{QUIET_PASSES} quiet passes", total=QUIET_PASSES, announce=False)
+    for n in range(QUIET_PASSES):
+        PROGRESS.advance(n)
         seconds, report = _timed(lambda: run_pass(store, config))
         if report.decisions:
             raise RuntimeError("the quiet-pass measurement found stale jobs")
@@ -169,7 +182,8 @@ def quiet_pass_ms(engine: Engine) -> float:
 def measure_quiet(dbs: Databases, jobs: int) -> Measurement:
     """A pass with nothing stale over ``jobs`` jobs, 1% of them live and running."""
     with dbs.fresh() as engine:
-        build(engine, Shape(jobs=jobs, stale=0))
+        _build(engine, Shape(jobs=jobs, stale=0))
+        PROGRESS.phase(f"{dbs.engine_name}: a pass with nothing stale over {jobs} jobs")
         return Measurement("quiet_pass", dbs.engine_name, jobs, 0,
                            round(quiet_pass_ms(engine), 3), "ms",
                            {"live_running": Shape(jobs, 0).live, "samples": QUIET_PASSES})
@@ -196,7 +210,8 @@ def measure_round_trips(dbs: Databases) -> list[Measurement]:
     for batch_size in BATCH_SIZES:
         shape = Shape(jobs=max(10_000, batch_size * 3), stale=batch_size * 2)
         with dbs.fresh() as engine:
-            build(engine, shape)
+            _build(engine, shape)
+            PROGRESS.phase(f"{dbs.engine_name}: statements of a pass of {batch_size}")
             with _counting(engine) as statements:
                 report = run_pass(SqlStore(engine), _config(batch_size))
         out.append(Measurement("round_trips_per_batch", dbs.engine_name, shape.jobs,
@@ -210,10 +225,12 @@ import json, resource, sys, tracemalloc
 from reconciler.storage.engines import create_engine
 from reconciler.storage.sql_store import SqlStore
 from benchmarks.__main__ import drain
+from tests.progress import Progress
 engine = create_engine(sys.argv[1])
 store = SqlStore(engine)
 tracemalloc.start()
-decided, passes = drain(store, int(sys.argv[2]))
+with Progress("benchmark memory probe", enabled=sys.argv[4] == "1") as progress:
+    decided, passes = drain(store, int(sys.argv[2]), progress, int(sys.argv[3]))
 peak = tracemalloc.get_traced_memory()[1]
 print(json.dumps({"decided": decided, "peak_python_bytes": peak,
                   "max_rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
@@ -226,10 +243,13 @@ def measure_memory(dbs: Databases, stale_counts: tuple[int, ...]) -> list[Measur
     for stale in stale_counts:
         shape = Shape(jobs=max(stale * 2, 10_000), stale=stale)
         with dbs.fresh() as engine:
-            build(engine, shape)
+            _build(engine, shape)
+            PROGRESS.phase(f"{dbs.engine_name}: peak memory of a process draining {stale}")
             url = engine.url.render_as_string(hide_password=False)
+            # stderr is left to the terminal: the probe's own progress lines.
             probe = subprocess.run(
-                [sys.executable, "-c", MEMORY_PROBE, url, "500"], capture_output=True,
+                [sys.executable, "-c", MEMORY_PROBE, url, "500", str(stale),
+                 "1" if PROGRESS.enabled else "0"], stdout=subprocess.PIPE,
                 text=True, check=True, cwd=Path(__file__).resolve().parent.parent,
             )
         result = json.loads(probe.stdout)
@@ -238,6 +258,11 @@ def measure_memory(dbs: Databases, stale_counts: tuple[int, ...]) -> list[Measur
                                {"max_rss_mib": round(result["max_rss_kib"] / 1024, 1),
                                 "decided": result["decided"]}))
     return out
+
+
+def _build(engine: Engine, shape: Shape) -> None:
+    PROGRESS.phase(f"building a dataset of {shape.jobs} jobs ({shape.stale} stale)")
+    build(engine, shape)
 
 
 def run(engine_name: str, base_url: str | None, jobs: int, stale: int, *,
@@ -311,7 +336,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="backlog_drain: orphans decided by one, then two replicas")
     parser.add_argument("--recovery-timeout", type=float, default=3600.0,
                         help="time_to_recovery: seconds to wait for the last orphan")
+    parser.add_argument("--quiet", action="store_true",
+                        help="no progress lines on stderr (at least every 10 s otherwise)")
     args = parser.parse_args(argv)
+    PROGRESS.enabled = not args.quiet
     jobs = 10_000 if args.smoke else args.jobs
     stale = args.stale if args.stale is not None else max(jobs // 100, 1)
     memory = (100, 1000) if args.smoke else tuple(int(x) for x in args.memory.split(","))
@@ -334,19 +362,22 @@ def main(argv: list[str] | None = None) -> int:
                     workers=args.workers, backlog=args.backlog,
                     timeout_seconds=args.recovery_timeout)
     ok = True
-    for name in engines:
-        if "pass" in measures:
-            run(name, args.database_url if name == "postgresql" else None, jobs, stale,
-                memory=memory, peers=args.peers and name == "postgresql", emit=emit)
-        if "parked" in measures:
-            emit(measure_parked(name, args.database_url if name == "postgresql" else None,
-                                jobs, 1_000 if args.smoke else args.parked))
-        if "time_to_recovery" in measures:
-            dbs = Databases(name, None)
-            try:
-                ok = run_recovery(dbs, plan, emit) and ok
-            finally:
-                dbs.close()
+    with PROGRESS:
+        for name in engines:
+            if "pass" in measures:
+                run(name, args.database_url if name == "postgresql" else None, jobs, stale,
+                    memory=memory, peers=args.peers and name == "postgresql", emit=emit)
+            if "parked" in measures:
+                PROGRESS.phase(f"{name}: held and gated jobs parked")
+                emit(measure_parked(name, args.database_url if name == "postgresql" else None,
+                                    jobs, 1_000 if args.smoke else args.parked))
+            if "time_to_recovery" in measures:
+                PROGRESS.phase(f"{name}: time to recovery ({plan.orphans} orphans)")
+                dbs = Databases(name, None)
+                try:
+                    ok = run_recovery(dbs, plan, emit) and ok
+                finally:
+                    dbs.close()
     return 0 if ok else 1
 
 

@@ -29,7 +29,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 from reconciler.core.kinds import KIND_KEYS, KindRule, KindRules
 from reconciler.core.vocabulary import EffectKind
 from reconciler.errors import ConfigError
-from reconciler.settings import Settings, describe_validation_error
+from reconciler.settings import Settings, describe_validation_error, warn_unknown_variables
 
 CONFIG_ENV = "RECONCILER_CONFIG"
 """The environment variable naming the config file when ``--config`` is not given."""
@@ -140,6 +140,7 @@ class Config:
 def load_config(path: str | Path | None = None, **flags: Any) -> Config:
     """Read the config file (``path``, else ``RECONCILER_CONFIG``, else none) and combine it
     with the environment and the flags (``None`` means a flag was not given)."""
+    warn_unknown_variables(os.environ)
     chosen = path if path not in (None, "") else os.environ.get(CONFIG_ENV) or None
     where = Path(chosen) if chosen is not None else None
     data = _read(where) if where is not None else {}
@@ -159,6 +160,12 @@ def load_config(path: str | Path | None = None, **flags: Any) -> Config:
         else:
             raise ConfigError(f"{name}: unknown key {key!r} (not a setting)")
 
+    # database_url and database_url_file are one setting given two ways: either from a flag
+    # or the environment wins over either from the file (not "give one, not both").
+    url_keys = ("database_url", "database_url_file")
+    if any(flags.get(k) is not None or os.environ.get(f"RECONCILER_{k.upper()}")
+           for k in url_keys):
+        file_settings = {k: v for k, v in file_settings.items() if k not in url_keys}
     settings = _settings(name, file_settings, flags)
     source = parse_source(data.get("source"), settings, name)
     kinds = parse_kinds(data.get("kinds"), settings, name)

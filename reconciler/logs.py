@@ -7,9 +7,12 @@ import logging
 import sys
 import time
 
+from reconciler.redaction import redact
+
 
 class LogfmtFormatter(logging.Formatter):
-    """``ts=... level=... logger=... event=... key=value``; never more than one line."""
+    """``ts=... level=... logger=... event=... key=value``; never more than one line, never
+    a database password (every line goes through ``redact``)."""
 
     def format(self, record: logging.LogRecord) -> str:
         ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
@@ -20,14 +23,21 @@ class LogfmtFormatter(logging.Formatter):
                 f"logger={record.name} {message}")
         if record.exc_info and record.exc_info[0] is not None:
             line += f" error={record.exc_info[0].__name__}"
-        return line
+        return redact(line)
+
+
+class RedactingFormatter(logging.Formatter):
+    """The plain formatter of ``--verbose`` (tracebacks included), passwords hidden."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return redact(super().format(record))
 
 
 def configure_logging(verbose: bool = False, level: int = logging.INFO) -> None:
     """Send logfmt lines to stderr; ``verbose`` adds debug lines and tracebacks."""
     handler = logging.StreamHandler(sys.stderr)
     formatter: logging.Formatter = (
-        logging.Formatter("ts=%(asctime)s level=%(levelname)s logger=%(name)s %(message)s")
+        RedactingFormatter("ts=%(asctime)s level=%(levelname)s logger=%(name)s %(message)s")
         if verbose else LogfmtFormatter()
     )
     handler.setFormatter(formatter)

@@ -1,10 +1,17 @@
 """Every setting and its default, declared once, with units in the names.
 
 Precedence: a CLI flag, else ``RECONCILER_<SETTING>`` in the environment, else the default.
+``database_url`` may also come from a file (``database_url_file``), so a password never has
+to sit in a command line (``ps`` shows those to every user) or an environment listing.
 """
 
 from __future__ import annotations
 
+import difflib
+import logging
+import math
+import os
+from pathlib import Path
 from typing import Any
 
 from pydantic import Field, ValidationError, model_validator
@@ -14,47 +21,70 @@ from reconciler.core.brake import BrakeLimits
 from reconciler.core.decisions import Thresholds
 from reconciler.errors import ConfigError
 
+log = logging.getLogger("reconciler.settings")
+
+ENV_PREFIX = "RECONCILER_"
+# Long enough for any real schedule or threshold, short enough that every duration still
+# fits a timedelta, an APScheduler trigger and a PostgreSQL interval.
+MAX_SECONDS = 365 * 86400.0
+MAX_DAYS = 36_500.0
+# Variables of ours that are not settings: the config file, the test suite, the chaos
+# harness, failpoints, the real-systems source tests.
+NON_SETTING_VARIABLES = frozenset({
+    "RECONCILER_CONFIG", "RECONCILER_FAILPOINTS", "RECONCILER_PG_BIN",
+    "RECONCILER_TEST_PG_DSN", "RECONCILER_STATEMACHINE_EXAMPLES",
+    "RECONCILER_STATEMACHINE_STEPS", "RECONCILER_SOURCES_FINDINGS",
+})
+
+
+def _seconds(default: float, description: str, *, minimum: float = 0.0,
+             inclusive: bool = False, maximum: float = MAX_SECONDS) -> Any:
+    """A finite duration in seconds within [minimum, maximum] (or (minimum, maximum])."""
+    return Field(default, ge=minimum if inclusive else None,
+                 gt=None if inclusive else minimum, le=maximum, allow_inf_nan=False,
+                 description=description)
+
 
 class Settings(BaseSettings):
     """The reconciler's settings; invalid values fail with one clear line."""
 
-    model_config = SettingsConfigDict(env_prefix="RECONCILER_", extra="forbid", frozen=True)
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", frozen=True)
 
     database_url: str = Field(
         "sqlite:///reconciler.db",
         description="SQLAlchemy URL: sqlite:///PATH or postgresql+psycopg://...")
-    interval_seconds: float = Field(30.0, gt=0, description="seconds between scheduled passes")
+    database_url_file: str = Field(
+        "", description="a file whose content is database_url (a Kubernetes secret, a "
+        "systemd credential); keeps the password out of ps and the environment")
+    interval_seconds: float = _seconds(30.0, "seconds between scheduled passes")
     batch_size: int = Field(500, ge=1, le=10_000,
                             description="most candidates one pass examines")
-    stale_after_seconds: float = Field(
-        60.0, ge=0, description="activity younger than this protects an expired lease")
-    wedged_after_seconds: float = Field(
-        3600.0, gt=0, description="no activity this long under a live lease is a hang")
+    stale_after_seconds: float = _seconds(
+        60.0, "activity younger than this protects an expired lease", inclusive=True)
+    wedged_after_seconds: float = _seconds(
+        3600.0, "no activity this long under a live lease is a hang")
     metrics_port: int = Field(9464, ge=0, le=65535, description="port of /metrics and /healthz")
     metrics_host: str = Field("127.0.0.1", description="address /metrics binds to")
-    leader_lease_seconds: float = Field(
-        90.0, gt=0, description="how long a reconciler's leadership lasts unrenewed")
-    lease_seconds: float = Field(30.0, gt=0, description="a claim's lease when none is given")
+    leader_lease_seconds: float = _seconds(
+        90.0, "how long a reconciler's leadership lasts unrenewed")
+    lease_seconds: float = _seconds(30.0, "a claim's lease when none is given")
     default_max_attempts: int = Field(
-        3, ge=1, description="a job's attempt budget when enqueue names none")
-    retry_backoff_seconds: float = Field(
-        1.0, ge=0, description="first retry delay; doubles per attempt")
-    retry_backoff_max_seconds: float = Field(300.0, ge=0, description="longest retry delay")
+        3, ge=1, le=2_147_483_647, description="a job's attempt budget when enqueue names none")
+    retry_backoff_seconds: float = _seconds(
+        1.0, "first retry delay; doubles per attempt", inclusive=True)
+    retry_backoff_max_seconds: float = _seconds(300.0, "longest retry delay", inclusive=True)
     instance_name: str = Field(
         "", max_length=100, description="this reconciler's name in the audit trail "
         "(default: host and process id)")
-    session_timeout_seconds: float = Field(
-        30.0, gt=0, description="a worker session silent this long is gone")
-    session_heartbeat_seconds: float = Field(
-        5.0, gt=0, description="how often a worker renews its session")
-    shutdown_grace_seconds: float = Field(
-        30.0, ge=0, description="how long a stopping worker lets running steps finish")
-    max_run_seconds: float = Field(
-        600.0, gt=0, description="longest a worker lets one job's handlers run")
-    poll_interval_seconds: float = Field(
-        1.0, gt=0, description="how often an idle worker looks for work")
+    session_timeout_seconds: float = _seconds(30.0, "a worker session silent this long is gone")
+    session_heartbeat_seconds: float = _seconds(5.0, "how often a worker renews its session")
+    shutdown_grace_seconds: float = _seconds(
+        30.0, "how long a stopping worker lets running steps finish", inclusive=True)
+    max_run_seconds: float = _seconds(600.0, "longest a worker lets one job's handlers run")
+    poll_interval_seconds: float = _seconds(1.0, "how often an idle worker looks for work")
     audit_retention_days: float = Field(
-        30.0, gt=0, description="passes and decisions older than this are deleted")
+        30.0, gt=0, le=MAX_DAYS, allow_inf_nan=False,
+        description="passes and decisions older than this are deleted")
     artifact_root: str = Field("artifacts", description="folder for staged and published "
                                "artifacts")
     shadow: bool = Field(
@@ -64,17 +94,64 @@ class Settings(BaseSettings):
         20, ge=1, description="fewest stale jobs in one pass that can engage the "
         "mass-staleness brake")
     brake_stale_fraction: float = Field(
-        0.5, gt=0, le=1, description="share of running jobs that must be stale at once to "
-        "engage the brake")
-    brake_hold_seconds: float = Field(
-        120.0, ge=0, description="how long the brake leaves stale jobs alone from the first "
-        "braked pass (0: never)")
+        0.5, gt=0, le=1, allow_inf_nan=False, description="share of running jobs that must "
+        "be stale at once to engage the brake")
+    brake_hold_seconds: float = _seconds(
+        120.0, "how long the brake leaves stale jobs alone from the first braked pass "
+        "(0: never)", inclusive=True)
     crash_loop_after: int = Field(
         2, ge=1, description="a job whose last this many attempts were all lost ends "
         "crash_loop")
     job_retention_days: float = Field(
-        30.0, gt=0, description="finished jobs (with their steps, attempts and artifact "
-        "records) older than this are deleted")
+        30.0, gt=0, le=MAX_DAYS, allow_inf_nan=False, description="finished jobs (with "
+        "their steps, attempts and artifact records) older than this are deleted")
+    # -- talking to the database: nothing waits on it forever --------------------------------
+    connect_timeout_seconds: int = Field(
+        5, ge=2, le=300, description="longest wait for a PostgreSQL connection (whole "
+        "seconds, at least 2 as in libpq)")
+    statement_timeout_seconds: float = _seconds(
+        30.0, "PostgreSQL statement_timeout of every session; a server silent this much "
+        "longer (plus a margin) is given up on", maximum=3600.0)
+    lock_timeout_seconds: float = _seconds(
+        10.0, "PostgreSQL lock_timeout of every session", maximum=3600.0)
+    sqlite_busy_timeout_seconds: float = _seconds(
+        30.0, "how long a SQLite writer waits for the write lock", inclusive=True,
+        maximum=3600.0)
+    pass_statement_timeout_seconds: float | None = Field(
+        None, gt=0, le=3600.0, allow_inf_nan=False,
+        description="statement_timeout of a pass on PostgreSQL (default: interval_seconds, "
+        "at least 10)")
+    pass_lock_timeout_seconds: float | None = Field(
+        None, gt=0, le=3600.0, allow_inf_nan=False,
+        description="lock_timeout of a pass on PostgreSQL (default: half of interval_seconds, "
+        "at least 5)")
+    shutdown_timeout_seconds: float = _seconds(
+        30.0, "how long `reconciler run` waits at SIGTERM for its pass in flight before it "
+        "exits 1 anyway", maximum=3600.0)
+    start_retry_seconds: float = _seconds(
+        10.0, "how long `reconciler run` retries a database it cannot reach at start (a "
+        "restart in progress) before it exits 3 (0: no retry)", inclusive=True,
+        maximum=3600.0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _url_from_file(cls, data: Any) -> Any:
+        # Before validation, so a URL read from a file is checked like any other.
+        if not isinstance(data, dict) or not data.get("database_url_file"):
+            return data
+        if data.get("database_url") not in (None, ""):
+            raise ValueError("give database_url or database_url_file, not both")
+        path = Path(str(data["database_url_file"]))
+        try:
+            url = path.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else \
+                type(exc).__name__
+            raise ValueError(f"database_url_file {str(path)!r} cannot be read: {reason}") \
+                from None
+        if not url or "\n" in url:
+            raise ValueError(f"database_url_file {str(path)!r} must hold one URL on one line")
+        return {**data, "database_url": url}
 
     @model_validator(mode="after")
     def _consistent(self) -> Settings:
@@ -87,6 +164,17 @@ class Settings(BaseSettings):
             raise ValueError("retry_backoff_max_seconds must be at least retry_backoff_seconds")
         return self
 
+    @property
+    def pass_timeouts(self) -> tuple[float, float]:
+        """(statement, lock) timeouts of a pass on PostgreSQL, derived from the interval.
+
+        A pass statement has the interval to finish (never under 10 s, so a short test
+        interval does not cut an ordinary pass); a lock wait half of it (never under 5 s).
+        """
+        statement = self.pass_statement_timeout_seconds
+        lock = self.pass_lock_timeout_seconds
+        return (max(self.interval_seconds, 10.0) if statement is None else statement,
+                max(self.interval_seconds / 2, 5.0) if lock is None else lock)
 
     def thresholds(self) -> Thresholds:
         """The decision table's limits from these settings (every caller builds them here)."""
@@ -102,12 +190,48 @@ class Settings(BaseSettings):
 
 
 def load_settings(**overrides: Any) -> Settings:
-    """Build settings from flags (``overrides``; None means not given) and the environment."""
+    """Build settings from flags (``overrides``; None means not given) and the environment.
+
+    ``RECONCILER_*`` variables that are not settings are named in a warning, with the
+    closest setting, instead of being silently ignored.
+    """
+    warn_unknown_variables(os.environ)
     given = {key: value for key, value in overrides.items() if value is not None}
     try:
         return Settings(**given)
     except ValidationError as exc:
         raise ConfigError(describe_validation_error(exc)) from None
+
+
+_warned: set[str] = set()
+
+
+def unknown_variables(environ: Any) -> list[tuple[str, str | None]]:
+    """``RECONCILER_*`` names in ``environ`` that are no setting, each with the closest one."""
+    known = {ENV_PREFIX + name.upper() for name in Settings.model_fields}
+    found = []
+    for name in sorted(environ):
+        upper = name.upper()
+        if not upper.startswith(ENV_PREFIX) or upper in known or upper in NON_SETTING_VARIABLES:
+            continue
+        close = difflib.get_close_matches(upper, sorted(known), n=1, cutoff=0.6)
+        found.append((name, close[0] if close else None))
+    return found
+
+
+def warn_unknown_variables(environ: Any) -> None:
+    """Log one warning per unknown ``RECONCILER_*`` variable (once per process)."""
+    for name, closest in unknown_variables(environ):
+        if name in _warned:
+            continue
+        _warned.add(name)
+        hint = f"; did you mean {closest}?" if closest else ""
+        log.warning("event=unknown_setting variable=%s text=%s", name,
+                    _quoted(f"{name} is not a setting and is ignored{hint}"))
+
+
+def _quoted(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def describe_validation_error(exc: ValidationError) -> str:
@@ -117,5 +241,10 @@ def describe_validation_error(exc: ValidationError) -> str:
     message = error.get("msg", "invalid value").removeprefix("Value error, ")
     if not where:
         return f"invalid settings: {message}"
-    source = f"RECONCILER_{where.upper()} / --{where.replace('_', '-')}"
-    return f"invalid setting {where} ({source}): {message} (got {error.get('input')!r})"
+    source = f"{ENV_PREFIX}{where.upper()} / --{where.replace('_', '-')}"
+    shown = error.get("input")
+    if where == "database_url":
+        shown = "<hidden>"  # a URL may hold a password; create_engine names the problem
+    elif isinstance(shown, float) and not math.isfinite(shown):
+        shown = str(shown)
+    return f"invalid setting {where} ({source}): {message} (got {shown!r})"

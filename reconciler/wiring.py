@@ -8,6 +8,7 @@ objects typed by the ports they use.
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 from sqlalchemy.engine import Connection, Engine
 
@@ -18,7 +19,8 @@ from reconciler.core.ports import JobSource, PassStore
 from reconciler.core.worker_ports import WorkWaiter
 from reconciler.settings import Settings
 from reconciler.sources import open_foreign_source
-from reconciler.storage.engines import create_engine
+from reconciler.storage.diagnosis import database_answers, error_code, error_line
+from reconciler.storage.engines import DatabaseTimeouts, create_engine
 from reconciler.storage.native_kinds import kinded_native
 from reconciler.storage.pass_store import SourceFactory, native_source
 from reconciler.storage.retention import JobRetentionSql
@@ -28,16 +30,39 @@ from reconciler.storage.step_ledger import LedgerRun, StepLedger
 from reconciler.storage.wakeups import NotifyWaiter
 
 __all__ = [
+    # What callers need to ask for timeouts and to read a database error: the engine's
+    # timeouts (a value built from settings) and the storage's diagnosis (a bounded code
+    # and one redacted line, for logs, metrics and /readyz).
+    "DatabaseTimeouts",
     # The step ledger is public API (reconciler.ledger); its store is handed out from here.
-    "LedgerRun", "StepLedger", "check_schema", "open_engine", "open_job_retention",
-    "open_pass_store", "open_store", "pass_config", "source_factory", "upgrade_schema",
+    "LedgerRun",
+    "StepLedger",
+    "check_schema",
+    "database_answers",
+    "error_code",
+    "error_line",
+    "open_engine",
+    "open_job_retention",
+    "open_pass_store",
+    "open_store",
+    "pass_config",
+    "source_factory",
+    "upgrade_schema",
     "work_waiter",
 ]
 
 
-def open_engine(database: str | Engine) -> Engine:
-    """An engine for a database URL (an engine is passed through)."""
-    return create_engine(database) if isinstance(database, str) else database
+def open_engine(database: str | Engine, *, timeouts: DatabaseTimeouts | None = None,
+                must_exist: bool = False, **kwargs: Any) -> Engine:
+    """An engine for a database URL (an engine is passed through, as it is).
+
+    ``timeouts``: how long any wait on the database may last (default: the settings'
+    defaults). ``must_exist``: a missing SQLite file is an error naming it, not a new empty
+    database (every command but ``db upgrade``).
+    """
+    if not isinstance(database, str):
+        return database
+    return create_engine(database, timeouts=timeouts, must_exist=must_exist, **kwargs)
 
 
 def check_schema(engine: Engine, config: Config | None = None) -> None:

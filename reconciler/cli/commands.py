@@ -6,17 +6,24 @@ import argparse
 import json
 import logging
 import os
-import re
 import socket
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn
+from typing import Any
 
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from reconciler import __version__
-from reconciler.cli.views import decision_view, job_view, pass_view
+from reconciler.cli.arguments import (
+    MAX_JOB_ID,
+    OneLineParser,
+    job_id,
+    parse_duration,
+    positive_int,
+    settings_parent,
+)
+from reconciler.cli.views import decision_view, job_view, pass_view, printable
 from reconciler.config import Config, NativeConfig, load_config
 from reconciler.core.decisions import render_markdown, render_table
 from reconciler.core.passes import explain_jobs, run_pass
@@ -28,9 +35,13 @@ from reconciler.errors import (
     ReconcilerError,
 )
 from reconciler.logs import configure_logging
+from reconciler.redaction import display_url, redact
 from reconciler.settings import Settings
 from reconciler.wiring import (
+    DatabaseTimeouts,
     check_schema,
+    error_code,
+    error_line,
     open_engine,
     open_pass_store,
     open_store,
@@ -40,63 +51,10 @@ from reconciler.wiring import (
 
 log = logging.getLogger("reconciler.cli")
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
-_UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-def parse_duration(text: str) -> float:
-    """``90``, ``90s``, ``15m``, ``2h`` or ``7d`` as seconds."""
-    match = _DURATION.match(text)
-    if not match:
-        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (use e.g. 90s, 15m, 2h, 7d)")
-    return float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1: {text!r}")
-    return value
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """Usage mistakes end with one line naming the fix, like every other error."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
-def _settings_parent(without: frozenset[str] = frozenset()) -> OneLineParser:
-    """Every setting as a flag; ``without`` names settings whose flag a command spells
-    differently (``decisions --shadow`` filters the audit, it does not run in shadow)."""
-    parent = OneLineParser(add_help=False)
-    parent.add_argument("--config", metavar="PATH", default=None,
-                        help="a TOML config file: settings, [source] and [kinds] "
-                        "(else RECONCILER_CONFIG; flags and RECONCILER_<NAME> win over it)")
-    group = parent.add_argument_group("settings (flag, else RECONCILER_<NAME>, else default)")
-    # Every setting has a flag, generated from the one declaration in Settings. Values stay
-    # text here: Settings validates, so a bad flag and a bad env var read the same.
-    for name, spec in Settings.model_fields.items():
-        if name in without:
-            continue
-        flag = f"--{name.replace('_', '-')}"
-        help_text = f"{spec.description} (default {spec.default})"
-        if spec.annotation is bool:
-            # A switch (``--shadow``, ``--no-shadow``) rather than ``--shadow true``.
-            group.add_argument(flag, dest=name, default=None,
-                               action=argparse.BooleanOptionalAction, help=help_text)
-        else:
-            group.add_argument(flag, dest=name, default=None, metavar="VALUE", help=help_text)
-    parent.add_argument("--verbose", action="store_true", help="tracebacks and debug logs")
-    return parent
-
 
 def build_parser() -> argparse.ArgumentParser:
     """The whole command tree."""
-    common = _settings_parent()
+    common = settings_parent()
     parser = OneLineParser(
         prog="reconciler", description="Find jobs whose workers died and recover them.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -123,10 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
     job_commands = jobs.add_subparsers(dest="jobs_command", required=True, metavar="ACTION")
     listing = job_commands.add_parser("list", parents=[common], help="jobs, newest first")
     listing.add_argument("--status", choices=[s.value for s in JobStatus])
-    listing.add_argument("--limit", type=_positive_int, default=100)
+    listing.add_argument("--limit", type=positive_int, default=100)
     listing.add_argument("--json", action="store_true")
     show = job_commands.add_parser("show", parents=[common], help="one job and its steps")
-    show.add_argument("job_id", type=int)
+    show.add_argument("job_id", type=job_id)
     show.add_argument("--json", action="store_true")
 
     why = job_commands.add_parser(
@@ -136,19 +94,19 @@ def build_parser() -> argparse.ArgumentParser:
     why.add_argument("--json", action="store_true")
     for action, help_text in OPERATOR_HELP.items():
         acting = job_commands.add_parser(action, parents=[common], help=help_text)
-        acting.add_argument("job_id", type=int)
+        acting.add_argument("job_id", type=job_id)
         acting.add_argument("--json", action="store_true")
 
     # Reading the audit never runs a pass, so the shadow setting means nothing here; its
     # flag is this command's filter instead (dest ``shadow_only``, so it is never a setting).
-    audit = commands.add_parser("decisions", parents=[_settings_parent(frozenset({"shadow"}))],
+    audit = commands.add_parser("decisions", parents=[settings_parent(frozenset({"shadow"}))],
                                 help="the audit trail")
     audit.add_argument("--shadow", dest="shadow_only", action="store_true",
                        help="only decisions recorded in shadow mode (nothing was changed)")
     audit.add_argument("--reason", choices=[r.value for r in Reason])
     audit.add_argument("--since", type=parse_duration, metavar="DURATION",
                        help="only decisions younger than this (90s, 15m, 2h, 7d)")
-    audit.add_argument("--limit", type=_positive_int, default=100)
+    audit.add_argument("--limit", type=positive_int, default=100)
     audit.add_argument("--json", action="store_true")
 
     explain = commands.add_parser("explain", parents=[common], help="print the decision table")
@@ -159,6 +117,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _config(args: argparse.Namespace) -> Config:
     """Flag > environment > config file (``--config``, else ``RECONCILER_CONFIG``) > default."""
+    flag_url = getattr(args, "database_url", None)
+    if flag_url and redact(flag_url) != flag_url:
+        # The process list shows every argument to every user on the machine.
+        log.warning("event=password_on_command_line text=%s", json.dumps(
+            "--database-url carries a password, which `ps` shows to every user; use "
+            "RECONCILER_DATABASE_URL_FILE or RECONCILER_DATABASE_URL"))
     return load_config(getattr(args, "config", None),
                        **{name: getattr(args, name, None) for name in Settings.model_fields})
 
@@ -168,23 +132,31 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 
 def _open_engine(settings: Settings, config: Config | None = None) -> Engine:
-    engine = open_engine(settings.database_url)
+    # must_exist: no command but `db upgrade` leaves an empty SQLite file behind.
+    engine = open_engine(settings.database_url,
+                         timeouts=DatabaseTimeouts.from_settings(settings), must_exist=True)
     check_schema(engine, config)
     return engine
 
 
-def _emit(args: argparse.Namespace, data: Any, human: Callable[[], str]) -> None:
+def _emit(args: argparse.Namespace, data: Any, human: Callable[[], list[str]]) -> None:
+    """``--json``: the data as JSON (which escapes by itself). Otherwise the human lines,
+    each through ``printable``: a newline or an escape sequence stored in a job's kind or
+    a step's name is shown escaped on its own line, never obeyed by the terminal."""
     if getattr(args, "json", False):
         print(json.dumps(data, indent=2, default=str))
     else:
-        print(human())
+        print("\n".join(printable(line) for line in human()))
 
 
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
     config = _config(args)
-    engine = open_engine(config.settings.database_url)
+    settings = config.settings
+    engine = open_engine(settings.database_url,
+                         timeouts=DatabaseTimeouts.from_settings(settings))
     upgrade_schema(engine, config)
-    print(f"database at {engine.url.render_as_string(hide_password=True)} is up to date")
+    shown = display_url(engine.url.render_as_string(hide_password=True))
+    print(printable(f"database at {shown} is up to date"))
     return 0
 
 
@@ -197,7 +169,7 @@ def cmd_pass(args: argparse.Namespace) -> int:
                       dry_run=args.dry_run)
     view = pass_view(report)
 
-    def human() -> str:
+    def human() -> list[str]:
         title = "dry run (nothing written)" if report.dry_run else f"pass {report.pass_id}"
         if report.shadow:
             title += " (shadow: decisions recorded, no job changed)"
@@ -208,7 +180,7 @@ def cmd_pass(args: argparse.Namespace) -> int:
                   + (f" at step {d['resume_step_index']}"
                      if d["resume_step_index"] is not None else "")
                   for d in view["decisions"]]
-        return "\n".join(lines)
+        return lines
 
     _emit(args, view, human)
     return 0
@@ -218,14 +190,14 @@ def cmd_jobs_list(args: argparse.Namespace) -> int:
     store = open_store(_open_engine(_settings(args)))
     views = [job_view(j) for j in store.list_jobs(args.status, args.limit)]
 
-    def human() -> str:
+    def human() -> list[str]:
         if not views:
-            return "no jobs"
+            return ["no jobs"]
         lines = [f"{'JOB':>8}  {'KIND':<16} {'STATUS':<11} {'ATTEMPTS':>8}  {'STEP':>4}  REASON"]
-        lines += [f"{v['job_id']:>8}  {v['job_kind'][:16]:<16} {v['status']:<11} "
+        lines += [f"{v['job_id']:>8}  {printable(v['job_kind'])[:16]:<16} {v['status']:<11} "
                   f"{v['attempts_used']:>3}/{v['max_attempts']:<4}  {v['resume_step_index']:>4}"
                   f"  {v['reason'] or '-'}" for v in views]
-        return "\n".join(lines)
+        return lines
 
     _emit(args, views, human)
     return 0
@@ -238,7 +210,7 @@ def cmd_jobs_show(args: argparse.Namespace) -> int:
         raise NotFoundError(f"no job with id {args.job_id}")
     view = job_view(job)
 
-    def human() -> str:
+    def human() -> list[str]:
         lines = [f"job {view['job_id']} ({view['job_kind']}): {view['status']}"
                  + (f" ({view['reason']})" if view["reason"] else ""),
                  f"  attempts {view['attempts_used']}/{view['max_attempts']}, "
@@ -246,7 +218,7 @@ def cmd_jobs_show(args: argparse.Namespace) -> int:
                  + (", held by an operator" if view["operator_hold"] else "")]
         lines += [f"  step {s['index']}: {s['name']} [{s.get('effect_kind', '?')}] {s['state']}"
                   for s in view["steps"]]
-        return "\n".join(lines)
+        return lines
 
     _emit(args, view, human)
     return 0
@@ -267,7 +239,7 @@ def cmd_jobs_explain(args: argparse.Namespace) -> int:
         if not planned:
             raise NotFoundError(f"no running {config.source.kind} job with id {args.job_id}")
     else:
-        if not args.job_id.isdigit():
+        if not args.job_id.isdigit() or int(args.job_id) > MAX_JOB_ID:
             raise NotFoundError(f"no job with id {args.job_id}")
         job_id = int(args.job_id)
         planned = explain_jobs(open_pass_store(engine, config), [job_id],
@@ -284,11 +256,11 @@ def cmd_jobs_explain(args: argparse.Namespace) -> int:
             "rule": d.rule_number, "resume_step_index": d.resume_step_index,
             "evidence": change.evidence}
 
-    def human() -> str:
+    def human() -> list[str]:
         rule = f"rule {d.rule_number}" if d.rule_number else "pass outcome"
         lines = [f"job {d.job_id}: {d.disposition.value} ({d.reason.value}, {rule})"]
         lines += [f"  {key}: {value}" for key, value in change.evidence.items()]
-        return "\n".join(lines)
+        return lines
 
     _emit(args, view, human)
     return 0
@@ -311,8 +283,12 @@ def cmd_jobs_action(args: argparse.Namespace) -> int:
         raise ActionRefusedError(f"cannot {args.jobs_command} job {args.job_id}: {refusal}")
     job = store.get_job(args.job_id)
     view = job_view(job) if job is not None else {"job_id": args.job_id}
-    _emit(args, view, lambda: f"job {args.job_id}: {args.jobs_command} applied; "
-                              f"status {view.get('status')}")
+    line = f"job {args.job_id}: {args.jobs_command} applied; status {view.get('status')}"
+    if args.jobs_command == "retry" and view.get("operator_hold"):
+        # A retry never lifts a hold: the operator who held the job decides when it runs.
+        line += (f"; it is still held and will not run until `reconciler jobs unhold "
+                 f"{args.job_id}`")
+    _emit(args, view, lambda: [line])
     return 0
 
 
@@ -322,15 +298,15 @@ def cmd_decisions(args: argparse.Namespace) -> int:
     records = [decision_view(r) for r in store.list_decisions(
         args.reason, args.since, args.limit, shadow_only=args.shadow_only)]
 
-    def human() -> str:
+    def human() -> list[str]:
         if not records:
-            return "no decisions"
-        return "\n".join(
+            return ["no decisions"]
+        return [
             f"{r['decided_at']}  pass {r['pass_id']}  job {r['job_id']}: {r['disposition']} "
             f"({r['decision_reason']})"
             + (f" at step {r['resume_step_index']}" if r["resume_step_index"] is not None else "")
             + (" [shadow: nothing changed]" if r["shadow"] else "")
-            for r in records)
+            for r in records]
 
     _emit(args, records, human)
     return 0
@@ -350,7 +326,15 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     configure_logging(args.verbose)
     config = _config(args)
-    return Service(config.settings, config=config).run_until_signalled()
+    service = Service(config.settings, config=config)
+    code = service.run_until_signalled()
+    if service.stuck:
+        # A thread is still blocked inside the database driver: the interpreter would wait
+        # for it at exit (for as long as the database stays frozen). Exit now instead.
+        logging.shutdown()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -390,19 +374,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     verbose = getattr(args, "verbose", False)
     configure_logging(verbose, level=logging.WARNING)
     try:
-        return COMMANDS[_command_key(args)](args)
+        code = COMMANDS[_command_key(args)](args)
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        return _output_closed()
     except ReconcilerError as exc:
         if verbose:
             log.exception("command failed")
-        print(f"reconciler: error: {exc}", file=sys.stderr)
-        return exc.exit_code
+        return _fail(str(exc), exc.exit_code)
     except (OperationalError, DBAPIError) as exc:
         if verbose:
             log.exception("database error")
-        line = str(getattr(exc, "orig", exc)).strip().splitlines()
-        print(f"reconciler: error: database error: {line[0] if line else type(exc).__name__}",
-              file=sys.stderr)
-        return DatabaseUnavailableError.exit_code
+        return _fail(f"database error ({error_code(exc).value}): {error_line(exc)}",
+                     DatabaseUnavailableError.exit_code)
     except KeyboardInterrupt:
         return 130
+
+
+def _fail(message: str, code: int) -> int:
+    """The one error line: passwords hidden, control characters escaped."""
+    print(printable(f"reconciler: error: {redact(message)}"), file=sys.stderr)
+    return code
+
+
+def _output_closed() -> int:
+    """The reader of our output went away (``| head -1``): what it wanted it got. End
+    quietly; point stdout at /dev/null so the interpreter's final flush cannot fail."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 0
 

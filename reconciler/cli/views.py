@@ -5,6 +5,7 @@ Never shown: worker identities (``lease_owner``), lease tokens, payloads, paths,
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Any
 
@@ -14,6 +15,26 @@ from reconciler.core.ports import JobDetail
 from reconciler.core.vocabulary import INTEGER_KEYED_SOURCES, Disposition
 
 NOT_STARTED = "not_started"
+
+# C0 and C1 controls, DEL, and the Unicode line separators and bidirectional overrides that
+# can make a terminal show something other than what is stored.
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e"
+                          r"\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """``text`` safe to print to a terminal: control characters become visible escapes.
+
+    A job kind or step name holding ``\\n``, ``\\x1b[31m`` or ``\\x07`` is data, not a
+    command to the operator's terminal. Every human (non-JSON) line goes through here;
+    JSON output escapes by itself and is left as it is.
+    """
+    return _UNPRINTABLE.sub(_escape, text)
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
 def _iso(value: datetime | None) -> str | None:

@@ -133,6 +133,25 @@ class PassOutcome(StrEnum):
     NOT_LEADER = "not_leader"
 
 
+class DatabaseErrorCode(StrEnum):
+    """Why a pass (or a probe) failed, as a bounded code: the ``error_code`` of an error pass,
+    the ``code`` label of ``reconciler_pass_errors_total``, the ``code=`` of a log line."""
+
+    UNREACHABLE = "unreachable"
+    NO_ANSWER = "no_answer"
+    AUTHENTICATION_FAILED = "authentication_failed"
+    TIMEOUT = "timeout"
+    LOCK_TIMEOUT = "lock_timeout"
+    READ_ONLY = "read_only"
+    PERMISSION_DENIED = "permission_denied"
+    SCHEMA_MISMATCH = "schema_mismatch"
+    DISK_FULL = "disk_full"
+    TOO_MANY_CONNECTIONS = "too_many_connections"
+    CONFLICT = "conflict"
+    INVALID_DATA = "invalid_data"
+    OTHER = "other"
+
+
 class WorkerStatusReason(StrEnum):
     """``status_reason`` values a worker's own writes set."""
 

@@ -6,7 +6,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from reconciler.core.decisions import RULES
 from reconciler.core.passes import PassReport
-from reconciler.core.vocabulary import Disposition, PassOutcome, Reason
+from reconciler.core.vocabulary import DatabaseErrorCode, Disposition, PassOutcome, Reason
 
 PASS_DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
                          5.0, 10.0, 30.0)
@@ -36,6 +36,9 @@ class Metrics:
         r = self.registry
         self.passes = Counter("reconciler_passes", "Reconciliation passes by outcome",
                               ["outcome"], registry=r)
+        self.pass_errors = Counter("reconciler_pass_errors",
+                                   "Passes that failed, by what the database said (a code)",
+                                   ["code"], registry=r)
         self.pass_duration = Histogram("reconciler_pass_duration_seconds",
                                        "Wall time of one pass", buckets=PASS_DURATION_BUCKETS,
                                        registry=r)
@@ -82,6 +85,8 @@ class Metrics:
             self.decisions.labels(disposition=disposition.value, reason=reason.value)
         for disposition, reason in decision_labels(shadow=True):
             self.shadow_decisions.labels(disposition=disposition.value, reason=reason.value)
+        for code in DatabaseErrorCode:
+            self.pass_errors.labels(code=code.value)
 
     def observe_pass(self, report: PassReport, seconds: float, now_unix: float, *,
                      shadow: bool = False) -> None:
@@ -104,7 +109,9 @@ class Metrics:
         """Show whether the mass-staleness brake held the last pass."""
         self.brake_engaged.set(1 if engaged else 0)
 
-    def observe_failed_pass(self, seconds: float) -> None:
-        """Count a pass that raised."""
+    def observe_failed_pass(self, seconds: float,
+                            code: DatabaseErrorCode = DatabaseErrorCode.OTHER) -> None:
+        """Count a pass that raised, and why (a bounded code, never the message)."""
         self.passes.labels(outcome=PassOutcome.ERROR.value).inc()
+        self.pass_errors.labels(code=code.value).inc()
         self.pass_duration.observe(seconds)

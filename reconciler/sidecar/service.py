@@ -11,6 +11,7 @@ compare-and-swap.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import random
@@ -20,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -31,13 +32,20 @@ from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
 from reconciler.config import Config
 from reconciler.core.passes import PassReport, run_pass
 from reconciler.core.ports import Cursor
-from reconciler.core.vocabulary import Disposition
-from reconciler.errors import ConfigError, ReconcilerError
+from reconciler.core.vocabulary import DatabaseErrorCode, Disposition
+from reconciler.errors import ConfigError, DatabaseUnavailableError
+from reconciler.redaction import redact
 from reconciler.settings import Settings
 from reconciler.sidecar.artifact_sweep import sweep_artifacts
+from reconciler.sidecar.http import HTTP_REQUEST_TIMEOUT_SECONDS, BoundedHTTPServer
 from reconciler.sidecar.metrics import Metrics
+from reconciler.sidecar.probe import DatabaseProbe
 from reconciler.wiring import (
+    DatabaseTimeouts,
     check_schema,
+    database_answers,
+    error_code,
+    error_line,
     open_engine,
     open_job_retention,
     open_pass_store,
@@ -55,7 +63,7 @@ RETENTION_BATCH_ROWS = 5000
 # Job retention: jobs per transaction, and transactions per run (10,000 jobs a run).
 JOB_RETENTION_BATCH_JOBS = 500
 JOB_RETENTION_MAX_BATCHES = 20
-SHUTDOWN_TIMEOUT_SECONDS = 30.0
+HEALTH_CHECK_SECONDS = 5.0
 
 
 class Service:
@@ -66,11 +74,16 @@ class Service:
         self.settings = settings
         self.instance = (instance or settings.instance_name
                          or f"{socket.gethostname()}-{os.getpid()}")
-        self.engine = open_engine(settings.database_url)
-        check_schema(self.engine, config)
+        # The sessions carry the pass timeouts (derived from the interval), so a pass needs
+        # no SET LOCAL of its own and a frozen database fails it instead of hanging it.
+        self.engine = open_engine(settings.database_url,
+                                  timeouts=DatabaseTimeouts.for_passes(settings),
+                                  must_exist=True)
+        _check_schema_at_start(self.engine, config, settings.start_retry_seconds)
         self.store = open_store(self.engine)
         self.passes = open_pass_store(self.engine, config)
         self.job_retention = open_job_retention(self.engine)
+        self.probe = DatabaseProbe(settings.database_url)
         self.metrics = Metrics()
         self.pass_overruns = Counter("reconciler_pass_overruns",
                                      "Scheduled passes skipped because the previous one ran on",
@@ -80,9 +93,12 @@ class Service:
         self.cursor: Cursor | None = None
         self.leading = False
         self.last_pass_finished: float | None = None
+        self.last_pass_failure: tuple[DatabaseErrorCode, str] | None = None
         self.stopping = threading.Event()
+        self.stuck = False
+        """True once a stop gave up on a thread still blocked in the database driver."""
         self.scheduler = BackgroundScheduler(timezone="UTC")
-        self.http: ThreadingHTTPServer | None = None
+        self.http: BoundedHTTPServer | None = None
 
     # -- the jobs the scheduler runs ---------------------------------------------------------
 
@@ -119,15 +135,19 @@ class Service:
             report = run_pass(self.passes, self.config, after=self.cursor)
         except Exception as exc:
             elapsed = time.monotonic() - started
-            self.metrics.observe_failed_pass(elapsed)
-            log.error("event=pass_failed instance=%s error=%s seconds=%.3f", self.instance,
-                      type(exc).__name__, elapsed)
-            self._record_failure(type(exc).__name__)
+            code, line = error_code(exc), error_line(exc)
+            self.metrics.observe_failed_pass(elapsed, code)
+            self.last_pass_failure = (code, line)
+            log.error("event=pass_failed instance=%s error=%s code=%s seconds=%.3f reason=%s",
+                      self.instance, type(exc).__name__, code.value, elapsed, json.dumps(line))
+            if database_answers(code):
+                self._record_failure(code)
             return None
         elapsed = time.monotonic() - started
         self.cursor = report.next_cursor
         self.metrics.observe_pass(report, elapsed, time.time(), shadow=report.shadow)
         self.last_pass_finished = time.monotonic()
+        self.last_pass_failure = None
         log.info(
             "event=pass_finished instance=%s pass_id=%s outcome=%s candidates=%d resumed=%d "
             "terminalized=%d skipped=%d shadow=%d seconds=%.3f", self.instance, report.pass_id,
@@ -136,11 +156,19 @@ class Service:
             report.shadow, elapsed)
         return report
 
-    def _record_failure(self, error_code: str) -> None:
+    def _record_failure(self, code: DatabaseErrorCode) -> None:
         try:
-            self.passes.record_failed_pass(self.instance, error_code[:64])
+            self.passes.record_failed_pass(self.instance, code.value)
         except Exception as exc:  # the database is down: the metric and the log carry it
             log.debug("event=failed_pass_not_recorded error=%s", type(exc).__name__)
+
+    def check_health(self) -> None:
+        """Probe the database between passes: one that stops answering ends leadership
+        (as far as anyone scraping can tell, and for the chores) at once, not when a
+        renewal finally gives up; the next renewal that succeeds restores it."""
+        if not self.probe.check().ok:
+            self.leading = False
+            self.metrics.is_leader.set(0)
 
     def renew_leadership(self) -> None:
         """Keep the chores' leader lease and say whether this instance leads."""
@@ -214,11 +242,17 @@ class Service:
     # -- HTTP -------------------------------------------------------------------------------
 
     def readiness(self) -> tuple[bool, str]:
-        """Ready when the database answers, the schema is current and a pass ran lately."""
-        try:
-            check_schema(self.engine)
-        except ReconcilerError as exc:
-            return False, str(exc)
+        """Ready when the database answers, the schema is current and a pass ran lately.
+
+        Never blocks on the database for more than the probe's wait (half a second): the
+        probe runs on its own thread, and one that is not back in time is the answer.
+        """
+        probe = self.probe.check()
+        if not probe.ok:
+            return False, probe.line
+        if self.last_pass_failure is not None:
+            code, line = self.last_pass_failure
+            return False, f"the last pass failed ({code.value}): {line}"
         if self.last_pass_finished is None:
             return False, "no pass has finished yet"
         age = time.monotonic() - self.last_pass_finished
@@ -240,7 +274,7 @@ class Service:
                     self._reply(200, b"ok\n")
                 elif path == "/readyz":
                     ready, why = service.readiness()
-                    self._reply(200 if ready else 503, (why + "\n").encode())
+                    self._reply(200 if ready else 503, (redact(why) + "\n").encode())
                 else:
                     self._reply(404, b"not found\n")
 
@@ -255,14 +289,16 @@ class Service:
             def log_message(self, format: str, *args: Any) -> None:
                 return
 
+            # An idle or trickling client is cut off instead of holding a worker.
+            timeout = HTTP_REQUEST_TIMEOUT_SECONDS
+
         address = (self.settings.metrics_host, self.settings.metrics_port)
         try:
-            self.http = ThreadingHTTPServer(address, Handler)
+            self.http = BoundedHTTPServer(address, Handler)
         except OSError as exc:
             raise ConfigError(f"cannot serve metrics on {address[0]}:{address[1]}: "
                               f"{exc.strerror or type(exc).__name__} (set metrics_host / "
                               "metrics_port)") from None
-        self.http.daemon_threads = True
         threading.Thread(target=self.http.serve_forever, daemon=True, name="http").start()
         log.info("event=http_listening host=%s port=%d", self.settings.metrics_host,
                  self.http.server_address[1])
@@ -296,6 +332,7 @@ class Service:
         self._schedule(self.renew_leadership, lead_every, "leadership",
                        first_run=datetime.now(UTC) + timedelta(seconds=lead_every))
         self._schedule(self.refresh_backlog, min(interval, 15.0), "backlog")
+        self._schedule(self.check_health, min(interval, HEALTH_CHECK_SECONDS), "health")
         self._schedule(self.sweep_artifacts, interval, "artifacts")
         self._schedule(self.apply_retention, RETENTION_INTERVAL_SECONDS, "retention")
         self._schedule(self.apply_job_retention, RETENTION_INTERVAL_SECONDS, "job_retention")
@@ -307,19 +344,26 @@ class Service:
     def stop(self) -> None:
         """Finish the pass in flight, give up leadership, stop serving."""
         self.scheduler.shutdown(wait=True)
+        self.metrics.is_leader.set(0)
         try:
             self.passes.release_leadership(LEADER_LEASE_NAME, self.instance)
         except Exception as exc:
-            log.warning("event=leader_release_failed error=%s", type(exc).__name__)
-        self.metrics.is_leader.set(0)
+            log.warning("event=leader_release_failed error=%s code=%s", type(exc).__name__,
+                        error_code(exc).value)
         if self.http is not None:
             self.http.shutdown()
             self.http.server_close()
+        self.probe.close()
         self.engine.dispose()
         log.info("event=service_stopped instance=%s", self.instance)
 
     def run_until_signalled(self) -> int:
-        """Run until SIGTERM or SIGINT, then stop cleanly; the exit code."""
+        """Run until SIGTERM or SIGINT, then stop cleanly; the exit code.
+
+        A stop that takes longer than ``shutdown_timeout_seconds`` (a pass blocked in the
+        database driver) is given up: the result is 1 and ``stuck`` is set, and the caller
+        must end the process without waiting for that thread (``os._exit``).
+        """
         def on_signal(signum: int, _frame: object) -> None:
             log.info("event=signal signal=%s", signal.Signals(signum).name)
             self.stopping.set()
@@ -328,13 +372,30 @@ class Service:
         signal.signal(signal.SIGINT, on_signal)
         self.start()
         self.stopping.wait()
-        stopper = threading.Thread(target=self.stop, daemon=True)
+        stopper = threading.Thread(target=self.stop, daemon=True, name="stop")
         stopper.start()
-        stopper.join(SHUTDOWN_TIMEOUT_SECONDS)
+        timeout = self.settings.shutdown_timeout_seconds
+        stopper.join(timeout)
         if stopper.is_alive():
-            log.error("event=shutdown_timeout seconds=%s", SHUTDOWN_TIMEOUT_SECONDS)
+            self.stuck = True
+            log.error("event=shutdown_timeout seconds=%s", timeout)
             return 1
         return 0
+
+
+def _check_schema_at_start(engine: Any, config: Config | None, retry_seconds: float) -> None:
+    """``check_schema``, retrying a database that is unavailable for a moment (a restart,
+    a lock) for ``retry_seconds``, so a transient error is neither an old schema nor an
+    exit at once."""
+    deadline = time.monotonic() + retry_seconds
+    while True:
+        try:
+            check_schema(engine, config)
+            return
+        except DatabaseUnavailableError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.5)
 
 
 def _soon() -> datetime:

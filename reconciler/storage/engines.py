@@ -4,57 +4,170 @@ SQLite: WAL so readers never block the writer, a busy timeout so writers queue i
 failing, and ``BEGIN IMMEDIATE`` for every write transaction so the write lock is taken
 before the first read (no read-then-upgrade deadlocks, no lost compare-and-swap).
 PostgreSQL: READ COMMITTED with row locks and ``SKIP LOCKED`` in the store's queries.
+
+Nothing waits on the database forever. On PostgreSQL a connection gives up after
+``connect_timeout``; the server cancels a statement after ``statement_timeout`` and a lock
+wait after ``lock_timeout``; and since a server that is frozen (SIGSTOP, a VM paused, a
+listener that never answers) enforces none of those, the client gives up on any reply
+that has not come ``ANSWER_MARGIN_SECONDS`` after the statement timeout, breaking the
+connection (the pool then replaces it). On SQLite the busy timeout bounds lock waits.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import math
+import weakref
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Final, TypeVar
 
+import psycopg
+import psycopg.errors
 import sqlalchemy as sa
+from psycopg.abc import PQGen
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.engine.url import make_url
 from sqlalchemy.exc import ArgumentError
 
-from reconciler.errors import ConfigError
+from reconciler.errors import ConfigError, DatabaseUnavailableError, SchemaOutOfDateError
+from reconciler.redaction import display_url
+from reconciler.settings import Settings
 from reconciler.storage.clock import sqlite_clock
 
-SQLITE_BUSY_TIMEOUT_MS = 30_000
 READ_ONLY = "reconciler_read_only"
+ANSWER_MARGIN_SECONDS = 2.0
+"""How much longer than its statement timeout the client waits for a reply."""
+
+RV = TypeVar("RV")
 
 
-def create_engine(database_url: str, **kwargs: Any) -> Engine:
-    """Create an engine for a ``sqlite:///`` or ``postgresql+psycopg://`` URL."""
-    try:
-        url = make_url(database_url)
-    except ArgumentError as exc:
-        raise ConfigError(f"database_url is not a valid database URL: {database_url!r}") from exc
+@dataclass(frozen=True, slots=True)
+class DatabaseTimeouts:
+    """How long each kind of database wait may last, in seconds (None: no limit)."""
+
+    connect_seconds: int
+    statement_seconds: float | None
+    lock_seconds: float | None
+    sqlite_busy_seconds: float
+    pass_statement_seconds: float | None
+    pass_lock_seconds: float | None
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> DatabaseTimeouts:
+        """The timeouts the settings ask for (the pass's derived from the interval)."""
+        pass_statement, pass_lock = settings.pass_timeouts
+        return cls(
+            connect_seconds=settings.connect_timeout_seconds,
+            statement_seconds=settings.statement_timeout_seconds,
+            lock_seconds=settings.lock_timeout_seconds,
+            sqlite_busy_seconds=settings.sqlite_busy_timeout_seconds,
+            pass_statement_seconds=pass_statement, pass_lock_seconds=pass_lock,
+        )
+
+
+    @classmethod
+    def for_passes(cls, settings: Settings) -> DatabaseTimeouts:
+        """The sidecar's: every session carries the pass timeouts, so a pass needs no
+        ``SET LOCAL`` of its own (one round trip fewer on every pass, most of which find
+        nothing to do); its chores run under the same interval-derived limits."""
+        timeouts = cls.from_settings(settings)
+        return replace(timeouts, statement_seconds=timeouts.pass_statement_seconds,
+                       lock_seconds=timeouts.pass_lock_seconds)
+
+
+# The defaults are the settings' defaults (declared once, on Settings).
+DEFAULT_TIMEOUTS: Final = DatabaseTimeouts.from_settings(Settings.model_construct())
+# For tools that legitimately run long statements (migrations by hand, benchmark datasets):
+# only the connection attempt is bounded.
+UNLIMITED_TIMEOUTS: Final = DatabaseTimeouts(
+    connect_seconds=DEFAULT_TIMEOUTS.connect_seconds, statement_seconds=None,
+    lock_seconds=None, sqlite_busy_seconds=DEFAULT_TIMEOUTS.sqlite_busy_seconds,
+    pass_statement_seconds=None, pass_lock_seconds=None)
+_timeouts_of: weakref.WeakKeyDictionary[Engine, DatabaseTimeouts] = weakref.WeakKeyDictionary()
+
+
+def create_engine(database_url: str, *, timeouts: DatabaseTimeouts | None = None,
+                  must_exist: bool = False, **kwargs: Any) -> Engine:
+    """Create an engine for a ``sqlite:///`` or ``postgresql+psycopg://`` URL.
+
+    ``must_exist``: a SQLite file that is not there is an error naming it (commands other
+    than ``db upgrade`` must not leave an empty database file behind).
+    """
+    timeouts = timeouts or DEFAULT_TIMEOUTS
+    url = parse_database_url(database_url)
     backend = url.get_backend_name()
     if backend == "sqlite":
-        return _sqlite_engine(url, **kwargs)
-    if backend == "postgresql":
-        if url.drivername == "postgresql":
-            url = url.set(drivername="postgresql+psycopg")
-        if url.get_driver_name() != "psycopg":
-            raise ConfigError("database_url: PostgreSQL URLs must use the psycopg driver "
-                              "(postgresql+psycopg://...)")
-        kwargs.setdefault("pool_pre_ping", True)
-        return sa.create_engine(url, **kwargs)
-    raise ConfigError(f"database_url: unsupported database {backend!r}; "
-                      "use sqlite:///PATH or postgresql+psycopg://...")
+        engine = _sqlite_engine(url, timeouts, must_exist, **kwargs)
+    elif backend == "postgresql":
+        engine = _postgresql_engine(url, timeouts, **kwargs)
+    else:
+        raise ConfigError(f"database_url: unsupported database {backend!r}; "
+                          "use sqlite:///PATH or postgresql+psycopg://...")
+    _timeouts_of[engine] = timeouts
+    return engine
 
 
-def _sqlite_engine(url: sa.URL, **kwargs: Any) -> Engine:
+def parse_database_url(database_url: str) -> sa.URL:
+    """The URL, or a ConfigError that names the problem without echoing the URL."""
+    try:
+        url = make_url(database_url)
+    except ArgumentError:
+        raise ConfigError(
+            f"database_url is not a valid database URL ({display_url(database_url)}); "
+            "expected sqlite:///PATH or postgresql+psycopg://USER@HOST:PORT/DB") from None
+    except ValueError:
+        # make_url's int() of the port: the message would quote the URL's text.
+        raise ConfigError("database_url: the port is not a number "
+                          f"({display_url(database_url)})") from None
+    if url.host is not None and "@" in url.host:
+        raise ConfigError("database_url: the host part contains '@'; percent-encode an '@' "
+                          "in the user name or password as %40")
+    return url
+
+
+def _postgresql_engine(url: sa.URL, timeouts: DatabaseTimeouts, **kwargs: Any) -> Engine:
+    if url.drivername == "postgresql":
+        url = url.set(drivername="postgresql+psycopg")
+    if url.get_driver_name() != "psycopg":
+        raise ConfigError("database_url: PostgreSQL URLs must use the psycopg driver "
+                          "(postgresql+psycopg://...)")
+    connect_args = dict(kwargs.pop("connect_args", {}))
+    if "connect_timeout" not in url.query:
+        connect_args.setdefault("connect_timeout", timeouts.connect_seconds)
+    # Server-side limits for every session; a pass narrows them with SET LOCAL.
+    options = [str(url.query.get("options", "")), str(connect_args.get("options", ""))]
+    options += [f"-c statement_timeout={_ms(timeouts.statement_seconds)}",
+                f"-c lock_timeout={_ms(timeouts.lock_seconds)}"]
+    connect_args["options"] = " ".join(o for o in options if o)
+    kwargs.setdefault("pool_pre_ping", True)
+    engine = sa.create_engine(url, connect_args=connect_args, **kwargs)
+    answer = _answer_seconds(timeouts.statement_seconds)
+
+    @sa.event.listens_for(engine, "do_connect")
+    def _connect(_dialect: Any, _record: Any, cargs: Any, cparams: Any) -> Any:
+        connection = AnsweringConnection.connect(*cargs, **cparams)
+        connection.answer_seconds = answer
+        return connection
+
+    return engine
+
+
+def _sqlite_engine(url: sa.URL, timeouts: DatabaseTimeouts, must_exist: bool,
+                   **kwargs: Any) -> Engine:
     if url.database in (None, "", ":memory:"):
         raise ConfigError("database_url: an in-memory SQLite database cannot be shared "
                           "between workers and the reconciler; use sqlite:///PATH")
+    if must_exist and not url.query.get("uri"):
+        _require_sqlite_file(url)
     engine = sa.create_engine(url, **kwargs)
+    busy_ms = _ms(timeouts.sqlite_busy_seconds)
 
     @sa.event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
         # Take transaction control away from the driver so BEGIN IMMEDIATE is ours to emit.
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
-        cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.execute(f"PRAGMA busy_timeout = {busy_ms}")
         cursor.execute("PRAGMA journal_mode = WAL")
         cursor.execute("PRAGMA synchronous = NORMAL")
         cursor.execute("PRAGMA foreign_keys = ON")
@@ -69,6 +182,125 @@ def _sqlite_engine(url: sa.URL, **kwargs: Any) -> Engine:
         conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
     return engine
+
+
+def _require_sqlite_file(url: sa.URL) -> None:
+    path = Path(str(url.database))
+    if path.exists():
+        return
+    shown = display_url(url.render_as_string(hide_password=True))
+    if not path.parent.is_dir():
+        raise DatabaseUnavailableError(
+            f"cannot reach the database at {shown}: the folder {str(path.parent)!r} "
+            "does not exist")
+    raise SchemaOutOfDateError(
+        f"no database at {str(path)!r}; run `reconciler db upgrade` to create it")
+
+
+class _Unset:
+    """Not given: the connection's own answer limit applies."""
+
+
+UNSET: Final = _Unset()
+
+
+class AnsweringConnection(psycopg.Connection[Any]):
+    """A psycopg connection that gives up on a server that does not answer.
+
+    Every exchange with the server (execute, fetch, commit, rollback, the pool's ping)
+    goes through ``wait``; it gets ``answer_seconds`` unless the caller set its own limit.
+    On expiry the connection is closed (SQLAlchemy then discards it) and the error says
+    how long it waited.
+    """
+
+    answer_seconds: float | None = None
+    """The limit for every exchange, set when the engine connects."""
+    transaction_answer_seconds: float | _Unset | None = UNSET
+    """A limit for the open transaction only (``limit_transaction``)."""
+
+    def wait(self, gen: PQGen[RV], interval: float = 0.1,
+             timeout: float | _Unset | None = UNSET) -> RV:
+        """Consume ``gen``; a reply later than the answer limit breaks the connection.
+
+        A caller's explicit ``timeout`` (None included: psycopg's own notification wait)
+        is kept as given.
+        """
+        if not isinstance(timeout, _Unset):
+            return super().wait(gen, interval, timeout)
+        limit = self.transaction_answer_seconds
+        if isinstance(limit, _Unset):
+            limit = self.answer_seconds
+        if limit is None:
+            return super().wait(gen, interval)
+        try:
+            return super().wait(gen, interval, limit)
+        except psycopg.OperationalError as exc:
+            if type(exc).__name__ != "_WaitTimeout":
+                raise
+            # Mid-exchange: the connection's state is unknown, so it is not reused.
+            self.pgconn.finish()
+            raise DatabaseNotAnsweringError(
+                f"the database did not answer within {limit:g}s") from None
+
+    def commit(self) -> None:
+        """Commit; a transaction's own answer limit ends with it."""
+        try:
+            super().commit()
+        finally:
+            self.transaction_answer_seconds = UNSET
+
+    def rollback(self) -> None:
+        """Roll back; a transaction's own answer limit ends with it."""
+        try:
+            super().rollback()
+        finally:
+            self.transaction_answer_seconds = UNSET
+
+
+class DatabaseNotAnsweringError(psycopg.OperationalError):
+    """The server did not reply in time; the connection was closed."""
+
+
+def limit_transaction(conn: Connection, *, statement_seconds: float | None,
+                      lock_seconds: float | None) -> None:
+    """Give the open transaction its own statement and lock timeouts (None: no limit).
+
+    PostgreSQL: ``SET LOCAL`` (gone at commit or rollback), and the client's answer limit
+    to match. SQLite has neither; its busy timeout bounds lock waits.
+    """
+    if not is_postgresql(conn):
+        return
+    # SET LOCAL, in one round trip (set_config(..., true) is its function form).
+    conn.exec_driver_sql(
+        f"SELECT set_config('statement_timeout', '{_ms(statement_seconds)}', true), "
+        f"set_config('lock_timeout', '{_ms(lock_seconds)}', true)")
+    dbapi = conn.connection.dbapi_connection
+    if isinstance(dbapi, AnsweringConnection):
+        dbapi.transaction_answer_seconds = _answer_seconds(statement_seconds)
+
+
+def limit_pass_transaction(conn: Connection) -> None:
+    """Give a pass's transaction the pass timeouts of its engine (derived from the interval).
+
+    A pass stuck behind a lock or a slow statement then fails, is recorded as an error pass
+    (``lock_timeout``, ``timeout``) and the next tick goes on, instead of holding its row
+    locks and the schedule.
+    """
+    timeouts = _timeouts_of.get(conn.engine, DEFAULT_TIMEOUTS)
+    if (timeouts.pass_statement_seconds, timeouts.pass_lock_seconds) == (
+            timeouts.statement_seconds, timeouts.lock_seconds):
+        return  # the sessions already carry them (DatabaseTimeouts.for_passes)
+    limit_transaction(conn, statement_seconds=timeouts.pass_statement_seconds,
+                      lock_seconds=timeouts.pass_lock_seconds)
+
+
+def _ms(seconds: float | None) -> int:
+    """A timeout in whole milliseconds for PostgreSQL or SQLite; 0 means none."""
+    return 0 if seconds is None else max(1, math.ceil(seconds * 1000))
+
+
+def _answer_seconds(statement_seconds: float | None) -> float | None:
+    return None if statement_seconds is None else statement_seconds + ANSWER_MARGIN_SECONDS
 
 
 def read_only(conn: Connection) -> Connection:

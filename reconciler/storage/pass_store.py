@@ -20,7 +20,7 @@ from reconciler.storage.audit import (
     delete_audit_before,
     record_failed_pass,
 )
-from reconciler.storage.engines import read_only
+from reconciler.storage.engines import limit_pass_transaction, read_only
 from reconciler.storage.native_source import NativeSource
 
 SourceFactory = Callable[[Connection, bool], JobSource]
@@ -50,14 +50,21 @@ class SqlPassStore:
 
     @contextmanager
     def pass_transaction(self, *, dry_run: bool) -> Iterator[SqlPassUnit]:
-        """A transaction for one pass; a dry run reads without locks and rolls back."""
+        """A transaction for one pass; a dry run reads without locks and rolls back.
+
+        On PostgreSQL it carries the pass timeouts (derived from the interval), unless its
+        sessions already do: a pass stuck behind a lock fails and is recorded as an error
+        pass, and the next tick goes on.
+        """
         with self.engine.connect() as conn:
             if dry_run:
                 with read_only(conn).begin() as tx:
+                    limit_pass_transaction(conn)
                     yield self._unit(conn, lock=False)
                     tx.rollback()
             else:
                 with conn.begin():
+                    limit_pass_transaction(conn)
                     yield self._unit(conn, lock=True)
 
     def _unit(self, conn: Connection, *, lock: bool) -> SqlPassUnit:

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from alembic.util.exc import CommandError
 from sqlalchemy import text
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from alembic import command
+from reconciler.core.vocabulary import DatabaseErrorCode
 from reconciler.errors import DatabaseUnavailableError, SchemaOutOfDateError
+from reconciler.redaction import display_url
+from reconciler.storage.diagnosis import error_code, error_line
+from reconciler.storage.engines import limit_transaction, read_only
 
 UPGRADE_LOCK = 0x5C0A11  # an advisory lock key of our own, held while migrating
 
@@ -33,28 +38,65 @@ def alembic_config() -> Config:
     return config
 
 
+@functools.cache
+def _scripts() -> ScriptDirectory:
+    # Read once per process: the migrations of an installation do not change under it,
+    # and /readyz must not re-read them on every probe.
+    return ScriptDirectory.from_config(alembic_config())
+
+
+@functools.cache
 def head_revision() -> str:
-    """The newest migration this code knows."""
-    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    """The newest migration this code knows (read once per process)."""
+    head = _scripts().get_current_head()
     if head is None:  # pragma: no cover - the package always ships migrations
         raise SchemaOutOfDateError("no migrations found in this installation")
     return head
 
 
+@functools.cache
+def known_revision(revision: str) -> bool:
+    """True when ``revision`` is one of this installation's migrations."""
+    try:
+        return _scripts().get_revision(revision) is not None
+    except CommandError:
+        return False
+
+
 def current_revision(engine: Engine) -> str | None:
-    """The database's migration revision, or None for an empty database."""
+    """The database's migration revision, or None for a database without our schema.
+
+    Only a missing ``alembic_version`` table (or an empty one) means "no schema": any other
+    failure, a lock or a connection lost at that instant included, is the database being
+    unavailable (exit 3), never an old schema (exit 4).
+    """
     try:
         with engine.connect() as conn:
-            return MigrationContext.configure(conn).get_current_revision()
+            return read_revision(read_only(conn))
     except (OperationalError, DBAPIError) as exc:
         raise DatabaseUnavailableError(describe_connection_error(engine, exc)) from None
+
+
+def read_revision(conn: Connection) -> str | None:
+    """``alembic_version`` read directly on ``conn`` (None when the table is absent)."""
+    try:
+        rows = conn.execute(text("SELECT version_num FROM alembic_version")).scalars().all()
+    except (OperationalError, DBAPIError) as exc:
+        if error_code(exc) is DatabaseErrorCode.SCHEMA_MISMATCH:
+            return None
+        raise
+    return str(rows[0]) if rows else None
 
 
 def upgrade(engine: Engine, revision: str = "head") -> None:
     """Apply migrations on one shared connection (no second engine, no ini file)."""
     config = alembic_config()
+    refuse_newer(current_revision(engine))
     try:
         with engine.begin() as conn:
+            # A migration may rewrite a large table or wait for another replica's: it has
+            # no statement or lock limit (the connection still has its connect timeout).
+            limit_transaction(conn, statement_seconds=None, lock_seconds=None)
             if conn.dialect.name == "postgresql":
                 # Replicas started together upgrade one at a time; the others find it done.
                 conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": UPGRADE_LOCK})
@@ -62,6 +104,19 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
             command.upgrade(config, revision)
     except (OperationalError, DBAPIError) as exc:
         raise DatabaseUnavailableError(describe_connection_error(engine, exc)) from None
+    except CommandError as exc:
+        # e.g. another release stamped a revision between the check above and now.
+        raise SchemaOutOfDateError(f"cannot upgrade the database: {exc}") from None
+
+
+def refuse_newer(current: str | None) -> None:
+    """A database migrated by a newer release is refused: this code cannot work on it,
+    and neither upgrading it (nothing newer here) nor downgrading it (no scripts) can help."""
+    if current is not None and not known_revision(current):
+        raise SchemaOutOfDateError(
+            f"the database schema is at revision {current}, which this version of reconciler "
+            f"does not know (its newest is {head_revision()}): a newer release migrated it; "
+            "run that release or a later one")
 
 
 def downgrade(engine: Engine, revision: str = "base") -> None:
@@ -77,6 +132,7 @@ def require_current(engine: Engine) -> None:
     current, head = current_revision(engine), head_revision()
     if current == head:
         return
+    refuse_newer(current)
     if current is None:
         raise SchemaOutOfDateError(
             "the database has no reconciler schema; run `reconciler db upgrade` first")
@@ -85,9 +141,15 @@ def require_current(engine: Engine) -> None:
         "run `reconciler db upgrade`")
 
 
+_NOT_REACHED = (DatabaseErrorCode.UNREACHABLE, DatabaseErrorCode.NO_ANSWER,
+                DatabaseErrorCode.AUTHENTICATION_FAILED)
+
+
 def describe_connection_error(engine: Engine, exc: Exception) -> str:
-    """One line naming the database (password hidden) and the driver's first line."""
-    detail = str(getattr(exc, "orig", exc)).strip().splitlines()
-    first = detail[0] if detail else type(exc).__name__
-    url = engine.url.render_as_string(hide_password=True)
-    return f"cannot reach the database at {url}: {first}"
+    """One line naming the database (password hidden), what went wrong (a code, unless it
+    was never reached) and the driver's first line."""
+    url = display_url(engine.url.render_as_string(hide_password=True))
+    code = error_code(exc)
+    if code in _NOT_REACHED:
+        return f"cannot reach the database at {url}: {error_line(exc)}"
+    return f"database error ({code.value}) at {url}: {error_line(exc)}"

@@ -20,7 +20,8 @@ from reconciler.core.vocabulary import StepState, short_code
 from reconciler.core.worker_ports import WorkerStore, WorkWaiter
 from reconciler.errors import LeaseLost
 from reconciler.settings import Settings, load_settings
-from reconciler.wiring import check_schema, open_engine, open_store, work_waiter
+from reconciler.wiring import DatabaseTimeouts, check_schema, open_engine, open_store, work_waiter
+from reconciler.worker import validation
 from reconciler.worker.artifacts import check_name
 
 Step = PlanStep
@@ -177,8 +178,15 @@ class JobClient:
     def __init__(self, database: str | Engine, *, settings: Settings | None = None) -> None:
         self.settings = settings or load_settings()
         self._owns_engine = isinstance(database, str)
-        self.engine = open_engine(database)
-        check_schema(self.engine)
+        # With a URL, the client's engine carries the settings' timeouts: a database that
+        # stops answering fails a heartbeat instead of holding the lease thread forever.
+        self.engine = open_engine(
+            database, timeouts=DatabaseTimeouts.from_settings(self.settings), must_exist=True)
+        try:
+            check_schema(self.engine)
+        except BaseException:
+            self.close()
+            raise
         self.store: WorkerStore = open_store(self.engine)
 
     def __enter__(self) -> JobClient:
@@ -211,16 +219,18 @@ class JobClient:
         """Queue a job; with an ``idempotency_key`` already used, return that job's id.
 
         With ``connection``, the job is written in the caller's transaction and exists only
-        if the caller commits.
+        if the caller commits. Every value is checked first, the same way on both engines:
+        a ``ValueError`` names the limit it breaks (see ``reconciler.worker.validation``).
         """
-        if not isinstance(job_kind, str) or not job_kind:
-            raise ValueError("job_kind must be a non-empty string")
-        plan = tuple(s if isinstance(s, Step) else Step(*s) for s in steps)
-        if not plan:
-            raise ValueError("a job needs at least one step")
-        attempts = self.settings.default_max_attempts if max_attempts is None else max_attempts
-        if attempts < 1:
-            raise ValueError("max_attempts must be at least 1")
+        validation.text_value("job_kind", job_kind, validation.KIND_MAX_LENGTH)
+        plan = validation.plan([s if isinstance(s, Step) else Step(*s) for s in steps])
+        validation.text_value("idempotency_key", idempotency_key, validation.KEY_MAX_LENGTH,
+                              optional=True)
+        validation.text_value("singleton_key", singleton_key, validation.SINGLETON_MAX_LENGTH,
+                              optional=True)
+        validation.payload(payload)
+        attempts = validation.attempts(
+            self.settings.default_max_attempts if max_attempts is None else max_attempts)
         return self.store.enqueue(
             job_kind, plan, max_attempts=attempts, idempotency_key=idempotency_key,
             singleton_key=singleton_key, payload=payload, connection=connection,
@@ -235,10 +245,12 @@ class JobClient:
         none and claims nothing); ``session_id`` ties the claim to a worker session (the
         ``Worker`` runtime passes its own).
         """
-        if not isinstance(worker, str) or not worker:
-            raise ValueError("worker must be a non-empty name")
-        seconds = self.settings.lease_seconds if lease_seconds is None else float(lease_seconds)
-        if seconds <= 0:
-            raise ValueError("lease_seconds must be positive")
+        validation.text_value("worker", worker, validation.WORKER_MAX_LENGTH)
+        seconds = validation.seconds(
+            "lease_seconds", self.settings.lease_seconds if lease_seconds is None
+            else lease_seconds)
+        if kinds is not None:
+            for kind in kinds:
+                validation.text_value("kinds[]", kind, validation.KIND_MAX_LENGTH)
         job = self.store.claim(worker, seconds, kinds, session_id)
         return None if job is None else Claim(self.store, job, seconds, self.settings)

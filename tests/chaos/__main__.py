@@ -40,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--keep", action="store_true",
                         help="keep the run's folder (SQLite database, ledger, process logs)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--quiet", action="store_true",
+                        help="no progress lines on stderr (printed at least every 10 s)")
     return parser
 
 
@@ -57,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
             engine=args.engine, jobs=args.jobs, kills=args.kills, replicas=args.replicas,
             db_restarts=args.db_restarts, seconds=args.seconds, workers=args.workers,
             concurrency=args.concurrency, drain_seconds=args.drain_seconds, seed=args.seed,
-            keep=args.keep, poison=args.poison, interval_seconds=args.interval_seconds)
+            keep=args.keep, poison=args.poison, interval_seconds=args.interval_seconds,
+            progress=not args.quiet)
     except ValueError as exc:
         print(f"chaos: {exc}", file=sys.stderr)
         return 2

@@ -49,6 +49,7 @@ from tests.chaos.checks import TERMINAL, CheckReport, jobs_table, run_checks
 from tests.chaos.lifeline import PARENT_ENV
 from tests.chaos.spawner import ForkServer
 from tests.pg_server import ThrowawayPostgres
+from tests.progress import Progress
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 leases_table = cast(sa.Table, ReconcilerLease.__table__)
@@ -110,6 +111,8 @@ class ChaosParams:
     """Jobs whose step SIGKILLs every worker that runs it, enqueued at the start."""
     interval_seconds: float = REPLICA_SETTINGS["interval_seconds"]
     """The replicas' pass interval."""
+    progress: bool = False
+    """Print what the run is doing at least every 10 s (the full runs; CI's stay quiet)."""
 
     def __post_init__(self) -> None:
         if self.engine not in ("sqlite", "postgresql"):
@@ -180,7 +183,8 @@ class ChaosResult:
         return {
             "ok": self.checks.ok,
             "counts": self.checks.counts,
-            "parameters": {**asdict(self.params), "seed": self.seed},
+            "parameters": {**{k: v for k, v in asdict(self.params).items()
+                              if k != "progress"}, "seed": self.seed},
             "kills": {
                 "total": s.kills,
                 "by_failpoint": dict(sorted(s.kills_by_failpoint.items())),
@@ -261,20 +265,25 @@ class Harness:
         self.replica_cycle = itertools.cycle(PASS_FAILPOINTS)
         self.incarnations = itertools.count(1)
         self.max_attempts = [self.rng.randint(*MAX_ATTEMPTS_RANGE) for _ in range(params.jobs)]
+        self.progress = Progress("chaos", enabled=params.progress)
+        self.last_unfinished = params.jobs
 
     # -- the run ---------------------------------------------------------------------------
 
     def run(self) -> ChaosResult:
         try:
-            self._open_database()
-            self.forks = ForkServer(
-                cwd=str(REPO_ROOT), env=self._base_env(os.getpid()),
-                log=str(self.workdir / "logs" / "fork-server.log"),
-                cleanup=None if self.params.keep else str(self.workdir))
-            self._fault_phase()
-            self._drain_phase()
-            assert self.engine is not None
-            report = run_checks(self.engine, self.ledger_dir)
+            with self.progress:
+                self.progress.phase(f"opening a {self.params.engine} database (seed {self.seed})")
+                self._open_database()
+                self.forks = ForkServer(
+                    cwd=str(REPO_ROOT), env=self._base_env(os.getpid()),
+                    log=str(self.workdir / "logs" / "fork-server.log"),
+                    cleanup=None if self.params.keep else str(self.workdir))
+                self._fault_phase()
+                self._drain_phase()
+                assert self.engine is not None
+                self.progress.phase(f"checking invariants over {self.params.jobs} jobs")
+                report = run_checks(self.engine, self.ledger_dir)
         finally:
             if self.forks is not None:
                 self._stop_children(signal.SIGKILL, count_as_drain_kills=False)
@@ -317,10 +326,13 @@ class Harness:
         for slot in range(p.workers):
             self._spawn("worker", slot, same_name=True)
         self._enqueue_poison()
+        self.progress.phase(f"fault phase ({p.seconds:g}s)", total=round(p.seconds),
+                            detail=self._status_counts)
         next_status = started
         while time.monotonic() < end:
             now = time.monotonic()
             elapsed = now - started
+            self.progress.advance(round(elapsed))
             self._enqueue_due(elapsed)
             self._reap()
             self._respawn_due(now)
@@ -330,8 +342,9 @@ class Harness:
             self._kill_due(elapsed)
             if now >= next_status:
                 next_status = now + STATUS_EVERY_SECONDS
+                unfinished = self._unfinished()  # also what progress lines show
                 if (self.stats.jobs_enqueued == p.jobs and self.stats.kills >= p.kills
-                        and not restarts and self._unfinished() == 0):
+                        and not restarts and unfinished == 0):
                     break
             time.sleep(TICK_SECONDS)
         self.stats.fault_seconds = time.monotonic() - started
@@ -348,11 +361,16 @@ class Harness:
         for slot in range(p.workers):
             self._spawn("worker", slot, same_name=True)
         deadline = started + p.drain_seconds
+        self.progress.phase(f"drain (at most {p.drain_seconds:g}s, no faults)", total=p.jobs,
+                            detail=self._status_counts)
         while time.monotonic() < deadline:
             self._enqueue_due(float("inf"))
             self._reap()
             self._respawn_due(time.monotonic())
-            if self.stats.jobs_enqueued == p.jobs and self._unfinished() == 0:
+            unfinished = self._unfinished()
+            if unfinished >= 0:
+                self.progress.advance(p.jobs - unfinished)
+            if self.stats.jobs_enqueued == p.jobs and unfinished == 0:
                 self.stats.drained = True
                 break
             time.sleep(STATUS_EVERY_SECONDS / 4)
@@ -392,12 +410,21 @@ class Harness:
         assert self.engine is not None
         try:
             with self.engine.connect() as conn:
-                return int(conn.execute(
+                self.last_unfinished = int(conn.execute(
                     sa.select(sa.func.count()).select_from(jobs_table)
                     .where(jobs_table.c.job_status.not_in(sorted(TERMINAL)))
                 ).scalar_one())
+                return self.last_unfinished
         except sa.exc.DBAPIError:
             return -1
+
+    def _status_counts(self) -> str:
+        """Counters for a progress line, from what the harness already knows (no query)."""
+        s, p = self.stats, self.params
+        return (f"jobs {s.jobs_enqueued}/{p.jobs}, kills {s.kills}/{p.kills}, "
+                f"db restarts {s.db_restarts}/{p.db_restarts}, "
+                f"unfinished {self.last_unfinished}, "
+                f"unexpected exits {sum(s.unexpected_exits.values())}")
 
     # -- processes -------------------------------------------------------------------------
 

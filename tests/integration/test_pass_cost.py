@@ -6,11 +6,14 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from reconciler.core.decisions import Thresholds
 from reconciler.core.passes import PassConfig, run_pass
+from reconciler.settings import Settings
+from reconciler.storage.engines import DatabaseTimeouts, create_engine
 from reconciler.storage.sql_store import SqlStore
 from reconciler.worker import JobClient, Step
 
@@ -31,6 +34,16 @@ def counted(engine: Engine) -> Iterator[list[str]]:
         sa.event.remove(engine, "before_cursor_execute", count)
 
 
+@pytest.fixture
+def sidecar_engine(db_url: str) -> Iterator[Engine]:
+    """An engine as `reconciler run` opens it: its sessions carry the pass timeouts, so a
+    pass issues no SET LOCAL of its own (an engine with the CLI's timeouts adds that one
+    statement on PostgreSQL)."""
+    eng = create_engine(db_url, timeouts=DatabaseTimeouts.for_passes(Settings()))
+    yield eng
+    eng.dispose()
+
+
 def make_stale(client: JobClient, n: int) -> None:
     plan = [Step("fetch", "idempotent"), Step("render", "pure"), Step("publish", "effectful")]
     for _ in range(n):
@@ -45,14 +58,15 @@ def make_stale(client: JobClient, n: int) -> None:
 
 
 def test_statements_per_pass_do_not_grow_with_the_batch(
-    engine: Engine, store: SqlStore, client: JobClient
+    sidecar_engine: Engine, client: JobClient
 ) -> None:
     """A pass over 5 stale jobs and a pass over 60 issue the same number of statements."""
     make_stale(client, 65)
-    with counted(engine) as small:
+    store = SqlStore(sidecar_engine)
+    with counted(sidecar_engine) as small:
         report = run_pass(store, PassConfig(batch_size=5, thresholds=THRESHOLDS, instance="r1"))
     assert len(report.decisions) == 5
-    with counted(engine) as large:
+    with counted(sidecar_engine) as large:
         report = run_pass(store, PassConfig(batch_size=60, thresholds=THRESHOLDS, instance="r1"))
     assert len(report.decisions) == 60
     assert len(large) == len(small), (small, large)

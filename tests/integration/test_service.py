@@ -906,8 +906,9 @@ def test_run_refuses_a_bad_setting_in_one_line(
 @pytest.mark.parametrize("url", [UNREACHABLE_URL, "sqlite:////nonexistent-dir/sub/jobs.db"],
                          ids=["postgresql", "sqlite"])
 def test_run_refuses_an_unreachable_database_in_one_line(url: str) -> None:
-    """`reconciler run` against a database it cannot reach exits non-zero with one line."""
-    proc = run_cli(url, "run", timeout=30, metrics_port=0)
+    """`reconciler run` against a database it cannot reach exits non-zero with one line
+    (after its start-up retries, one second of them here)."""
+    proc = run_cli(url, "run", timeout=30, metrics_port=0, start_retry_seconds=1)
     assert_one_line_error(proc, "cannot reach the database")
 
 

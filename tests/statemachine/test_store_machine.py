@@ -65,6 +65,8 @@ CI runs a modest number of examples (``RECONCILER_STATEMACHINE_EXAMPLES``, defau
 ``RECONCILER_STATEMACHINE_STEPS`` steps, default 40). The full run is::
 
     RECONCILER_STATEMACHINE_EXAMPLES=10000 python -m pytest tests/statemachine
+
+and prints a progress bar of the examples run at least every 10 s (past pytest's capture).
 """
 
 from __future__ import annotations
@@ -73,11 +75,13 @@ import os
 import shutil
 import tempfile
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, cast
 
+import pytest
 import sqlalchemy as sa
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
@@ -112,6 +116,7 @@ from reconciler.storage.engines import create_engine
 from reconciler.storage.sql_store import SqlStore
 from reconciler.worker import Claim, JobClient, LeaseLost, Step
 from tests.helpers import fresh_database
+from tests.progress import Progress
 from tests.statemachine.harness import DbClock, Window, rows, snapshot
 
 EXAMPLES = int(os.environ.get("RECONCILER_STATEMACHINE_EXAMPLES", "60"))
@@ -272,11 +277,18 @@ class StoreMachine(RuleBasedStateMachine):
         self.seen_generation: dict[int, int] = {}
         self.completed: dict[int, tuple[int, Any]] = {}
 
+    progress: Progress | None = None
+    """Set by the test's fixture for long runs; counts examples as they end."""
+    examples_run = 0
+
     def teardown(self) -> None:
         self.clock.reset()
         self.client.close()
         self.engine.dispose()
         shutil.rmtree(self.folder, ignore_errors=True)
+        StoreMachine.examples_run += 1
+        if StoreMachine.progress is not None:
+            StoreMachine.progress.advance(StoreMachine.examples_run)
 
     # -- helpers ----------------------------------------------------------------------------
 
@@ -1205,3 +1217,22 @@ StoreMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 TestStoreMachine = StoreMachine.TestCase
+
+
+@pytest.fixture(autouse=True)
+def example_progress(capsys: pytest.CaptureFixture[str]) -> Iterator[None]:
+    """A progress bar of the examples run, every 10 s, on the terminal (pytest's capture
+    suspended for each line), for runs long enough to need one."""
+    def to_terminal(line: str) -> None:
+        with capsys.disabled():
+            print(line, flush=True)
+
+    StoreMachine.examples_run = 0
+    with Progress("state machine", write=to_terminal) as progress:
+        progress.phase(f"{EXAMPLES} examples of up to {STEPS_PER_EXAMPLE} steps",
+                       total=EXAMPLES, announce=False)
+        StoreMachine.progress = progress
+        try:
+            yield
+        finally:
+            StoreMachine.progress = None

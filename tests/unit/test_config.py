@@ -162,6 +162,21 @@ class TestPrecedence:
         assert load_config(path, batch_size=9).settings.batch_size == 9
         assert load_config(path, batch_size=None).settings.batch_size == 7
 
+    def test_a_url_file_from_the_environment_beats_the_files_url(
+            self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        """RECONCILER_DATABASE_URL_FILE (the Kubernetes and systemd examples) wins over a
+        `database_url` in the file, as any variable does, instead of "not both"; and
+        RECONCILER_DATABASE_URL wins over a `database_url_file` in the file."""
+        secret = tmp_path / "database-url"
+        secret.write_text("sqlite:///from-secret.db\n")
+        monkeypatch.setenv("RECONCILER_DATABASE_URL_FILE", str(secret))
+        path = write(tmp_path, 'database_url = "sqlite:///from-file.db"\n')
+        assert load_config(path).settings.database_url == "sqlite:///from-secret.db"
+        monkeypatch.delenv("RECONCILER_DATABASE_URL_FILE")
+        monkeypatch.setenv("RECONCILER_DATABASE_URL", "sqlite:///from-env.db")
+        path = write(tmp_path, f"database_url_file = {str(secret)!r}\n")
+        assert load_config(path).settings.database_url == "sqlite:///from-env.db"
+
     def test_config_path_from_environment(self, tmp_path: Path,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
         """RECONCILER_CONFIG names the file when no path is given; a path wins over it."""

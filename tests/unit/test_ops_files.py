@@ -31,6 +31,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from reconciler.cli import build_parser
 from reconciler.core.vocabulary import (
+    DatabaseErrorCode,
     Disposition,
     OperatorStatusReason,
     PassOutcome,
@@ -58,6 +59,7 @@ TARGET_LABELS = frozenset({"job", "instance"})
 # Labels whose values the service takes from an enum: a matcher must use those values.
 ENUM_LABELS: dict[str, type[StrEnum]] = {
     "reason": Reason, "outcome": PassOutcome, "disposition": Disposition,
+    "code": DatabaseErrorCode,
 }
 # Series the alert unit tests may feed besides the service's own (Prometheus' scrape health).
 PROMETHEUS_SERIES = frozenset({"up"})
@@ -751,3 +753,42 @@ class TestReadme:
         section = readme_section("Operations")
         missing = [needle for needle in needles if needle not in section]
         assert not missing, f"README Operations, {feature}: missing {missing}"
+
+
+class TestNoPasswordSuggested:
+    """Issue 14: no example puts the database password where others can read it."""
+
+    DOCUMENTS = (RUNBOOK, KUBERNETES, SYSTEMD, REPO / "README.md",
+                 OPS / "systemd" / "stale-claim-reconciler.env.example")
+
+    @pytest.mark.parametrize("path", DOCUMENTS, ids=lambda p: p.name)
+    def test_no_document_suggests_the_url_as_a_flag_or_holds_a_password(self, path: Path
+                                                                         ) -> None:
+        """No `--database-url` (a command line is visible to every user in `ps`), and no
+        URL with a password in it (a copied example would carry it into a file or a log)."""
+        text = path.read_text()
+        assert "--database-url" not in text
+        # USER:PASSWORD is a placeholder in an install note, not a password.
+        assert not re.search(r"://[^\s/@:]+:(?!PASSWORD@)[^\s/@]+@", text), path
+
+    def test_every_kubernetes_container_reads_the_url_from_a_mounted_secret(self) -> None:
+        """Each container gets RECONCILER_DATABASE_URL_FILE and the secret's volume, and
+        none gets the URL itself in its environment."""
+        text = KUBERNETES.read_text()
+        assert "RECONCILER_DATABASE_URL\n" not in text
+        assert "name: RECONCILER_DATABASE_URL\n" not in text
+        containers = len(re.findall(r"^\s*- name: (?:db-upgrade|worker|reconciler)$", text,
+                                    re.MULTILINE))
+        assert containers == 3
+        assert text.count("name: RECONCILER_DATABASE_URL_FILE") == containers
+        assert text.count("mountPath: /var/run/secrets/stale-claim-reconciler") == containers
+
+    def test_the_systemd_unit_loads_the_url_as_a_credential(self) -> None:
+        """LoadCredential= hands the file to the dynamic user; the setting names it."""
+        text = SYSTEMD.read_text()
+        assert re.search(r"^LoadCredential=database-url:/etc/stale-claim-reconciler/"
+                         r"database-url$", text, re.MULTILINE)
+        assert re.search(r"^Environment=RECONCILER_DATABASE_URL_FILE=%d/database-url$", text,
+                         re.MULTILINE)
+        env = (OPS / "systemd" / "stale-claim-reconciler.env.example").read_text()
+        assert not re.search(r"^RECONCILER_DATABASE_URL=", env, re.MULTILINE)

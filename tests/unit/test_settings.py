@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,7 +13,7 @@ from pydantic import ValidationError
 
 from reconciler.cli import build_parser
 from reconciler.errors import ConfigError
-from reconciler.settings import Settings, load_settings
+from reconciler.settings import Settings, load_settings, unknown_variables
 
 DEFAULTS: dict[str, Any] = {
     # DESIGN.md section 6
@@ -43,6 +45,16 @@ DEFAULTS: dict[str, Any] = {
     "brake_hold_seconds": 120.0,
     "crash_loop_after": 2,
     "job_retention_days": 30.0,
+    # issue 14: nothing waits on the database forever; the URL may come from a file
+    "database_url_file": "",
+    "connect_timeout_seconds": 5,
+    "statement_timeout_seconds": 30.0,
+    "lock_timeout_seconds": 10.0,
+    "sqlite_busy_timeout_seconds": 30.0,
+    "pass_statement_timeout_seconds": None,  # issue 12: derived from interval_seconds
+    "pass_lock_timeout_seconds": None,
+    "shutdown_timeout_seconds": 30.0,
+    "start_retry_seconds": 10.0,
 }
 
 # (setting, text as it would come from a flag or an env var, value it means)
@@ -75,6 +87,14 @@ GOOD_VALUES: list[tuple[str, str, Any]] = [
     ("crash_loop_after", "1", 1),
     ("crash_loop_after", "5", 5),
     ("job_retention_days", "0.5", 0.5),
+    ("connect_timeout_seconds", "3", 3),
+    ("statement_timeout_seconds", "5", 5.0),
+    ("lock_timeout_seconds", "0.5", 0.5),
+    ("sqlite_busy_timeout_seconds", "0", 0.0),
+    ("pass_statement_timeout_seconds", "12", 12.0),
+    ("pass_lock_timeout_seconds", "3", 3.0),
+    ("shutdown_timeout_seconds", "5", 5.0),
+    ("start_retry_seconds", "0", 0.0),
 ]
 
 # (setting, bad text); each is refused on its own, with every other setting at its default.
@@ -113,6 +133,24 @@ BAD_VALUES: list[tuple[str, str]] = [
     ("crash_loop_after", "two"),
     ("job_retention_days", "0"),
     ("job_retention_days", "-30"),
+    ("brake_hold_seconds", "inf"),
+    ("job_retention_days", "1e9"),
+    # issue 14: values that overflowed later (OverflowError in `run`, "interval out of
+    # range" from PostgreSQL) are refused up front
+    ("interval_seconds", "inf"),
+    ("interval_seconds", "nan"),
+    ("leader_lease_seconds", "1e300"),
+    ("wedged_after_seconds", "inf"),
+    ("stale_after_seconds", "1e20"),
+    ("lease_seconds", "-inf"),
+    ("audit_retention_days", "1e9"),
+    ("default_max_attempts", "1000000000000"),
+    ("connect_timeout_seconds", "1"),
+    ("statement_timeout_seconds", "0"),
+    ("pass_lock_timeout_seconds", "inf"),
+    ("shutdown_timeout_seconds", "0"),
+    ("start_retry_seconds", "-1"),
+    ("start_retry_seconds", "inf"),
 ]
 
 
@@ -355,3 +393,72 @@ class TestUnknownSettings:
     def test_unknown_key_given_as_none_is_ignored(self) -> None:
         """An absent flag (None) is not a setting at all, whatever its name."""
         assert load_settings(verbose=None).model_dump() == DEFAULTS
+
+
+class TestDerivedPassTimeouts:
+    """Issue 12: a pass's statement and lock timeouts follow the interval unless given."""
+
+    def test_derived_from_the_interval_with_floors(self) -> None:
+        """interval, at least 10 s; half of it, at least 5 s."""
+        assert load_settings().pass_timeouts == (30.0, 15.0)
+        assert load_settings(interval_seconds="0.3").pass_timeouts == (10.0, 5.0)
+        assert load_settings(interval_seconds="120").pass_timeouts == (120.0, 60.0)
+
+    def test_given_values_win(self) -> None:
+        """Set explicitly, the pass timeouts are what was set."""
+        settings = load_settings(pass_statement_timeout_seconds=2.0,
+                                 pass_lock_timeout_seconds=0.5)
+        assert settings.pass_timeouts == (2.0, 0.5)
+
+
+class TestDatabaseUrlFile:
+    """Issue 14: the URL (and its password) from a file, e.g. a Kubernetes secret."""
+
+    def test_the_file_gives_the_url(self, tmp_path: Path,
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+        """RECONCILER_DATABASE_URL_FILE names a file holding the URL (trailing newline ok)."""
+        secret = tmp_path / "database-url"
+        secret.write_text("postgresql+psycopg://rec:Hunter2Secret@db/jobs\n")
+        monkeypatch.setenv("RECONCILER_DATABASE_URL_FILE", str(secret))
+        assert load_settings().database_url == "postgresql+psycopg://rec:Hunter2Secret@db/jobs"
+
+    def test_both_url_and_file_are_refused(self, tmp_path: Path) -> None:
+        """A URL and a URL file at once is ambiguous: one line naming both."""
+        secret = tmp_path / "database-url"
+        secret.write_text("sqlite:///a.db")
+        with pytest.raises(ConfigError) as caught:
+            load_settings(database_url="sqlite:///b.db", database_url_file=str(secret))
+        assert "database_url_file" in str(caught.value)
+        assert "\n" not in str(caught.value)
+
+    def test_a_missing_file_is_one_line_naming_it(self, tmp_path: Path) -> None:
+        """A file that cannot be read: one line with the path and why."""
+        with pytest.raises(ConfigError) as caught:
+            load_settings(database_url_file=str(tmp_path / "nope"))
+        message = str(caught.value)
+        assert "nope" in message
+        assert "No such file" in message
+        assert "\n" not in message
+
+
+class TestUnknownVariables:
+    """Issue 14: a mistyped RECONCILER_* variable is named, with the closest setting."""
+
+    def test_a_misspelled_variable_is_named_with_the_closest_setting(
+        self, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """RECONCILER_BATCHSIZE=10 warns "did you mean RECONCILER_BATCH_SIZE" and changes
+        nothing."""
+        monkeypatch.setenv("RECONCILER_BATCHSIZE", "10")
+        with caplog.at_level(logging.WARNING, logger="reconciler.settings"):
+            settings = load_settings()
+        assert settings.batch_size == 500
+        (record,) = [r for r in caplog.records if "RECONCILER_BATCHSIZE" in r.getMessage()]
+        assert "did you mean RECONCILER_BATCH_SIZE?" in record.getMessage()
+
+    def test_our_other_variables_are_not_settings_but_not_unknown(self) -> None:
+        """The test suite's and the harness's own variables draw no warning."""
+        environ = {"RECONCILER_TEST_PG_DSN": "x", "RECONCILER_FAILPOINTS": "x",
+                   "RECONCILER_BATCH_SIZE": "1", "RECONCILER_INTERVALSECONDS": "1"}
+        assert unknown_variables(environ) == [
+            ("RECONCILER_INTERVALSECONDS", "RECONCILER_INTERVAL_SECONDS")]

@@ -1,0 +1,96 @@
+"""What a database error means, as a bounded code and one redacted line.
+
+The service logs and exposes the code (``reconciler_pass_errors_total{code}``, the
+``error_code`` of an error pass, ``/readyz``); the line is the driver's first line with
+passwords hidden, for the log and ``/readyz`` only (never a metric label).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+import psycopg
+from sqlalchemy.exc import DBAPIError
+
+from reconciler.core.vocabulary import DatabaseErrorCode
+from reconciler.errors import DatabaseUnavailableError, SchemaOutOfDateError
+from reconciler.redaction import redact
+from reconciler.storage.engines import DatabaseNotAnsweringError
+
+LINE_LIMIT = 200
+
+# PostgreSQL SQLSTATE (or its two-character class) -> code; the first match wins.
+_SQLSTATES: tuple[tuple[str, DatabaseErrorCode], ...] = (
+    ("57014", DatabaseErrorCode.TIMEOUT),             # query_canceled: statement_timeout
+    ("55P03", DatabaseErrorCode.LOCK_TIMEOUT),        # lock_not_available: lock_timeout
+    ("25006", DatabaseErrorCode.READ_ONLY),           # read_only_sql_transaction
+    ("42501", DatabaseErrorCode.PERMISSION_DENIED),   # insufficient_privilege
+    ("42P01", DatabaseErrorCode.SCHEMA_MISMATCH),     # undefined_table
+    ("42703", DatabaseErrorCode.SCHEMA_MISMATCH),     # undefined_column
+    ("42883", DatabaseErrorCode.SCHEMA_MISMATCH),     # undefined_function
+    ("53100", DatabaseErrorCode.DISK_FULL),
+    ("53300", DatabaseErrorCode.TOO_MANY_CONNECTIONS),
+    ("57P0", DatabaseErrorCode.UNREACHABLE),          # admin/crash shutdown, cannot connect now
+    ("08", DatabaseErrorCode.UNREACHABLE),            # connection exceptions
+    ("28", DatabaseErrorCode.AUTHENTICATION_FAILED),  # invalid authorization
+    ("40", DatabaseErrorCode.CONFLICT),               # serialization failure, deadlock
+    ("22", DatabaseErrorCode.INVALID_DATA),
+    ("23", DatabaseErrorCode.INVALID_DATA),
+)
+# SQLite reports by message only; lower-case fragments -> code.
+_SQLITE_MESSAGES: tuple[tuple[str, DatabaseErrorCode], ...] = (
+    ("readonly database", DatabaseErrorCode.READ_ONLY),
+    ("read-only", DatabaseErrorCode.READ_ONLY),
+    ("database is locked", DatabaseErrorCode.LOCK_TIMEOUT),
+    ("table is locked", DatabaseErrorCode.LOCK_TIMEOUT),
+    ("unable to open database", DatabaseErrorCode.UNREACHABLE),
+    ("disk i/o error", DatabaseErrorCode.UNREACHABLE),
+    ("no such table", DatabaseErrorCode.SCHEMA_MISMATCH),
+    ("no such column", DatabaseErrorCode.SCHEMA_MISMATCH),
+    ("database or disk is full", DatabaseErrorCode.DISK_FULL),
+    ("authorization denied", DatabaseErrorCode.PERMISSION_DENIED),
+    ("interrupted", DatabaseErrorCode.TIMEOUT),
+)
+
+
+def error_code(exc: BaseException) -> DatabaseErrorCode:
+    """The bounded code for an error raised while talking to the database."""
+    if isinstance(exc, SchemaOutOfDateError):
+        return DatabaseErrorCode.SCHEMA_MISMATCH
+    if isinstance(exc, DatabaseUnavailableError):
+        return DatabaseErrorCode.UNREACHABLE
+    orig = exc.orig if isinstance(exc, DBAPIError) else exc
+    if isinstance(orig, DatabaseNotAnsweringError):
+        return DatabaseErrorCode.NO_ANSWER
+    if isinstance(orig, psycopg.errors.ConnectionTimeout):
+        return DatabaseErrorCode.UNREACHABLE
+    if isinstance(orig, psycopg.Error):
+        state = orig.sqlstate
+        if state is None:
+            # No SQLSTATE: refused at connection time, or no server to talk to at all.
+            if "authentication failed" in str(orig):
+                return DatabaseErrorCode.AUTHENTICATION_FAILED
+            return (DatabaseErrorCode.UNREACHABLE if isinstance(orig, psycopg.OperationalError)
+                    else DatabaseErrorCode.OTHER)
+        return next((code for prefix, code in _SQLSTATES if state.startswith(prefix)),
+                    DatabaseErrorCode.OTHER)
+    if isinstance(orig, sqlite3.Error):
+        message = str(orig).lower()
+        return next((code for fragment, code in _SQLITE_MESSAGES if fragment in message),
+                    DatabaseErrorCode.OTHER)
+    return DatabaseErrorCode.OTHER
+
+
+def database_answers(code: DatabaseErrorCode) -> bool:
+    """False when the error says the database cannot be talked to right now (writing down
+    that failure there would only wait again)."""
+    return code not in (DatabaseErrorCode.UNREACHABLE, DatabaseErrorCode.NO_ANSWER)
+
+
+def error_line(exc: BaseException) -> str:
+    """The driver's first line of ``exc``, passwords hidden, at most LINE_LIMIT characters."""
+    orig = exc.orig if isinstance(exc, DBAPIError) else exc
+    lines = str(orig).strip().splitlines()
+    first = lines[0].strip() if lines else type(orig).__name__
+    first = redact(first)
+    return first if len(first) <= LINE_LIMIT else first[:LINE_LIMIT - 3] + "..."
