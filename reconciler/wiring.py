@@ -18,7 +18,6 @@ from reconciler.core.passes import PassConfig
 from reconciler.core.ports import JobSource, PassStore
 from reconciler.core.worker_ports import WorkWaiter
 from reconciler.settings import Settings
-from reconciler.sources import open_foreign_source
 from reconciler.storage.diagnosis import database_answers, error_code, error_line
 from reconciler.storage.engines import DatabaseTimeouts, create_engine
 from reconciler.storage.native_kinds import kinded_native
@@ -81,6 +80,8 @@ def check_source(engine: Engine, config: Config | None) -> None:
     """Refuse a foreign ``[source]`` whose tables, columns or functions are not there."""
     if config is None or isinstance(config.source, NativeConfig):
         return
+    from reconciler.sources import open_foreign_source  # noqa: PLC0415 - see source_factory
+
     with engine.connect() as conn:
         open_foreign_source(conn, config.source, config.kinds, lock=False).check_schema()
         conn.rollback()
@@ -106,6 +107,10 @@ def source_factory(config: Config | None) -> SourceFactory:
         return native_source
     if isinstance(config.source, NativeConfig):
         return kinded_native(config.kinds)
+    # Imported only for a foreign source: the native default (every worker, most CLI
+    # calls) does not pay for loading the adapters of four other systems.
+    from reconciler.sources import open_foreign_source  # noqa: PLC0415
+
     source, kinds = config.source, config.kinds
 
     def foreign(conn: Connection, lock: bool) -> JobSource:

@@ -8,8 +8,8 @@ passwords hidden, for the log and ``/readyz`` only (never a metric label).
 from __future__ import annotations
 
 import sqlite3
+import sys
 
-import psycopg
 from sqlalchemy.exc import DBAPIError
 
 from reconciler.core.vocabulary import DatabaseErrorCode
@@ -62,9 +62,11 @@ def error_code(exc: BaseException) -> DatabaseErrorCode:
     orig = exc.orig if isinstance(exc, DBAPIError) else exc
     if isinstance(orig, DatabaseNotAnsweringError):
         return DatabaseErrorCode.NO_ANSWER
-    if isinstance(orig, psycopg.errors.ConnectionTimeout):
+    # psycopg is imported only by a PostgreSQL engine: with none loaded, no error is its.
+    psycopg = sys.modules.get("psycopg")
+    if psycopg is not None and isinstance(orig, psycopg.errors.ConnectionTimeout):
         return DatabaseErrorCode.UNREACHABLE
-    if isinstance(orig, psycopg.Error):
+    if psycopg is not None and isinstance(orig, psycopg.Error):
         state = orig.sqlstate
         if state is None:
             # No SQLSTATE: refused at connection time, or no server to talk to at all.
