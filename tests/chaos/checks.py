@@ -497,6 +497,10 @@ def _facts(db: Database, ledger: LedgerData) -> dict[str, Any]:
     return {
         "jobs": len(db.jobs),
         "jobs_by_final_state": dict(sorted(statuses.items())),
+        # Each begun run of a poison step is a worker it killed (armed or not).
+        "poison_runs": sum(1 for job_id, _, _ in ledger.began
+                           if (job := db.jobs.get(job_id)) is not None
+                           and job.kind == POISON_KIND),
         "claims": len(db.attempts),
         "attempts_by_outcome": dict(sorted(Counter(
             a.outcome or "open" for a in db.attempts.values()).items())),

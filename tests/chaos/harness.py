@@ -225,7 +225,7 @@ class ChaosResult:
             "  by killer: " + ", ".join(f"{k}={v}" for k, v in sorted(s.killer_kills.items())),
             f"processes started: {dict(s.processes_started)}; unexpected exits: "
             f"{dict(sorted(s.unexpected_exits.items())) or 0}; workers killed by the "
-            f"{p.poison} poison jobs: {s.poison_deaths}",
+            f"{p.poison} poison jobs: {f['poison_runs']}",
             f"jobs: {f['jobs']} {f['jobs_by_final_state']}",
             f"claims: {f['claims']} {f['attempts_by_outcome']}",
             f"decisions applied: {f['decisions_applied']}; all decisions (skips too) by "
@@ -486,6 +486,7 @@ class Harness:
                 self.stats.kills_by_failpoint[child.failpoint] += 1
             elif code == -signal.SIGKILL and child.role == "worker":
                 self.stats.poison_deaths += 1  # nothing else SIGKILLs an unarmed worker
+                # (an armed one killed by poison is counted under its failpoint)
             elif not child.killed_by_harness:
                 self.stats.unexpected_exits[f"{child.role}:exit_{code}"] += 1
             delay = self.rng.uniform(*RESPAWN_DELAY_SECONDS)

@@ -14,11 +14,13 @@ from tests.helpers import require_pg_bin
 
 pytestmark = pytest.mark.chaos
 
+# The drain ends as soon as every job is terminal; its bound only has to outlast a busy
+# machine (CI runs these beside other tests), so it is generous.
 SHORT_RUNS = {
     "sqlite": ChaosParams(engine="sqlite", jobs=300, kills=40, replicas=2, seconds=30,
-                          drain_seconds=60),
+                          drain_seconds=240),
     "postgresql": ChaosParams(engine="postgresql", jobs=300, kills=40, replicas=2,
-                              db_restarts=1, seconds=30, drain_seconds=60),
+                              db_restarts=1, seconds=30, drain_seconds=240),
 }
 MIN_KILLS = 30
 
@@ -37,7 +39,7 @@ def test_short_chaos_run_keeps_every_invariant(engine: str) -> None:
     assert result.stats.kills >= MIN_KILLS, result.render()
     assert result.stats.db_restarts == params.db_restarts
     assert result.checks.facts["jobs"] == params.jobs + params.poison
-    assert result.stats.poison_deaths > 0, result.render()  # the poison did kill workers
+    assert result.checks.facts["poison_runs"] > 0, result.render()  # the poison did kill
     # The kills reached workers at failpoints, workers at random and replicas.
     assert result.stats.kills_by_failpoint, result.render()
     assert result.stats.killer_kills["worker"] > 0, result.render()
