@@ -36,6 +36,7 @@ from reconciler.storage.schema import upgrade
 from reconciler.worker import JobClient, Step
 from tests.conftest import REPO_ROOT, PostgresForTests, run_cli
 from tests.helpers import fresh_database
+from tests.integration.test_cli import assert_one_line_error
 from tests.integration.test_service import (
     Launcher,
     ReconcilerProcess,
@@ -61,13 +62,7 @@ SECRET = "Hunter2Secret"  # noqa: S105 - the password the tests make sure never 
 def one_line(proc: subprocess.CompletedProcess[str], exit_code: int, *expected: str) -> str:
     """The documented exit code, nothing on stdout, one line on stderr, no traceback."""
     assert proc.returncode == exit_code, (proc.returncode, proc.stderr)
-    assert "Traceback" not in proc.stderr, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
-    assert proc.stdout == ""
-    for text in expected:
-        assert text in lines[0], lines[0]
-    return lines[0]
+    return assert_one_line_error(proc, *expected)
 
 
 def answering(get: Any, status: int) -> Any:
