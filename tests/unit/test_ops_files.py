@@ -1,4 +1,4 @@
-"""The operations kit in ops/ (and the README's settings and operations) agrees with the code:
+"""The operations kit in ops/ (and docs/operating.md) agrees with the code:
 metrics, label values, reasons, commands.
 
 No database needed. PyYAML is not a project dependency, so the YAML files are not parsed
@@ -51,7 +51,7 @@ DASHBOARD = OPS / "grafana" / "reconciler-dashboard.json"
 RUNBOOK = OPS / "runbook.md"
 KUBERNETES = OPS / "kubernetes" / "reconciler-sidecar.yaml"
 SYSTEMD = OPS / "systemd" / "stale-claim-reconciler.service"
-README = REPO / "README.md"
+OPERATING = REPO / "docs" / "operating.md"
 SERVICE_SOURCE = REPO / "reconciler" / "sidecar" / "service.py"
 
 # Labels Prometheus attaches to every scraped series.
@@ -352,14 +352,6 @@ def runbook_section(anchor: str) -> str:
                 body.append(later)
             return "\n".join(body)
     pytest.fail(f"ops/runbook.md has no section #{anchor}")
-
-
-def readme_section(title: str) -> str:
-    """The text of a ``## title`` section of README.md."""
-    text = README.read_text()
-    start = text.index(f"\n## {title}\n")
-    end = text.find("\n## ", start + 1)
-    return text[start:end if end != -1 else None]
 
 
 def operator_status_reasons() -> set[str]:
@@ -724,17 +716,11 @@ class TestDeploymentExamples:
             parses_as_cli(command)
 
 
-# -- README ------------------------------------------------------------------------------
+# -- operating safely ---------------------------------------------------------------------
 
 
-class TestReadme:
-    """The README documents every setting and the operations features of DESIGN.md §11."""
-
-    def test_every_setting_is_in_the_settings_table(self) -> None:
-        """Each setting of reconciler.settings.Settings has a row in the README's table."""
-        section = readme_section("Settings")
-        missing = [name for name in Settings.model_fields if f"`{name}`" not in section]
-        assert not missing, f"README's settings table lacks {missing}"
+class TestOperatingSafelyPage:
+    """docs/operating.md explains each operating-safely feature with its names."""
 
     @pytest.mark.parametrize(("feature", "needles"), [
         ("shadow mode", ("`RECONCILER_SHADOW=true`", "reconciler decisions --shadow",
@@ -747,12 +733,12 @@ class TestReadme:
                            "`reconciler_job_rows_deleted_total`")),
         ("completion recovered", ("`completion_recovered`", "`completion_unrecorded`")),
     ])
-    def test_operations_has_a_line_per_feature(self, feature: str,
-                                               needles: tuple[str, ...]) -> None:
-        """The Operations section names each feature's setting, reason and metric."""
-        section = readme_section("Operations")
-        missing = [needle for needle in needles if needle not in section]
-        assert not missing, f"README Operations, {feature}: missing {missing}"
+    def test_the_page_names_each_feature(self, feature: str,
+                                         needles: tuple[str, ...]) -> None:
+        """Each feature's setting, reason, metric and alert are named on the page."""
+        text = OPERATING.read_text()
+        missing = [needle for needle in needles if needle not in text]
+        assert not missing, f"docs/operating.md, {feature}: missing {missing}"
 
 
 class TestNoPasswordSuggested:
