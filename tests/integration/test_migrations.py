@@ -133,7 +133,7 @@ def test_upgrade_creates_the_worker_runtime_tables(empty_engine: Engine) -> None
     upgrade(empty_engine)
 
     missing = WORKER_RUNTIME_TABLES - _table_names(empty_engine)
-    assert not missing, f"DESIGN.md §3a tables missing after upgrade: {sorted(missing)}"
+    assert not missing, f"worker runtime tables missing after upgrade: {sorted(missing)}"
 
 
 def test_upgrade_creates_the_partial_indexes_the_pass_relies_on(empty_engine: Engine) -> None:
