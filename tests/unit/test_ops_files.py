@@ -484,7 +484,7 @@ class TestAlertRules:
         assert len(names) == len(alert_rules()), "alert names are unique"
 
     def test_the_brake_has_an_alert_on_its_gauge(self) -> None:
-        """ReconcilerBrakeEngaged watches reconciler_brake_engaged (DESIGN.md section 11)."""
+        """ReconcilerBrakeEngaged watches reconciler_brake_engaged."""
         rules = {rule.name: rule for rule in alert_rules()}
         assert "ReconcilerBrakeEngaged" in rules
         expr = rules["ReconcilerBrakeEngaged"].values["expr"]
@@ -659,7 +659,7 @@ class TestRunbook:
         crash = runbook_section("crash_loop")
         assert "reconciler decisions --since 1d --reason crash_loop" in crash
         assert "reconciler jobs retry JOB_ID" in crash
-        # Why other sources keep completion_unrecorded (DESIGN.md section 11).
+        # Why other sources keep completion_unrecorded.
         assert "could not record it" in runbook_section("completion_unrecorded")
 
     def test_the_operator_actions_are_explained(self) -> None:
