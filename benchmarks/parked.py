@@ -1,4 +1,4 @@
-"""Held and gated jobs (DESIGN.md section 11): recorded once, then parked out of the scans.
+"""Held and gated jobs (docs/operating.md): recorded once, then parked out of the scans.
 
     python -m benchmarks --measure parked [--jobs N] [--parked P] [--smoke]
 

@@ -1,4 +1,4 @@
-"""The step ledger's table: steps recorded by tasks of a foreign job system (DESIGN.md §9)."""
+"""The step ledger's table: steps recorded by tasks of a foreign job system."""
 
 from __future__ import annotations
 

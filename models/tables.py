@@ -1,4 +1,4 @@
-"""The schema: typed SQLAlchemy 2.0 models. Names are the public contract (DESIGN.md §2)."""
+"""The schema: typed SQLAlchemy 2.0 models. Names are public (docs/data-model.md)."""
 
 from __future__ import annotations
 
@@ -234,7 +234,7 @@ class ReconciliationDecision(Base):
     generation_after: Mapped[int | None] = mapped_column(BigInteger)
     resume_step_index: Mapped[int | None] = mapped_column(Integer)
     decision_evidence: Mapped[Any | None] = mapped_column(JSON)
-    # A shadow pass records what it would have done and changes no job (DESIGN.md §11).
+    # A shadow pass records what it would have done and changes no job.
     shadow_mode: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
 
     __table_args__ = (

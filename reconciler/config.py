@@ -3,7 +3,7 @@
 Top-level keys are the settings of ``reconciler.settings.Settings``; a flag and an
 environment variable still win over the file, and the file wins over the defaults, which
 stay declared once, on ``Settings`` (the file's values are fed in as its lowest-priority
-source). The tables are ``[source]`` (where jobs are read and changed: DESIGN.md section 9)
+source). The tables are ``[source]`` (where jobs are read and changed: docs/sources.md)
 and ``[kinds."<glob>"]`` (per-kind rules, resolved by ``reconciler.core.kinds``).
 
 Every problem ends in one ``ConfigError`` line that names the file and the key: an unknown

@@ -1,4 +1,4 @@
-"""The step ledger: step-level resume for tasks of a foreign job system (DESIGN.md §9).
+"""The step ledger: step-level resume for tasks of a foreign job system.
 
 A Procrastinate task (or a worker of a home-grown job table) records its steps here, in
 the reconciler's own database::

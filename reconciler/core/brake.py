@@ -1,4 +1,4 @@
-"""The mass-staleness brake (DESIGN.md section 11): pure, with the database's time passed in.
+"""The mass-staleness brake (docs/operating.md): pure, with the database's time passed in.
 
 When one pass finds at least ``min_jobs`` stale jobs and they are at least
 ``stale_fraction`` of the running jobs, a database failover, a network partition or a clock

@@ -14,7 +14,7 @@ JobKey = int | str
 
 
 class SourceKind(StrEnum):
-    """Where a pass reads jobs (DESIGN.md section 9): this project's own tables or a
+    """Where a pass reads jobs (docs/sources.md): this project's own tables or a
     foreign job system's, named in the audit beside every decision."""
 
     NATIVE = "native"
@@ -31,7 +31,7 @@ INTEGER_KEYED_SOURCES = frozenset({SourceKind.NATIVE, SourceKind.PROCRASTINATE,
 
 
 class JobStatus(StrEnum):
-    """``job_runs.job_status``. ``waiting`` is in the contract's vocabulary (DESIGN.md §2)
+    """``job_runs.job_status``. ``waiting`` is in the public vocabulary (docs/data-model.md)
     but set by no release yet: a job waiting on a gate stays ``processing`` with its step
     ``waiting``, so its lease and the table keep watching it."""
 

@@ -11,7 +11,7 @@ from reconciler.core.vocabulary import DatabaseErrorCode, Disposition, PassOutco
 PASS_DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
                          5.0, 10.0, 30.0)
 # Passes one scheduled tick ran: 1 unless a full batch was followed at once by another
-# (DESIGN.md section 10). With batch_size 500, 20 covers an outage of 10,000 jobs.
+# (a backlog drains within one interval). With batch_size 500, 20 covers an outage of 10,000 jobs.
 TICK_BATCHES_BUCKETS = (1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 50.0, 100.0)
 
 # Reasons a pass records that no rule gives; with the rules' own, every label pair a
@@ -29,7 +29,7 @@ def decision_labels(*, shadow: bool = False) -> tuple[tuple[Disposition, Reason]
 
 
 class Metrics:
-    """Every metric of DESIGN.md §7, plus the chores' own counters."""
+    """The service's metrics, each documented in docs/metrics.md."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()

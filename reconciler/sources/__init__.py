@@ -1,4 +1,4 @@
-"""Job sources beside the job systems teams already run (DESIGN.md section 9).
+"""Job sources beside the job systems teams already run (docs/sources.md).
 
 One module per system, each a class implementing the job-source port on one SQLAlchemy
 connection (the pass's transaction; the foreign tables live in the reconciler's database):

@@ -1,4 +1,4 @@
-"""Enqueue, claim, and every fenced write a claim makes afterwards (DESIGN.md section 3).
+"""Enqueue, claim, and every fenced write a claim makes afterwards (docs/lease-contract.md).
 
 Every write after a claim is an UPDATE fenced on (job, lease token, processing); no row
 means the claim was lost, and ``LeaseLost`` is raised before anything else is written.

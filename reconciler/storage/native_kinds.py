@@ -1,4 +1,4 @@
-"""The ``native`` source under a config file's ``[kinds]`` tables (DESIGN.md section 9).
+"""The ``native`` source under a config file's ``[kinds]`` tables (docs/sources.md).
 
 Without ``[kinds]`` the native source's prebuilt scans serve every pass unchanged. With
 them, two things change where the source scans, so neither fills a batch with jobs the

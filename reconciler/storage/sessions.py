@@ -1,4 +1,4 @@
-"""Worker sessions: one row per worker process, renewed by its heartbeat (DESIGN.md 3a).
+"""Worker sessions: one row per worker process, renewed by its heartbeat (docs/lease-contract.md).
 
 A session that stopped, went silent or was replaced by a restart is gone; ending it
 expires its claims' leases at once, so the next pass takes them.

@@ -1,6 +1,6 @@
 """The step ledger's store: fenced runs of a foreign job's steps in ``step_ledger_entries``.
 
-The public face is ``reconciler.ledger`` (DESIGN.md section 9), which says how a task uses
+The public face is ``reconciler.ledger``, which says how a task uses
 it; this module holds its SQL.
 """
 

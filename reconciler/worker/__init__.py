@@ -1,4 +1,4 @@
-"""The worker side, the public face of the lease contract (DESIGN.md sections 3 and 3a).
+"""The worker side, the public face of the lease contract (docs/lease-contract.md).
 
 ``from reconciler.worker import JobClient, Step, LeaseLost, Worker``: the client makes the
 fenced writes, the runtime runs handlers under it. Nothing here decides a stale job's fate;

@@ -1,4 +1,4 @@
-"""The worker protocol: ``JobClient``, ``Claim``, ``Step`` and ``LeaseLost`` (DESIGN.md §3).
+"""The worker protocol: ``JobClient``, ``Claim``, ``Step`` and ``LeaseLost``.
 
 Every write after a claim is fenced on (job, lease token, processing) in the database; a
 write that matches no row raises ``LeaseLost`` and changes nothing. All lease arithmetic

@@ -1,4 +1,4 @@
-"""One claim's run: its steps in order, a heartbeat thread and a lifetime (DESIGN.md §3a).
+"""One claim's run: its steps in order, a heartbeat thread and a lifetime.
 
 ``JobRunner`` runs one claimed job for the ``Worker`` loop (runtime.py); ``StepContext`` is
 what each step callable gets. A hung handler cannot be killed inside a thread: past

@@ -1,4 +1,4 @@
-"""The worker runtime (DESIGN.md §3a): a claim loop with slots, heartbeats and lifetimes.
+"""The worker runtime: a claim loop with slots, heartbeats and lifetimes.
 
 Failure modes it is built against:
 

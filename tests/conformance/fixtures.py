@@ -1,4 +1,4 @@
-"""What the conformance suite asks of a job source's test fixture (DESIGN.md sections 4, 5, 9).
+"""What the conformance suite asks of a job source's test fixture.
 
 The suite never touches a source's tables. It makes situations only through the source's
 fixture (``SourceFixture.make``: a factory that puts a job in any state), runs the pass

@@ -72,7 +72,7 @@ class ForeignFixture:
 
     def supports(self, what: Capability) -> bool:
         """Everything but the declared gaps. No foreign source records a completion itself
-        (DESIGN.md section 11: only the native source recovers one)."""
+        (only the native source recovers one)."""
         return what not in self.gaps and what not in (Feature.RECOVERS_COMPLETION,
                                                       Feature.PARKS)
 

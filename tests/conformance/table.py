@@ -1,5 +1,5 @@
 """The ``table`` source's fixture: a home-grown job table mapped column by column (every key
-of DESIGN.md section 9's example), on SQLite and PostgreSQL.
+of the example in docs/sources.md), on SQLite and PostgreSQL.
 
 The table is the one tests/sources/test_table_source.py maps: a status, a kind, a reason,
 activity and lease times, an owner, attempts and their budget, a generation, the resume

@@ -1,4 +1,4 @@
-"""What any job source must do under the pass (DESIGN.md sections 4, 5 and 9).
+"""What any job source must do under the pass.
 
 Every test runs unchanged against every registered source on every engine it runs on. It
 makes jobs only through the source's fixture, and says what a user would see: the job's
@@ -44,7 +44,7 @@ class Expected:
     resume_step: int | None = None
 
 
-# The decision table (DESIGN.md section 5) as a user meets it, written out here rather than
+# The decision table (docs/decision-table.md) as a user meets it, written out here rather than
 # computed with the code under test, so a wrong rule in either place fails a test.
 RESUMED: dict[Situation, Expected] = {
     Situation(State.DIED_BEFORE_STEP, 0): Expected(
@@ -221,7 +221,7 @@ def test_a_held_or_gated_job_is_recorded_once_however_many_passes_meet_it(
     source: SourceFixture, situation: Situation
 ) -> None:
     """Three passes leave one audit row; a source that parks does not even read the job
-    again (DESIGN.md section 11: held and gated jobs fill no batch)."""
+    again (held and gated jobs fill no batch)."""
     require(source, situation)
     job = source.make(situation)
 

@@ -1,4 +1,4 @@
-"""Artifacts staged per attempt, published only by the completing generation (DESIGN.md 3a).
+"""Artifacts staged per attempt, published only by the completing generation.
 
 Every test runs on SQLite and on PostgreSQL, with files on a real disk under a temporary
 artifact root. Layout: ``staging/<job_id>/<generation>/<name>`` while an attempt runs,

@@ -26,7 +26,7 @@ passes: sa.Table = cast(sa.Table, ReconciliationPass.__table__)
 decisions: sa.Table = cast(sa.Table, ReconciliationDecision.__table__)
 leader_leases: sa.Table = cast(sa.Table, ReconcilerLease.__table__)
 
-# DESIGN.md §6, JSON shapes.
+# The JSON shapes of docs/cli.md.
 JOB_KEYS = {"job_id", "job_kind", "status", "reason", "attempts_used", "max_attempts",
             "resume_step_index", "steps", "created_at", "updated_at"}
 # Public, harmless fields the view adds beyond the documented ones (see the report).
@@ -37,12 +37,12 @@ PASS_KEYS = {"pass_id", "candidates", "resumed", "terminalized", "skipped", "dec
 PASS_EXTRA_KEYS = {"outcome", "dry_run", "shadow"}
 PASS_DECISION_KEYS = {"job_id", "disposition", "reason", "resume_step_index"}
 # "decision records as stored": the reconciliation_decisions columns (shadow_mode is
-# shown as "shadow", DESIGN.md section 11).
+# shown as "shadow").
 STORED_DECISION_KEYS = {"decision_id", "pass_id", "job_source", "job_id", "decided_at",
                         "disposition", "decision_reason", "generation_before",
                         "generation_after", "resume_step_index", "decision_evidence",
                         "shadow"}
-# DESIGN.md §5, in table order, then the pass's own outcomes.
+# The decision table's reasons, in table order, then the pass's own outcomes.
 TABLE_REASONS = ("operator_hold", "worker_wedged", "lease_live", "recent_activity",
                  "unresumable_plan", "waiting_on_gate", "completion_recovered",
                  "completion_unrecorded", "step_failed", "worker_died_mid_step", "crash_loop",
@@ -149,7 +149,7 @@ def crashed_in_effectful_step(client: JobClient, worker: str = "w-cli", **enqueu
 
 
 def test_jobs_show_json_has_the_documented_keys(db_url: str, client: JobClient) -> None:
-    """`jobs show --json` gives the DESIGN.md keys; a step never started is not_started."""
+    """`jobs show --json` gives the documented keys; a step never started is not_started."""
     job_id = client.enqueue("report", steps=STEPS, max_attempts=4)
     claim = claim_next(client, "w-show", 30)
     claim.start_step(0)

@@ -1,5 +1,5 @@
 """Job retention: finished jobs older than job_retention_days go with their rows, in
-bounded batches; live, recent and not yet swept jobs stay (DESIGN.md section 11)."""
+bounded batches; live, recent and not yet swept jobs stay."""
 
 from __future__ import annotations
 

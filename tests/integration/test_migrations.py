@@ -31,15 +31,15 @@ from reconciler.storage.engines import create_engine
 from reconciler.storage.schema import current_revision, downgrade, head_revision, upgrade
 from reconciler.worker import JobClient
 
-# DESIGN.md §2: the tables of the lease contract and the audit trail.
+# docs/data-model.md: the tables of the lease contract and the audit trail.
 CORE_TABLES = {
     "job_runs", "step_runs", "job_attempts", "reconciliation_passes",
     "reconciliation_decisions", "reconciler_leases",
 }
-# DESIGN.md §3a: the worker runtime's tables.
+# The worker runtime's tables.
 WORKER_RUNTIME_TABLES = {"worker_sessions", "job_artifacts"}
 
-# DESIGN.md §2 "Indexes": name -> (leading column, the status the index is limited to, unique).
+# The pass's indexes: name -> (leading column, the status the index is limited to, unique).
 PARTIAL_INDEXES = {
     "ix_job_runs_processing_lease_expiry": ("lease_expires_at", "processing", False),
     "ix_job_runs_processing_last_activity": ("last_activity_at", "processing", False),
@@ -50,7 +50,7 @@ PARTIAL_INDEXES = {
 SNAKE_CASE_WORDS = re.compile(r"^[a-z][a-z0-9]*(?:_[a-z0-9]+)+$")
 PREFIXED_NAME = re.compile(r"^(?P<prefix>pk|fk|uq|ck|ix)_(?P<rest>[a-z][a-z0-9]*(?:_[a-z0-9]+)+)$")
 POSTGRESQL_IDENTIFIER_LIMIT = 63
-# Names DESIGN.md itself fixes as one word (the contract wins over the style rule).
+# Public names that are one word (the public name wins over the style rule).
 ONE_WORD_NAMES_IN_CONTRACT = {"disposition"}
 
 
@@ -118,7 +118,7 @@ def _reflected_names(engine: Engine) -> set[tuple[str, str, str]]:
 
 
 def test_upgrade_from_empty_creates_every_contract_table(empty_engine: Engine) -> None:
-    """Upgrading an empty database to head creates the DESIGN.md §2 tables and stamps head."""
+    """Upgrading an empty database to head creates the documented tables and stamps head."""
     assert _table_names(empty_engine) == set()
     assert current_revision(empty_engine) is None
 
@@ -129,11 +129,11 @@ def test_upgrade_from_empty_creates_every_contract_table(empty_engine: Engine) -
 
 
 def test_upgrade_creates_the_worker_runtime_tables(empty_engine: Engine) -> None:
-    """DESIGN.md §3a names worker_sessions and job_artifacts as tables of the schema."""
+    """worker_sessions and job_artifacts are tables of the schema."""
     upgrade(empty_engine)
 
     missing = WORKER_RUNTIME_TABLES - _table_names(empty_engine)
-    assert not missing, f"DESIGN.md §3a tables missing after upgrade: {sorted(missing)}"
+    assert not missing, f"worker runtime tables missing after upgrade: {sorted(missing)}"
 
 
 def test_upgrade_creates_the_partial_indexes_the_pass_relies_on(empty_engine: Engine) -> None:
@@ -218,7 +218,7 @@ def test_every_constraint_and_index_name_follows_the_naming_convention() -> None
 
 
 def test_every_table_and_column_name_is_snake_case_of_two_words() -> None:
-    """DESIGN.md §2: table and column names are descriptive snake_case of 2+ words."""
+    """Table and column names are descriptive snake_case of 2+ words."""
     problems = [
         f"{table.name}.{column.name}"
         for table in models.metadata.sorted_tables

@@ -1,4 +1,4 @@
-"""Operating safely (DESIGN.md section 11), on SQLite and PostgreSQL: shadow passes change
+"""Operating safely (docs/operating.md), on SQLite and PostgreSQL: shadow passes change
 nothing and say so, skips are recorded once per job, reason and generation, and a job
 whose workers keep dying is quarantined as a crash loop."""
 

@@ -1,4 +1,4 @@
-"""The reconciliation pass end to end, on SQLite and PostgreSQL (DESIGN.md sections 4-6).
+"""The reconciliation pass end to end, on SQLite and PostgreSQL.
 
 Situations are made with the real worker client: a worker claims with a short lease,
 records its steps, then simply stops (it "dies"); the lease runs out on the database's

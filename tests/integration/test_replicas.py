@@ -1,4 +1,4 @@
-"""Four replicas racing over one backlog (DESIGN.md sections 4 and 10, issue 12).
+"""Four replicas racing over one backlog (issue 12).
 
 Every replica passes; on PostgreSQL candidates are taken ``FOR UPDATE SKIP LOCKED``, on
 SQLite the write lock serialises the passes. Whatever the interleaving, the audit must show
@@ -46,7 +46,7 @@ BATCH_SIZE = 10  # 30 full batches for four replicas to share
 DRAIN_SECONDS = 90.0
 
 # One replica: passes back to back until three in a row find nothing, started together
-# with the others by a file appearing. Every replica passes (DESIGN.md section 10); a
+# with the others by a file appearing. Every replica passes; a
 # PassConfig that still gates passes on the leader lease is told not to.
 PASS_LOOP = textwrap.dedent("""
     import json, sys, time

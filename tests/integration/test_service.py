@@ -62,7 +62,7 @@ START_TIMEOUT_SECONDS = 20.0
 EXIT_BOUND_SECONDS = 10.0
 UNREACHABLE_URL = "postgresql+psycopg://postgres@127.0.0.1:1/nope"
 
-# DESIGN.md §7: sample name -> the label names it carries (histograms by their parts).
+# docs/metrics.md: sample name -> the label names it carries (histograms by their parts).
 DESIGN_METRICS: dict[str, set[str]] = {
     "reconciler_passes_total": {"outcome"},
     "reconciler_pass_duration_seconds_bucket": {"le"},
@@ -430,7 +430,7 @@ def test_run_serves_every_design_metric_and_health_on_loopback(
     db_url: str, launcher: Launcher
 ) -> None:
     """`reconciler run` binds 127.0.0.1, answers /healthz, becomes ready after a pass and
-    exports every metric of DESIGN.md section 7 with its type and labels."""
+    exports every documented metric with its type and labels."""
     reconciler = launcher.start(db_url)
 
     assert reconciler.host == "127.0.0.1"

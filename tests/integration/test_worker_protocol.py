@@ -1,4 +1,4 @@
-"""The worker protocol as a worker and a producer see it (DESIGN.md section 3).
+"""The worker protocol as a worker and a producer see it (docs/lease-contract.md).
 
 Every test runs on SQLite and on PostgreSQL through the shared fixtures. Nothing here mocks
 the database: leases expire on the database's clock, races are real threads and real

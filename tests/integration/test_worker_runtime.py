@@ -1,4 +1,4 @@
-"""The worker runtime against the failure modes production queues hit (issue 3, DESIGN.md 3a).
+"""The worker runtime against the failure modes production queues hit (issue 3).
 
 Every test runs on SQLite and on PostgreSQL (the NOTIFY tests on PostgreSQL only). Nothing
 mocks the database: handlers run in real ``Worker`` loops, crashes are real SIGKILLs and
@@ -50,7 +50,7 @@ SESSIONS = cast(sa.Table, WorkerSession.__table__)
 ARTIFACTS = cast(sa.Table, JobArtifact.__table__)
 
 DEADLINE_SECONDS = 15.0
-# The defaults of DESIGN.md section 6: a recent heartbeat or activity protects a job.
+# The settings' defaults: a recent heartbeat or activity protects a job.
 DEFAULT_THRESHOLDS = Thresholds(stale_after_seconds=60, wedged_after_seconds=3600)
 # A reconciler that judges every expired lease at once.
 RECONCILE_NOW = Thresholds(stale_after_seconds=0, wedged_after_seconds=3600)

@@ -1,7 +1,7 @@
 """Real job systems beside the reconciler, on the suite's throwaway PostgreSQL.
 
 One database per session holds the reconciler's own tables and each system's schema, as in
-production (DESIGN.md section 9: the foreign tables live in the reconciler's database):
+production (the foreign tables live in the reconciler's database):
 Procrastinate's applied once into schema ``procrastinate``, graphile-worker's and pg-boss's
 migrated once by their own code into ``graphile_worker`` and ``pgboss``. Every test starts
 from empty job tables.

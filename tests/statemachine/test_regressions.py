@@ -1,7 +1,7 @@
 """Counterexamples the state machine found, shrunk and kept as plain tests.
 
 Each test is the machine's shrunk sequence of calls, on a fresh SQLite database with the
-controllable database clock, asserting what DESIGN.md promises, so the bug stays fixed
+controllable database clock, asserting what the docs promise, so the bug stays fixed
 whatever becomes of the machine's rules.
 """
 
@@ -46,7 +46,7 @@ def test_claim_under_a_gone_session_is_taken_back_at_once(client: JobClient,
                                                           clock: DbClock) -> None:
     """A claim made under a session already gone is not left to wait out its lease.
 
-    DESIGN §3a: a session that stopped (or stopped heartbeating, or was replaced) is gone,
+    A session that stopped (or stopped heartbeating, or was replaced) is gone,
     and the reconciler treats its claims as expired at once. The worker runtime can claim
     under its old session id in the seconds before its session loop notices the session
     is gone. The machine found ``claim`` accepting the gone session: the job got a live

@@ -764,7 +764,7 @@ class StoreMachine(RuleBasedStateMachine):
 
     def _decide(self, job: JobModel, live: bool, wedged_age: bool, recent: bool,
                 gone: bool) -> Outcome:
-        """The decision table of DESIGN.md §5, written again from the contract."""
+        """The decision table (docs/decision-table.md), written again from the contract."""
         if job.hold:
             return ("skip", "operator_hold", None)
         if live and not gone and wedged_age:
@@ -805,7 +805,7 @@ class StoreMachine(RuleBasedStateMachine):
         assert job.lease_expires_at is not None
         assert job.last_activity_at is not None
         if job.parked:
-            return {None}  # DESIGN §11: held and gated jobs, once recorded, fill no batch
+            return {None}  # held and gated jobs, once recorded, fill no batch
         live = {False} if cut else {not r for r in window.reached(job.lease_expires_at)}
         wedged = window.reached(job.last_activity_at + timedelta(seconds=WEDGED_AFTER_SECONDS))
         recent = {not r for r in window.reached(
@@ -813,7 +813,7 @@ class StoreMachine(RuleBasedStateMachine):
         outcomes: set[Outcome] = set()
         combos = [(lv, wd, rc) for lv in live for wd in wedged for rc in recent
                   if not (wd and rc)]  # stale_after < wedged_after: never both
-        # DESIGN §4.2: candidates are expired leases, gone sessions, and live leases
+        # Candidates are expired leases, gone sessions, and live leases
         # without activity for wedged_after.
         if any(lv and not wd and not gone for lv, wd, _ in combos):
             outcomes.add(None)

@@ -1,4 +1,4 @@
-"""Command-line parsing: durations and the DESIGN.md section 6 command lines, without a database."""
+"""Command-line parsing: durations and the documented command lines, without a database."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ class TestParseDuration:
 
 
 class TestCommandLines:
-    """The command lines of DESIGN.md section 6 parse to what the commands need."""
+    """The command lines of docs/cli.md parse to what the commands need."""
 
     def test_pass_dry_run_json(self) -> None:
         """`pass --dry-run --json` asks for a dry run with JSON output."""

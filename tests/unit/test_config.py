@@ -85,7 +85,7 @@ def refused(path: Path, **flags: object) -> str:
 
 
 class TestDesignExamples:
-    """The examples of DESIGN.md section 9 load as written."""
+    """The documented examples load as written."""
 
     def test_procrastinate_example(self, tmp_path: Path) -> None:
         """Settings, the source and both kind tables come through."""

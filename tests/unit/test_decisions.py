@@ -1,4 +1,4 @@
-"""The decision table (DESIGN.md section 5): evidence in, one decision out, first rule wins.
+"""The decision table: evidence in, one decision out, first rule wins.
 
 The oracle below is an independent transcription of the table as a plain if/elif chain: it
 never reads ``RULES`` nor ``Evidence``'s derived properties, so a reordered table, a wrong
@@ -31,7 +31,7 @@ CRASH_LOOP_AFTER = 2  # the settings' default
 THRESHOLDS = Thresholds(stale_after_seconds=STALE, wedged_after_seconds=WEDGED,
                         crash_loop_after=CRASH_LOOP_AFTER)
 
-# DESIGN.md section 5, transcribed by hand, with the two rules section 11 adds (issue 13):
+# The decision table, transcribed by hand, with the two rules issue 13 added:
 # completion_recovered before completion_unrecorded, crash_loop before the resume rules.
 # (number, evidence, disposition, reason).
 DESIGN_TABLE: tuple[tuple[int, str, str, str], ...] = (
@@ -63,7 +63,7 @@ PASS_OUTCOME_REASONS = frozenset({"fence_lost", "reconcile_error", "mass_stalene
 
 
 # --------------------------------------------------------------------------------------
-# The oracle: DESIGN.md section 5 written out plainly.
+# The oracle: the decision table written out plainly.
 # --------------------------------------------------------------------------------------
 
 
@@ -81,7 +81,7 @@ def _first_unfinished_by_hand(ev: Evidence) -> tuple[int | None, StepRecord | No
 def design_table(  # noqa: PLR0912 - the oracle is the table as one plain if/elif chain
     ev: Evidence, stale: float, wedged: float, crash_loop_after: int | None = CRASH_LOOP_AFTER,
 ) -> tuple[str, int | None]:
-    """The reason and resume step DESIGN.md sections 5 and 11 give for this evidence.
+    """The reason and resume step the decision table gives for this evidence.
 
     Interpretations the table leaves implicit, written down here:
     - a claim whose worker session is gone is "treated as expired at once" (section 3a): its
@@ -598,7 +598,7 @@ class TestStatusAfter:
 
 
 class TestOrder:
-    """The first matching row decides, in the order DESIGN.md gives."""
+    """The first matching row decides, in the order the table gives."""
 
     def test_grid_covers_many_feature_combinations(self) -> None:
         """The feature grid is the full product of the features the table reads."""
@@ -606,7 +606,7 @@ class TestOrder:
                                * len(ATTEMPTS) * len(LOST))
 
     def test_decide_agrees_with_design_on_every_grid_point(self) -> None:
-        """For every combination of features, decide() equals the DESIGN.md table read plainly."""
+        """For every combination of features, decide() equals the table read plainly."""
         assert disagreements() == []
 
     def test_every_rule_is_reached_on_the_grid(self) -> None:
@@ -837,7 +837,7 @@ class TestArbitraryEvidence:
 
 
 class TestTableAsData:
-    """RULES is the one table; its numbers, reasons and texts match DESIGN.md."""
+    """RULES is the one table; its numbers, reasons and texts match the transcription."""
 
     def test_rule_numbers_run_from_one_in_order(self) -> None:
         """Rules are numbered 1..14 in the order they are tried."""
@@ -847,38 +847,14 @@ class TestTableAsData:
         """No two rules share a reason, so a reason names exactly one rule."""
         assert len({r.reason for r in RULES}) == len(RULES)
 
-    def test_transcription_matches_design_document(self) -> None:
-        """DESIGN_TABLE above is a faithful copy of DESIGN.md section 5 (when the file is here).
-
-        Until section 5 itself lists the two rules section 11 adds, it must equal
-        DESIGN_TABLE without them (renumbered), and section 11 must name both.
-        """
-        design = REPO_ROOT.parent / "shared" / "DESIGN.md"
-        if not design.is_file():
-            pytest.skip("DESIGN.md is not beside this checkout")
-        text = design.read_text(encoding="utf-8")
-        section = text[text.index("## 5."):text.index("## 6.")]
-        rows = []
-        for line in section.splitlines():
-            cells = [c.strip() for c in line.strip().strip("|").split("|")]
-            if len(cells) == 4 and cells[0].isdigit():
-                rows.append((int(cells[0]), cells[1], cells[2].split()[0], cells[3].strip("`")))
-        if not SECTION_11_REASONS & {reason for *_, reason in rows}:
-            section_11 = text[text.index("## 11."):]
-            assert all(f"`{reason}`" in section_11 for reason in SECTION_11_REASONS)
-            without = [row for row in DESIGN_TABLE if row[3] not in SECTION_11_REASONS]
-            assert tuple(rows) == tuple((n, *row[1:]) for n, row in enumerate(without, 1))
-            return
-        assert tuple(rows) == DESIGN_TABLE
-
     def test_rows_match_design(self) -> None:
-        """Number, disposition and reason of every row are those of DESIGN.md section 5."""
+        """Number, disposition and reason of every row are those of the transcription."""
         assert [(r.number, r.disposition.value, r.reason.value) for r in RULES] == [
             (n, d, reason) for n, _, d, reason in DESIGN_TABLE
         ]
 
     def test_evidence_texts_match_design(self) -> None:
-        """Each rule's evidence text is DESIGN.md's (no backticks), at most with a clarification."""
+        """Each rule's evidence text is the transcription's (no backticks), maybe clarified."""
         for rule, (_, design_text, _, _) in zip(RULES, DESIGN_TABLE, strict=True):
             plain = design_text.replace("`", "")
             assert rule.evidence == plain or rule.evidence.startswith(plain + " ("), rule.number

@@ -1,4 +1,4 @@
-"""The operations kit in ops/ (and the README's settings and operations) agrees with the code:
+"""The operations kit in ops/ (and docs/operating.md) agrees with the code:
 metrics, label values, reasons, commands.
 
 No database needed. PyYAML is not a project dependency, so the YAML files are not parsed
@@ -51,7 +51,7 @@ DASHBOARD = OPS / "grafana" / "reconciler-dashboard.json"
 RUNBOOK = OPS / "runbook.md"
 KUBERNETES = OPS / "kubernetes" / "reconciler-sidecar.yaml"
 SYSTEMD = OPS / "systemd" / "stale-claim-reconciler.service"
-README = REPO / "README.md"
+OPERATING = REPO / "docs" / "operating.md"
 SERVICE_SOURCE = REPO / "reconciler" / "sidecar" / "service.py"
 
 # Labels Prometheus attaches to every scraped series.
@@ -354,14 +354,6 @@ def runbook_section(anchor: str) -> str:
     pytest.fail(f"ops/runbook.md has no section #{anchor}")
 
 
-def readme_section(title: str) -> str:
-    """The text of a ``## title`` section of README.md."""
-    text = README.read_text()
-    start = text.index(f"\n## {title}\n")
-    end = text.find("\n## ", start + 1)
-    return text[start:end if end != -1 else None]
-
-
 def operator_status_reasons() -> set[str]:
     """The status reasons operator actions write."""
     return {reason.value for reason in OperatorStatusReason}
@@ -492,7 +484,7 @@ class TestAlertRules:
         assert len(names) == len(alert_rules()), "alert names are unique"
 
     def test_the_brake_has_an_alert_on_its_gauge(self) -> None:
-        """ReconcilerBrakeEngaged watches reconciler_brake_engaged (DESIGN.md section 11)."""
+        """ReconcilerBrakeEngaged watches reconciler_brake_engaged."""
         rules = {rule.name: rule for rule in alert_rules()}
         assert "ReconcilerBrakeEngaged" in rules
         expr = rules["ReconcilerBrakeEngaged"].values["expr"]
@@ -667,7 +659,7 @@ class TestRunbook:
         crash = runbook_section("crash_loop")
         assert "reconciler decisions --since 1d --reason crash_loop" in crash
         assert "reconciler jobs retry JOB_ID" in crash
-        # Why other sources keep completion_unrecorded (DESIGN.md section 11).
+        # Why other sources keep completion_unrecorded.
         assert "could not record it" in runbook_section("completion_unrecorded")
 
     def test_the_operator_actions_are_explained(self) -> None:
@@ -724,17 +716,11 @@ class TestDeploymentExamples:
             parses_as_cli(command)
 
 
-# -- README ------------------------------------------------------------------------------
+# -- operating safely ---------------------------------------------------------------------
 
 
-class TestReadme:
-    """The README documents every setting and the operations features of DESIGN.md §11."""
-
-    def test_every_setting_is_in_the_settings_table(self) -> None:
-        """Each setting of reconciler.settings.Settings has a row in the README's table."""
-        section = readme_section("Settings")
-        missing = [name for name in Settings.model_fields if f"`{name}`" not in section]
-        assert not missing, f"README's settings table lacks {missing}"
+class TestOperatingSafelyPage:
+    """docs/operating.md explains each operating-safely feature with its names."""
 
     @pytest.mark.parametrize(("feature", "needles"), [
         ("shadow mode", ("`RECONCILER_SHADOW=true`", "reconciler decisions --shadow",
@@ -747,12 +733,12 @@ class TestReadme:
                            "`reconciler_job_rows_deleted_total`")),
         ("completion recovered", ("`completion_recovered`", "`completion_unrecorded`")),
     ])
-    def test_operations_has_a_line_per_feature(self, feature: str,
-                                               needles: tuple[str, ...]) -> None:
-        """The Operations section names each feature's setting, reason and metric."""
-        section = readme_section("Operations")
-        missing = [needle for needle in needles if needle not in section]
-        assert not missing, f"README Operations, {feature}: missing {missing}"
+    def test_the_page_names_each_feature(self, feature: str,
+                                         needles: tuple[str, ...]) -> None:
+        """Each feature's setting, reason, metric and alert are named on the page."""
+        text = OPERATING.read_text()
+        missing = [needle for needle in needles if needle not in text]
+        assert not missing, f"docs/operating.md, {feature}: missing {missing}"
 
 
 class TestNoPasswordSuggested:

@@ -16,7 +16,7 @@ from reconciler.errors import ConfigError
 from reconciler.settings import Settings, load_settings, unknown_variables
 
 DEFAULTS: dict[str, Any] = {
-    # DESIGN.md section 6
+    # the settings the first release named
     "database_url": "sqlite:///reconciler.db",
     "interval_seconds": 30.0,
     "batch_size": 500,
@@ -28,17 +28,17 @@ DEFAULTS: dict[str, Any] = {
     "leader_lease_seconds": 90.0,
     "lease_seconds": 30.0,
     "default_max_attempts": 3,
-    "retry_backoff_seconds": 1.0,  # DESIGN.md section 3: first delay, default 1
+    "retry_backoff_seconds": 1.0,  # the first retry delay
     "retry_backoff_max_seconds": 300.0,
     "instance_name": "",
     "session_timeout_seconds": 30.0,
     "session_heartbeat_seconds": 5.0,
     "shutdown_grace_seconds": 30.0,
-    "max_run_seconds": 600.0,  # DESIGN.md section 3a: Worker(max_run_seconds=600)
+    "max_run_seconds": 600.0,  # Worker(max_run_seconds=600)
     "poll_interval_seconds": 1.0,
     "audit_retention_days": 30.0,  # issue 4: bounded retention of the audit trail
     "artifact_root": "artifacts",
-    # DESIGN.md section 11 (issue 13)
+    # operating safely (issue 13)
     "shadow": False,
     "brake_min_jobs": 20,
     "brake_stale_fraction": 0.5,
