@@ -7,18 +7,33 @@ to sit in a command line (``ps`` shows those to every user) or an environment li
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import logging
 import math
 import os
+import re
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, ClassVar
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    Strict,
+    StrictBool,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic.dataclasses import dataclass as pydantic_dataclass
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from reconciler.core.brake import BrakeLimits
 from reconciler.core.decisions import Thresholds
+from reconciler.core.kinds import KindRule
+from reconciler.core.vocabulary import EffectKind
 from reconciler.errors import ConfigError
 
 log = logging.getLogger("reconciler.settings")
@@ -28,6 +43,8 @@ ENV_PREFIX = "RECONCILER_"
 # fits a timedelta, an APScheduler trigger and a PostgreSQL interval.
 MAX_SECONDS = 365 * 86400.0
 MAX_DAYS = 36_500.0
+# The largest count a PostgreSQL integer column (and so every attempt budget) holds.
+MAX_COUNT = 2_147_483_647
 # Variables of ours that are not settings: the config file, the test suite, the chaos
 # harness, failpoints, the real-systems source tests.
 NON_SETTING_VARIABLES = frozenset({
@@ -69,7 +86,7 @@ class Settings(BaseSettings):
         90.0, "how long a reconciler's leadership lasts unrenewed")
     lease_seconds: float = _seconds(30.0, "a claim's lease when none is given")
     default_max_attempts: int = Field(
-        3, ge=1, le=2_147_483_647, description="a job's attempt budget when enqueue names none")
+        3, ge=1, le=MAX_COUNT, description="a job's attempt budget when enqueue names none")
     retry_backoff_seconds: float = _seconds(
         1.0, "first retry delay; doubles per attempt", inclusive=True)
     retry_backoff_max_seconds: float = _seconds(300.0, "longest retry delay", inclusive=True)
@@ -91,7 +108,7 @@ class Settings(BaseSettings):
         False, description="passes decide and record every decision marked shadow, and "
         "change no job")
     brake_min_jobs: int = Field(
-        20, ge=1, description="fewest stale jobs in one pass that can engage the "
+        20, ge=1, le=MAX_COUNT, description="fewest stale jobs in one pass that can engage the "
         "mass-staleness brake")
     brake_stale_fraction: float = Field(
         0.5, gt=0, le=1, allow_inf_nan=False, description="share of running jobs that must "
@@ -100,7 +117,7 @@ class Settings(BaseSettings):
         120.0, "how long the brake leaves stale jobs alone from the first braked pass "
         "(0: never)", inclusive=True)
     crash_loop_after: int = Field(
-        2, ge=1, description="a job whose last this many attempts were all lost ends "
+        2, ge=1, le=MAX_COUNT, description="a job whose last this many attempts were all lost ends "
         "crash_loop")
     job_retention_days: float = Field(
         30.0, gt=0, le=MAX_DAYS, allow_inf_nan=False, description="finished jobs (with "
@@ -187,6 +204,120 @@ class Settings(BaseSettings):
         return BrakeLimits(min_jobs=self.brake_min_jobs,
                            stale_fraction=self.brake_stale_fraction,
                            hold_seconds=self.brake_hold_seconds)
+
+
+# --------------------------------------------------------------------------- #
+# The config file's tables: typed as TOML types them (a string is never a number), every
+# duration and count bounded as its setting is.
+# --------------------------------------------------------------------------- #
+
+_FileSeconds = Annotated[float, Strict()]
+_FileCount = Annotated[int, Strict()]
+_SQL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+
+
+class FileTable(BaseModel):
+    """A table of the config file: unknown keys refused, values as TOML typed them."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class KindSettings(FileTable):
+    """One ``[kinds."<glob>"]`` table: each key optional (None: not set here), bounded like
+    the setting it refines (finite durations up to a year, counts up to 2**31-1)."""
+
+    effect: EffectKind | None = None
+    stale_after_seconds: _FileSeconds | None = Field(None, ge=0, le=MAX_SECONDS,
+                                                     allow_inf_nan=False)
+    wedged_after_seconds: _FileSeconds | None = Field(None, gt=0, le=MAX_SECONDS,
+                                                      allow_inf_nan=False)
+    max_run_seconds: _FileSeconds | None = Field(None, gt=0, le=MAX_SECONDS,
+                                                 allow_inf_nan=False)
+    max_attempts: _FileCount | None = Field(None, ge=1, le=MAX_COUNT)
+    crash_loop_after: _FileCount | None = Field(None, ge=1, le=MAX_COUNT)
+    reconcile: StrictBool | None = None
+
+    def rule(self, pattern: str) -> KindRule:
+        """The core's rule for ``pattern`` with the keys this table sets."""
+        return KindRule(pattern, **self.model_dump())
+
+
+@pydantic_dataclass(frozen=True, slots=True, config=ConfigDict(extra="forbid"))
+class SourceSettings:
+    """The ``[source]`` table of one kind of source (its keys besides ``kind``): a frozen
+    dataclass validated on construction, by the loader and by code alike.
+
+    Every value is a non-empty string; ``schema``, ``table`` and ``*_column`` keys name SQL
+    objects and must be plain SQL names. ``from_settings`` names fields filled from the
+    settings of the same name, never from the file.
+    """
+
+    kind: ClassVar[str]
+    from_settings: ClassVar[frozenset[str]] = frozenset()
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _plain_text(cls, value: Any, info: ValidationInfo) -> Any:
+        name = info.field_name or ""
+        if name in cls.from_settings or value is None:
+            return value
+        if not isinstance(value, str) or not value:
+            raise ValueError(f"must be a non-empty string, not {type_name(value)}")
+        if (name in {"schema", "table"} or name.endswith("_column")) \
+                and not _SQL_NAME.match(value):
+            raise ValueError("must be a plain SQL name (letters, digits, '_', at most 63)")
+        return value
+
+    @classmethod
+    def file_keys(cls) -> tuple[str, ...]:
+        """The keys a ``[source]`` table of this kind may hold, ``kind`` first."""
+        return ("kind", *(f.name for f in dataclasses.fields(cls)
+                          if f.name not in cls.from_settings))
+
+
+def type_name(value: Any) -> str:
+    """How a TOML value's type is named in an error line."""
+    if isinstance(value, dict):
+        return "a table"
+    if isinstance(value, list):
+        return "an array"
+    return {bool: "a boolean", int: "an integer", float: "a float", str: "a string"}.get(
+        type(value), type(value).__name__)
+
+
+_WANTED = {"float_type": "a number", "int_type": "an integer", "bool_type": "true or false",
+           "string_type": "a string"}
+
+
+def describe_table_error(exc: ValidationError, where: str) -> str:
+    """The first problem of a config table as one line: ``<where> <key> must be ...``."""
+    error = exc.errors()[0]
+    key = ".".join(str(part) for part in error.get("loc", ()))
+    kind, ctx, value = error["type"], error.get("ctx") or {}, error.get("input")
+    shown = str(value) if isinstance(value, float) else repr(value)
+    if kind in ("extra_forbidden", "unexpected_keyword_argument"):
+        return f"{where} unknown key {key!r}"
+    if kind in ("missing", "missing_argument"):
+        return f"{where} needs {key}"
+    if kind in _WANTED:
+        found = "" if kind == "bool_type" else f", not {type_name(value)}"
+        return f"{where} {key} must be {_WANTED[kind]}{found} (got {shown})"
+    if kind == "finite_number":
+        return f"{where} {key} must be a finite number (got {shown})"
+    bounds = {"greater_than_equal": (">=", "ge"), "greater_than": (">", "gt"),
+              "less_than_equal": ("<=", "le"), "less_than": ("<", "lt")}
+    if kind in bounds:
+        relation, name = bounds[kind]
+        bound = ctx[name]
+        if isinstance(bound, float) and bound.is_integer():
+            bound = int(bound)
+        return f"{where} {key} must be {relation} {bound} (got {shown})"
+    if kind == "enum":
+        return f"{where} {key} must be one of {ctx.get('expected', '')} (got {shown})"
+    message = error.get("msg", "invalid value").removeprefix("Value error, ")
+    if not key:  # a rule over several keys names them itself
+        return f"{where} {message}"
+    return f"{where} {key} {message} (got {shown})"
 
 
 def load_settings(**overrides: Any) -> Settings:

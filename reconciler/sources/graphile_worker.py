@@ -18,16 +18,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import sqlalchemy as sa
+from pydantic import ConfigDict
+from pydantic.dataclasses import dataclass as pydantic_dataclass
 from sqlalchemy.engine import Connection
 
-from reconciler.config import GraphileWorkerConfig
 from reconciler.core.kinds import KindPolicy, KindRules
 from reconciler.core.ports import Candidate, Fence, JobKey, PlannedChange
 from reconciler.core.vocabulary import Disposition
 from reconciler.errors import ConfigError
+from reconciler.settings import SourceSettings
 from reconciler.sources.base import ForeignSource
 from reconciler.sources.common import (
     StepFacts,
@@ -44,6 +46,14 @@ from reconciler.storage.clock import db_now, now_plus, seconds_since
 
 LOCK_TIMEOUT_SECONDS = 4 * 3600.0
 """graphile-worker's own stale-lock timeout: its workers unlock jobs locked this long."""
+
+
+@pydantic_dataclass(frozen=True, slots=True, config=ConfigDict(extra="forbid"))
+class GraphileWorkerConfig(SourceSettings):
+    """``kind = "graphile-worker"``: graphile-worker's ``_private_jobs`` and queues."""
+
+    kind: ClassVar[str] = "graphile-worker"
+    schema: str = "graphile_worker"
 
 
 class GraphileWorkerSource(ForeignSource):

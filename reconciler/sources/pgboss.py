@@ -21,17 +21,19 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import sqlalchemy as sa
+from pydantic import ConfigDict
+from pydantic.dataclasses import dataclass as pydantic_dataclass
 from sqlalchemy.dialects.postgresql import ENUM, JSONB, UUID
 from sqlalchemy.engine import Connection
 
-from reconciler.config import PgBossConfig
 from reconciler.core.kinds import KindPolicy, KindRules
 from reconciler.core.ports import Candidate, Fence, PlannedChange
 from reconciler.core.vocabulary import Disposition
 from reconciler.errors import ConfigError
+from reconciler.settings import SourceSettings
 from reconciler.sources.base import ForeignSource
 from reconciler.sources.common import (
     StepFacts,
@@ -47,6 +49,14 @@ from reconciler.sources.common import (
 from reconciler.storage.clock import db_now, now_plus, seconds_since
 
 JOB_STATES = ("created", "retry", "active", "completed", "cancelled", "failed")
+
+
+@pydantic_dataclass(frozen=True, slots=True, config=ConfigDict(extra="forbid"))
+class PgBossConfig(SourceSettings):
+    """``kind = "pg-boss"``: pg-boss's partitioned ``job`` table."""
+
+    kind: ClassVar[str] = "pg-boss"
+    schema: str = "pgboss"
 
 
 class PgBossSource(ForeignSource):

@@ -22,16 +22,18 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, ClassVar
 
 import sqlalchemy as sa
+from pydantic import ConfigDict
+from pydantic.dataclasses import dataclass as pydantic_dataclass
 from sqlalchemy.engine import Connection
 
-from reconciler.config import ProcrastinateConfig
 from reconciler.core.kinds import KindPolicy, KindRules
 from reconciler.core.ports import Candidate, Fence, PlannedChange
 from reconciler.core.vocabulary import Disposition
 from reconciler.errors import ConfigError
+from reconciler.settings import SourceSettings
 from reconciler.sources.base import ForeignSource
 from reconciler.sources.common import (
     StepFacts,
@@ -47,6 +49,19 @@ from reconciler.storage.clock import now_plus, seconds_since
 
 RETRY_FUNCTION = "procrastinate_retry_job_v2"
 FINISH_FUNCTION = "procrastinate_finish_job_v1"
+
+
+@pydantic_dataclass(frozen=True, slots=True, config=ConfigDict(extra="forbid"))
+class ProcrastinateConfig(SourceSettings):
+    """``kind = "procrastinate"``: Procrastinate's ``procrastinate_jobs`` and workers."""
+
+    kind: ClassVar[str] = "procrastinate"
+    from_settings: ClassVar[frozenset[str]] = frozenset({"session_timeout_seconds"})
+    schema: str | None = None
+    """Where Procrastinate's tables and functions live; None: the connection's search path."""
+    session_timeout_seconds: float = 30.0
+    """A worker row silent this long is a gone owner (the ``session_timeout_seconds``
+    setting; Procrastinate's own default stalled-worker timeout is also 30 s)."""
 
 
 class ProcrastinateSource(ForeignSource):

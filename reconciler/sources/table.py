@@ -27,17 +27,20 @@ as UTC) on PostgreSQL, ISO-8601 text on SQLite.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import sqlalchemy as sa
+from pydantic import ConfigDict, model_validator
+from pydantic.dataclasses import dataclass as pydantic_dataclass
 from sqlalchemy.engine import Connection
 
-from reconciler.config import TableConfig
 from reconciler.core.kinds import KindPolicy, KindRules
 from reconciler.core.ports import Candidate, Fence, PlannedChange
 from reconciler.core.vocabulary import Disposition
+from reconciler.settings import SourceSettings
 from reconciler.sources.base import ForeignSource
 from reconciler.sources.common import (
     StepFacts,
@@ -55,6 +58,53 @@ from reconciler.storage.clock import seconds_since
 UNREADABLE_STEPS: StepRows = ((-1, "unreadable", None),)
 """Step results that are not a JSON object of index -> state: the evidence module refuses
 them (``reconcile_error``) instead of guessing."""
+
+
+@pydantic_dataclass(frozen=True, slots=True, config=ConfigDict(extra="forbid"))
+class TableConfig(SourceSettings):
+    """``kind = "table"``: a home-grown job table, mapped column by column."""
+
+    kind: ClassVar[str] = "table"
+    table: str
+    id_column: str
+    status_column: str
+    processing: str
+    queued: str
+    failed: str
+    schema: str | None = None
+    kind_column: str | None = None
+    reason_column: str | None = None
+    activity_column: str | None = None
+    lease_expires_column: str | None = None
+    owner_column: str | None = None
+    attempts_column: str | None = None
+    max_attempts_column: str | None = None
+    generation_column: str | None = None
+    resume_column: str | None = None
+    plan_column: str | None = None
+    steps_column: str | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TableConfig:
+        if self.processing in (self.queued, self.failed):
+            raise ValueError(f"processing ({self.processing!r}) must differ from queued and "
+                             "failed")
+        if (self.plan_column is None) != (self.steps_column is None):
+            raise ValueError("plan_column and steps_column are mapped together (a plan "
+                             "without step results would rerun finished steps)")
+        if self.resume_column is not None and self.plan_column is None:
+            raise ValueError("resume_column needs plan_column and steps_column")
+        seen: dict[str, str] = {}
+        for key, column in self.mapped_columns().items():
+            if column in seen:
+                raise ValueError(f"{key} and {seen[column]} both map column {column!r}")
+            seen[column] = key
+        return self
+
+    def mapped_columns(self) -> dict[str, str]:
+        """Every mapped column by the key that maps it (``id_column`` -> ``id``...)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.name.endswith("_column") and getattr(self, f.name) is not None}
 
 
 class TableSource(ForeignSource):

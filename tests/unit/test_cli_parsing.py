@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pytest
 
-from reconciler.cli import build_parser, parse_duration
+from reconciler.cli import build_parser, main, parse_duration
 from reconciler.core.vocabulary import JobStatus, Reason
 
 
@@ -201,3 +202,31 @@ class TestRefusedCommandLines:
                                            argv: tuple[str, ...]) -> None:
         """`db` and `jobs` alone are refused: they need an action."""
         refused(capsys, *argv)
+
+
+class TestUnreadableConfig:
+    """A config file the loader refuses ends the command in one line with exit 2."""
+
+    @pytest.mark.parametrize(("content", "says"), [
+        (b"\xff\xfe", "not UTF-8"),
+        (b"\xef\xbb\xbfbatch_size = 3\n", "byte order mark"),
+        (b'[kinds.""]\neffect = "pure"\n', "cannot be empty"),
+        (b'[kinds."*"]\nstale_after_seconds = nan\n', "finite"),
+    ])
+    def test_one_line_exit_2(self, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                             content: bytes, says: str) -> None:
+        """No traceback, no database touched."""
+        path = tmp_path / "reconciler.toml"
+        path.write_bytes(content)
+        assert main(["pass", "--config", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1
+        assert says in err
+
+    def test_empty_config_path(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                               capsys: pytest.CaptureFixture[str]) -> None:
+        """`--config ""` never falls back to reconciler.db in the current folder."""
+        monkeypatch.chdir(tmp_path)
+        assert main(["jobs", "list", "--config", ""]) == 2
+        assert "no file" in capsys.readouterr().err
+        assert not (tmp_path / "reconciler.db").exists()
