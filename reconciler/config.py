@@ -18,28 +18,17 @@ from __future__ import annotations
 
 import os
 import tomllib
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
-from pydantic.fields import FieldInfo
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
 from reconciler.core.kinds import KindRules
 from reconciler.errors import ConfigError
-from reconciler.settings import (
-    KindSettings,
-    Settings,
-    SourceSettings,
-    describe_table_error,
-    describe_validation_error,
-    type_name,
-    warn_unknown_variables,
-)
+from reconciler.file_tables import KindSettings, SourceSettings, describe_table_error
+from reconciler.settings import Settings, load_settings, type_name
 from reconciler.sources.registry import (
     SOURCES,
     GraphileWorkerConfig,
@@ -85,7 +74,6 @@ class Config:
 def load_config(path: str | Path | None = None, **flags: Any) -> Config:
     """Read the config file (``path``, else ``RECONCILER_CONFIG``, else none) and combine it
     with the environment and the flags (``None`` means a flag was not given)."""
-    warn_unknown_variables(os.environ)
     if path is not None and not str(path).strip():
         raise ConfigError("--config names no file (an empty path); leave it out to use "
                           f"{CONFIG_ENV} or no file")
@@ -101,20 +89,13 @@ def load_config(path: str | Path | None = None, **flags: Any) -> Config:
                 raise ConfigError(f"{name}: {key} must be a table ([{key}]), "
                                   f"not {type_name(value)}")
         elif key in Settings.model_fields:
-            _check_setting_type(name, key, value, Settings.model_fields[key])
             file_settings[key] = value
         elif isinstance(value, dict):
             raise ConfigError(f"{name}: unknown table [{key}] (known: [source], [kinds])")
         else:
             raise ConfigError(f"{name}: unknown key {key!r} (not a setting)")
 
-    # database_url and database_url_file are one setting given two ways: either from a flag
-    # or the environment wins over either from the file (not "give one, not both").
-    url_keys = ("database_url", "database_url_file")
-    if any(flags.get(k) is not None or os.environ.get(f"RECONCILER_{k.upper()}")
-           for k in url_keys):
-        file_settings = {k: v for k, v in file_settings.items() if k not in url_keys}
-    settings = _settings(name, file_settings, flags)
+    settings = load_settings(file_values=file_settings, file_name=name, **flags)
     source = parse_source(data.get("source"), settings, name)
     kinds = parse_kinds(data.get("kinds"), settings, name)
     return Config(settings=settings, source=source, kinds=kinds, path=where)
@@ -139,91 +120,6 @@ def _read(path: Path) -> dict[str, Any]:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
-
-
-def _check_setting_type(name: str, key: str, value: Any, field: FieldInfo) -> None:
-    """TOML values are typed: refuse a string or a boolean where a number belongs."""
-    expected = field.annotation
-    if expected is float:
-        ok = isinstance(value, int | float) and not isinstance(value, bool)
-        wanted = "a number"
-    elif expected is int:
-        ok = isinstance(value, int) and not isinstance(value, bool)
-        wanted = "an integer"
-    elif expected is str:
-        ok = isinstance(value, str)
-        wanted = "a string"
-    elif expected is bool:
-        ok = isinstance(value, bool)
-        wanted = "a boolean"
-    else:  # pragma: no cover - every setting is one of the four
-        return
-    if not ok:
-        raise ConfigError(f"{name}: setting {key} must be {wanted}, not {type_name(value)} "
-                          f"(got {value!r})")
-
-
-# The file's values, for the duration of one ``Settings`` construction.
-_FILE_VALUES: ContextVar[Mapping[str, Any] | None] = ContextVar("reconciler_file_settings",
-                                                               default=None)
-
-
-class _FileSettingsSource(PydanticBaseSettingsSource):
-    """The config file's top-level keys, consulted after the flags and the environment."""
-
-    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
-        return (_FILE_VALUES.get() or {}).get(field_name), field_name, False
-
-    def __call__(self) -> dict[str, Any]:
-        return dict(_FILE_VALUES.get() or {})
-
-
-class _SettingsWithFile(Settings):
-    """``Settings`` with the config file as its lowest-priority source."""
-
-    @classmethod
-    def settings_customise_sources(
-        cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return (init_settings, env_settings, dotenv_settings, file_secret_settings,
-                _FileSettingsSource(settings_cls))
-
-
-@contextmanager
-def _file_values(values: Mapping[str, Any]) -> Iterator[None]:
-    token = _FILE_VALUES.set(values)
-    try:
-        yield
-    finally:
-        _FILE_VALUES.reset(token)
-
-
-def _settings(name: str, file_settings: dict[str, Any], flags: Mapping[str, Any]) -> Settings:
-    given = {key: value for key, value in flags.items() if value is not None}
-    try:
-        with _file_values(file_settings):
-            built = _SettingsWithFile(**given)
-    except ValidationError as exc:
-        raise ConfigError(_describe(exc, name, file_settings, given)) from None
-    # A plain Settings, already validated: callers see the one settings type.
-    return Settings.model_construct(_fields_set=built.model_fields_set, **built.model_dump())
-
-
-def _describe(exc: ValidationError, name: str, file_settings: Mapping[str, Any],
-              flags: Mapping[str, Any]) -> str:
-    """Name the file when the refused value came from it, else the flag / variable line."""
-    error = exc.errors()[0]
-    loc = error.get("loc", ())
-    key = str(loc[0]) if loc else ""
-    from_env = any(k.upper() == f"RECONCILER_{key.upper()}" for k in os.environ)
-    if key in file_settings and key not in flags and not from_env:
-        message = error.get("msg", "invalid value").removeprefix("Value error, ")
-        return (f"{name}: invalid setting {key}: {message} "
-                f"(got {error.get('input')!r})")
-    line = describe_validation_error(exc)
-    return line if key or not file_settings else f"{line} (with settings from {name})"
 
 
 # --------------------------------------------------------------------------- #

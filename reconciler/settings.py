@@ -1,39 +1,33 @@
 """Every setting and its default, declared once, with units in the names.
 
-Precedence: a CLI flag, else ``RECONCILER_<SETTING>`` in the environment, else the default.
+Precedence: a CLI flag, else ``RECONCILER_<SETTING>`` in the environment, else the config
+file's top-level key (``reconciler.config.load_config`` reads the file), else the default.
 ``database_url`` may also come from a file (``database_url_file``), so a password never has
 to sit in a command line (``ps`` shows those to every user) or an environment listing.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import logging
 import math
 import os
-import re
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
-from typing import Annotated, Any, ClassVar
+from typing import Any
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
-    Strict,
-    StrictBool,
     ValidationError,
-    ValidationInfo,
-    field_validator,
     model_validator,
 )
-from pydantic.dataclasses import dataclass as pydantic_dataclass
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from reconciler.core.brake import BrakeLimits
 from reconciler.core.decisions import Thresholds
-from reconciler.core.kinds import KindRule
-from reconciler.core.vocabulary import EffectKind
 from reconciler.errors import ConfigError
 
 log = logging.getLogger("reconciler.settings")
@@ -206,132 +200,112 @@ class Settings(BaseSettings):
                            hold_seconds=self.brake_hold_seconds)
 
 
-# --------------------------------------------------------------------------- #
-# The config file's tables: typed as TOML types them (a string is never a number), every
-# duration and count bounded as its setting is.
-# --------------------------------------------------------------------------- #
-
-_FileSeconds = Annotated[float, Strict()]
-_FileCount = Annotated[int, Strict()]
-_SQL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
-
-
-class FileTable(BaseModel):
-    """A table of the config file: unknown keys refused, values as TOML typed them."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class KindSettings(FileTable):
-    """One ``[kinds."<glob>"]`` table: each key optional (None: not set here), bounded like
-    the setting it refines (finite durations up to a year, counts up to 2**31-1)."""
-
-    effect: EffectKind | None = None
-    stale_after_seconds: _FileSeconds | None = Field(None, ge=0, le=MAX_SECONDS,
-                                                     allow_inf_nan=False)
-    wedged_after_seconds: _FileSeconds | None = Field(None, gt=0, le=MAX_SECONDS,
-                                                      allow_inf_nan=False)
-    max_run_seconds: _FileSeconds | None = Field(None, gt=0, le=MAX_SECONDS,
-                                                 allow_inf_nan=False)
-    max_attempts: _FileCount | None = Field(None, ge=1, le=MAX_COUNT)
-    crash_loop_after: _FileCount | None = Field(None, ge=1, le=MAX_COUNT)
-    reconcile: StrictBool | None = None
-
-    def rule(self, pattern: str) -> KindRule:
-        """The core's rule for ``pattern`` with the keys this table sets."""
-        return KindRule(pattern, **self.model_dump())
-
-
-@pydantic_dataclass(frozen=True, slots=True, config=ConfigDict(extra="forbid"))
-class SourceSettings:
-    """The ``[source]`` table of one kind of source (its keys besides ``kind``): a frozen
-    dataclass validated on construction, by the loader and by code alike.
-
-    Every value is a non-empty string; ``schema``, ``table`` and ``*_column`` keys name SQL
-    objects and must be plain SQL names. ``from_settings`` names fields filled from the
-    settings of the same name, never from the file.
-    """
-
-    kind: ClassVar[str]
-    from_settings: ClassVar[frozenset[str]] = frozenset()
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def _plain_text(cls, value: Any, info: ValidationInfo) -> Any:
-        name = info.field_name or ""
-        if name in cls.from_settings or value is None:
-            return value
-        if not isinstance(value, str) or not value:
-            raise ValueError(f"must be a non-empty string, not {type_name(value)}")
-        if (name in {"schema", "table"} or name.endswith("_column")) \
-                and not _SQL_NAME.match(value):
-            raise ValueError("must be a plain SQL name (letters, digits, '_', at most 63)")
-        return value
-
-    @classmethod
-    def file_keys(cls) -> tuple[str, ...]:
-        """The keys a ``[source]`` table of this kind may hold, ``kind`` first."""
-        return ("kind", *(f.name for f in dataclasses.fields(cls)
-                          if f.name not in cls.from_settings))
-
-
-def type_name(value: Any) -> str:
-    """How a TOML value's type is named in an error line."""
-    if isinstance(value, dict):
-        return "a table"
-    if isinstance(value, list):
-        return "an array"
-    return {bool: "a boolean", int: "an integer", float: "a float", str: "a string"}.get(
-        type(value), type(value).__name__)
-
-
-_WANTED = {"float_type": "a number", "int_type": "an integer", "bool_type": "true or false",
-           "string_type": "a string"}
-
-
-def describe_table_error(exc: ValidationError, where: str) -> str:
-    """The first problem of a config table as one line: ``<where> <key> must be ...``."""
-    error = exc.errors()[0]
-    key = ".".join(str(part) for part in error.get("loc", ()))
-    kind, ctx, value = error["type"], error.get("ctx") or {}, error.get("input")
-    shown = str(value) if isinstance(value, float) else repr(value)
-    if kind in ("extra_forbidden", "unexpected_keyword_argument"):
-        return f"{where} unknown key {key!r}"
-    if kind in ("missing", "missing_argument"):
-        return f"{where} needs {key}"
-    if kind in _WANTED:
-        found = "" if kind == "bool_type" else f", not {type_name(value)}"
-        return f"{where} {key} must be {_WANTED[kind]}{found} (got {shown})"
-    if kind == "finite_number":
-        return f"{where} {key} must be a finite number (got {shown})"
-    bounds = {"greater_than_equal": (">=", "ge"), "greater_than": (">", "gt"),
-              "less_than_equal": ("<=", "le"), "less_than": ("<", "lt")}
-    if kind in bounds:
-        relation, name = bounds[kind]
-        bound = ctx[name]
-        if isinstance(bound, float) and bound.is_integer():
-            bound = int(bound)
-        return f"{where} {key} must be {relation} {bound} (got {shown})"
-    if kind == "enum":
-        return f"{where} {key} must be one of {ctx.get('expected', '')} (got {shown})"
-    message = error.get("msg", "invalid value").removeprefix("Value error, ")
-    if not key:  # a rule over several keys names them itself
-        return f"{where} {message}"
-    return f"{where} {key} {message} (got {shown})"
-
-
-def load_settings(**overrides: Any) -> Settings:
-    """Build settings from flags (``overrides``; None means not given) and the environment.
+def load_settings(*, file_values: Mapping[str, Any] | None = None,
+                  file_name: str = "config", **overrides: Any) -> Settings:
+    """Build settings: a flag (``overrides``; None means not given), else the environment,
+    else ``file_values`` (the config file's top-level keys, read by
+    ``reconciler.config.load_config``, named ``file_name`` in errors), else the default.
 
     ``RECONCILER_*`` variables that are not settings are named in a warning, with the
     closest setting, instead of being silently ignored.
     """
     warn_unknown_variables(os.environ)
     given = {key: value for key, value in overrides.items() if value is not None}
+    from_file = dict(file_values or {})
+    for key, value in from_file.items():
+        _check_setting_type(file_name, key, value, Settings.model_fields[key])
+    # database_url and database_url_file are one setting given two ways: either from a flag
+    # or the environment wins over either from the file (not "give one, not both").
+    url_keys = ("database_url", "database_url_file")
+    if any(k in given or os.environ.get(f"{ENV_PREFIX}{k.upper()}") for k in url_keys):
+        from_file = {k: v for k, v in from_file.items() if k not in url_keys}
+    if not from_file:
+        try:
+            return Settings(**given)
+        except ValidationError as exc:
+            raise ConfigError(describe_validation_error(exc)) from None
     try:
-        return Settings(**given)
+        with _file_values(from_file):
+            built = _SettingsWithFile(**given)
     except ValidationError as exc:
-        raise ConfigError(describe_validation_error(exc)) from None
+        raise ConfigError(_describe(exc, file_name, from_file, given)) from None
+    # A plain Settings, already validated: callers see the one settings type.
+    return Settings.model_construct(_fields_set=built.model_fields_set, **built.model_dump())
+
+
+def _check_setting_type(name: str, key: str, value: Any, field: FieldInfo) -> None:
+    """TOML values are typed: refuse a string or a boolean where a number belongs."""
+    expected = field.annotation
+    if expected is float:
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        wanted = "a number"
+    elif expected is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+        wanted = "an integer"
+    elif expected is str:
+        ok = isinstance(value, str)
+        wanted = "a string"
+    elif expected is bool:
+        ok = isinstance(value, bool)
+        wanted = "a boolean"
+    else:  # pragma: no cover - every setting is one of the four
+        return
+    if not ok:
+        raise ConfigError(f"{name}: setting {key} must be {wanted}, not {type_name(value)} "
+                          f"(got {value!r})")
+
+
+# The file's values, for the duration of one ``Settings`` construction.
+_FILE_VALUES: ContextVar[Mapping[str, Any] | None] = ContextVar("reconciler_file_settings",
+                                                               default=None)
+
+
+class _FileSettingsSource(PydanticBaseSettingsSource):
+    """The config file's top-level keys, consulted after the flags and the environment."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return (_FILE_VALUES.get() or {}).get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(_FILE_VALUES.get() or {})
+
+
+class _SettingsWithFile(Settings):
+    """``Settings`` with the config file as its lowest-priority source."""
+
+    @classmethod
+    def settings_customise_sources(
+        cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, dotenv_settings, file_secret_settings,
+                _FileSettingsSource(settings_cls))
+
+
+@contextmanager
+def _file_values(values: Mapping[str, Any]) -> Iterator[None]:
+    token = _FILE_VALUES.set(values)
+    try:
+        yield
+    finally:
+        _FILE_VALUES.reset(token)
+
+
+def _describe(exc: ValidationError, name: str, file_settings: Mapping[str, Any],
+              flags: Mapping[str, Any]) -> str:
+    """Name the file when the refused value came from it, else the flag / variable line."""
+    error = exc.errors()[0]
+    loc = error.get("loc", ())
+    key = str(loc[0]) if loc else ""
+    from_env = any(k.upper() == f"RECONCILER_{key.upper()}" for k in os.environ)
+    if key in file_settings and key not in flags and not from_env:
+        message = error.get("msg", "invalid value").removeprefix("Value error, ")
+        return (f"{name}: invalid setting {key}: {message} "
+                f"(got {error.get('input')!r})")
+    line = describe_validation_error(exc)
+    return line if key or not file_settings else f"{line} (with settings from {name})"
+
 
 
 _warned: set[str] = set()
@@ -363,6 +337,16 @@ def warn_unknown_variables(environ: Any) -> None:
 
 def _quoted(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def type_name(value: Any) -> str:
+    """How a TOML value's type is named in an error line."""
+    if isinstance(value, dict):
+        return "a table"
+    if isinstance(value, list):
+        return "an array"
+    return {bool: "a boolean", int: "an integer", float: "a float", str: "a string"}.get(
+        type(value), type(value).__name__)
 
 
 def describe_validation_error(exc: ValidationError) -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from sqlalchemy.engine import Connection
 
 from reconciler.core.kinds import KindRules
-from reconciler.settings import SourceSettings
+from reconciler.file_tables import SourceSettings
 from reconciler.sources.base import ForeignSource
 from reconciler.sources.graphile_worker import GraphileWorkerSource
 from reconciler.sources.pgboss import PgBossSource

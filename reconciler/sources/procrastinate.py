@@ -33,7 +33,7 @@ from reconciler.core.kinds import KindPolicy, KindRules
 from reconciler.core.ports import Candidate, Fence, PlannedChange
 from reconciler.core.vocabulary import Disposition
 from reconciler.errors import ConfigError
-from reconciler.settings import SourceSettings
+from reconciler.file_tables import SourceSettings
 from reconciler.sources.base import ForeignSource
 from reconciler.sources.common import (
     StepFacts,

@@ -44,7 +44,7 @@ from sqlalchemy.engine import Connection
 from reconciler.core.kinds import KindRules
 from reconciler.core.ports import JobSource
 from reconciler.core.vocabulary import JobKey, OperatorAction
-from reconciler.settings import SourceSettings
+from reconciler.file_tables import SourceSettings
 from reconciler.sources.graphile_worker import GraphileWorkerConfig, GraphileWorkerSource
 from reconciler.sources.pgboss import PgBossConfig, PgBossSource
 from reconciler.sources.procrastinate import ProcrastinateConfig, ProcrastinateSource
