@@ -70,6 +70,8 @@ class SourceSettings:
 
     kind: ClassVar[str]
     from_settings: ClassVar[frozenset[str]] = frozenset()
+    sql_names: ClassVar[frozenset[str]] = frozenset({"schema"})
+    """Keys naming SQL objects (besides every ``*_column``): plain SQL names only."""
 
     @field_validator("*", mode="before")
     @classmethod
@@ -79,7 +81,7 @@ class SourceSettings:
             return value
         if not isinstance(value, str) or not value:
             raise ValueError(f"must be a non-empty string, not {type_name(value)}")
-        if (name in {"schema", "table"} or name.endswith("_column")) \
+        if (name in cls.sql_names or name.endswith("_column")) \
                 and not _SQL_NAME.match(value):
             raise ValueError("must be a plain SQL name (letters, digits, '_', at most 63)")
         return value

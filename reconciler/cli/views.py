@@ -12,7 +12,8 @@ from typing import Any
 from reconciler.core.evidence import parse_plan
 from reconciler.core.passes import PassReport
 from reconciler.core.ports import JobDetail
-from reconciler.core.vocabulary import INTEGER_KEYED_SOURCES, Disposition
+from reconciler.core.vocabulary import Disposition
+from reconciler.sources.registry import integer_keyed
 
 NOT_STARTED = "not_started"
 
@@ -82,7 +83,7 @@ def decision_view(record: dict[str, Any]) -> dict[str, Any]:
     # Recorded by a shadow pass: decided, nothing changed. Public name ``shadow``.
     view["shadow"] = bool(record.get("shadow_mode", False))
     job_id = view.get("job_id")
-    if view.get("job_source") in INTEGER_KEYED_SOURCES and isinstance(job_id, str) \
+    if integer_keyed(str(view.get("job_source"))) and isinstance(job_id, str) \
             and job_id.lstrip("-").isdigit():
         view["job_id"] = int(job_id)
     return view

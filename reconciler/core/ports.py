@@ -126,7 +126,8 @@ class JobSource(Protocol):
     """Where a pass reads candidates and applies its decisions, bound to one transaction."""
 
     source_name: str
-    """``native``, ``procrastinate``, ``graphile-worker``, ``pg-boss`` or ``table``."""
+    """The source's kind as its registry entry names it (``reconciler.sources.registry``),
+    recorded beside every decision."""
 
     def expire_gone_owners(self, timeout_seconds: float) -> int:
         """Declare owners (worker sessions) silent for ``timeout_seconds`` gone, so their

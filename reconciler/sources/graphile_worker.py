@@ -59,7 +59,7 @@ class GraphileWorkerConfig(SourceSettings):
 class GraphileWorkerSource(ForeignSource):
     """graphile-worker's jobs, leased by their kind's ``max_run_seconds`` (else 4 hours)."""
 
-    source_name = "graphile-worker"
+    source_name = GraphileWorkerConfig.kind
 
     def __init__(self, connection: Connection, config: GraphileWorkerConfig,
                  kinds: KindRules, *, lock: bool = True) -> None:

@@ -62,7 +62,7 @@ class PgBossConfig(SourceSettings):
 class PgBossSource(ForeignSource):
     """pg-boss's jobs, leased by their kind's ``max_run_seconds`` (else ``expire_in``)."""
 
-    source_name = "pg-boss"
+    source_name = PgBossConfig.kind
 
     def __init__(self, connection: Connection, config: PgBossConfig, kinds: KindRules, *,
                  lock: bool = True) -> None:

@@ -67,7 +67,7 @@ class ProcrastinateConfig(SourceSettings):
 class ProcrastinateSource(ForeignSource):
     """Procrastinate's jobs, judged by its workers' heartbeats."""
 
-    source_name = "procrastinate"
+    source_name = ProcrastinateConfig.kind
 
     def __init__(self, connection: Connection, config: ProcrastinateConfig, kinds: KindRules,
                  *, lock: bool = True) -> None:

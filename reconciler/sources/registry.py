@@ -50,6 +50,7 @@ from reconciler.sources.pgboss import PgBossConfig, PgBossSource
 from reconciler.sources.procrastinate import ProcrastinateConfig, ProcrastinateSource
 from reconciler.sources.table import TableConfig, TableSource
 from reconciler.storage.native_kinds import kinded_native
+from reconciler.storage.native_source import NativeSource
 
 __all__ = [
     "REGISTRY", "SOURCES", "Capabilities", "GraphileWorkerConfig", "NativeConfig",
@@ -67,7 +68,7 @@ EVERY_ENGINE = frozenset({"sqlite", "postgresql"})
 class NativeConfig(SourceSettings):
     """``kind = "native"``: this project's own ``job_runs`` (the default)."""
 
-    kind: ClassVar[str] = "native"
+    kind: ClassVar[str] = NativeSource.source_name
 
 
 KeyType = Literal["integer", "text", "either"]

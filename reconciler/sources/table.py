@@ -65,6 +65,7 @@ class TableConfig(SourceSettings):
     """``kind = "table"``: a home-grown job table, mapped column by column."""
 
     kind: ClassVar[str] = "table"
+    sql_names: ClassVar[frozenset[str]] = frozenset({"schema", "table"})
     table: str
     id_column: str
     status_column: str
@@ -110,7 +111,7 @@ class TableConfig(SourceSettings):
 class TableSource(ForeignSource):
     """A mapped home-grown job table."""
 
-    source_name = "table"
+    source_name = TableConfig.kind
 
     def __init__(self, connection: Connection, config: TableConfig, kinds: KindRules, *,
                  lock: bool = True) -> None:
