@@ -9,9 +9,10 @@ database.
 
 Job ids are opaque to the core (``JobKey``: an integer for this project's own jobs, a UUID
 string for pg-boss): it compares them for equality and never computes with them. The fence
-is opaque too: a source snapshots what its swap must repeat (``Fence.snapshot``) and the
-core only carries it back. A source is supported when it passes the conformance suite in
-tests/conformance, which runs unchanged against every source on every engine it supports.
+is opaque too: a source snapshots what its swap must repeat (``Fence.snapshot``, a frozen
+dataclass of its own) and the core only carries it back. A source is supported when it
+passes the conformance suite in tests/conformance, which runs unchanged against every
+source on every engine it supports.
 """
 
 from __future__ import annotations
@@ -27,10 +28,17 @@ from reconciler.core.evidence import PlanStep
 from reconciler.core.vocabulary import Disposition, JobKey, PassOutcome, Reason
 
 __all__ = [
-    "AuditLog", "Candidate", "ClaimedJob", "Cursor", "Fence", "JobDetail", "JobKey",
+    "AuditLog", "Candidate", "ClaimedJob", "Cursor", "Fence", "FenceSnapshot", "JobDetail",
+    "JobKey",
     "JobSource", "Lease", "OperatorStore", "PassStore", "PassUnit", "PlannedChange",
     "RecordedDecision",
 ]
+
+
+@dataclass(frozen=True, slots=True)
+class FenceSnapshot:
+    """The base of a source's fence snapshot: a frozen dataclass of what its swap repeats
+    (status, owner, claim time...), one class per source, read back only by that source."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,11 +48,12 @@ class Fence:
     ``generation`` is what the audit records as ``generation_before``: this project's
     ``claim_generation``, or a foreign system's nearest monotonic counter (its attempts),
     None where it keeps none. ``snapshot`` holds whatever else the source's swap compares
-    (status, owner, claim time); the core never reads it.
+    (None: the generation is the whole fence, as for the native source); the core never
+    reads it.
     """
 
     generation: int | None
-    snapshot: tuple[Any, ...] = ()
+    snapshot: FenceSnapshot | None = None
 
 
 @dataclass(frozen=True, slots=True)

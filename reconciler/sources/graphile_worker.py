@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, ClassVar
 
 import sqlalchemy as sa
@@ -30,7 +32,7 @@ from reconciler.core.ports import Candidate, Fence, JobKey, PlannedChange
 from reconciler.core.vocabulary import Disposition
 from reconciler.errors import ConfigError
 from reconciler.file_tables import SourceSettings
-from reconciler.sources.base import ForeignSource
+from reconciler.sources.base import ForeignFence, ForeignSource
 from reconciler.sources.common import (
     StepFacts,
     candidate,
@@ -54,6 +56,18 @@ class GraphileWorkerConfig(SourceSettings):
 
     kind: ClassVar[str] = "graphile-worker"
     schema: str = "graphile_worker"
+
+
+@dataclass(frozen=True, slots=True)
+class GraphileWorkerFence(ForeignFence):
+    """What a graphile-worker swap repeats (the lock and the attempts), the lease it judged
+    and the attempt budget it reports."""
+
+    locked_at: datetime
+    locked_by: str | None
+    attempts: int
+    lease_seconds: float
+    max_attempts: int
 
 
 class GraphileWorkerSource(ForeignSource):
@@ -132,7 +146,8 @@ class GraphileWorkerSource(ForeignSource):
         return candidate(
             job_id=int(row.job_id), kind=row.job_kind, policy=policy,
             # The lease and the budget ride along: the swap repeats the one, reports the other.
-            fence=Fence(attempts, (row.locked_at, row.locked_by, attempts, lease, max_attempts)),
+            fence=Fence(attempts, GraphileWorkerFence(row.locked_at, row.locked_by, attempts,
+                                                      lease, max_attempts)),
             attempt_count=attempts, max_attempts=max_attempts,
             lease_live=overrun < 0, lease_expired_seconds=overrun if overrun >= 0 else None,
             steps=steps, position=position,
@@ -143,12 +158,13 @@ class GraphileWorkerSource(ForeignSource):
     def _apply_one(self, change: PlannedChange) -> tuple[bool, int | None]:
         jobs, queues = self._jobs, self._queues
         job_id = change.decision.job_id
-        locked_at, locked_by, attempts, lease, max_attempts = change.fence.snapshot
+        fence = self._fence(change, GraphileWorkerFence)
+        locked_by, attempts = fence.locked_by, fence.attempts
         still = (self._still_stalled(change) if is_wedged(change)
-                 else jobs.c.locked_at < now_plus(-lease))
+                 else jobs.c.locked_at < now_plus(-fence.lease_seconds))
         unlocked = self._conn.execute(
             jobs.update()
-            .where(jobs.c.id == job_id, jobs.c.locked_at == locked_at,
+            .where(jobs.c.id == job_id, jobs.c.locked_at == fence.locked_at,
                    jobs.c.locked_by.is_not_distinct_from(locked_by),
                    jobs.c.attempts == attempts, still)
             .values(locked_at=None, locked_by=None,
@@ -171,7 +187,7 @@ class GraphileWorkerSource(ForeignSource):
                                  sa.literal(reason_text(change), sa.Text()),
                                  packagenames=(self._config.schema,))
             self._conn.execute(sa.select(failed))
-            generation = max_attempts
+            generation = fence.max_attempts
         fence_ledger(self._conn, self.source_name, job_id, attempts + 1)
         return True, generation
 

@@ -21,6 +21,8 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, ClassVar
 
 import sqlalchemy as sa
@@ -34,7 +36,7 @@ from reconciler.core.ports import Candidate, Fence, PlannedChange
 from reconciler.core.vocabulary import Disposition
 from reconciler.errors import ConfigError
 from reconciler.file_tables import SourceSettings
-from reconciler.sources.base import ForeignSource
+from reconciler.sources.base import ForeignFence, ForeignSource
 from reconciler.sources.common import (
     StepFacts,
     candidate,
@@ -57,6 +59,17 @@ class PgBossConfig(SourceSettings):
 
     kind: ClassVar[str] = "pg-boss"
     schema: str = "pgboss"
+
+
+@dataclass(frozen=True, slots=True)
+class PgBossFence(ForeignFence):
+    """What a pg-boss swap repeats: the queue (its partition), the start, the retries, and
+    the lease it judged."""
+
+    name: str
+    started_on: datetime
+    retry_count: int
+    lease_seconds: float
 
 
 class PgBossSource(ForeignSource):
@@ -132,7 +145,7 @@ class PgBossSource(ForeignSource):
         retries = int(row.retry_count)
         return candidate(
             job_id=str(row.job_id), kind=row.job_kind, policy=policy,
-            fence=Fence(retries, (row.job_kind, row.started_on, retries, lease)),
+            fence=Fence(retries, PgBossFence(row.job_kind, row.started_on, retries, lease)),
             attempt_count=retries + 1, max_attempts=int(row.retry_limit) + 1,
             lease_live=overrun < 0, lease_expired_seconds=overrun if overrun >= 0 else None,
             steps=steps, position=position,
@@ -143,11 +156,12 @@ class PgBossSource(ForeignSource):
     def _apply_one(self, change: PlannedChange) -> tuple[bool, int | None]:
         jobs = self._jobs
         job_id = str(change.decision.job_id)
-        name, started_on, retries, lease = change.fence.snapshot
+        fence = self._fence(change, PgBossFence)
+        name, retries = fence.name, fence.retry_count
         still = (self._still_stalled(change) if is_wedged(change)
-                 else jobs.c.started_on < now_plus(-lease))
+                 else jobs.c.started_on < now_plus(-fence.lease_seconds))
         fenced = (jobs.c.name == name, jobs.c.id == job_id,
-                  jobs.c.state == constant("active"), jobs.c.started_on == started_on,
+                  jobs.c.state == constant("active"), jobs.c.started_on == fence.started_on,
                   jobs.c.retry_count == retries, still)
         try:
             # A savepoint: a unique index a concurrent insert makes us violate costs this

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import sqlalchemy as sa
@@ -34,7 +35,7 @@ from reconciler.core.ports import Candidate, Fence, PlannedChange
 from reconciler.core.vocabulary import Disposition
 from reconciler.errors import ConfigError
 from reconciler.file_tables import SourceSettings
-from reconciler.sources.base import ForeignSource
+from reconciler.sources.base import ForeignFence, ForeignSource
 from reconciler.sources.common import (
     StepFacts,
     candidate,
@@ -62,6 +63,14 @@ class ProcrastinateConfig(SourceSettings):
     session_timeout_seconds: float = 30.0
     """A worker row silent this long is a gone owner (the ``session_timeout_seconds``
     setting; Procrastinate's own default stalled-worker timeout is also 30 s)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProcrastinateFence(ForeignFence):
+    """What a Procrastinate swap repeats: the owner row and the finished attempts."""
+
+    worker_id: int | None
+    attempts: int
 
 
 class ProcrastinateSource(ForeignSource):
@@ -133,7 +142,7 @@ class ProcrastinateSource(ForeignSource):
         expired = row.lease_expired_seconds
         return candidate(
             job_id=int(row.job_id), kind=row.job_kind, policy=policy,
-            fence=Fence(int(row.attempts), (row.worker_id, int(row.attempts))),
+            fence=Fence(int(row.attempts), ProcrastinateFence(row.worker_id, int(row.attempts))),
             attempt_count=int(row.attempts) + 1, max_attempts=policy.max_attempts,
             lease_live=not gone,
             lease_expired_seconds=float(expired) if gone and expired is not None else None,
@@ -145,7 +154,8 @@ class ProcrastinateSource(ForeignSource):
     def _apply_one(self, change: PlannedChange) -> tuple[bool, int | None]:
         jobs = self._jobs
         job_id = change.decision.job_id
-        worker_id, attempts = change.fence.snapshot
+        fence = self._fence(change, ProcrastinateFence)
+        worker_id, attempts = fence.worker_id, fence.attempts
         still = self._still_stalled(change) if is_wedged(change) else self._owner_gone()
         fenced = (
             sa.select(jobs.c.id)

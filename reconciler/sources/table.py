@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import sqlalchemy as sa
@@ -41,7 +42,7 @@ from reconciler.core.kinds import KindPolicy, KindRules
 from reconciler.core.ports import Candidate, Fence, PlannedChange
 from reconciler.core.vocabulary import Disposition
 from reconciler.file_tables import SourceSettings
-from reconciler.sources.base import ForeignSource
+from reconciler.sources.base import ForeignFence, ForeignSource
 from reconciler.sources.common import (
     StepFacts,
     StepRows,
@@ -106,6 +107,15 @@ class TableConfig(SourceSettings):
         """Every mapped column by the key that maps it (``id_column`` -> ``id``...)."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                 if f.name.endswith("_column") and getattr(self, f.name) is not None}
+
+
+@dataclass(frozen=True, slots=True)
+class TableFence(ForeignFence):
+    """What a mapped table's swap repeats: each fenced column as read (by its key), and the
+    kind's ``max_run_seconds`` the lease was judged with."""
+
+    columns: tuple[tuple[str, Any], ...]
+    max_run_seconds: float | None
 
 
 class TableSource(ForeignSource):
@@ -184,22 +194,17 @@ class TableSource(ForeignSource):
     def _expired(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[bool]:
         return sa.func.coalesce(self._lease_over(policies) >= 0, False)
 
-    def _stalled(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[bool]:
+    def _wedge_guard(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[bool]:
         # Only under a known live lease: a job with no lease at all is never reclaimed on
         # time alone, not even as wedged.
-        known = self._lease_over(policies).is_not(None)
-        if not self._has("activity_column"):
-            return sa.and_(known, super()._stalled(policies))
-        wedged = per_kind(self._kind_column(), {k: p.thresholds.wedged_after_seconds
-                                                for k, p in policies.items()})
-        return sa.and_(known, sa.func.coalesce(
-            seconds_since(self._col("activity_column")) >= wedged, False))
+        return self._lease_over(policies).is_not(None)
 
-    def _still_stalled(self, change: PlannedChange) -> sa.ColumnElement[bool]:
-        if not self._has("activity_column"):
-            return super()._still_stalled(change)
-        return seconds_since(self._col("activity_column")) >= \
-            change.thresholds.wedged_after_seconds
+    def _activity(self) -> sa.ColumnElement[Any] | None:
+        return self._col("activity_column") if self._has("activity_column") else None
+
+    def _steps_in_ledger(self) -> bool:
+        # Plans and step results live in the table when mapped: the ledger is not read.
+        return not self._has("plan_column")
 
     # -- evidence ------------------------------------------------------------ #
 
@@ -223,7 +228,7 @@ class TableSource(ForeignSource):
             # The kind's max_run_seconds rides along: the swap repeats the lease it judged.
             fence=Fence(int(generation) if generation is not None else (
                 attempts if self._has("attempts_column") else None),
-                (self._snapshot(values), policy.max_run_seconds)),
+                TableFence(self._snapshot(values), policy.max_run_seconds)),
             attempt_count=attempts,
             max_attempts=int(max_attempts) if max_attempts is not None else policy.max_attempts,
             lease_live=over is None or float(over) < 0,
@@ -238,24 +243,16 @@ class TableSource(ForeignSource):
         return [k for k in ("owner_column", "attempts_column", "generation_column",
                             "lease_expires_column", "activity_column") if self._has(k)]
 
-    def _snapshot(self, values: Mapping[Any, Any]) -> tuple[Any, ...]:
+    def _snapshot(self, values: Mapping[Any, Any]) -> tuple[tuple[str, Any], ...]:
         return tuple((key, values[key]) for key in self._fence_keys())
-
-    def _build(self, rows: Any, policies: Mapping[str, KindPolicy], *,
-               position: bool) -> list[Candidate]:
-        if self._has("plan_column"):
-            # Plans live in the table: no ledger read.
-            return [self._candidate(r, policies[r.job_kind], None, position)
-                    for r in rows if r.job_kind in policies]
-        return super()._build(rows, policies, position=position)
 
     # -- applying ------------------------------------------------------------ #
 
     def _apply_one(self, change: PlannedChange) -> tuple[bool, int | None]:
         self._utc()
         decision = change.decision
-        pairs, max_run = change.fence.snapshot
-        snapshot = dict(pairs)
+        fence = self._fence(change, TableFence)
+        snapshot, max_run = dict(fence.columns), fence.max_run_seconds
         where = [self._key_column() == decision.job_id,
                  self._col("status_column") == constant(self._config.processing)]
         where += [self._col(key).is_not_distinct_from(value) for key, value in snapshot.items()]

@@ -126,3 +126,39 @@ def test_integer_keyed_sources() -> None:
     assert {kind for kind in KINDS if integer_keyed(kind)} == {
         "native", "procrastinate", "graphile-worker"}
     assert not integer_keyed("no-such-source")
+
+
+HOOKS = frozenset({"__init__", "_steps_in_ledger", "_activity", "_wedge_guard",
+                   "_after_apply"})
+"""What ForeignSource declares for a subclass to replace, beside its abstract methods."""
+
+
+@pytest.mark.parametrize("entry", [e for e in REGISTRY if isinstance(e.open, type)],
+                         ids=lambda e: e.kind)
+def test_no_source_overrides_the_bases_private_methods(entry: object) -> None:
+    """A source declares what the base asks of it and the hooks it offers, nothing more."""
+    from reconciler.sources.base import ForeignSource  # noqa: PLC0415
+    from reconciler.sources.registry import SourceEntry  # noqa: PLC0415
+
+    assert isinstance(entry, SourceEntry)
+    cls = entry.open
+    assert isinstance(cls, type)
+    assert issubclass(cls, ForeignSource)
+    declared = ForeignSource.__abstractmethods__ | HOOKS
+    overridden = {name for name, value in vars(cls).items()
+                  if callable(value) and name in vars(ForeignSource)}
+    assert overridden <= declared
+
+
+def test_a_fence_snapshot_is_the_sources_own_frozen_dataclass() -> None:
+    """Each foreign fence is a frozen, slotted dataclass; the ledger part is a field."""
+    import dataclasses  # noqa: PLC0415
+
+    from reconciler.sources import base, graphile_worker, pgboss, procrastinate, table  # noqa: PLC0415
+
+    for fence in (graphile_worker.GraphileWorkerFence, pgboss.PgBossFence,
+                  procrastinate.ProcrastinateFence, table.TableFence):
+        assert issubclass(fence, base.ForeignFence)
+        assert fence.__dataclass_params__.frozen  # type: ignore[attr-defined]
+        assert "__slots__" in vars(fence)
+        assert "ledger" in {f.name for f in dataclasses.fields(fence)}
