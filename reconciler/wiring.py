@@ -15,10 +15,11 @@ from sqlalchemy.engine import Connection, Engine
 from reconciler.config import Config
 from reconciler.core.kinds import KindRules
 from reconciler.core.passes import PassConfig
-from reconciler.core.ports import JobSource, PassStore
+from reconciler.core.ports import JobSource, PassStore, SourceJobs
 from reconciler.core.worker_ports import WorkWaiter
 from reconciler.settings import Settings
 from reconciler.sources import open_foreign_source
+from reconciler.sources.jobs import open_jobs
 from reconciler.sources.registry import is_native
 from reconciler.storage.diagnosis import database_answers, error_code, error_line
 from reconciler.storage.engines import DatabaseTimeouts, create_engine
@@ -44,6 +45,7 @@ __all__ = [
     "open_engine",
     "open_job_retention",
     "open_pass_store",
+    "open_source_jobs",
     "open_store",
     "pass_config",
     "source_factory",
@@ -97,6 +99,11 @@ def open_store(engine: Engine) -> SqlStore:
     """Every operation on this project's own tables: claims, sessions, artifacts, operator
     actions, read views, and passes over the native source."""
     return SqlStore(engine)
+
+
+def open_source_jobs(engine: Engine, config: Config) -> SourceJobs:
+    """The configured source's jobs as operators list, show and act on them."""
+    return open_jobs(engine, config.source, config.kinds, SqlStore(engine))
 
 
 def source_factory(config: Config | None) -> SourceFactory:

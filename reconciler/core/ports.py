@@ -31,7 +31,7 @@ __all__ = [
     "AuditLog", "Candidate", "ClaimedJob", "Cursor", "Fence", "FenceSnapshot", "JobDetail",
     "JobKey",
     "JobSource", "Lease", "OperatorStore", "PassStore", "PassUnit", "PlannedChange",
-    "RecordedDecision",
+    "RecordedDecision", "SourceJobs",
 ]
 
 
@@ -264,6 +264,22 @@ class OperatorStore(Protocol):
         """Apply hold, unhold, retry or cancel; (applied, refusal reason)."""
 
 
+class SourceJobs(Protocol):
+    """Jobs as operators see them through the configured source (``reconciler jobs``)."""
+
+    def list_jobs(self, status: str | None, limit: int) -> list[JobDetail]:
+        """Newest first, optionally of one status (this project's status words)."""
+
+    def get_job(self, job_id: JobKey) -> JobDetail | None:
+        """One job as its source spells its id, or None."""
+
+    def decisions_about(self, job_id: JobKey, limit: int) -> list[dict[str, Any]]:
+        """The audit's decisions about one job, newest first."""
+
+    def operator_action(self, job_id: JobKey, action: str) -> tuple[bool, str | None]:
+        """Apply hold, unhold, retry or cancel; (applied, refusal reason)."""
+
+
 @dataclass(frozen=True, slots=True)
 class ClaimedJob:
     """What a successful claim returns to the client."""
@@ -281,9 +297,14 @@ class ClaimedJob:
 
 @dataclass(frozen=True, slots=True)
 class JobDetail:
-    """Every column a public view may draw from (the view decides what to show)."""
+    """Every column a public view may draw from (the view decides what to show).
 
-    job_id: int
+    A foreign source's job has its id as its system spells it, its status in this
+    project's words where one fits (``source_status``: the system's own), and no times
+    where the system keeps none.
+    """
+
+    job_id: JobKey
     job_kind: str
     job_status: str
     status_reason: str | None
@@ -293,7 +314,9 @@ class JobDetail:
     plan_text: str | None
     operator_hold: bool
     last_error_code: str | None
-    created_at: datetime
-    updated_at: datetime
+    created_at: datetime | None
+    updated_at: datetime | None
     finished_at: datetime | None
     step_states: dict[int, str]
+    source_status: str | None = None
+    """A foreign job's status as its own system names it (None: this project's job)."""

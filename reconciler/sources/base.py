@@ -29,6 +29,7 @@ from reconciler.core.ports import (
     JobKey,
     PlannedChange,
 )
+from reconciler.core.vocabulary import JobStatus
 from reconciler.sources.common import (
     LEDGER,
     StepFacts,
@@ -68,6 +69,11 @@ class ForeignSource(ABC):
         self._kinds = kinds
         self._lock = lock
 
+    @property
+    def connection(self) -> Connection:
+        """The connection (the pass's transaction, or an operator's read) it is bound to."""
+        return self._conn
+
     # -- what a subclass declares ------------------------------------------- #
 
     @abstractmethod
@@ -106,6 +112,18 @@ class ForeignSource(ABC):
     @abstractmethod
     def _apply_one(self, change: PlannedChange) -> tuple[bool, int | None]:
         """Swap one change in; (changed, generation after)."""
+
+    @abstractmethod
+    def listing(self) -> sa.Select[Any]:
+        """Every job of the system, for operators (``reconciler jobs list|show``), with
+        these columns labelled: ``job_id``, ``job_kind``, ``source_status`` (the system's
+        own word), ``attempts`` (used, the running one included), ``max_attempts`` (NULL:
+        the kind's), ``reason`` (where our reason code may be written, else NULL),
+        ``created_at`` and ``updated_at`` (NULL where the system keeps none)."""
+
+    @abstractmethod
+    def status_words(self) -> Mapping[str, JobStatus]:
+        """The system's statuses (``source_status``) in this project's words."""
 
     # -- what a subclass may declare (each has a default) -------------------- #
 

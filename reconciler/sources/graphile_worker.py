@@ -29,7 +29,7 @@ from sqlalchemy.engine import Connection
 
 from reconciler.core.kinds import KindPolicy, KindRules
 from reconciler.core.ports import Candidate, Fence, JobKey, PlannedChange
-from reconciler.core.vocabulary import Disposition
+from reconciler.core.vocabulary import Disposition, JobStatus
 from reconciler.errors import ConfigError
 from reconciler.file_tables import SourceSettings
 from reconciler.sources.base import ForeignFence, ForeignSource
@@ -45,6 +45,9 @@ from reconciler.sources.common import (
     require_postgresql,
 )
 from reconciler.storage.clock import db_now, now_plus, seconds_since
+
+_STATUS_WORDS = {"locked": JobStatus.PROCESSING, "queued": JobStatus.QUEUED,
+                 "failed": JobStatus.FAILED}
 
 LOCK_TIMEOUT_SECONDS = 4 * 3600.0
 """graphile-worker's own stale-lock timeout: its workers unlock jobs locked this long."""
@@ -84,6 +87,7 @@ class GraphileWorkerSource(ForeignSource):
             "_private_jobs", sa.column("id"), sa.column("task_id"), sa.column("job_queue_id"),
             sa.column("locked_at"), sa.column("locked_by"), sa.column("attempts"),
             sa.column("max_attempts"), sa.column("run_at"), sa.column("updated_at"),
+            sa.column("created_at"), sa.column("last_error"),
             schema=schema)
         self._tasks = sa.table("_private_tasks", sa.column("id"), sa.column("identifier"),
                                schema=schema)
@@ -152,6 +156,26 @@ class GraphileWorkerSource(ForeignSource):
             lease_live=overrun < 0, lease_expired_seconds=overrun if overrun >= 0 else None,
             steps=steps, position=position,
         )
+
+    # -- for operators ------------------------------------------------------ #
+
+    def status_words(self) -> Mapping[str, JobStatus]:
+        """graphile-worker keeps no status: locked, failed for good, or waiting to run."""
+        return _STATUS_WORDS
+
+    def listing(self) -> sa.Select[Any]:
+        """Every job graphile-worker still holds (it deletes the ones that succeed)."""
+        jobs, tasks = self._jobs, self._tasks
+        status = sa.case((jobs.c.locked_at.is_not(None), sa.literal("locked", sa.Text())),
+                         (jobs.c.attempts >= jobs.c.max_attempts, sa.literal("failed", sa.Text())),
+                         else_=sa.literal("queued", sa.Text()))
+        return (
+            sa.select(jobs.c.id.label("job_id"), tasks.c.identifier.label("job_kind"),
+                      status.label("source_status"), jobs.c.attempts.label("attempts"),
+                      jobs.c.max_attempts.label("max_attempts"),
+                      jobs.c.last_error.label("reason"), jobs.c.created_at.label("created_at"),
+                      jobs.c.updated_at.label("updated_at"))
+            .select_from(jobs.join(tasks, tasks.c.id == jobs.c.task_id)))
 
     # -- applying ------------------------------------------------------------ #
 

@@ -33,7 +33,7 @@ from sqlalchemy.engine import Connection
 
 from reconciler.core.kinds import KindPolicy, KindRules
 from reconciler.core.ports import Candidate, Fence, PlannedChange
-from reconciler.core.vocabulary import Disposition
+from reconciler.core.vocabulary import Disposition, JobStatus
 from reconciler.errors import ConfigError
 from reconciler.file_tables import SourceSettings
 from reconciler.sources.base import ForeignFence, ForeignSource
@@ -51,6 +51,9 @@ from reconciler.sources.common import (
 from reconciler.storage.clock import db_now, now_plus, seconds_since
 
 JOB_STATES = ("created", "retry", "active", "completed", "cancelled", "failed")
+_STATUS_WORDS = {"created": JobStatus.QUEUED, "retry": JobStatus.QUEUED,
+                 "active": JobStatus.PROCESSING, "completed": JobStatus.COMPLETED,
+                 "cancelled": JobStatus.CANCELLED, "failed": JobStatus.FAILED}
 
 
 @pydantic_dataclass(frozen=True, slots=True, config=ConfigDict(extra="forbid"))
@@ -89,6 +92,7 @@ class PgBossSource(ForeignSource):
             sa.column("start_after"), sa.column("expire_in"), sa.column("policy"),
             sa.column("singleton_key"), sa.column("completed_on"), sa.column("keep_until"),
             sa.column("dead_letter"), sa.column("data", JSONB), sa.column("output", JSONB),
+            sa.column("created_on"),
             schema=config.schema)
 
     def check_schema(self) -> None:
@@ -150,6 +154,26 @@ class PgBossSource(ForeignSource):
             lease_live=overrun < 0, lease_expired_seconds=overrun if overrun >= 0 else None,
             steps=steps, position=position,
         )
+
+    # -- for operators ------------------------------------------------------ #
+
+    def status_words(self) -> Mapping[str, JobStatus]:
+        """pg-boss's job states in this project's words."""
+        return _STATUS_WORDS
+
+    def listing(self) -> sa.Select[Any]:
+        """Every pg-boss job of every queue."""
+        jobs = self._jobs
+        started = sa.case((jobs.c.started_on.is_not(None), 1), else_=0)
+        return sa.select(
+            jobs.c.id.label("job_id"), jobs.c.name.label("job_kind"),
+            sa.cast(jobs.c.state, sa.Text()).label("source_status"),
+            (jobs.c.retry_count + started).label("attempts"),
+            (jobs.c.retry_limit + 1).label("max_attempts"),
+            jobs.c.output["reason"].astext.label("reason"),
+            jobs.c.created_on.label("created_at"),
+            sa.func.coalesce(jobs.c.completed_on, jobs.c.started_on, jobs.c.created_on)
+            .label("updated_at"))
 
     # -- applying ------------------------------------------------------------ #
 

@@ -32,7 +32,7 @@ from sqlalchemy.engine import Connection
 
 from reconciler.core.kinds import KindPolicy, KindRules
 from reconciler.core.ports import Candidate, Fence, PlannedChange
-from reconciler.core.vocabulary import Disposition
+from reconciler.core.vocabulary import Disposition, JobStatus
 from reconciler.errors import ConfigError
 from reconciler.file_tables import SourceSettings
 from reconciler.sources.base import ForeignFence, ForeignSource
@@ -47,6 +47,11 @@ from reconciler.sources.common import (
     require_postgresql,
 )
 from reconciler.storage.clock import now_plus, seconds_since
+
+_STATUS_WORDS = {"todo": JobStatus.QUEUED, "doing": JobStatus.PROCESSING,
+                 "succeeded": JobStatus.COMPLETED, "failed": JobStatus.FAILED,
+                 "cancelled": JobStatus.CANCELLED, "aborting": JobStatus.PROCESSING,
+                 "aborted": JobStatus.CANCELLED}
 
 RETRY_FUNCTION = "procrastinate_retry_job_v2"
 FINISH_FUNCTION = "procrastinate_finish_job_v1"
@@ -148,6 +153,23 @@ class ProcrastinateSource(ForeignSource):
             lease_expired_seconds=float(expired) if gone and expired is not None else None,
             steps=steps, session_gone=gone, position=position,
         )
+
+    # -- for operators ------------------------------------------------------ #
+
+    def status_words(self) -> Mapping[str, JobStatus]:
+        """Procrastinate's job statuses in this project's words."""
+        return _STATUS_WORDS
+
+    def listing(self) -> sa.Select[Any]:
+        """Every Procrastinate job (it keeps no times on the job row)."""
+        jobs = self._jobs
+        running = sa.case((jobs.c.status == constant("doing"), 1), else_=0)
+        return sa.select(
+            jobs.c.id.label("job_id"), jobs.c.task_name.label("job_kind"),
+            sa.cast(jobs.c.status, sa.Text()).label("source_status"),
+            (jobs.c.attempts + running).label("attempts"), sa.null().label("max_attempts"),
+            sa.null().label("reason"), sa.null().label("created_at"),
+            sa.null().label("updated_at"))
 
     # -- applying ------------------------------------------------------------ #
 

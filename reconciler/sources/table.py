@@ -40,7 +40,7 @@ from sqlalchemy.engine import Connection
 
 from reconciler.core.kinds import KindPolicy, KindRules
 from reconciler.core.ports import Candidate, Fence, PlannedChange
-from reconciler.core.vocabulary import Disposition
+from reconciler.core.vocabulary import Disposition, JobStatus
 from reconciler.file_tables import SourceSettings
 from reconciler.sources.base import ForeignFence, ForeignSource
 from reconciler.sources.common import (
@@ -245,6 +245,27 @@ class TableSource(ForeignSource):
 
     def _snapshot(self, values: Mapping[Any, Any]) -> tuple[tuple[str, Any], ...]:
         return tuple((key, values[key]) for key in self._fence_keys())
+
+    # -- for operators ------------------------------------------------------ #
+
+    def status_words(self) -> Mapping[str, JobStatus]:
+        """The three mapped statuses; any other value is shown as the table holds it."""
+        return {self._config.processing: JobStatus.PROCESSING,
+                self._config.queued: JobStatus.QUEUED, self._config.failed: JobStatus.FAILED}
+
+    def listing(self) -> sa.Select[Any]:
+        """Every row of the mapped table (times are not mapped, so none are shown)."""
+        def mapped(key: str) -> sa.ColumnElement[Any]:
+            return self._col(key) if self._has(key) else sa.null()
+
+        attempts = self._col("attempts_column") if self._has("attempts_column") else \
+            sa.literal(0)
+        return sa.select(
+            self._key_column().label("job_id"), self._kind_column().label("job_kind"),
+            sa.cast(self._col("status_column"), sa.String()).label("source_status"),
+            attempts.label("attempts"), mapped("max_attempts_column").label("max_attempts"),
+            mapped("reason_column").label("reason"), sa.null().label("created_at"),
+            sa.null().label("updated_at"))
 
     # -- applying ------------------------------------------------------------ #
 
