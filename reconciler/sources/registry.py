@@ -8,11 +8,13 @@ conformance suite (which sources it must run, on which engines) all read this ta
 Adding a source is:
 
 1. **one module** under ``reconciler/sources/`` holding its config model (a
-   ``reconciler.settings.SourceSettings`` dataclass: the ``[source]`` keys besides
-   ``kind``, with its ``kind`` as a class variable) and its class (a
-   ``reconciler.sources.base.ForeignSource``, opened as
+   ``reconciler.file_tables.SourceSettings`` dataclass: the ``[source]`` keys besides
+   ``kind``, with its ``kind`` as a class variable), its fence snapshot (a frozen slotted
+   ``reconciler.sources.base.ForeignFence`` dataclass of what its swap repeats) and its
+   class (a ``reconciler.sources.base.ForeignSource``: the SQL of what runs, what
+   expired, one swap, and ``listing``/``status_words`` for operators; opened as
    ``Class(connection, config, kinds, lock=...)``);
-2. **one entry** below::
+2. **one entry** below (and its import above it)::
 
        SourceEntry(
            config=MyConfig,              # its [source] model; MyConfig.kind is its name
