@@ -137,10 +137,6 @@ def _config(args: argparse.Namespace) -> Config:
                        **{name: getattr(args, name, None) for name in Settings.model_fields})
 
 
-def _settings(args: argparse.Namespace) -> Settings:
-    return _config(args).settings
-
-
 def _open_engine(settings: Settings, config: Config | None = None) -> Engine:
     # must_exist: no command but `db upgrade` leaves an empty SQLite file behind.
     engine = open_engine(settings.database_url,

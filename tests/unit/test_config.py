@@ -391,7 +391,7 @@ class TestKindBounds:
         """The settings a kind refines refuse what the kind refuses."""
         for flags in ({"stale_after_seconds": "nan"}, {"crash_loop_after": "2147483648"},
                       {"default_max_attempts": "99999999999999999999"},
-                      {"wedged_after_seconds": "1e300"}):
+                      {"wedged_after_seconds": "1e300"}, {"brake_min_jobs": "2147483648"}):
             with pytest.raises(ConfigError):
                 load_config(**flags)
 
