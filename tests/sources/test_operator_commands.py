@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from reconciler.cli import main
@@ -49,6 +50,14 @@ def config_file(tmp_path: Path, engine: Engine, source: SourceSettings) -> Path:
     return path
 
 
+def forget_decisions(engine: Engine, source_name: str) -> None:
+    """The session's database keeps every test's audit, and an emptied job table hands out
+    its ids again: earlier tests' decisions about "job 1" are not this test's."""
+    with engine.begin() as conn:
+        conn.execute(sa.text("DELETE FROM reconciliation_decisions WHERE job_source = :s"),
+                     {"s": source_name})
+
+
 def cli(capsys: pytest.CaptureFixture[str], path: Path, *argv: str) -> tuple[int, str, str]:
     """The command line, in this process: (exit status, stdout, stderr)."""
     code = main([*argv, "--config", str(path)])
@@ -83,6 +92,7 @@ class TestRealSystems:
         """A running job is processing with its system's own status and attempts; a
         queued one is queued; both are listed, and a status filter picks one."""
         path = config_file(tmp_path, system.db.engine, system.config)
+        forget_decisions(system.db.engine, system.source_name)
         running, waiting = system.live("idem.report"), system.queued("idem.mail")
         shown = cli_json(capsys, path, "jobs", "show", str(running))
         assert (shown["job_id"], shown["job_kind"], shown["status"]) == (
@@ -102,6 +112,7 @@ class TestRealSystems:
         """After a pass resumed a dead worker's job, show names the decision and the job's
         status in its system's words."""
         path = config_file(tmp_path, system.db.engine, system.config)
+        forget_decisions(system.db.engine, system.source_name)
         job = system.died("idem.report")
         reconcile_once(system.db.engine, system.config, kind_rules())
         shown = cli_json(capsys, path, "jobs", "show", str(job))
@@ -165,6 +176,7 @@ class TestMappedTable:
         """The reason column holds our reason code after a pass ended the attempt (a job
         without a plan is failed); show gives the status, the reason and the decision."""
         path = config_file(tmp_path, home.engine, home.full)
+        forget_decisions(home.engine, home.full.kind)
         job = dead(home, job_type="idem.report")
         reconcile_once(home.engine, home.full, TABLE_KINDS)
         shown = cli_json(capsys, path, "jobs", "show", str(job))
