@@ -1,6 +1,7 @@
 """Every setting and its default, declared once, with units in the names.
 
-Precedence: a CLI flag, else ``RECONCILER_<SETTING>`` in the environment, else the default.
+Precedence: a CLI flag, else ``RECONCILER_<SETTING>`` in the environment, else the config
+file's top-level key (``reconciler.config.load_config`` reads the file), else the default.
 ``database_url`` may also come from a file (``database_url_file``), so a password never has
 to sit in a command line (``ps`` shows those to every user) or an environment listing.
 """
@@ -11,11 +12,19 @@ import difflib
 import logging
 import math
 import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, ValidationError, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import (
+    Field,
+    ValidationError,
+    model_validator,
+)
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from reconciler.core.brake import BrakeLimits
 from reconciler.core.decisions import Thresholds
@@ -28,6 +37,8 @@ ENV_PREFIX = "RECONCILER_"
 # fits a timedelta, an APScheduler trigger and a PostgreSQL interval.
 MAX_SECONDS = 365 * 86400.0
 MAX_DAYS = 36_500.0
+# The largest count a PostgreSQL integer column (and so every attempt budget) holds.
+MAX_COUNT = 2_147_483_647
 # Variables of ours that are not settings: the config file, the test suite, the chaos
 # harness, failpoints, the real-systems source tests.
 NON_SETTING_VARIABLES = frozenset({
@@ -69,7 +80,7 @@ class Settings(BaseSettings):
         90.0, "how long a reconciler's leadership lasts unrenewed")
     lease_seconds: float = _seconds(30.0, "a claim's lease when none is given")
     default_max_attempts: int = Field(
-        3, ge=1, le=2_147_483_647, description="a job's attempt budget when enqueue names none")
+        3, ge=1, le=MAX_COUNT, description="a job's attempt budget when enqueue names none")
     retry_backoff_seconds: float = _seconds(
         1.0, "first retry delay; doubles per attempt", inclusive=True)
     retry_backoff_max_seconds: float = _seconds(300.0, "longest retry delay", inclusive=True)
@@ -91,7 +102,7 @@ class Settings(BaseSettings):
         False, description="passes decide and record every decision marked shadow, and "
         "change no job")
     brake_min_jobs: int = Field(
-        20, ge=1, description="fewest stale jobs in one pass that can engage the "
+        20, ge=1, le=MAX_COUNT, description="fewest stale jobs in one pass that can engage the "
         "mass-staleness brake")
     brake_stale_fraction: float = Field(
         0.5, gt=0, le=1, allow_inf_nan=False, description="share of running jobs that must "
@@ -100,7 +111,7 @@ class Settings(BaseSettings):
         120.0, "how long the brake leaves stale jobs alone from the first braked pass "
         "(0: never)", inclusive=True)
     crash_loop_after: int = Field(
-        2, ge=1, description="a job whose last this many attempts were all lost ends "
+        2, ge=1, le=MAX_COUNT, description="a job whose last this many attempts were all lost ends "
         "crash_loop")
     job_retention_days: float = Field(
         30.0, gt=0, le=MAX_DAYS, allow_inf_nan=False, description="finished jobs (with "
@@ -189,18 +200,112 @@ class Settings(BaseSettings):
                            hold_seconds=self.brake_hold_seconds)
 
 
-def load_settings(**overrides: Any) -> Settings:
-    """Build settings from flags (``overrides``; None means not given) and the environment.
+def load_settings(*, file_values: Mapping[str, Any] | None = None,
+                  file_name: str = "config", **overrides: Any) -> Settings:
+    """Build settings: a flag (``overrides``; None means not given), else the environment,
+    else ``file_values`` (the config file's top-level keys, read by
+    ``reconciler.config.load_config``, named ``file_name`` in errors), else the default.
 
     ``RECONCILER_*`` variables that are not settings are named in a warning, with the
     closest setting, instead of being silently ignored.
     """
     warn_unknown_variables(os.environ)
     given = {key: value for key, value in overrides.items() if value is not None}
+    from_file = dict(file_values or {})
+    for key, value in from_file.items():
+        _check_setting_type(file_name, key, value, Settings.model_fields[key])
+    # database_url and database_url_file are one setting given two ways: either from a flag
+    # or the environment wins over either from the file (not "give one, not both").
+    url_keys = ("database_url", "database_url_file")
+    if any(k in given or os.environ.get(f"{ENV_PREFIX}{k.upper()}") for k in url_keys):
+        from_file = {k: v for k, v in from_file.items() if k not in url_keys}
+    if not from_file:
+        try:
+            return Settings(**given)
+        except ValidationError as exc:
+            raise ConfigError(describe_validation_error(exc)) from None
     try:
-        return Settings(**given)
+        with _file_values(from_file):
+            built = _SettingsWithFile(**given)
     except ValidationError as exc:
-        raise ConfigError(describe_validation_error(exc)) from None
+        raise ConfigError(_describe(exc, file_name, from_file, given)) from None
+    # A plain Settings, already validated: callers see the one settings type.
+    return Settings.model_construct(_fields_set=built.model_fields_set, **built.model_dump())
+
+
+def _check_setting_type(name: str, key: str, value: Any, field: FieldInfo) -> None:
+    """TOML values are typed: refuse a string or a boolean where a number belongs."""
+    expected = field.annotation
+    if expected is float:
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        wanted = "a number"
+    elif expected is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+        wanted = "an integer"
+    elif expected is str:
+        ok = isinstance(value, str)
+        wanted = "a string"
+    elif expected is bool:
+        ok = isinstance(value, bool)
+        wanted = "a boolean"
+    else:  # pragma: no cover - every setting is one of the four
+        return
+    if not ok:
+        raise ConfigError(f"{name}: setting {key} must be {wanted}, not {type_name(value)} "
+                          f"(got {value!r})")
+
+
+# The file's values, for the duration of one ``Settings`` construction.
+_FILE_VALUES: ContextVar[Mapping[str, Any] | None] = ContextVar("reconciler_file_settings",
+                                                               default=None)
+
+
+class _FileSettingsSource(PydanticBaseSettingsSource):
+    """The config file's top-level keys, consulted after the flags and the environment."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return (_FILE_VALUES.get() or {}).get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(_FILE_VALUES.get() or {})
+
+
+class _SettingsWithFile(Settings):
+    """``Settings`` with the config file as its lowest-priority source."""
+
+    @classmethod
+    def settings_customise_sources(
+        cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, dotenv_settings, file_secret_settings,
+                _FileSettingsSource(settings_cls))
+
+
+@contextmanager
+def _file_values(values: Mapping[str, Any]) -> Iterator[None]:
+    token = _FILE_VALUES.set(values)
+    try:
+        yield
+    finally:
+        _FILE_VALUES.reset(token)
+
+
+def _describe(exc: ValidationError, name: str, file_settings: Mapping[str, Any],
+              flags: Mapping[str, Any]) -> str:
+    """Name the file when the refused value came from it, else the flag / variable line."""
+    error = exc.errors()[0]
+    loc = error.get("loc", ())
+    key = str(loc[0]) if loc else ""
+    from_env = any(k.upper() == f"RECONCILER_{key.upper()}" for k in os.environ)
+    if key in file_settings and key not in flags and not from_env:
+        message = error.get("msg", "invalid value").removeprefix("Value error, ")
+        return (f"{name}: invalid setting {key}: {message} "
+                f"(got {error.get('input')!r})")
+    line = describe_validation_error(exc)
+    return line if key or not file_settings else f"{line} (with settings from {name})"
+
 
 
 _warned: set[str] = set()
@@ -232,6 +337,16 @@ def warn_unknown_variables(environ: Any) -> None:
 
 def _quoted(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def type_name(value: Any) -> str:
+    """How a TOML value's type is named in an error line."""
+    if isinstance(value, dict):
+        return "a table"
+    if isinstance(value, list):
+        return "an array"
+    return {bool: "a boolean", int: "an integer", float: "a float", str: "a string"}.get(
+        type(value), type(value).__name__)
 
 
 def describe_validation_error(exc: ValidationError) -> str:

@@ -12,15 +12,17 @@ from typing import Any
 
 from sqlalchemy.engine import Connection, Engine
 
-from reconciler.config import Config, NativeConfig
+from reconciler.config import Config
 from reconciler.core.kinds import KindRules
 from reconciler.core.passes import PassConfig
-from reconciler.core.ports import JobSource, PassStore
+from reconciler.core.ports import JobSource, PassStore, SourceJobs
 from reconciler.core.worker_ports import WorkWaiter
 from reconciler.settings import Settings
+from reconciler.sources import open_foreign_source
+from reconciler.sources.jobs import open_jobs
+from reconciler.sources.registry import is_native
 from reconciler.storage.diagnosis import database_answers, error_code, error_line
 from reconciler.storage.engines import DatabaseTimeouts, create_engine
-from reconciler.storage.native_kinds import kinded_native
 from reconciler.storage.pass_store import SourceFactory, native_source
 from reconciler.storage.retention import JobRetentionSql
 from reconciler.storage.schema import require_current, upgrade
@@ -43,6 +45,7 @@ __all__ = [
     "open_engine",
     "open_job_retention",
     "open_pass_store",
+    "open_source_jobs",
     "open_store",
     "pass_config",
     "source_factory",
@@ -78,10 +81,8 @@ def open_job_retention(engine: Engine) -> JobRetentionSql:
 
 def check_source(engine: Engine, config: Config | None) -> None:
     """Refuse a foreign ``[source]`` whose tables, columns or functions are not there."""
-    if config is None or isinstance(config.source, NativeConfig):
+    if config is None or is_native(config.source):
         return
-    from reconciler.sources import open_foreign_source  # noqa: PLC0415 - see source_factory
-
     with engine.connect() as conn:
         open_foreign_source(conn, config.source, config.kinds, lock=False).check_schema()
         conn.rollback()
@@ -100,23 +101,22 @@ def open_store(engine: Engine) -> SqlStore:
     return SqlStore(engine)
 
 
+def open_source_jobs(engine: Engine, config: Config) -> SourceJobs:
+    """The configured source's jobs as operators list, show and act on them."""
+    return open_jobs(engine, config.source, config.kinds, SqlStore(engine))
+
+
 def source_factory(config: Config | None) -> SourceFactory:
     """How a pass's transaction gets its job source: the configured ``[source]`` (native,
-    the default, honours ``[kinds]`` too)."""
+    the default, honours ``[kinds]`` too), opened as its registry entry says."""
     if config is None:
         return native_source
-    if isinstance(config.source, NativeConfig):
-        return kinded_native(config.kinds)
-    # Imported only for a foreign source: the native default (every worker, most CLI
-    # calls) does not pay for loading the adapters of four other systems.
-    from reconciler.sources import open_foreign_source  # noqa: PLC0415
+    open_source, source, kinds = config.source_entry.open, config.source, config.kinds
 
-    source, kinds = config.source, config.kinds
+    def opened(conn: Connection, lock: bool) -> JobSource:
+        return open_source(conn, source, kinds, lock=lock)
 
-    def foreign(conn: Connection, lock: bool) -> JobSource:
-        return open_foreign_source(conn, source, kinds, lock=lock)
-
-    return foreign
+    return opened
 
 
 def open_pass_store(engine: Engine, config: Config | None = None) -> PassStore:

@@ -16,20 +16,27 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 
 from reconciler import __version__
 from reconciler.cli.arguments import (
-    MAX_JOB_ID,
     OneLineParser,
-    job_id,
+    job_id_text,
     parse_duration,
     positive_int,
     settings_parent,
 )
-from reconciler.cli.views import decision_view, job_view, pass_view, printable
-from reconciler.config import Config, NativeConfig, load_config
+from reconciler.cli.views import (
+    decision_view,
+    job_lines,
+    job_list_lines,
+    job_view,
+    pass_view,
+    printable,
+)
+from reconciler.config import Config, load_config
 from reconciler.core.decisions import render_markdown, render_table
 from reconciler.core.passes import explain_jobs, run_pass
-from reconciler.core.vocabulary import JobStatus, Reason
+from reconciler.core.vocabulary import JobKey, JobStatus, OperatorAction, Reason
 from reconciler.errors import (
     ActionRefusedError,
+    ConfigError,
     DatabaseUnavailableError,
     NotFoundError,
     ReconcilerError,
@@ -37,6 +44,7 @@ from reconciler.errors import (
 from reconciler.logs import configure_logging
 from reconciler.redaction import display_url, redact
 from reconciler.settings import Settings
+from reconciler.sources.registry import is_native
 from reconciler.wiring import (
     DatabaseTimeouts,
     check_schema,
@@ -44,6 +52,7 @@ from reconciler.wiring import (
     error_line,
     open_engine,
     open_pass_store,
+    open_source_jobs,
     open_store,
     pass_config,
     upgrade_schema,
@@ -84,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("--limit", type=positive_int, default=100)
     listing.add_argument("--json", action="store_true")
     show = job_commands.add_parser("show", parents=[common], help="one job and its steps")
-    show.add_argument("job_id", type=job_id)
+    show.add_argument("job_id", type=job_id_text, help="the job's id as its source spells it")
     show.add_argument("--json", action="store_true")
 
     why = job_commands.add_parser(
@@ -94,7 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
     why.add_argument("--json", action="store_true")
     for action, help_text in OPERATOR_HELP.items():
         acting = job_commands.add_parser(action, parents=[common], help=help_text)
-        acting.add_argument("job_id", type=job_id)
+        acting.add_argument("job_id", type=job_id_text,
+                            help="the job's id as its source spells it")
         acting.add_argument("--json", action="store_true")
 
     # Reading the audit never runs a pass, so the shadow setting means nothing here; its
@@ -125,10 +135,6 @@ def _config(args: argparse.Namespace) -> Config:
             "RECONCILER_DATABASE_URL_FILE or RECONCILER_DATABASE_URL"))
     return load_config(getattr(args, "config", None),
                        **{name: getattr(args, name, None) for name in Settings.model_fields})
-
-
-def _settings(args: argparse.Namespace) -> Settings:
-    return _config(args).settings
 
 
 def _open_engine(settings: Settings, config: Config | None = None) -> Engine:
@@ -186,68 +192,57 @@ def cmd_pass(args: argparse.Namespace) -> int:
     return 0
 
 
+def _job_key(config: Config, text: str) -> JobKey:
+    """A job id as the configured source spells it; one line (exit 2) when it cannot be."""
+    try:
+        return config.source_entry.parse_job_key(text)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
 def cmd_jobs_list(args: argparse.Namespace) -> int:
-    store = open_store(_open_engine(_settings(args)))
-    views = [job_view(j) for j in store.list_jobs(args.status, args.limit)]
-
-    def human() -> list[str]:
-        if not views:
-            return ["no jobs"]
-        lines = [f"{'JOB':>8}  {'KIND':<16} {'STATUS':<11} {'ATTEMPTS':>8}  {'STEP':>4}  REASON"]
-        lines += [f"{v['job_id']:>8}  {printable(v['job_kind'])[:16]:<16} {v['status']:<11} "
-                  f"{v['attempts_used']:>3}/{v['max_attempts']:<4}  {v['resume_step_index']:>4}"
-                  f"  {v['reason'] or '-'}" for v in views]
-        return lines
-
-    _emit(args, views, human)
+    config = _config(args)
+    jobs = open_source_jobs(_open_engine(config.settings, config), config)
+    views = [job_view(j) for j in jobs.list_jobs(args.status, args.limit)]
+    _emit(args, views, lambda: job_list_lines(views))
     return 0
 
 
 def cmd_jobs_show(args: argparse.Namespace) -> int:
-    store = open_store(_open_engine(_settings(args)))
-    job = store.get_job(args.job_id)
+    config = _config(args)
+    job_key = _job_key(config, args.job_id)
+    jobs = open_source_jobs(_open_engine(config.settings, config), config)
+    job = jobs.get_job(job_key)
     if job is None:
-        raise NotFoundError(f"no job with id {args.job_id}")
-    view = job_view(job)
+        raise NotFoundError(_no_job(config, args.job_id))
+    # A foreign job's view also holds our latest decisions about it.
+    view = job_view(job, jobs.decisions_about(job.job_id, 10)
+                    if job.source_status is not None else None)
 
-    def human() -> list[str]:
-        lines = [f"job {view['job_id']} ({view['job_kind']}): {view['status']}"
-                 + (f" ({view['reason']})" if view["reason"] else ""),
-                 f"  attempts {view['attempts_used']}/{view['max_attempts']}, "
-                 f"resumes at step {view['resume_step_index']}"
-                 + (", held by an operator" if view["operator_hold"] else "")]
-        lines += [f"  step {s['index']}: {s['name']} [{s.get('effect_kind', '?')}] {s['state']}"
-                  for s in view["steps"]]
-        return lines
-
-    _emit(args, view, human)
+    _emit(args, view, lambda: job_lines(view, config.source_entry.kind))
     return 0
+
+
+def _no_job(config: Config, text: str) -> str:
+    foreign = "" if is_native(config.source) else f"{config.source_entry.kind} "
+    return f"no {foreign}job with id {text}"
 
 
 def cmd_jobs_explain(args: argparse.Namespace) -> int:
     config = _config(args)
     settings = config.settings
     engine = _open_engine(settings, config)
-    store = open_store(engine)
-    job_id: int | str = args.job_id
-    if not isinstance(config.source, NativeConfig):
-        # A foreign job id as its system spells it (a UUID for pg-boss, a number elsewhere);
-        # the source compares it with its own key column.
-        job_id = int(args.job_id) if args.job_id.isdigit() else args.job_id
-        planned = explain_jobs(open_pass_store(engine, config), [job_id],
-                               pass_config(settings, "cli-explain", config.kinds))
-        if not planned:
-            raise NotFoundError(f"no running {config.source.kind} job with id {args.job_id}")
-    else:
-        if not args.job_id.isdigit() or int(args.job_id) > MAX_JOB_ID:
-            raise NotFoundError(f"no job with id {args.job_id}")
-        job_id = int(args.job_id)
-        planned = explain_jobs(open_pass_store(engine, config), [job_id],
-                               pass_config(settings, "cli-explain", config.kinds))
+    try:
+        # The id as the source spells it (a UUID for pg-boss, a number elsewhere).
+        job_key = config.source_entry.parse_job_key(args.job_id)
+    except ValueError:
+        raise NotFoundError(_no_job(config, args.job_id)) from None
+    planned = explain_jobs(open_pass_store(engine, config), [job_key],
+                           pass_config(settings, "cli-explain", config.kinds))
     if not planned:
-        job = store.get_job(int(job_id))
+        job = open_source_jobs(engine, config).get_job(job_key)
         if job is None:
-            raise NotFoundError(f"no job with id {args.job_id}")
+            raise NotFoundError(_no_job(config, args.job_id))
         raise ActionRefusedError(f"job {args.job_id} is {job.job_status}, not processing: "
                                  "the reconciler only judges processing jobs")
     change = planned[0]
@@ -275,16 +270,26 @@ OPERATOR_HELP = {
 
 
 def cmd_jobs_action(args: argparse.Namespace) -> int:
-    store = open_store(_open_engine(_settings(args)))
-    applied, refusal = store.operator_action(args.job_id, args.jobs_command)
+    config = _config(args)
+    entry = config.source_entry
+    action = OperatorAction(args.jobs_command)
+    if action not in entry.capabilities.actions:
+        # Refused before anything is read: the source's system has its own tools for it.
+        raise ActionRefusedError(
+            f"cannot {action} job {args.job_id}: source {entry.kind} takes no {action} "
+            f"(operator commands it takes: "
+            f"{', '.join(sorted(entry.capabilities.actions)) or 'none'})")
+    job_key = _job_key(config, args.job_id)
+    jobs = open_source_jobs(_open_engine(config.settings, config), config)
+    applied, refusal = jobs.operator_action(job_key, action)
     if refusal == "no_such_job":
-        raise NotFoundError(f"no job with id {args.job_id}")
+        raise NotFoundError(_no_job(config, args.job_id))
     if not applied:
-        raise ActionRefusedError(f"cannot {args.jobs_command} job {args.job_id}: {refusal}")
-    job = store.get_job(args.job_id)
-    view = job_view(job) if job is not None else {"job_id": args.job_id}
-    line = f"job {args.job_id}: {args.jobs_command} applied; status {view.get('status')}"
-    if args.jobs_command == "retry" and view.get("operator_hold"):
+        raise ActionRefusedError(f"cannot {action} job {args.job_id}: {refusal}")
+    job = jobs.get_job(job_key)
+    view = job_view(job) if job is not None else {"job_id": job_key}
+    line = f"job {args.job_id}: {action} applied; status {view.get('status')}"
+    if action is OperatorAction.RETRY and view.get("operator_hold"):
         # A retry never lifts a hold: the operator who held the job decides when it runs.
         line += (f"; it is still held and will not run until `reconciler jobs unhold "
                  f"{args.job_id}`")

@@ -12,7 +12,8 @@ from typing import Any
 from reconciler.core.evidence import parse_plan
 from reconciler.core.passes import PassReport
 from reconciler.core.ports import JobDetail
-from reconciler.core.vocabulary import INTEGER_KEYED_SOURCES, Disposition
+from reconciler.core.vocabulary import Disposition
+from reconciler.sources.registry import integer_keyed
 
 NOT_STARTED = "not_started"
 
@@ -41,8 +42,9 @@ def _iso(value: datetime | None) -> str | None:
     return None if value is None else value.isoformat()
 
 
-def job_view(job: JobDetail) -> dict[str, Any]:
-    """The ``jobs show --json`` shape."""
+def job_view(job: JobDetail, decisions: list[dict[str, Any]] | None = None
+             ) -> dict[str, Any]:
+    """The ``jobs show --json`` shape; ``decisions``: the audit's about a foreign job."""
     plan = parse_plan(job.plan_text)
     if plan is None:
         step_list = [
@@ -68,7 +70,40 @@ def job_view(job: JobDetail) -> dict[str, Any]:
         "created_at": _iso(job.created_at),
         "updated_at": _iso(job.updated_at),
         "finished_at": _iso(job.finished_at),
+        # A foreign job: its system's own status beside ours.
+        **({} if job.source_status is None else {"source_status": job.source_status}),
+        **({} if decisions is None else {"decisions": [
+            {key: _iso(value) if isinstance(value, datetime) else value
+             for key, value in d.items()} for d in decisions]}),
     }
+
+
+def job_list_lines(views: list[dict[str, Any]]) -> list[str]:
+    """``jobs list`` for people: one line per job."""
+    if not views:
+        return ["no jobs"]
+    lines = [f"{'JOB':>8}  {'KIND':<16} {'STATUS':<11} {'ATTEMPTS':>8}  {'STEP':>4}  REASON"]
+    lines += [f"{v['job_id']!s:>8}  {printable(v['job_kind'])[:16]:<16} "
+              f"{printable(v['status']):<11} "
+              f"{v['attempts_used']:>3}/{v['max_attempts']:<4}  {v['resume_step_index']:>4}"
+              f"  {v['reason'] or '-'}" for v in views]
+    return lines
+
+
+def job_lines(view: dict[str, Any], source_kind: str) -> list[str]:
+    """``jobs show`` for people: the job, its steps, our decisions about a foreign one."""
+    own = (f" [{view['source_status']} in {source_kind}]" if "source_status" in view
+           else "")
+    lines = [f"job {view['job_id']} ({view['job_kind']}): {view['status']}"
+             + (f" ({view['reason']})" if view["reason"] else "") + own,
+             f"  attempts {view['attempts_used']}/{view['max_attempts']}, "
+             f"resumes at step {view['resume_step_index']}"
+             + (", held by an operator" if view["operator_hold"] else "")]
+    lines += [f"  step {s['index']}: {s['name']} [{s.get('effect_kind', '?')}] {s['state']}"
+              for s in view["steps"]]
+    lines += [f"  decided {d['decided_at']}: {d['disposition']} ({d['reason']})"
+              for d in view.get("decisions", [])]
+    return lines
 
 
 def decision_view(record: dict[str, Any]) -> dict[str, Any]:
@@ -82,7 +117,7 @@ def decision_view(record: dict[str, Any]) -> dict[str, Any]:
     # Recorded by a shadow pass: decided, nothing changed. Public name ``shadow``.
     view["shadow"] = bool(record.get("shadow_mode", False))
     job_id = view.get("job_id")
-    if view.get("job_source") in INTEGER_KEYED_SOURCES and isinstance(job_id, str) \
+    if integer_keyed(str(view.get("job_source"))) and isinstance(job_id, str) \
             and job_id.lstrip("-").isdigit():
         view["job_id"] = int(job_id)
     return view

@@ -32,10 +32,6 @@ from typing import Any
 from reconciler.core.decisions import Thresholds
 from reconciler.core.vocabulary import EffectKind
 
-KIND_KEYS = ("effect", "stale_after_seconds", "wedged_after_seconds", "max_run_seconds",
-             "max_attempts", "crash_loop_after", "reconcile")
-"""The keys a ``[kinds."<glob>"]`` table may hold."""
-
 
 @dataclass(frozen=True, slots=True)
 class KindRule:

@@ -9,9 +9,10 @@ database.
 
 Job ids are opaque to the core (``JobKey``: an integer for this project's own jobs, a UUID
 string for pg-boss): it compares them for equality and never computes with them. The fence
-is opaque too: a source snapshots what its swap must repeat (``Fence.snapshot``) and the
-core only carries it back. A source is supported when it passes the conformance suite in
-tests/conformance, which runs unchanged against every source on every engine it supports.
+is opaque too: a source snapshots what its swap must repeat (``Fence.snapshot``, a frozen
+dataclass of its own) and the core only carries it back. A source is supported when it
+passes the conformance suite in tests/conformance, which runs unchanged against every
+source on every engine it supports.
 """
 
 from __future__ import annotations
@@ -27,10 +28,17 @@ from reconciler.core.evidence import PlanStep
 from reconciler.core.vocabulary import Disposition, JobKey, PassOutcome, Reason
 
 __all__ = [
-    "AuditLog", "Candidate", "ClaimedJob", "Cursor", "Fence", "JobDetail", "JobKey",
+    "AuditLog", "Candidate", "ClaimedJob", "Cursor", "Fence", "FenceSnapshot", "JobDetail",
+    "JobKey",
     "JobSource", "Lease", "OperatorStore", "PassStore", "PassUnit", "PlannedChange",
-    "RecordedDecision",
+    "RecordedDecision", "SourceJobs",
 ]
+
+
+@dataclass(frozen=True, slots=True)
+class FenceSnapshot:
+    """The base of a source's fence snapshot: a frozen dataclass of what its swap repeats
+    (status, owner, claim time...), one class per source, read back only by that source."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,11 +48,12 @@ class Fence:
     ``generation`` is what the audit records as ``generation_before``: this project's
     ``claim_generation``, or a foreign system's nearest monotonic counter (its attempts),
     None where it keeps none. ``snapshot`` holds whatever else the source's swap compares
-    (status, owner, claim time); the core never reads it.
+    (None: the generation is the whole fence, as for the native source); the core never
+    reads it.
     """
 
     generation: int | None
-    snapshot: tuple[Any, ...] = ()
+    snapshot: FenceSnapshot | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +135,8 @@ class JobSource(Protocol):
     """Where a pass reads candidates and applies its decisions, bound to one transaction."""
 
     source_name: str
-    """``native``, ``procrastinate``, ``graphile-worker``, ``pg-boss`` or ``table``."""
+    """The source's kind as its registry entry names it (``reconciler.sources.registry``),
+    recorded beside every decision."""
 
     def expire_gone_owners(self, timeout_seconds: float) -> int:
         """Declare owners (worker sessions) silent for ``timeout_seconds`` gone, so their
@@ -254,6 +264,22 @@ class OperatorStore(Protocol):
         """Apply hold, unhold, retry or cancel; (applied, refusal reason)."""
 
 
+class SourceJobs(Protocol):
+    """Jobs as operators see them through the configured source (``reconciler jobs``)."""
+
+    def list_jobs(self, status: str | None, limit: int) -> list[JobDetail]:
+        """Newest first, optionally of one status (this project's status words)."""
+
+    def get_job(self, job_id: JobKey) -> JobDetail | None:
+        """One job as its source spells its id, or None."""
+
+    def decisions_about(self, job_id: JobKey, limit: int) -> list[dict[str, Any]]:
+        """The audit's decisions about one job, newest first."""
+
+    def operator_action(self, job_id: JobKey, action: str) -> tuple[bool, str | None]:
+        """Apply hold, unhold, retry or cancel; (applied, refusal reason)."""
+
+
 @dataclass(frozen=True, slots=True)
 class ClaimedJob:
     """What a successful claim returns to the client."""
@@ -271,9 +297,14 @@ class ClaimedJob:
 
 @dataclass(frozen=True, slots=True)
 class JobDetail:
-    """Every column a public view may draw from (the view decides what to show)."""
+    """Every column a public view may draw from (the view decides what to show).
 
-    job_id: int
+    A foreign source's job has its id as its system spells it, its status in this
+    project's words where one fits (``source_status``: the system's own), and no times
+    where the system keeps none.
+    """
+
+    job_id: JobKey
     job_kind: str
     job_status: str
     status_reason: str | None
@@ -283,7 +314,9 @@ class JobDetail:
     plan_text: str | None
     operator_hold: bool
     last_error_code: str | None
-    created_at: datetime
-    updated_at: datetime
+    created_at: datetime | None
+    updated_at: datetime | None
     finished_at: datetime | None
     step_states: dict[int, str]
+    source_status: str | None = None
+    """A foreign job's status as its own system names it (None: this project's job)."""

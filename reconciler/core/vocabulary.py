@@ -13,23 +13,6 @@ JobKey = int | str
 """A job's id as its source spells it: opaque, compared for equality only."""
 
 
-class SourceKind(StrEnum):
-    """Where a pass reads jobs (docs/sources.md): this project's own tables or a
-    foreign job system's, named in the audit beside every decision."""
-
-    NATIVE = "native"
-    PROCRASTINATE = "procrastinate"
-    GRAPHILE_WORKER = "graphile-worker"
-    PG_BOSS = "pg-boss"
-    TABLE = "table"
-
-
-# Sources whose job ids are integers: the audit keeps ids as text, views show these as
-# numbers again.
-INTEGER_KEYED_SOURCES = frozenset({SourceKind.NATIVE, SourceKind.PROCRASTINATE,
-                                   SourceKind.GRAPHILE_WORKER})
-
-
 class JobStatus(StrEnum):
     """``job_runs.job_status``. ``waiting`` is in the public vocabulary (docs/data-model.md)
     but set by no release yet: a job waiting on a gate stays ``processing`` with its step

@@ -1,29 +1,24 @@
 """Job sources beside the job systems teams already run (docs/sources.md).
 
-One module per system, each a class implementing the job-source port on one SQLAlchemy
-connection (the pass's transaction; the foreign tables live in the reconciler's database):
-``procrastinate``, ``graphile_worker``, ``pgboss`` and the mapped home-grown ``table``. The
-native source (this project's ``job_runs``) lives in ``reconciler.storage``. docs/sources.md
-says, per system, what counts as running, as liveness and as the fence, and what each swap
-writes.
+One module per system, each holding its ``[source]`` config model and a class implementing
+the job-source port on one SQLAlchemy connection (the pass's transaction; the foreign
+tables live in the reconciler's database): ``procrastinate``, ``graphile_worker``,
+``pgboss`` and the mapped home-grown ``table``. The native source (this project's
+``job_runs``) lives in ``reconciler.storage``. ``reconciler.sources.registry`` lists every
+source once: adding one is a module, an entry there and a conformance fixture.
 """
 
 from __future__ import annotations
 
 from sqlalchemy.engine import Connection
 
-from reconciler.config import (
-    GraphileWorkerConfig,
-    PgBossConfig,
-    ProcrastinateConfig,
-    SourceConfig,
-    TableConfig,
-)
 from reconciler.core.kinds import KindRules
+from reconciler.file_tables import SourceSettings
 from reconciler.sources.base import ForeignSource
 from reconciler.sources.graphile_worker import GraphileWorkerSource
 from reconciler.sources.pgboss import PgBossSource
 from reconciler.sources.procrastinate import ProcrastinateSource
+from reconciler.sources.registry import entry_of, is_native
 from reconciler.sources.table import TableSource
 
 __all__ = [
@@ -36,19 +31,16 @@ __all__ = [
 ]
 
 
-def open_foreign_source(connection: Connection, config: SourceConfig, kinds: KindRules, *,
+def open_foreign_source(connection: Connection, config: SourceSettings, kinds: KindRules, *,
                         lock: bool = True) -> ForeignSource:
     """The foreign source a ``[source]`` table names, bound to ``connection``.
 
     ``lock=False`` for dry runs and explain: candidates are read without row locks. The
     native source is not built here (``ValueError``): it is the store's.
     """
-    if isinstance(config, ProcrastinateConfig):
-        return ProcrastinateSource(connection, config, kinds, lock=lock)
-    if isinstance(config, GraphileWorkerConfig):
-        return GraphileWorkerSource(connection, config, kinds, lock=lock)
-    if isinstance(config, PgBossConfig):
-        return PgBossSource(connection, config, kinds, lock=lock)
-    if isinstance(config, TableConfig):
-        return TableSource(connection, config, kinds, lock=lock)
-    raise ValueError(f"source kind {config.kind!r} is not a foreign source")
+    if is_native(config):
+        raise ValueError(f"source kind {config.kind!r} is not a foreign source")
+    source = entry_of(config).open(connection, config, kinds, lock=lock)
+    if not isinstance(source, ForeignSource):  # pragma: no cover - a registry mistake
+        raise TypeError(f"source kind {config.kind!r} opens no ForeignSource")
+    return source

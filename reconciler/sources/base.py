@@ -12,14 +12,24 @@ from __future__ import annotations
 import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from reconciler.core.decisions import Thresholds
 from reconciler.core.kinds import KindPolicy, KindRules
-from reconciler.core.ports import Candidate, Cursor, Fence, JobKey, PlannedChange
+from reconciler.core.ports import (
+    Candidate,
+    Cursor,
+    Fence,
+    FenceSnapshot,
+    JobKey,
+    PlannedChange,
+)
+from reconciler.core.vocabulary import JobStatus
 from reconciler.sources.common import (
     LEDGER,
     StepFacts,
@@ -28,7 +38,25 @@ from reconciler.sources.common import (
     ledger_last_write,
     per_kind,
 )
-from reconciler.storage.clock import now_plus
+from reconciler.storage.clock import now_plus, seconds_since
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerMark:
+    """A job's step ledger as its decision read it: the newest write (None: no records)."""
+
+    last_write: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class ForeignFence(FenceSnapshot):
+    """The base of a foreign source's fence snapshot. ``ledger``: the step ledger as read,
+    which the swap checks is unchanged (None: the source's steps are not in the ledger)."""
+
+    ledger: LedgerMark | None = field(default=None, kw_only=True)
+
+
+SnapshotT = TypeVar("SnapshotT", bound=ForeignFence)
 
 
 class ForeignSource(ABC):
@@ -40,6 +68,11 @@ class ForeignSource(ABC):
         self._conn = connection
         self._kinds = kinds
         self._lock = lock
+
+    @property
+    def connection(self) -> Connection:
+        """The connection (the pass's transaction, or an operator's read) it is bound to."""
+        return self._conn
 
     # -- what a subclass declares ------------------------------------------- #
 
@@ -79,6 +112,35 @@ class ForeignSource(ABC):
     @abstractmethod
     def _apply_one(self, change: PlannedChange) -> tuple[bool, int | None]:
         """Swap one change in; (changed, generation after)."""
+
+    @abstractmethod
+    def listing(self) -> sa.Select[Any]:
+        """Every job of the system, for operators (``reconciler jobs list|show``), with
+        these columns labelled: ``job_id``, ``job_kind``, ``source_status`` (the system's
+        own word), ``attempts`` (used, the running one included), ``max_attempts`` (NULL:
+        the kind's), ``reason`` (where our reason code may be written, else NULL),
+        ``created_at`` and ``updated_at`` (NULL where the system keeps none)."""
+
+    @abstractmethod
+    def status_words(self) -> Mapping[str, JobStatus]:
+        """The system's statuses (``source_status``) in this project's words."""
+
+    # -- what a subclass may declare (each has a default) -------------------- #
+
+    def _steps_in_ledger(self) -> bool:
+        """Whether jobs' steps are read from the step ledger (False: the system keeps its
+        own plan and results, and the ledger is neither read nor checked)."""
+        return True
+
+    def _activity(self) -> sa.ColumnElement[Any] | None:
+        """The job's own last-activity time, if the system keeps one (else the ledger's
+        last write is its activity)."""
+        return None
+
+    def _wedge_guard(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[bool]:
+        """What else must hold for a live job to be looked at as wedged (by default
+        nothing more)."""
+        return sa.true()
 
     # -- the port ------------------------------------------------------------ #
 
@@ -135,9 +197,9 @@ class ForeignSource(ABC):
     def apply(self, changes: Sequence[PlannedChange]) -> dict[JobKey, int | None]:
         """Compare-and-swap each resume or terminalization; the jobs changed."""
         changed: dict[JobKey, int | None] = {}
-        for planned in acting(changes):
-            change, seen = _unwrap(planned)
-            if seen is not _NO_LEDGER and not self._ledger_unchanged(change, seen):
+        for change in acting(changes):
+            ledger = self._fence(change, ForeignFence).ledger
+            if ledger is not None and not self._ledger_unchanged(change, ledger.last_write):
                 continue  # a step was recorded since the decision: it no longer holds
             swapped, generation = self._apply_one(change)
             if swapped:
@@ -198,16 +260,32 @@ class ForeignSource(ABC):
         return self._kind_column().in_(sorted(policies))
 
     def _stalled(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[bool]:
-        """Recorded steps (the ledger) silent for the kind's ``wedged_after_seconds``."""
+        """No activity (the job's own, else recorded steps) for the kind's
+        ``wedged_after_seconds``."""
         wedged = per_kind(self._kind_column(), {k: p.thresholds.wedged_after_seconds
                                                 for k, p in policies.items()})
-        last = ledger_last_write(self.source_name, sa.cast(self._key_column(), sa.String()))
-        return last < now_plus(-wedged)
+        return sa.and_(self._wedge_guard(policies), self._silent_for(wedged))
 
     def _still_stalled(self, change: PlannedChange) -> sa.ColumnElement[bool]:
         """The wedged rule's time predicate, repeated in its swap."""
+        return self._silent_for(sa.literal(change.thresholds.wedged_after_seconds, sa.Float()))
+
+    def _silent_for(self, seconds: sa.ColumnElement[Any]) -> sa.ColumnElement[bool]:
+        activity = self._activity()
+        if activity is not None:
+            return sa.func.coalesce(seconds_since(activity) >= seconds, False)
         last = ledger_last_write(self.source_name, sa.cast(self._key_column(), sa.String()))
-        return last < now_plus(-change.thresholds.wedged_after_seconds)
+        return last < now_plus(-seconds)
+
+    @staticmethod
+    def _fence(change: PlannedChange, kind: type[SnapshotT]) -> SnapshotT:
+        """The change's fence snapshot as this source's own type (a decision carries back
+        the snapshot its candidate was read with)."""
+        snapshot = change.fence.snapshot
+        if not isinstance(snapshot, kind):
+            raise TypeError(f"job {change.decision.job_id}: a fence of "
+                            f"{type(snapshot).__name__}, not {kind.__name__}")
+        return snapshot
 
     def _locked(self, query: sa.Select[Any]) -> sa.Select[Any]:
         if not self._lock or self._conn.dialect.name != "postgresql":
@@ -216,14 +294,16 @@ class ForeignSource(ABC):
 
     def _build(self, rows: Sequence[sa.Row[Any]], policies: Mapping[str, KindPolicy],
                *, position: bool) -> list[Candidate]:
+        rows = [r for r in rows if r.job_kind in policies]
+        if not self._steps_in_ledger():
+            return [self._candidate(r, policies[r.job_kind], None, position) for r in rows]
         keys = [r.job_id for r in rows]
         steps = ledger_facts(self._conn, self.source_name, keys)
         seen = self._ledger_writes(keys)
         # The fence carries the job's last ledger write as read, so the swap repeats it.
-        return [_wrap(c, seen.get(str(c.job_id)))
+        return [_with_ledger(c, LedgerMark(seen.get(str(c.job_id))))
                 for c in (self._candidate(r, policies[r.job_kind], steps.get(str(r.job_id)),
-                                          position)
-                          for r in rows if r.job_kind in policies)]
+                                          position) for r in rows)]
 
     def _ledger_writes(self, keys: Sequence[JobKey]) -> dict[str, Any]:
         """The newest ledger write of each job that has one, by key text."""
@@ -247,22 +327,11 @@ class ForeignSource(ABC):
         return bool((max(now) if now else None) == seen)
 
 
-_LEDGER_MARK = "step-ledger"
-_NO_LEDGER = object()
-
-
-def _wrap(candidate: Candidate, seen: Any) -> Candidate:
-    """The candidate with its last ledger write (None: no records) added to its fence."""
+def _with_ledger(candidate: Candidate, mark: LedgerMark) -> Candidate:
+    """The candidate with the ledger as read composed into its fence snapshot."""
     fence = candidate.fence
+    snapshot = fence.snapshot
+    if not isinstance(snapshot, ForeignFence):  # pragma: no cover - every foreign source's
+        raise TypeError(f"{type(snapshot).__name__} is not a foreign fence")
     return dataclasses.replace(candidate, fence=Fence(
-        fence.generation, (_LEDGER_MARK, fence.snapshot, seen)))
-
-
-def _unwrap(change: PlannedChange) -> tuple[PlannedChange, Any]:
-    """The change with the source's own fence back, and the ledger write it read (or
-    ``_NO_LEDGER`` for a source whose steps are not in the ledger)."""
-    snapshot = change.fence.snapshot
-    if len(snapshot) != 3 or snapshot[0] != _LEDGER_MARK:
-        return change, _NO_LEDGER
-    fence = Fence(change.fence.generation, snapshot[1])
-    return dataclasses.replace(change, fence=fence), snapshot[2]
+        fence.generation, dataclasses.replace(snapshot, ledger=mark)))

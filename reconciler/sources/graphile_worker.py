@@ -18,17 +18,21 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, ClassVar
 
 import sqlalchemy as sa
+from pydantic import ConfigDict
+from pydantic.dataclasses import dataclass as pydantic_dataclass
 from sqlalchemy.engine import Connection
 
-from reconciler.config import GraphileWorkerConfig
 from reconciler.core.kinds import KindPolicy, KindRules
 from reconciler.core.ports import Candidate, Fence, JobKey, PlannedChange
-from reconciler.core.vocabulary import Disposition
+from reconciler.core.vocabulary import Disposition, JobStatus
 from reconciler.errors import ConfigError
-from reconciler.sources.base import ForeignSource
+from reconciler.file_tables import SourceSettings
+from reconciler.sources.base import ForeignFence, ForeignSource
 from reconciler.sources.common import (
     StepFacts,
     candidate,
@@ -42,14 +46,37 @@ from reconciler.sources.common import (
 )
 from reconciler.storage.clock import db_now, now_plus, seconds_since
 
+_STATUS_WORDS = {"locked": JobStatus.PROCESSING, "queued": JobStatus.QUEUED,
+                 "failed": JobStatus.FAILED}
+
 LOCK_TIMEOUT_SECONDS = 4 * 3600.0
 """graphile-worker's own stale-lock timeout: its workers unlock jobs locked this long."""
+
+
+@pydantic_dataclass(frozen=True, slots=True, config=ConfigDict(extra="forbid"))
+class GraphileWorkerConfig(SourceSettings):
+    """``kind = "graphile-worker"``: graphile-worker's ``_private_jobs`` and queues."""
+
+    kind: ClassVar[str] = "graphile-worker"
+    schema: str = "graphile_worker"
+
+
+@dataclass(frozen=True, slots=True)
+class GraphileWorkerFence(ForeignFence):
+    """What a graphile-worker swap repeats (the lock and the attempts), the lease it judged
+    and the attempt budget it reports."""
+
+    locked_at: datetime
+    locked_by: str | None
+    attempts: int
+    lease_seconds: float
+    max_attempts: int
 
 
 class GraphileWorkerSource(ForeignSource):
     """graphile-worker's jobs, leased by their kind's ``max_run_seconds`` (else 4 hours)."""
 
-    source_name = "graphile-worker"
+    source_name = GraphileWorkerConfig.kind
 
     def __init__(self, connection: Connection, config: GraphileWorkerConfig,
                  kinds: KindRules, *, lock: bool = True) -> None:
@@ -60,6 +87,7 @@ class GraphileWorkerSource(ForeignSource):
             "_private_jobs", sa.column("id"), sa.column("task_id"), sa.column("job_queue_id"),
             sa.column("locked_at"), sa.column("locked_by"), sa.column("attempts"),
             sa.column("max_attempts"), sa.column("run_at"), sa.column("updated_at"),
+            sa.column("created_at"), sa.column("last_error"),
             schema=schema)
         self._tasks = sa.table("_private_tasks", sa.column("id"), sa.column("identifier"),
                                schema=schema)
@@ -122,23 +150,45 @@ class GraphileWorkerSource(ForeignSource):
         return candidate(
             job_id=int(row.job_id), kind=row.job_kind, policy=policy,
             # The lease and the budget ride along: the swap repeats the one, reports the other.
-            fence=Fence(attempts, (row.locked_at, row.locked_by, attempts, lease, max_attempts)),
+            fence=Fence(attempts, GraphileWorkerFence(row.locked_at, row.locked_by, attempts,
+                                                      lease, max_attempts)),
             attempt_count=attempts, max_attempts=max_attempts,
             lease_live=overrun < 0, lease_expired_seconds=overrun if overrun >= 0 else None,
             steps=steps, position=position,
         )
+
+    # -- for operators ------------------------------------------------------ #
+
+    def status_words(self) -> Mapping[str, JobStatus]:
+        """graphile-worker keeps no status: locked, failed for good, or waiting to run."""
+        return _STATUS_WORDS
+
+    def listing(self) -> sa.Select[Any]:
+        """Every job graphile-worker still holds (it deletes the ones that succeed)."""
+        jobs, tasks = self._jobs, self._tasks
+        status = sa.case((jobs.c.locked_at.is_not(None), sa.literal("locked", sa.Text())),
+                         (jobs.c.attempts >= jobs.c.max_attempts, sa.literal("failed", sa.Text())),
+                         else_=sa.literal("queued", sa.Text()))
+        return (
+            sa.select(jobs.c.id.label("job_id"), tasks.c.identifier.label("job_kind"),
+                      status.label("source_status"), jobs.c.attempts.label("attempts"),
+                      jobs.c.max_attempts.label("max_attempts"),
+                      jobs.c.last_error.label("reason"), jobs.c.created_at.label("created_at"),
+                      jobs.c.updated_at.label("updated_at"))
+            .select_from(jobs.join(tasks, tasks.c.id == jobs.c.task_id)))
 
     # -- applying ------------------------------------------------------------ #
 
     def _apply_one(self, change: PlannedChange) -> tuple[bool, int | None]:
         jobs, queues = self._jobs, self._queues
         job_id = change.decision.job_id
-        locked_at, locked_by, attempts, lease, max_attempts = change.fence.snapshot
+        fence = self._fence(change, GraphileWorkerFence)
+        locked_by, attempts = fence.locked_by, fence.attempts
         still = (self._still_stalled(change) if is_wedged(change)
-                 else jobs.c.locked_at < now_plus(-lease))
+                 else jobs.c.locked_at < now_plus(-fence.lease_seconds))
         unlocked = self._conn.execute(
             jobs.update()
-            .where(jobs.c.id == job_id, jobs.c.locked_at == locked_at,
+            .where(jobs.c.id == job_id, jobs.c.locked_at == fence.locked_at,
                    jobs.c.locked_by.is_not_distinct_from(locked_by),
                    jobs.c.attempts == attempts, still)
             .values(locked_at=None, locked_by=None,
@@ -161,7 +211,7 @@ class GraphileWorkerSource(ForeignSource):
                                  sa.literal(reason_text(change), sa.Text()),
                                  packagenames=(self._config.schema,))
             self._conn.execute(sa.select(failed))
-            generation = max_attempts
+            generation = fence.max_attempts
         fence_ledger(self._conn, self.source_name, job_id, attempts + 1)
         return True, generation
 

@@ -21,18 +21,22 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, ClassVar
 
 import sqlalchemy as sa
+from pydantic import ConfigDict
+from pydantic.dataclasses import dataclass as pydantic_dataclass
 from sqlalchemy.dialects.postgresql import ENUM, JSONB, UUID
 from sqlalchemy.engine import Connection
 
-from reconciler.config import PgBossConfig
 from reconciler.core.kinds import KindPolicy, KindRules
 from reconciler.core.ports import Candidate, Fence, PlannedChange
-from reconciler.core.vocabulary import Disposition
+from reconciler.core.vocabulary import Disposition, JobStatus
 from reconciler.errors import ConfigError
-from reconciler.sources.base import ForeignSource
+from reconciler.file_tables import SourceSettings
+from reconciler.sources.base import ForeignFence, ForeignSource
 from reconciler.sources.common import (
     StepFacts,
     candidate,
@@ -47,12 +51,34 @@ from reconciler.sources.common import (
 from reconciler.storage.clock import db_now, now_plus, seconds_since
 
 JOB_STATES = ("created", "retry", "active", "completed", "cancelled", "failed")
+_STATUS_WORDS = {"created": JobStatus.QUEUED, "retry": JobStatus.QUEUED,
+                 "active": JobStatus.PROCESSING, "completed": JobStatus.COMPLETED,
+                 "cancelled": JobStatus.CANCELLED, "failed": JobStatus.FAILED}
+
+
+@pydantic_dataclass(frozen=True, slots=True, config=ConfigDict(extra="forbid"))
+class PgBossConfig(SourceSettings):
+    """``kind = "pg-boss"``: pg-boss's partitioned ``job`` table."""
+
+    kind: ClassVar[str] = "pg-boss"
+    schema: str = "pgboss"
+
+
+@dataclass(frozen=True, slots=True)
+class PgBossFence(ForeignFence):
+    """What a pg-boss swap repeats: the queue (its partition), the start, the retries, and
+    the lease it judged."""
+
+    name: str
+    started_on: datetime
+    retry_count: int
+    lease_seconds: float
 
 
 class PgBossSource(ForeignSource):
     """pg-boss's jobs, leased by their kind's ``max_run_seconds`` (else ``expire_in``)."""
 
-    source_name = "pg-boss"
+    source_name = PgBossConfig.kind
 
     def __init__(self, connection: Connection, config: PgBossConfig, kinds: KindRules, *,
                  lock: bool = True) -> None:
@@ -66,6 +92,7 @@ class PgBossSource(ForeignSource):
             sa.column("start_after"), sa.column("expire_in"), sa.column("policy"),
             sa.column("singleton_key"), sa.column("completed_on"), sa.column("keep_until"),
             sa.column("dead_letter"), sa.column("data", JSONB), sa.column("output", JSONB),
+            sa.column("created_on"),
             schema=config.schema)
 
     def check_schema(self) -> None:
@@ -122,22 +149,43 @@ class PgBossSource(ForeignSource):
         retries = int(row.retry_count)
         return candidate(
             job_id=str(row.job_id), kind=row.job_kind, policy=policy,
-            fence=Fence(retries, (row.job_kind, row.started_on, retries, lease)),
+            fence=Fence(retries, PgBossFence(row.job_kind, row.started_on, retries, lease)),
             attempt_count=retries + 1, max_attempts=int(row.retry_limit) + 1,
             lease_live=overrun < 0, lease_expired_seconds=overrun if overrun >= 0 else None,
             steps=steps, position=position,
         )
+
+    # -- for operators ------------------------------------------------------ #
+
+    def status_words(self) -> Mapping[str, JobStatus]:
+        """pg-boss's job states in this project's words."""
+        return _STATUS_WORDS
+
+    def listing(self) -> sa.Select[Any]:
+        """Every pg-boss job of every queue."""
+        jobs = self._jobs
+        started = sa.case((jobs.c.started_on.is_not(None), 1), else_=0)
+        return sa.select(
+            jobs.c.id.label("job_id"), jobs.c.name.label("job_kind"),
+            sa.cast(jobs.c.state, sa.Text()).label("source_status"),
+            (jobs.c.retry_count + started).label("attempts"),
+            (jobs.c.retry_limit + 1).label("max_attempts"),
+            jobs.c.output["reason"].astext.label("reason"),
+            jobs.c.created_on.label("created_at"),
+            sa.func.coalesce(jobs.c.completed_on, jobs.c.started_on, jobs.c.created_on)
+            .label("updated_at"))
 
     # -- applying ------------------------------------------------------------ #
 
     def _apply_one(self, change: PlannedChange) -> tuple[bool, int | None]:
         jobs = self._jobs
         job_id = str(change.decision.job_id)
-        name, started_on, retries, lease = change.fence.snapshot
+        fence = self._fence(change, PgBossFence)
+        name, retries = fence.name, fence.retry_count
         still = (self._still_stalled(change) if is_wedged(change)
-                 else jobs.c.started_on < now_plus(-lease))
+                 else jobs.c.started_on < now_plus(-fence.lease_seconds))
         fenced = (jobs.c.name == name, jobs.c.id == job_id,
-                  jobs.c.state == constant("active"), jobs.c.started_on == started_on,
+                  jobs.c.state == constant("active"), jobs.c.started_on == fence.started_on,
                   jobs.c.retry_count == retries, still)
         try:
             # A savepoint: a unique index a concurrent insert makes us violate costs this

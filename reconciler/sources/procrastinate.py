@@ -22,17 +22,20 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import sqlalchemy as sa
+from pydantic import ConfigDict
+from pydantic.dataclasses import dataclass as pydantic_dataclass
 from sqlalchemy.engine import Connection
 
-from reconciler.config import ProcrastinateConfig
 from reconciler.core.kinds import KindPolicy, KindRules
 from reconciler.core.ports import Candidate, Fence, PlannedChange
-from reconciler.core.vocabulary import Disposition
+from reconciler.core.vocabulary import Disposition, JobStatus
 from reconciler.errors import ConfigError
-from reconciler.sources.base import ForeignSource
+from reconciler.file_tables import SourceSettings
+from reconciler.sources.base import ForeignFence, ForeignSource
 from reconciler.sources.common import (
     StepFacts,
     candidate,
@@ -45,14 +48,40 @@ from reconciler.sources.common import (
 )
 from reconciler.storage.clock import now_plus, seconds_since
 
+_STATUS_WORDS = {"todo": JobStatus.QUEUED, "doing": JobStatus.PROCESSING,
+                 "succeeded": JobStatus.COMPLETED, "failed": JobStatus.FAILED,
+                 "cancelled": JobStatus.CANCELLED, "aborting": JobStatus.PROCESSING,
+                 "aborted": JobStatus.CANCELLED}
+
 RETRY_FUNCTION = "procrastinate_retry_job_v2"
 FINISH_FUNCTION = "procrastinate_finish_job_v1"
+
+
+@pydantic_dataclass(frozen=True, slots=True, config=ConfigDict(extra="forbid"))
+class ProcrastinateConfig(SourceSettings):
+    """``kind = "procrastinate"``: Procrastinate's ``procrastinate_jobs`` and workers."""
+
+    kind: ClassVar[str] = "procrastinate"
+    from_settings: ClassVar[frozenset[str]] = frozenset({"session_timeout_seconds"})
+    schema: str | None = None
+    """Where Procrastinate's tables and functions live; None: the connection's search path."""
+    session_timeout_seconds: float = 30.0
+    """A worker row silent this long is a gone owner (the ``session_timeout_seconds``
+    setting; Procrastinate's own default stalled-worker timeout is also 30 s)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProcrastinateFence(ForeignFence):
+    """What a Procrastinate swap repeats: the owner row and the finished attempts."""
+
+    worker_id: int | None
+    attempts: int
 
 
 class ProcrastinateSource(ForeignSource):
     """Procrastinate's jobs, judged by its workers' heartbeats."""
 
-    source_name = "procrastinate"
+    source_name = ProcrastinateConfig.kind
 
     def __init__(self, connection: Connection, config: ProcrastinateConfig, kinds: KindRules,
                  *, lock: bool = True) -> None:
@@ -118,19 +147,37 @@ class ProcrastinateSource(ForeignSource):
         expired = row.lease_expired_seconds
         return candidate(
             job_id=int(row.job_id), kind=row.job_kind, policy=policy,
-            fence=Fence(int(row.attempts), (row.worker_id, int(row.attempts))),
+            fence=Fence(int(row.attempts), ProcrastinateFence(row.worker_id, int(row.attempts))),
             attempt_count=int(row.attempts) + 1, max_attempts=policy.max_attempts,
             lease_live=not gone,
             lease_expired_seconds=float(expired) if gone and expired is not None else None,
             steps=steps, session_gone=gone, position=position,
         )
 
+    # -- for operators ------------------------------------------------------ #
+
+    def status_words(self) -> Mapping[str, JobStatus]:
+        """Procrastinate's job statuses in this project's words."""
+        return _STATUS_WORDS
+
+    def listing(self) -> sa.Select[Any]:
+        """Every Procrastinate job (it keeps no times on the job row)."""
+        jobs = self._jobs
+        running = sa.case((jobs.c.status == constant("doing"), 1), else_=0)
+        return sa.select(
+            jobs.c.id.label("job_id"), jobs.c.task_name.label("job_kind"),
+            sa.cast(jobs.c.status, sa.Text()).label("source_status"),
+            (jobs.c.attempts + running).label("attempts"), sa.null().label("max_attempts"),
+            sa.null().label("reason"), sa.null().label("created_at"),
+            sa.null().label("updated_at"))
+
     # -- applying ------------------------------------------------------------ #
 
     def _apply_one(self, change: PlannedChange) -> tuple[bool, int | None]:
         jobs = self._jobs
         job_id = change.decision.job_id
-        worker_id, attempts = change.fence.snapshot
+        fence = self._fence(change, ProcrastinateFence)
+        worker_id, attempts = fence.worker_id, fence.attempts
         still = self._still_stalled(change) if is_wedged(change) else self._owner_gone()
         fenced = (
             sa.select(jobs.c.id)

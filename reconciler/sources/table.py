@@ -27,18 +27,22 @@ as UTC) on PostgreSQL, ISO-8601 text on SQLite.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import sqlalchemy as sa
+from pydantic import ConfigDict, model_validator
+from pydantic.dataclasses import dataclass as pydantic_dataclass
 from sqlalchemy.engine import Connection
 
-from reconciler.config import TableConfig
 from reconciler.core.kinds import KindPolicy, KindRules
 from reconciler.core.ports import Candidate, Fence, PlannedChange
-from reconciler.core.vocabulary import Disposition
-from reconciler.sources.base import ForeignSource
+from reconciler.core.vocabulary import Disposition, JobStatus
+from reconciler.file_tables import SourceSettings
+from reconciler.sources.base import ForeignFence, ForeignSource
 from reconciler.sources.common import (
     StepFacts,
     StepRows,
@@ -57,10 +61,67 @@ UNREADABLE_STEPS: StepRows = ((-1, "unreadable", None),)
 them (``reconcile_error``) instead of guessing."""
 
 
+@pydantic_dataclass(frozen=True, slots=True, config=ConfigDict(extra="forbid"))
+class TableConfig(SourceSettings):
+    """``kind = "table"``: a home-grown job table, mapped column by column."""
+
+    kind: ClassVar[str] = "table"
+    sql_names: ClassVar[frozenset[str]] = frozenset({"schema", "table"})
+    table: str
+    id_column: str
+    status_column: str
+    processing: str
+    queued: str
+    failed: str
+    schema: str | None = None
+    kind_column: str | None = None
+    reason_column: str | None = None
+    activity_column: str | None = None
+    lease_expires_column: str | None = None
+    owner_column: str | None = None
+    attempts_column: str | None = None
+    max_attempts_column: str | None = None
+    generation_column: str | None = None
+    resume_column: str | None = None
+    plan_column: str | None = None
+    steps_column: str | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TableConfig:
+        if self.processing in (self.queued, self.failed):
+            raise ValueError(f"processing ({self.processing!r}) must differ from queued and "
+                             "failed")
+        if (self.plan_column is None) != (self.steps_column is None):
+            raise ValueError("plan_column and steps_column are mapped together (a plan "
+                             "without step results would rerun finished steps)")
+        if self.resume_column is not None and self.plan_column is None:
+            raise ValueError("resume_column needs plan_column and steps_column")
+        seen: dict[str, str] = {}
+        for key, column in self.mapped_columns().items():
+            if column in seen:
+                raise ValueError(f"{key} and {seen[column]} both map column {column!r}")
+            seen[column] = key
+        return self
+
+    def mapped_columns(self) -> dict[str, str]:
+        """Every mapped column by the key that maps it (``id_column`` -> ``id``...)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.name.endswith("_column") and getattr(self, f.name) is not None}
+
+
+@dataclass(frozen=True, slots=True)
+class TableFence(ForeignFence):
+    """What a mapped table's swap repeats: each fenced column as read (by its key), and the
+    kind's ``max_run_seconds`` the lease was judged with."""
+
+    columns: tuple[tuple[str, Any], ...]
+    max_run_seconds: float | None
+
+
 class TableSource(ForeignSource):
     """A mapped home-grown job table."""
 
-    source_name = "table"
+    source_name = TableConfig.kind
 
     def __init__(self, connection: Connection, config: TableConfig, kinds: KindRules, *,
                  lock: bool = True) -> None:
@@ -133,22 +194,17 @@ class TableSource(ForeignSource):
     def _expired(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[bool]:
         return sa.func.coalesce(self._lease_over(policies) >= 0, False)
 
-    def _stalled(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[bool]:
+    def _wedge_guard(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[bool]:
         # Only under a known live lease: a job with no lease at all is never reclaimed on
         # time alone, not even as wedged.
-        known = self._lease_over(policies).is_not(None)
-        if not self._has("activity_column"):
-            return sa.and_(known, super()._stalled(policies))
-        wedged = per_kind(self._kind_column(), {k: p.thresholds.wedged_after_seconds
-                                                for k, p in policies.items()})
-        return sa.and_(known, sa.func.coalesce(
-            seconds_since(self._col("activity_column")) >= wedged, False))
+        return self._lease_over(policies).is_not(None)
 
-    def _still_stalled(self, change: PlannedChange) -> sa.ColumnElement[bool]:
-        if not self._has("activity_column"):
-            return super()._still_stalled(change)
-        return seconds_since(self._col("activity_column")) >= \
-            change.thresholds.wedged_after_seconds
+    def _activity(self) -> sa.ColumnElement[Any] | None:
+        return self._col("activity_column") if self._has("activity_column") else None
+
+    def _steps_in_ledger(self) -> bool:
+        # Plans and step results live in the table when mapped: the ledger is not read.
+        return not self._has("plan_column")
 
     # -- evidence ------------------------------------------------------------ #
 
@@ -172,7 +228,7 @@ class TableSource(ForeignSource):
             # The kind's max_run_seconds rides along: the swap repeats the lease it judged.
             fence=Fence(int(generation) if generation is not None else (
                 attempts if self._has("attempts_column") else None),
-                (self._snapshot(values), policy.max_run_seconds)),
+                TableFence(self._snapshot(values), policy.max_run_seconds)),
             attempt_count=attempts,
             max_attempts=int(max_attempts) if max_attempts is not None else policy.max_attempts,
             lease_live=over is None or float(over) < 0,
@@ -187,24 +243,37 @@ class TableSource(ForeignSource):
         return [k for k in ("owner_column", "attempts_column", "generation_column",
                             "lease_expires_column", "activity_column") if self._has(k)]
 
-    def _snapshot(self, values: Mapping[Any, Any]) -> tuple[Any, ...]:
+    def _snapshot(self, values: Mapping[Any, Any]) -> tuple[tuple[str, Any], ...]:
         return tuple((key, values[key]) for key in self._fence_keys())
 
-    def _build(self, rows: Any, policies: Mapping[str, KindPolicy], *,
-               position: bool) -> list[Candidate]:
-        if self._has("plan_column"):
-            # Plans live in the table: no ledger read.
-            return [self._candidate(r, policies[r.job_kind], None, position)
-                    for r in rows if r.job_kind in policies]
-        return super()._build(rows, policies, position=position)
+    # -- for operators ------------------------------------------------------ #
+
+    def status_words(self) -> Mapping[str, JobStatus]:
+        """The three mapped statuses; any other value is shown as the table holds it."""
+        return {self._config.processing: JobStatus.PROCESSING,
+                self._config.queued: JobStatus.QUEUED, self._config.failed: JobStatus.FAILED}
+
+    def listing(self) -> sa.Select[Any]:
+        """Every row of the mapped table (times are not mapped, so none are shown)."""
+        def mapped(key: str) -> sa.ColumnElement[Any]:
+            return self._col(key) if self._has(key) else sa.null()
+
+        attempts = self._col("attempts_column") if self._has("attempts_column") else \
+            sa.literal(0)
+        return sa.select(
+            self._key_column().label("job_id"), self._kind_column().label("job_kind"),
+            sa.cast(self._col("status_column"), sa.String()).label("source_status"),
+            attempts.label("attempts"), mapped("max_attempts_column").label("max_attempts"),
+            mapped("reason_column").label("reason"), sa.null().label("created_at"),
+            sa.null().label("updated_at"))
 
     # -- applying ------------------------------------------------------------ #
 
     def _apply_one(self, change: PlannedChange) -> tuple[bool, int | None]:
         self._utc()
         decision = change.decision
-        pairs, max_run = change.fence.snapshot
-        snapshot = dict(pairs)
+        fence = self._fence(change, TableFence)
+        snapshot, max_run = dict(fence.columns), fence.max_run_seconds
         where = [self._key_column() == decision.job_id,
                  self._col("status_column") == constant(self._config.processing)]
         where += [self._col(key).is_not_distinct_from(value) for key, value in snapshot.items()]

@@ -26,7 +26,6 @@ from reconciler.core.vocabulary import (
     EndedBy,
     Reason,
     SessionEndReason,
-    SourceKind,
 )
 from reconciler.storage.clock import db_now, now_plus, seconds_since
 from reconciler.storage.engines import is_postgresql
@@ -260,7 +259,7 @@ def planned_rows(acting: Sequence[PlannedChange]) -> str:
 class NativeSource:
     """This project's own jobs as a job source, on one connection (see ``ports.JobSource``)."""
 
-    source_name = SourceKind.NATIVE.value
+    source_name = "native"
 
     def __init__(self, conn: Connection, *, lock: bool) -> None:
         self.conn = conn

@@ -17,7 +17,7 @@ from reconciler.config import TableConfig
 from reconciler.core.kinds import KindRule, KindRules
 from reconciler.core.vocabulary import Disposition, EffectKind, Reason
 from reconciler.errors import ConfigError
-from reconciler.sources.table import TableSource
+from reconciler.sources.table import TableFence, TableSource
 from reconciler.storage.clock import now_plus
 from tests.sources.support import by_job, explain, plan_changes, reconcile_once
 
@@ -293,15 +293,15 @@ class TestFence:
                 10, KINDS.resolve("").thresholds, None)
             conn.rollback()
         [planned] = plan_changes([found], KINDS)
-        pairs, max_run = planned.fence.snapshot
+        fence = planned.fence.snapshot
+        assert isinstance(fence, TableFence)
         with home.engine.begin() as conn:
             jobs = home.jobs
             conn.execute(jobs.update().where(jobs.c.id == job).values(lease_until=now_plus(60)))
             lease = conn.execute(sa.select(jobs.c.lease_until).where(jobs.c.id == job)).scalar()
         # Same lease value in the snapshot, so only the time predicate can refuse it.
-        renewed = replace(planned, fence=replace(planned.fence, snapshot=(
-            tuple((k, lease if k == "lease_expires_column" else v) for k, v in pairs),
-            max_run)))
+        renewed = replace(planned, fence=replace(planned.fence, snapshot=replace(fence, columns=(
+            tuple((k, lease if k == "lease_expires_column" else v) for k, v in fence.columns)))))
         with home.engine.begin() as conn:
             assert TableSource(conn, home.full, KINDS).apply([renewed]) == {}
         assert row(home, job)["status"] == "processing"

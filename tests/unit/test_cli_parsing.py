@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pytest
 
-from reconciler.cli import build_parser, parse_duration
+from reconciler.cli import build_parser, main, parse_duration
 from reconciler.core.vocabulary import JobStatus, Reason
 
 
@@ -89,9 +90,10 @@ class TestCommandLines:
         assert parse("jobs", "list", "--status", status).status == status
 
     def test_jobs_show(self) -> None:
-        """`jobs show 7 --json` shows job 7 as JSON."""
+        """`jobs show 7 --json` shows job 7 as JSON (the id as text: the configured source
+        parses it, a number for most, a UUID for pg-boss)."""
         args = parse("jobs", "show", "7", "--json")
-        assert (args.jobs_command, args.job_id, args.json) == ("show", 7, True)
+        assert (args.jobs_command, args.job_id, args.json) == ("show", "7", True)
 
     def test_decisions_with_filters(self) -> None:
         """`decisions --reason resume_exhausted --since 2h --limit 3 --json` filters the audit."""
@@ -184,9 +186,22 @@ class TestRefusedCommandLines:
         err = refused(capsys, "decisions", "--since", "yesterday")
         assert "not a duration" in err
 
-    def test_non_numeric_job_id(self, capsys: pytest.CaptureFixture[str]) -> None:
-        """`jobs show` needs a numeric job id."""
-        refused(capsys, "jobs", "show", "seven")
+    @pytest.mark.parametrize("command", ["show", "hold", "cancel"])
+    def test_non_numeric_job_id(self, capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                monkeypatch: pytest.MonkeyPatch, command: str) -> None:
+        """The native source's ids are numbers: `jobs show seven` ends in one line, exit 2,
+        before any database is opened."""
+        monkeypatch.chdir(tmp_path)
+        monkeypatch.delenv("RECONCILER_CONFIG", raising=False)
+        assert main(["jobs", command, "seven"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1
+        assert "not a native job id: 'seven'" in err
+        assert not (tmp_path / "reconciler.db").exists()
+
+    def test_an_empty_job_id_is_refused(self, capsys: pytest.CaptureFixture[str]) -> None:
+        """No source has a job with an empty id."""
+        refused(capsys, "jobs", "show", "")
 
     def test_no_command(self, capsys: pytest.CaptureFixture[str]) -> None:
         """A command is required."""
@@ -201,3 +216,31 @@ class TestRefusedCommandLines:
                                            argv: tuple[str, ...]) -> None:
         """`db` and `jobs` alone are refused: they need an action."""
         refused(capsys, *argv)
+
+
+class TestUnreadableConfig:
+    """A config file the loader refuses ends the command in one line with exit 2."""
+
+    @pytest.mark.parametrize(("content", "says"), [
+        (b"\xff\xfe", "not UTF-8"),
+        (b"\xef\xbb\xbfbatch_size = 3\n", "byte order mark"),
+        (b'[kinds.""]\neffect = "pure"\n', "cannot be empty"),
+        (b'[kinds."*"]\nstale_after_seconds = nan\n', "finite"),
+    ])
+    def test_one_line_exit_2(self, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                             content: bytes, says: str) -> None:
+        """No traceback, no database touched."""
+        path = tmp_path / "reconciler.toml"
+        path.write_bytes(content)
+        assert main(["pass", "--config", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1
+        assert says in err
+
+    def test_empty_config_path(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                               capsys: pytest.CaptureFixture[str]) -> None:
+        """`--config ""` never falls back to reconciler.db in the current folder."""
+        monkeypatch.chdir(tmp_path)
+        assert main(["jobs", "list", "--config", ""]) == 2
+        assert "no file" in capsys.readouterr().err
+        assert not (tmp_path / "reconciler.db").exists()

@@ -343,3 +343,105 @@ class TestDocsExamples:
         blocks = [b.split("```", 1)[0] for b in text.split("```toml\n")[1:]]
         kinds = [load_config(write(tmp_path, block)).source.kind for block in blocks]
         assert kinds == ["procrastinate", "graphile-worker", "pg-boss", "table"]
+
+
+class TestKindBounds:
+    """A kind's values are bounded as the settings they refine: finite durations up to a
+    year, attempt counts from 1 to 2,147,483,647, each refused in one line naming the key."""
+
+    @pytest.mark.parametrize(("line", "names"), [
+        ("stale_after_seconds = nan", ["stale_after_seconds", "finite", "nan"]),
+        ("stale_after_seconds = inf", ["stale_after_seconds", "finite"]),
+        ("wedged_after_seconds = -inf", ["wedged_after_seconds", "finite"]),
+        ("max_run_seconds = inf", ["max_run_seconds", "finite", "inf"]),
+        ("max_run_seconds = 1e300", ["max_run_seconds", "<= 31536000"]),
+        ("wedged_after_seconds = 31536001", ["wedged_after_seconds", "<= 31536000"]),
+        ("max_attempts = 99999999999999999999", ["max_attempts", "<= 2147483647"]),
+        ("max_attempts = 2147483648", ["max_attempts", "<= 2147483647"]),
+        ("crash_loop_after = 0", ["crash_loop_after", ">= 1"]),
+        ("crash_loop_after = 2147483648", ["crash_loop_after", "<= 2147483647"]),
+        ("max_attempts = true", ["max_attempts", "an integer", "a boolean"]),
+        ("stale_after_seconds = false", ["stale_after_seconds", "a number"]),
+    ])
+    def test_out_of_bounds_is_refused(self, tmp_path: Path, line: str,
+                                      names: list[str]) -> None:
+        """The reproduced defects: nan, infinities, 1e300 and huge integers."""
+        message = refused(write(tmp_path, f'[kinds."*"]\n{line}\n'))
+        assert message.startswith(f"{tmp_path / 'reconciler.toml'}: [kinds.\"*\"]")
+        for name in names:
+            assert name in message
+
+    @pytest.mark.parametrize(("line", "key", "value"), [
+        ("stale_after_seconds = 0", "stale_after_seconds", 0.0),
+        ("max_run_seconds = 31536000", "max_run_seconds", 31_536_000.0),
+        ("max_attempts = 2147483647", "max_attempts", 2_147_483_647),
+        ("max_attempts = 1", "max_attempts", 1),
+    ])
+    def test_the_bounds_themselves_are_taken(self, tmp_path: Path, line: str, key: str,
+                                             value: float) -> None:
+        """A bound is a value a kind may have."""
+        kinds = load_config(write(tmp_path, f'[kinds."x"]\n{line}\n')).kinds
+        policy = kinds.resolve("x")
+        found = {"stale_after_seconds": policy.thresholds.stale_after_seconds,
+                 "max_run_seconds": policy.max_run_seconds,
+                 "max_attempts": policy.max_attempts}[key]
+        assert found == value
+
+    def test_the_settings_share_the_bounds(self) -> None:
+        """The settings a kind refines refuse what the kind refuses."""
+        for flags in ({"stale_after_seconds": "nan"}, {"crash_loop_after": "2147483648"},
+                      {"default_max_attempts": "99999999999999999999"},
+                      {"wedged_after_seconds": "1e300"}, {"brake_min_jobs": "2147483648"}):
+            with pytest.raises(ConfigError):
+                load_config(**flags)
+
+
+class TestUnreadableFiles:
+    """A file that is not UTF-8 TOML, an empty pattern and an empty path: one line each."""
+
+    def test_not_utf8(self, tmp_path: Path) -> None:
+        """`printf '\\xff\\xfe'` is named as not UTF-8, not a traceback."""
+        path = tmp_path / "reconciler.toml"
+        path.write_bytes(b"\xff\xfe")
+        message = refused(path)
+        assert "not UTF-8" in message
+        assert str(path) in message
+
+    def test_byte_order_mark(self, tmp_path: Path) -> None:
+        """A BOM-prefixed file (a Windows editor's UTF-8) is named as such."""
+        path = tmp_path / "reconciler.toml"
+        path.write_bytes(b"\xef\xbb\xbfbatch_size = 3\n")
+        assert "byte order mark" in refused(path)
+
+    def test_empty_kind_pattern(self, tmp_path: Path) -> None:
+        """`[kinds.""]` matches no kind: refused, naming the table."""
+        message = refused(write(tmp_path, '[kinds.""]\neffect = "pure"\n'))
+        assert '[kinds.""]' in message
+        assert "empty" in message
+
+    def test_empty_config_path(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        """`--config ""` is refused, never a silent fall back to the defaults."""
+        monkeypatch.chdir(tmp_path)
+        with pytest.raises(ConfigError, match="no file"):
+            load_config("")
+        assert not (tmp_path / "reconciler.db").exists()
+
+    def test_a_directory(self, tmp_path: Path) -> None:
+        """A path naming a folder cannot be read: one line."""
+        assert "cannot be read" in refused(tmp_path)
+
+
+class TestSourceModels:
+    """Every [source] model validates on construction, by the loader and by code alike."""
+
+    def test_source_defaults_to_native_and_is_never_none(self, tmp_path: Path) -> None:
+        """No [source] table: the native source."""
+        config = load_config(write(tmp_path, "batch_size = 3\n"))
+        assert config.source == NativeConfig()
+        assert config.source_entry.kind == "native"
+
+    def test_a_model_built_in_code_is_checked_too(self) -> None:
+        """A table config built by hand refuses what the file would."""
+        with pytest.raises(ValueError, match="plain SQL name"):
+            TableConfig(table="jobs; drop", id_column="id", status_column="s",
+                        processing="p", queued="q", failed="f")

@@ -1,0 +1,163 @@
+"""Jobs as operators see them, through the configured source (``reconciler jobs ...``).
+
+The native source's jobs are this project's ``job_runs`` (the store's read views and
+operator actions). A foreign source's jobs are its system's own rows, read through its
+``listing``: the system's status (and its status in this project's words), kind and
+attempts, and the audit's decisions about the job. Operator actions go only where the
+source's registry entry lists them; the command line refuses the others by name.
+
+Privacy as everywhere: a foreign system's error field may hold its own error messages, so
+only a reason code of ours is ever shown from it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar, cast
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from models import ReconciliationDecision
+from reconciler.core.kinds import KindRules
+from reconciler.core.ports import JobDetail, OperatorStore, SourceJobs
+from reconciler.core.vocabulary import JobKey, JobStatus, Reason
+from reconciler.file_tables import SourceSettings
+from reconciler.sources.base import ForeignSource
+from reconciler.sources.registry import NativeConfig, entry_of, is_native
+from reconciler.storage.engines import read_only
+
+DECISIONS: sa.Table = cast(sa.Table, ReconciliationDecision.__table__)
+_REASONS = frozenset(r.value for r in Reason)
+T = TypeVar("T")
+
+
+def open_jobs(engine: Engine, source: SourceSettings, kinds: KindRules,
+              native: OperatorStore) -> SourceJobs:
+    """The configured source's jobs for operators; ``native`` is the store of this
+    project's own tables (used as is for the native source)."""
+    if is_native(source):
+        return NativeJobs(engine, native)
+    return ForeignJobs(engine, source, kinds)
+
+
+def decisions_about(conn: Connection, source_name: str, job_id: JobKey,
+                    limit: int) -> list[dict[str, Any]]:
+    """The audit's decisions about one job of one source, newest first."""
+    rows = read_only(conn).execute(
+        sa.select(DECISIONS.c.decided_at, DECISIONS.c.pass_id, DECISIONS.c.disposition,
+                  DECISIONS.c.decision_reason, DECISIONS.c.resume_step_index,
+                  DECISIONS.c.shadow_mode)
+        .where(DECISIONS.c.job_source == source_name, DECISIONS.c.job_id == str(job_id))
+        .order_by(DECISIONS.c.decision_id.desc()).limit(limit))
+    return [{"decided_at": r.decided_at, "pass_id": r.pass_id, "disposition": r.disposition,
+             "reason": r.decision_reason, "resume_step_index": r.resume_step_index,
+             "shadow": bool(r.shadow_mode)} for r in rows]
+
+
+class NativeJobs:
+    """This project's own jobs: the store's read views and operator actions."""
+
+    def __init__(self, engine: Engine, store: OperatorStore) -> None:
+        self._engine = engine
+        self._store = store
+
+    def list_jobs(self, status: str | None, limit: int) -> list[JobDetail]:
+        """Newest first, optionally of one status."""
+        return self._store.list_jobs(status, limit)
+
+    def get_job(self, job_id: JobKey) -> JobDetail | None:
+        """One job, or None (an id that is no whole number names none)."""
+        return self._store.get_job(job_id) if isinstance(job_id, int) else None
+
+    def decisions_about(self, job_id: JobKey, limit: int) -> list[dict[str, Any]]:
+        """The audit's decisions about the job, newest first."""
+        with self._engine.connect() as conn:
+            return decisions_about(conn, NativeConfig.kind, job_id, limit)
+
+    def operator_action(self, job_id: JobKey, action: str) -> tuple[bool, str | None]:
+        """Hold, unhold, retry or cancel, fenced as the store does it."""
+        if not isinstance(job_id, int):
+            return False, "no_such_job"
+        return self._store.operator_action(job_id, action)
+
+
+class ForeignJobs:
+    """A foreign system's jobs, read through its source on a read-only connection."""
+
+    def __init__(self, engine: Engine, source: SourceSettings, kinds: KindRules) -> None:
+        self._engine = engine
+        self._source = source
+        self._kinds = kinds
+        self._entry = entry_of(source)
+
+    def list_jobs(self, status: str | None, limit: int) -> list[JobDetail]:
+        """Newest first (by creation where the system keeps it, else by id)."""
+        def read(source: ForeignSource) -> list[JobDetail]:
+            jobs = source.listing().subquery()
+            query = sa.select(jobs).order_by(jobs.c.created_at.desc().nulls_last(),
+                                             jobs.c.job_id.desc()).limit(limit)
+            if status is not None:
+                words = source.status_words()
+                query = query.where(jobs.c.source_status.in_(
+                    sorted(raw for raw, word in words.items() if word.value == status)
+                    or [status]))
+            return [self._detail(source, row) for row in source.connection.execute(query)]
+
+        return self._with_source(read)
+
+    def get_job(self, job_id: JobKey) -> JobDetail | None:
+        """One job as its system spells its id, or None."""
+        def read(source: ForeignSource) -> JobDetail | None:
+            jobs = source.listing().subquery()
+            row = source.connection.execute(
+                sa.select(jobs).where(sa.cast(jobs.c.job_id, sa.String()) == str(job_id))
+            ).first()
+            return None if row is None else self._detail(source, row)
+
+        return self._with_source(read)
+
+    def decisions_about(self, job_id: JobKey, limit: int) -> list[dict[str, Any]]:
+        """The audit's decisions about the job, newest first."""
+        with self._engine.connect() as conn:
+            return decisions_about(conn, self._entry.kind, job_id, limit)
+
+    def operator_action(self, job_id: JobKey, action: str) -> tuple[bool, str | None]:
+        """None reach a foreign system here: the command line refuses them by name."""
+        return False, "not_supported"
+
+    def _with_source(self, read: Callable[[ForeignSource], T]) -> T:
+        with self._opened() as source:
+            return read(source)
+
+    @contextmanager
+    def _opened(self) -> Iterator[ForeignSource]:
+        with self._engine.connect() as conn:
+            source = self._entry.open(read_only(conn), self._source, self._kinds, lock=False)
+            if not isinstance(source, ForeignSource):  # pragma: no cover - registry mistake
+                raise TypeError(f"source {self._entry.kind} opens no ForeignSource")
+            try:
+                yield source
+            finally:
+                conn.rollback()
+
+    def _detail(self, source: ForeignSource, row: sa.Row[Any]) -> JobDetail:
+        raw = None if row.source_status is None else str(row.source_status)
+        word = source.status_words().get(raw or "")
+        kind = "" if row.job_kind is None else str(row.job_kind)
+        budget = row.max_attempts
+        reason = row.reason if row.reason in _REASONS else None
+        return JobDetail(
+            job_id=row.job_id, job_kind=kind,
+            job_status=word.value if word is not None else (raw or "unknown"),
+            status_reason=reason, attempt_count=int(row.attempts or 0),
+            max_attempts=int(budget) if budget is not None
+            else self._kinds.resolve(kind).max_attempts,
+            resume_step_index=0, plan_text=None, operator_hold=False, last_error_code=None,
+            created_at=row.created_at, updated_at=row.updated_at,
+            finished_at=None if word not in _ENDED else row.updated_at, step_states={},
+            source_status=raw)
+
+
+_ENDED = frozenset({JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED})

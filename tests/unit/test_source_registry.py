@@ -1,0 +1,164 @@
+"""The source registry: every source declared once, and named nowhere else."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from reconciler.config import load_config
+from reconciler.errors import ConfigError
+from reconciler.sources.registry import REGISTRY, SOURCES, entry_for, integer_keyed
+
+PACKAGE = Path(__file__).resolve().parents[2] / "reconciler"
+KINDS = frozenset(SOURCES)
+
+# Modules that may spell a source's kind: the registry, and each source's own module
+# (where its config model and its class live; the native source lives in storage).
+NATIVE_MODULE = "reconciler.storage.native_source"
+# The demo's --source picks a demo (this project's workers or a real Procrastinate one),
+# not the configured source.
+DEMO_CHOICE = "reconciler.cli.commands"
+
+
+def allowed_modules() -> set[str]:
+    found = {"reconciler.sources.registry", NATIVE_MODULE, DEMO_CHOICE}
+    for entry in REGISTRY:
+        found.add(entry.config.__module__)
+        found.add(getattr(entry.open, "__module__", ""))
+    return found
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def docstrings(tree: ast.AST) -> set[int]:
+    """The ids of the docstring constants (and attribute docstrings) of a module."""
+    found = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if not isinstance(body, list):
+            continue
+        for statement in body:
+            if isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant):
+                found.add(id(statement.value))
+    return found
+
+
+def kinds_named(path: Path) -> list[tuple[int, str]]:
+    """(line, kind) of each string constant in a module that is exactly a source kind."""
+    tree = ast.parse(path.read_text())
+    skip = docstrings(tree)
+    return [(node.lineno, node.value) for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str)
+            and node.value in KINDS and id(node) not in skip]
+
+
+def test_no_module_but_the_registry_and_the_sources_names_a_source_kind() -> None:
+    """A source is spelled in its own module and its registry entry, nowhere else: code
+    that needs to know about sources asks the registry."""
+    allowed = allowed_modules()
+    offences = [f"{module_name(path)}:{line} names {kind!r}"
+                for path in sorted(PACKAGE.rglob("*.py"))
+                if module_name(path) not in allowed
+                for line, kind in kinds_named(path)]
+    assert offences == []
+
+
+def test_the_check_sees_a_kind_named_in_code(tmp_path: Path) -> None:
+    """The scan finds a kind compared in code, and leaves a docstring alone."""
+    module = tmp_path / "m.py"
+    module.write_text('"""Mentions "pg-boss" in prose."""\nif kind == "pg-boss":\n    pass\n')
+    assert kinds_named(module) == [(2, "pg-boss")]
+
+
+def test_each_entry_opens_the_source_its_config_names() -> None:
+    """Kinds are unique, and a foreign source records decisions under its kind."""
+    assert len(KINDS) == len(REGISTRY)
+    for entry in REGISTRY:
+        opened = getattr(entry.open, "source_name", entry.kind)
+        assert opened == entry.kind
+
+
+@pytest.mark.parametrize("entry", REGISTRY, ids=lambda e: e.kind)
+def test_config_parsing_reads_the_registry(tmp_path: Path, entry: object) -> None:
+    """Every registered kind is a [source] kind the loader takes, with its own keys."""
+    from reconciler.sources.registry import SourceEntry  # noqa: PLC0415
+
+    assert isinstance(entry, SourceEntry)
+    path = tmp_path / "reconciler.toml"
+    path.write_text(f'[source]\nkind = "{entry.kind}"\nno_such_key = "x"\n')
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    message = str(caught.value)
+    assert "no_such_key" in message
+    assert ", ".join(entry.config.file_keys()) in message
+
+
+@pytest.mark.parametrize(("kind", "text", "expected"), [
+    ("native", "7", 7),
+    ("procrastinate", "7", 7),
+    ("pg-boss", "0b5f5c3e-4d5e-4b8a-9a51-2d1b9e4c7a10",
+     "0b5f5c3e-4d5e-4b8a-9a51-2d1b9e4c7a10"),
+    ("table", "7", 7),
+    ("table", "job-7", "job-7"),
+])
+def test_job_ids_as_each_source_spells_them(kind: str, text: str, expected: object) -> None:
+    """The command line parses a job id by the source's key type."""
+    assert entry_for(kind).parse_job_key(text) == expected
+
+
+@pytest.mark.parametrize(("kind", "text"), [
+    ("native", "seven"), ("native", "0"), ("native", str(2**63)), ("graphile-worker", "-1"),
+    ("procrastinate", "\u0661"), ("pg-boss", ""),
+])
+def test_a_bad_job_id_is_refused(kind: str, text: str) -> None:
+    """A text the source cannot hold as an id is refused, naming the source."""
+    with pytest.raises(ValueError, match=kind):
+        entry_for(kind).parse_job_key(text)
+
+
+def test_integer_keyed_sources() -> None:
+    """The audit keeps ids as text; views give integer-keyed sources' ids back as numbers."""
+    assert {kind for kind in KINDS if integer_keyed(kind)} == {
+        "native", "procrastinate", "graphile-worker"}
+    assert not integer_keyed("no-such-source")
+
+
+HOOKS = frozenset({"__init__", "_steps_in_ledger", "_activity", "_wedge_guard",
+                   "_after_apply"})
+"""What ForeignSource declares for a subclass to replace, beside its abstract methods."""
+
+
+@pytest.mark.parametrize("entry", [e for e in REGISTRY if isinstance(e.open, type)],
+                         ids=lambda e: e.kind)
+def test_no_source_overrides_the_bases_private_methods(entry: object) -> None:
+    """A source declares what the base asks of it and the hooks it offers, nothing more."""
+    from reconciler.sources.base import ForeignSource  # noqa: PLC0415
+    from reconciler.sources.registry import SourceEntry  # noqa: PLC0415
+
+    assert isinstance(entry, SourceEntry)
+    cls = entry.open
+    assert isinstance(cls, type)
+    assert issubclass(cls, ForeignSource)
+    declared = ForeignSource.__abstractmethods__ | HOOKS
+    overridden = {name for name, value in vars(cls).items()
+                  if callable(value) and name in vars(ForeignSource)}
+    assert overridden <= declared
+
+
+def test_a_fence_snapshot_is_the_sources_own_frozen_dataclass() -> None:
+    """Each foreign fence is a frozen, slotted dataclass; the ledger part is a field."""
+    import dataclasses  # noqa: PLC0415
+
+    from reconciler.sources import base, graphile_worker, pgboss, procrastinate, table  # noqa: PLC0415
+
+    for fence in (graphile_worker.GraphileWorkerFence, pgboss.PgBossFence,
+                  procrastinate.ProcrastinateFence, table.TableFence):
+        assert issubclass(fence, base.ForeignFence)
+        assert fence.__dataclass_params__.frozen  # type: ignore[attr-defined]
+        assert "__slots__" in vars(fence)
+        assert "ledger" in {f.name for f in dataclasses.fields(fence)}
