@@ -44,7 +44,6 @@ from reconciler.sources.common import (
     StepRows,
     candidate,
     constant,
-    fence_ledger,
     is_wedged,
     per_kind,
     reason_text,
@@ -144,6 +143,9 @@ class TableSource(ForeignSource):
         return sa.and_(known, sa.func.coalesce(
             seconds_since(self._col("activity_column")) >= wedged, False))
 
+    def _may_be_wedged(self, policies: Mapping[str, KindPolicy]) -> bool:
+        return self._has("activity_column") or super()._may_be_wedged(policies)
+
     def _still_stalled(self, change: PlannedChange) -> sa.ColumnElement[bool]:
         if not self._has("activity_column"):
             return super()._still_stalled(change)
@@ -232,8 +234,7 @@ class TableSource(ForeignSource):
         if done.rowcount != 1:
             return False, None
         if not self._has("plan_column") and self._has("attempts_column"):
-            fence_ledger(self._conn, self.source_name, decision.job_id,
-                         int(snapshot["attempts_column"] or 0) + 1)
+            self._fence_ledger(decision.job_id, int(snapshot["attempts_column"] or 0) + 1)
         return True, generation
 
 
