@@ -68,6 +68,10 @@ class ForeignSource(ABC):
         self._conn = connection
         self._kinds = kinds
         self._lock = lock
+        # A source lives for one pass's transaction: the kinds running are read once in it
+        # (the scans, and the brake's two counts, would each read the table again).
+        self._running_kinds: dict[str, KindPolicy] | None = None
+        self._ledger_fences: list[dict[str, Any]] = []
 
     @property
     def connection(self) -> Connection:
@@ -142,6 +146,12 @@ class ForeignSource(ABC):
         nothing more)."""
         return sa.true()
 
+    def _kind_catalogue(self) -> sa.Select[Any] | None:
+        """Every kind a job can have, from a small table of the system's own (its queues
+        or tasks), so reading the kinds costs no read of the job table; None: the system
+        keeps none, and the kinds are read from the running jobs."""
+        return None
+
     # -- the port ------------------------------------------------------------ #
 
     def expire_gone_owners(self, timeout_seconds: float) -> int:
@@ -169,7 +179,7 @@ class ForeignSource(ABC):
         found = self._build(self._conn.execute(self._locked(expired_scan)).all(), policies,
                             position=True)
         room = limit - len(found)
-        if room > 0:
+        if room > 0 and self._may_be_wedged(policies):
             wedged_scan = (self._running(policies)
                            .where(self._reconciled(policies), sa.not_(expired),
                                   self._stalled(policies))
@@ -197,13 +207,20 @@ class ForeignSource(ABC):
     def apply(self, changes: Sequence[PlannedChange]) -> dict[JobKey, int | None]:
         """Compare-and-swap each resume or terminalization; the jobs changed."""
         changed: dict[JobKey, int | None] = {}
-        for change in acting(changes):
-            ledger = self._fence(change, ForeignFence).ledger
-            if ledger is not None and not self._ledger_unchanged(change, ledger.last_write):
+        acting_changes = acting(changes)
+        marks = [self._fence(change, ForeignFence).ledger for change in acting_changes]
+        ledger_now = self._ledger_now([change for change, mark in zip(acting_changes, marks,
+                                                                      strict=True) if mark])
+        for change, ledger in zip(acting_changes, marks, strict=True):
+            if (ledger is not None
+                    and ledger_now.get(str(change.decision.job_id)) != ledger.last_write):
                 continue  # a step was recorded since the decision: it no longer holds
             swapped, generation = self._apply_one(change)
             if swapped:
                 changed[change.decision.job_id] = generation
+        if self._ledger_fences:
+            self._conn.execute(_FENCE_LEDGER, self._ledger_fences)
+            self._ledger_fences = []
         self._after_apply(changed)
         return changed
 
@@ -250,11 +267,17 @@ class ForeignSource(ABC):
         """A hook after the swaps (graphile-worker wakes its workers here)."""
 
     def _policies(self, *, reconciled_only: bool = True) -> dict[str, KindPolicy]:
-        """The policies of the kinds running now (few: task or queue names)."""
-        kinds = self._conn.execute(
-            sa.select(self._running({}).subquery().c.job_kind).distinct()).scalars()
-        policies = {kind: self._kinds.resolve(kind) for kind in kinds if kind is not None}
-        return {kind: p for kind, p in policies.items() if p.reconcile or not reconciled_only}
+        """The policies of the kinds running now (few: task or queue names), read once per
+        source (one pass's transaction)."""
+        if self._running_kinds is None:
+            catalogue = self._kind_catalogue()
+            if catalogue is None:
+                catalogue = sa.select(self._running({}).subquery().c.job_kind).distinct()
+            kinds = self._conn.execute(catalogue).scalars()
+            self._running_kinds = {kind: self._kinds.resolve(kind)
+                                   for kind in kinds if kind is not None}
+        return {kind: p for kind, p in self._running_kinds.items()
+                if p.reconcile or not reconciled_only}
 
     def _reconciled(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[bool]:
         return self._kind_column().in_(sorted(policies))
@@ -265,6 +288,20 @@ class ForeignSource(ABC):
         wedged = per_kind(self._kind_column(), {k: p.thresholds.wedged_after_seconds
                                                 for k, p in policies.items()})
         return sa.and_(self._wedge_guard(policies), self._silent_for(wedged))
+
+    def _may_be_wedged(self, policies: Mapping[str, KindPolicy]) -> bool:
+        """Whether any job of this source has ledger records older than the shortest
+        ``wedged_after_seconds`` running: a job without records is never wedged (its
+        system keeps no activity of ours), so without such records the wedged scan, a
+        read of every running job, is skipped. A system that keeps its own activity is
+        always scanned."""
+        if self._activity() is not None:
+            return True
+        shortest = min(p.thresholds.wedged_after_seconds for p in policies.values())
+        return self._conn.execute(
+            sa.select(sa.literal(1)).select_from(LEDGER)
+            .where(LEDGER.c.source_name == self.source_name,
+                   LEDGER.c.updated_at < now_plus(-shortest)).limit(1)).first() is not None
 
     def _still_stalled(self, change: PlannedChange) -> sa.ColumnElement[bool]:
         """The wedged rule's time predicate, repeated in its swap."""
@@ -315,16 +352,34 @@ class ForeignSource(ABC):
             .where(LEDGER.c.source_name == self.source_name, LEDGER.c.job_key.in_(texts))
             .group_by(LEDGER.c.job_key))}
 
-    def _ledger_unchanged(self, change: PlannedChange, seen: Any) -> bool:
-        """Whether the job's ledger is as the decision read it; its rows stay locked (on
-        PostgreSQL) until the pass commits, by when the swap has fenced the attempt out."""
-        key = str(change.decision.job_id)
-        where = (LEDGER.c.source_name == self.source_name, LEDGER.c.job_key == key)
-        rows = sa.select(LEDGER.c.updated_at).where(*where)
+    def _ledger_now(self, changes: Sequence[PlannedChange]) -> dict[str, Any]:
+        """The newest ledger write of each job about to change (absent: none), in one read
+        for the batch; the rows stay locked (on PostgreSQL) until the pass commits, by when
+        the swaps have fenced their attempts out."""
+        keys = sorted({str(change.decision.job_id) for change in changes})
+        if not keys:
+            return {}
+        rows = (sa.select(LEDGER.c.job_key, LEDGER.c.updated_at)
+                .where(LEDGER.c.source_name == self.source_name, LEDGER.c.job_key.in_(keys)))
         if self._conn.dialect.name == "postgresql":
             rows = rows.with_for_update()
-        now = [r[0] for r in self._conn.execute(rows)]
-        return bool((max(now) if now else None) == seen)
+        newest: dict[str, Any] = {}
+        for key, updated_at in self._conn.execute(rows):
+            newest[key] = max(newest.get(key, updated_at), updated_at)
+        return newest
+
+    def _fence_ledger(self, job_id: JobKey, next_attempt: int) -> None:
+        """Move the job's ledger past the attempt just ended, so its late writes record
+        nothing; written for the whole batch at the end of ``apply``."""
+        self._ledger_fences.append({"source": self.source_name, "key": str(job_id),
+                                    "attempt": next_attempt})
+
+
+_FENCE_LEDGER = (LEDGER.update()
+                 .where(LEDGER.c.source_name == sa.bindparam("source"),
+                        LEDGER.c.job_key == sa.bindparam("key"),
+                        LEDGER.c.attempt_number < sa.bindparam("attempt"))
+                 .values(attempt_number=sa.bindparam("attempt")))
 
 
 def _with_ledger(candidate: Candidate, mark: LedgerMark) -> Candidate:

@@ -90,14 +90,6 @@ def ledger_last_write(source_name: str, key: sa.ColumnElement[Any]) -> sa.Scalar
             .scalar_subquery())
 
 
-def fence_ledger(conn: Connection, source_name: str, job_id: JobKey, next_attempt: int) -> None:
-    """Move the job's ledger past the attempt just ended, so its late writes record nothing."""
-    conn.execute(LEDGER.update()
-                 .where(LEDGER.c.source_name == source_name, LEDGER.c.job_key == str(job_id),
-                        LEDGER.c.attempt_number < next_attempt)
-                 .values(attempt_number=next_attempt))
-
-
 def per_kind(kind_column: sa.ColumnElement[Any], values: Mapping[str, float | None],
              ) -> sa.ColumnElement[Any]:
     """A SQL value chosen by the job's kind (``CASE kind WHEN ... END``; NULL otherwise)."""

@@ -36,7 +36,6 @@ from reconciler.sources.base import ForeignFence, ForeignSource
 from reconciler.sources.common import (
     StepFacts,
     candidate,
-    fence_ledger,
     is_wedged,
     per_kind,
     reason_text,
@@ -121,6 +120,10 @@ class GraphileWorkerSource(ForeignSource):
 
     def _lock_target(self) -> Any:
         return self._jobs
+
+    def _kind_catalogue(self) -> sa.Select[Any]:
+        """Its task identifiers: every job names one (a foreign key)."""
+        return sa.select(self._tasks.c.identifier)
 
     def _lease_seconds(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[Any]:
         by_kind = per_kind(self._kind_column(), {k: p.max_run_seconds
@@ -212,7 +215,7 @@ class GraphileWorkerSource(ForeignSource):
                                  packagenames=(self._config.schema,))
             self._conn.execute(sa.select(failed))
             generation = fence.max_attempts
-        fence_ledger(self._conn, self.source_name, job_id, attempts + 1)
+        self._fence_ledger(job_id, attempts + 1)
         return True, generation
 
     def _after_apply(self, changed: Mapping[JobKey, int | None]) -> None:

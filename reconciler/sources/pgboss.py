@@ -41,7 +41,6 @@ from reconciler.sources.common import (
     StepFacts,
     candidate,
     constant,
-    fence_ledger,
     is_wedged,
     per_kind,
     reason_text,
@@ -94,6 +93,7 @@ class PgBossSource(ForeignSource):
             sa.column("dead_letter"), sa.column("data", JSONB), sa.column("output", JSONB),
             sa.column("created_on"),
             schema=config.schema)
+        self._queues = sa.table("queue", sa.column("name"), schema=config.schema)
 
     def check_schema(self) -> None:
         """pg-boss's job table and the columns this source reads and writes."""
@@ -118,6 +118,10 @@ class PgBossSource(ForeignSource):
 
     def _lock_target(self) -> Any:
         return self._jobs
+
+    def _kind_catalogue(self) -> sa.Select[Any]:
+        """Its queues: every job names one (a foreign key)."""
+        return sa.select(self._queues.c.name)
 
     def _expire_seconds(self) -> sa.ColumnElement[Any]:
         return sa.cast(sa.func.extract("epoch", self._jobs.c.expire_in), sa.Float())
@@ -199,7 +203,7 @@ class PgBossSource(ForeignSource):
             return False, None
         if not swapped:
             return False, None
-        fence_ledger(self._conn, self.source_name, job_id, retries + 1)
+        self._fence_ledger(job_id, retries + 1)
         return True, retries
 
     def _stately_sibling(self, state: str) -> sa.ColumnElement[bool]:

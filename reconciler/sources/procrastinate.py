@@ -40,7 +40,6 @@ from reconciler.sources.common import (
     StepFacts,
     candidate,
     constant,
-    fence_ledger,
     is_wedged,
     require_columns,
     require_functions,
@@ -201,7 +200,7 @@ class ProcrastinateSource(ForeignSource):
         # retried, and keeps its attempts.
         after = self._conn.execute(sa.select(jobs.c.attempts).where(jobs.c.id == job_id)
                                    ).scalar_one()
-        fence_ledger(self._conn, self.source_name, job_id, attempts + 1)
+        self._fence_ledger(job_id, attempts + 1)
         return True, int(after)
 
     @contextmanager

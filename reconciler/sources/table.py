@@ -48,7 +48,6 @@ from reconciler.sources.common import (
     StepRows,
     candidate,
     constant,
-    fence_ledger,
     is_wedged,
     per_kind,
     reason_text,
@@ -301,8 +300,7 @@ class TableSource(ForeignSource):
         if done.rowcount != 1:
             return False, None
         if not self._has("plan_column") and self._has("attempts_column"):
-            fence_ledger(self._conn, self.source_name, decision.job_id,
-                         int(snapshot["attempts_column"] or 0) + 1)
+            self._fence_ledger(decision.job_id, int(snapshot["attempts_column"] or 0) + 1)
         return True, generation
 
 

@@ -1,0 +1,168 @@
+"""Each foreign source at a million rows, beside the system's own stalled-job mechanism.
+
+    python -m benchmarks.foreign --source procrastinate|graphile-worker|pg-boss|table|all
+    python -m benchmarks.foreign --smoke      # 10k jobs per system: checks it runs
+
+For each system, on a throwaway PostgreSQL 15 (Debian's binaries, tests/pg_server.py), one
+database holds the reconciler's own tables and the system's schema, built by the system's
+own code and filled with ``--jobs`` jobs, ``--running`` of them claimed and ``--orphans``
+of those on an owner that dies (benchmarks/foreign_systems.py). In one run:
+
+- ``quiet_pass``: median of ``--runs`` real passes through the configured source (the
+  reconciler's ``run_pass``: pass record, scans, audit) with nothing to recover; its
+  ``peer_value`` is the median of the system's own sweep over the same rows.
+- ``recovery``: the orphans' owners die; the system's own recovery runs over them once
+  (``peer_value``, jobs/s); they die again and the reconciler's passes recover them
+  (``value``, jobs/s, every decision recorded), with the statements it sent per job.
+
+Ratios, not absolute times, carry over between machines: both sides run on the same rows
+of the same server, one after the other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from benchmarks.foreign_systems import SYSTEMS, Size, System
+from reconciler.config import load_config
+from reconciler.core.passes import PassConfig, run_pass
+from reconciler.storage.engines import UNLIMITED_TIMEOUTS, create_engine
+from reconciler.storage.schema import upgrade
+from reconciler.wiring import open_pass_store, pass_config
+
+BATCH_SIZE = 500
+FULL = Size(jobs=1_000_000, running=10_000, orphans=1_000)
+SMOKE = Size(jobs=10_000, running=100, orphans=10)
+
+
+@contextmanager
+def _statements(engine: Engine) -> Iterator[list[str]]:
+    """Every statement the engine sends while the block runs."""
+    sent: list[str] = []
+
+    def count(*args: Any) -> None:
+        sent.append(str(args[2]))
+
+    sa.event.listen(engine, "before_cursor_execute", count)
+    try:
+        yield sent
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", count)
+
+
+def _quiet_ms(store: Any, config: PassConfig, runs: int) -> list[float]:
+    run_pass(store, config)  # warm: statement caches, the pass row's first insert
+    samples = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        report = run_pass(store, config)
+        samples.append((time.perf_counter() - started) * 1000)
+        if report.decisions:
+            raise RuntimeError("the quiet pass found jobs to decide")
+    return samples
+
+
+def _drain(store: Any, config: PassConfig) -> tuple[int, int, int]:
+    """Passes until one decides less than a batch: (decided, acted on, passes)."""
+    decided = acted = passes = 0
+    while True:
+        report = run_pass(store, config)
+        passes += 1
+        decided += len(report.decisions)
+        acted += sum(1 for d in report.decisions if d.disposition.value != "skip")
+        if len(report.decisions) < config.batch_size:
+            return decided, acted, passes
+
+
+def measure(name: str, size: Size, runs: int, emit: Callable[[dict[str, Any]], None]) -> None:
+    """Quiet pass and recovery for one system, each beside its own mechanism."""
+    from tests.pg_server import ThrowawayPostgres  # noqa: PLC0415 - the benchmark's server
+
+    system: System = SYSTEMS[name]()
+    with ThrowawayPostgres() as server, tempfile.TemporaryDirectory() as tmp:
+        server.create_database("bench")
+        url, conninfo = server.url("bench"), f"{server.dsn} dbname=bench"
+        engine = create_engine(url, timeouts=UNLIMITED_TIMEOUTS)
+        upgrade(engine)
+        system.build(conninfo, size)
+        config_file = Path(tmp) / "reconciler.toml"
+        config_file.write_text(system.source_toml)
+        config = load_config(config_file, database_url=url, batch_size=BATCH_SIZE)
+        store = open_pass_store(engine, config)
+        pass_cfg = pass_config(config.settings, "bench", config.kinds)
+        base = {"source": name, "jobs": size.jobs, "running": size.running}
+
+        system.keep_alive(conninfo)
+        ours = statistics.median(_quiet_ms(store, pass_cfg, runs))
+        peer = statistics.median(system.peer_quiet(conninfo, runs))
+        emit({**base, "measurement": "quiet_pass", "orphans": 0, "value": round(ours, 2),
+              "unit": "ms", "peer_value": round(peer, 2),
+              "ratio_to_peer": round(ours / peer, 2), "runs": runs})
+
+        system.kill(conninfo, size)
+        peer_seconds, peer_recovered = system.peer_recover(conninfo, size)
+        if peer_recovered != size.orphans:
+            raise RuntimeError(f"{name}'s own recovery took {peer_recovered} of "
+                               f"{size.orphans} orphans")
+        system.kill(conninfo, size)
+        with _statements(engine) as sent:
+            started = time.perf_counter()
+            decided, acted, passes = _drain(store, pass_cfg)
+            seconds = time.perf_counter() - started
+        if acted != size.orphans:
+            raise RuntimeError(f"the reconciler recovered {acted} of {size.orphans} orphans "
+                               f"through the {name} source ({decided} decisions)")
+        emit({**base, "measurement": "recovery", "orphans": size.orphans,
+              "value": round(acted / seconds), "unit": "jobs/s",
+              "peer_value": round(peer_recovered / peer_seconds),
+              "ratio_to_peer": round((acted / seconds) / (peer_recovered / peer_seconds), 3),
+              "statements_per_job": round(len(sent) / acted, 2), "passes": passes,
+              "seconds": round(seconds, 3), "peer_seconds": round(peer_seconds, 3)})
+        engine.dispose()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Measure the chosen sources; a table, or one JSON object per line."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.foreign", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--source", choices=(*SYSTEMS, "all"), default="all")
+    parser.add_argument("--jobs", type=int, default=FULL.jobs)
+    parser.add_argument("--running", type=int, default=FULL.running)
+    parser.add_argument("--orphans", type=int, default=FULL.orphans)
+    parser.add_argument("--runs", type=int, default=15, help="quiet passes per side")
+    parser.add_argument("--smoke", action="store_true", help="10k jobs: checks it runs")
+    parser.add_argument("--json", action="store_true", help="one JSON object per line")
+    args = parser.parse_args(argv)
+    size = SMOKE if args.smoke else Size(args.jobs, args.running, args.orphans)
+    runs = 3 if args.smoke else args.runs
+    if not 0 < size.orphans <= size.running <= size.jobs:
+        parser.error("need 0 < --orphans <= --running <= --jobs")
+
+    def emit(row: dict[str, Any]) -> None:
+        if args.json:
+            print(json.dumps(row), flush=True)
+            return
+        extra = " ".join(f"{k}={v}" for k, v in row.items()
+                         if k not in ("source", "measurement", "value", "unit"))
+        print(f"{row['source']:<16} {row['measurement']:<11} {row['value']:>10} "
+              f"{row['unit']:<7} {extra}", flush=True)
+
+    for name in SYSTEMS if args.source == "all" else (args.source,):
+        measure(name, size, runs, emit)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
