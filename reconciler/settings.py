@@ -132,6 +132,15 @@ class Settings(BaseSettings):
         10.0, "how long `reconciler run` retries a database it cannot reach at start (a "
         "restart in progress) before it exits 3 (0: no retry)", inclusive=True,
         maximum=3600.0)
+    console: bool = Field(True, description="serve the read-only operator console on the "
+                          "metrics port (`reconciler run`)")
+    console_token: str = Field(
+        "", max_length=500, description="when set, every console page needs it (a bearer "
+        "token or the login form's cookie); /metrics and the probes stay open")
+    console_token_file: str = Field(
+        "", description="a file whose content is console_token (keeps it out of ps and the "
+        "environment)")
+
 
     @model_validator(mode="before")
     @classmethod
@@ -141,17 +150,18 @@ class Settings(BaseSettings):
             return data
         if data.get("database_url") not in (None, ""):
             raise ValueError("give database_url or database_url_file, not both")
-        path = Path(str(data["database_url_file"]))
-        try:
-            url = path.read_text(encoding="utf-8").strip()
-        except (OSError, UnicodeDecodeError) as exc:
-            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else \
-                type(exc).__name__
-            raise ValueError(f"database_url_file {str(path)!r} cannot be read: {reason}") \
-                from None
-        if not url or "\n" in url:
-            raise ValueError(f"database_url_file {str(path)!r} must hold one URL on one line")
-        return {**data, "database_url": url}
+        return {**data, "database_url": read_secret_file(data["database_url_file"],
+                                                         "database_url_file")}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _token_from_file(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or not data.get("console_token_file"):
+            return data
+        if data.get("console_token") not in (None, ""):
+            raise ValueError("give console_token or console_token_file, not both")
+        return {**data, "console_token": read_secret_file(data["console_token_file"],
+                                                          "console_token_file")}
 
     @model_validator(mode="after")
     def _consistent(self) -> Settings:
@@ -187,6 +197,21 @@ class Settings(BaseSettings):
         return BrakeLimits(min_jobs=self.brake_min_jobs,
                            stale_fraction=self.brake_stale_fraction,
                            hold_seconds=self.brake_hold_seconds)
+
+
+def read_secret_file(path_text: object, setting: str) -> str:
+    """The one line a secret file (a Kubernetes secret, a systemd credential) holds; a
+    ValueError naming ``setting`` when it cannot be read or holds more than one line."""
+    path = Path(str(path_text))
+    try:
+        value = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else \
+            type(exc).__name__
+        raise ValueError(f"{setting} {str(path)!r} cannot be read: {reason}") from None
+    if not value or "\n" in value:
+        raise ValueError(f"{setting} {str(path)!r} must hold one value on one line")
+    return value
 
 
 def load_settings(**overrides: Any) -> Settings:
@@ -243,7 +268,7 @@ def describe_validation_error(exc: ValidationError) -> str:
         return f"invalid settings: {message}"
     source = f"{ENV_PREFIX}{where.upper()} / --{where.replace('_', '-')}"
     shown = error.get("input")
-    if where == "database_url":
+    if where in ("database_url", "console_token"):
         shown = "<hidden>"  # a URL may hold a password; create_engine names the problem
     elif isinstance(shown, float) and not math.isfinite(shown):
         shown = str(shown)

@@ -18,6 +18,7 @@ from reconciler.core.passes import PassConfig
 from reconciler.core.ports import JobSource, PassStore
 from reconciler.core.worker_ports import WorkWaiter
 from reconciler.settings import Settings
+from reconciler.storage.console_views import ConsoleViewsSql
 from reconciler.storage.diagnosis import database_answers, error_code, error_line
 from reconciler.storage.engines import DatabaseTimeouts, create_engine
 from reconciler.storage.native_kinds import kinded_native
@@ -40,6 +41,7 @@ __all__ = [
     "database_answers",
     "error_code",
     "error_line",
+    "open_console_reads",
     "open_engine",
     "open_job_retention",
     "open_pass_store",
@@ -117,6 +119,11 @@ def source_factory(config: Config | None) -> SourceFactory:
         return open_foreign_source(conn, source, kinds, lock=lock)
 
     return foreign
+
+
+def open_console_reads(engine: Engine) -> ConsoleViewsSql:
+    """The operator console's bounded, read-only queries (give it an engine of its own)."""
+    return ConsoleViewsSql(engine)
 
 
 def open_pass_store(engine: Engine, config: Config | None = None) -> PassStore:

@@ -1,0 +1,108 @@
+"""Public, redacted projections for the CLI and the console. Privacy lives here: nothing
+else renders jobs or decisions.
+
+Never shown: worker identities (``lease_owner``), lease tokens, payloads, paths, messages.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Any
+
+from reconciler.core.evidence import parse_plan
+from reconciler.core.passes import PassReport
+from reconciler.core.ports import JobDetail
+from reconciler.core.vocabulary import INTEGER_KEYED_SOURCES, Disposition
+
+NOT_STARTED = "not_started"
+
+# C0 and C1 controls, DEL, and the Unicode line separators and bidirectional overrides that
+# can make a terminal show something other than what is stored.
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e"
+                          r"\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """``text`` safe to print to a terminal: control characters become visible escapes.
+
+    A job kind or step name holding ``\\n``, ``\\x1b[31m`` or ``\\x07`` is data, not a
+    command to the operator's terminal. Every human (non-JSON) line goes through here;
+    JSON output escapes by itself and is left as it is.
+    """
+    return _UNPRINTABLE.sub(_escape, text)
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def _iso(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat()
+
+
+def job_view(job: JobDetail) -> dict[str, Any]:
+    """The ``jobs show --json`` shape."""
+    plan = parse_plan(job.plan_text)
+    if plan is None:
+        step_list = [
+            {"index": i, "name": None, "state": s} for i, s in sorted(job.step_states.items())
+        ]
+    else:
+        step_list = [
+            {"index": i, "name": step.step_name, "effect_kind": step.kind.value,
+             "state": job.step_states.get(i, NOT_STARTED)}
+            for i, step in enumerate(plan)
+        ]
+    return {
+        "job_id": job.job_id,
+        "job_kind": job.job_kind,
+        "status": job.job_status,
+        "reason": job.status_reason,
+        "attempts_used": job.attempt_count,
+        "max_attempts": job.max_attempts,
+        "resume_step_index": job.resume_step_index,
+        "operator_hold": job.operator_hold,
+        "last_error_code": job.last_error_code,
+        "steps": step_list,
+        "created_at": _iso(job.created_at),
+        "updated_at": _iso(job.updated_at),
+        "finished_at": _iso(job.finished_at),
+    }
+
+
+def decision_view(record: dict[str, Any]) -> dict[str, Any]:
+    """A stored decision record; evidence holds only privacy-safe facts by construction.
+
+    The audit keeps job ids as text (a pg-boss id is a UUID); a source whose ids are
+    integers gets them back as numbers.
+    """
+    view = {key: _iso(value) if isinstance(value, datetime) else value
+            for key, value in record.items() if key != "shadow_mode"}
+    # Recorded by a shadow pass: decided, nothing changed. Public name ``shadow``.
+    view["shadow"] = bool(record.get("shadow_mode", False))
+    job_id = view.get("job_id")
+    if view.get("job_source") in INTEGER_KEYED_SOURCES and isinstance(job_id, str) \
+            and job_id.lstrip("-").isdigit():
+        view["job_id"] = int(job_id)
+    return view
+
+
+def pass_view(report: PassReport) -> dict[str, Any]:
+    """The ``pass --json`` shape."""
+    return {
+        "pass_id": report.pass_id,
+        "outcome": report.outcome.value,
+        "dry_run": report.dry_run,
+        "shadow": report.shadow,
+        "candidates": len(report.decisions),
+        "resumed": report.count(Disposition.RESUME),
+        "terminalized": report.count(Disposition.TERMINALIZE),
+        "skipped": report.count(Disposition.SKIP),
+        "decisions": [
+            {"job_id": d.job_id, "disposition": d.disposition.value, "reason": d.reason.value,
+             "resume_step_index": d.resume_step_index}
+            for d in report.decisions
+        ],
+    }
