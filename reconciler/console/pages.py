@@ -67,13 +67,15 @@ class Pages:
     def overview(self) -> Page:
         """``/``: brake and shadow state, last passes, the chart, latest decisions."""
         now, brake_since = self.reads.now()
-        counts = self.reads.reason_counts(now - timedelta(hours=CHART_HOURS), CHART_COUNT_CAP)
+        counts, shadow_counted = self.reads.reason_counts(now - timedelta(hours=CHART_HOURS),
+                                                          CHART_COUNT_CAP)
         latest = self._decisions(DecisionQuery(), OVERVIEW_DECISIONS, now)
         shadow = self._decisions(DecisionQuery(shadow=True), OVERVIEW_SHADOW_DECISIONS, now)
         return Page("overview.html", {
             "now": now, "brake": self._brake(now, brake_since), "state": self.state,
             "passes": fold_quiet_passes(self.reads.recent_passes(OVERVIEW_PASSES)),
             "chart": reason_chart(counts, CHART_COUNT_CAP), "chart_hours": CHART_HOURS,
+            "chart_shadow": shadow_counted,
             "latest": latest, "shadow_latest": shadow, "reasons": [r.value for r in Reason],
             "terminalized_last_hour": DecisionQuery(disposition=Disposition.TERMINALIZE.value,
                                                     since="1h").link(),

@@ -25,8 +25,9 @@ class ConsoleReads(Protocol):
     def recent_passes(self, limit: int) -> list[dict[str, Any]]:
         """The latest passes, newest first."""
 
-    def reason_counts(self, since: datetime, cap: int) -> dict[str, int]:
-        """Real decisions per reason since ``since``, each counted up to ``cap``."""
+    def reason_counts(self, since: datetime, cap: int) -> tuple[dict[str, int], int]:
+        """Decisions per reason since ``since`` and how many of them are shadow ones,
+        each counted up to ``cap``."""
 
     def decisions(self, *, disposition: str | None, reason: str | None, kind: str | None,
                   source: str | None, since: datetime | None, shadow: bool,

@@ -52,25 +52,28 @@ class ConsoleViewsSql(ReadViewsSql):
             return _records(conn.execute(
                 sa.select(passes).order_by(passes.c.pass_id.desc()).limit(limit)))
 
-    def reason_counts(self, since: datetime, cap: int) -> dict[str, int]:
-        """Real decisions per reason since ``since``, each counted up to ``cap`` (so a
-        mass outage costs a bounded walk of the reason index); one statement."""
+    def reason_counts(self, since: datetime, cap: int) -> tuple[dict[str, int], int]:
+        """Decisions per reason since ``since``, each counted up to ``cap``, and how many
+        of them shadow passes recorded (up to ``cap``). Counted on the indexes alone (the
+        reason index and the shadow index, from the first id since then), so a day of a
+        mass outage costs a bounded walk of index entries; one statement."""
         with self._read() as conn:
-            floor = _first_id_since(conn, since)
+            floor = conn.execute(
+                sa.select(decisions.c.decision_id).where(decisions.c.decided_at >= since)
+                .order_by(decisions.c.decided_at).limit(1)).scalar_one_or_none()
             if floor is None:
-                return {}
-            counts = [
-                sa.select(sa.func.count()).select_from(
-                    sa.select(sa.literal(1)).where(
-                        decisions.c.decision_reason == reason.value,
-                        decisions.c.decision_id >= floor,
-                        decisions.c.decided_at >= since,
-                        decisions.c.shadow_mode == sa.false(),
-                    ).limit(cap).subquery()).scalar_subquery().label(reason.name)
-                for reason in Reason
-            ]
-            row = conn.execute(sa.select(*counts)).one()
-        return {reason.value: int(n) for reason, n in zip(Reason, row, strict=True) if n}
+                return {}, 0
+
+            def capped(*where: sa.ColumnElement[bool]) -> sa.ScalarSelect[int]:
+                return sa.select(sa.func.count()).select_from(
+                    sa.select(sa.literal(1)).where(decisions.c.decision_id >= floor, *where)
+                    .limit(cap).subquery()).scalar_subquery()
+
+            row = conn.execute(sa.select(
+                *(capped(decisions.c.decision_reason == reason.value) for reason in Reason),
+                capped(decisions.c.shadow_mode == sa.true()))).one()
+        counts = {reason.value: int(n) for reason, n in zip(Reason, row, strict=False) if n}
+        return counts, int(row[-1])
 
     def decisions(self, *, disposition: str | None, reason: str | None, kind: str | None,
                   source: str | None, since: datetime | None, shadow: bool,
