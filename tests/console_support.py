@@ -40,9 +40,11 @@ class Seeded:
     hostile: int
     held: int
     running: int
+    gated: int
 
 
-def _die(client: JobClient, kind: str, effect: str) -> int:
+def die(client: JobClient, kind: str, effect: str) -> int:
+    """A job whose worker died in its second step (``effect``), its lease already gone."""
     job_id = client.enqueue(kind, steps=[Step("fetch", "pure"), Step("charge", effect)],
                             payload={"card": "payload-marker-42"})
     claim = client.claim(worker="worker-marker-42", lease_seconds=DEAD_LEASE_SECONDS)
@@ -55,10 +57,16 @@ def _die(client: JobClient, kind: str, effect: str) -> int:
 
 
 def seed(engine: Engine, client: JobClient) -> Seeded:
-    """Jobs whose workers died, decided by real passes, plus a held and a running job."""
-    died = _die(client, "payments.charge", "effectful")
-    resumed = _die(client, "reports.build", "idempotent")
-    hostile = _die(client, HOSTILE_KIND, "effectful")
+    """Jobs whose workers died, decided by real passes (one waiting on its gate, so
+    recorded and parked), plus a held and a running job."""
+    gated = client.enqueue("approvals.wait", steps=[Step("approve", "pure")])
+    claim = client.claim(worker="worker-marker-42", lease_seconds=DEAD_LEASE_SECONDS)
+    assert claim is not None
+    claim.start_step(0)
+    claim.wait_step(0)
+    died = die(client, "payments.charge", "effectful")
+    resumed = die(client, "reports.build", "idempotent")
+    hostile = die(client, HOSTILE_KIND, "effectful")
     held = client.enqueue("payments.refund", steps=[Step("refund", "effectful")])
     SqlStore(engine).operator_action(held, "hold")
     running = client.enqueue("reports.mail", steps=[Step("send", "effectful")])
@@ -72,11 +80,12 @@ def seed(engine: Engine, client: JobClient) -> Seeded:
     def decided() -> bool:
         run_pass(store, config)
         with engine.connect() as conn:
-            return conn.execute(sa.select(sa.func.count()).select_from(decisions)
-                                .where(decisions.c.disposition != "skip")).scalar_one() >= 3
+            return conn.execute(sa.select(sa.func.count()).select_from(decisions).where(
+                decisions.c.job_id.in_([str(died), str(resumed), str(hostile), str(gated)]))
+            ).scalar_one() == 4
 
     wait_for(decided, "the dead jobs to be decided")
-    return Seeded(died, resumed, hostile, held, running)
+    return Seeded(died, resumed, hostile, held, running, gated)
 
 
 @contextmanager

@@ -53,6 +53,27 @@ def test_from_the_overview_an_operator_reaches_a_dead_jobs_evidence_and_rule(
     assert "lease_expired_seconds" in page
 
 
+def test_held_parked_and_gated_jobs_are_listed(db_url: str, seeded: Seeded) -> None:
+    """The held job among the held, the gated one parked and recorded as waiting."""
+    with served(db_url) as base:
+        body = fetch(base + "/held").body
+    held, parked, recorded = body.split("<h2>")[1:4]
+    assert f"/jobs/native/{seeded.held}" in held
+    assert f"/jobs/native/{seeded.gated}" in parked
+    assert f"/jobs/native/{seeded.gated}" in recorded
+    assert "waiting_on_gate" in recorded
+
+
+def test_a_running_job_page_says_what_a_pass_would_decide_now(db_url: str, seeded: Seeded
+                                                              ) -> None:
+    """The explain section: decision, rule and evidence of the running job, read only."""
+    with served(db_url) as base:
+        body = fetch(base + f"/jobs/native/{seeded.running}").body
+    explained = body.split('id="explain"')[1].split("</div>")[0]
+    assert "lease_live" in explained
+    assert "rule 3" in explained
+
+
 def test_pages_show_no_worker_identity_or_payload(db_url: str, seeded: Seeded) -> None:
     """Like the CLI's views: no lease owner, no payload, on any page."""
     with served(db_url) as base:
