@@ -58,20 +58,12 @@ class ConsoleViewsSql(ReadViewsSql):
         reason index and the shadow index, from the first id since then), so a day of a
         mass outage costs a bounded walk of index entries; one statement."""
         with self._read() as conn:
-            floor = conn.execute(
-                sa.select(decisions.c.decision_id).where(decisions.c.decided_at >= since)
-                .order_by(decisions.c.decided_at).limit(1)).scalar_one_or_none()
+            # No margin: a chart of a day may be off by the few decisions of a boundary
+            # second, and a margin would cost index entries outside the day.
+            floor = _first_id_since(conn, since, skew_seconds=0.0)
             if floor is None:
                 return {}, 0
-
-            def capped(*where: sa.ColumnElement[bool]) -> sa.ScalarSelect[int]:
-                return sa.select(sa.func.count()).select_from(
-                    sa.select(sa.literal(1)).where(decisions.c.decision_id >= floor, *where)
-                    .limit(cap).subquery()).scalar_subquery()
-
-            row = conn.execute(sa.select(
-                *(capped(decisions.c.decision_reason == reason.value) for reason in Reason),
-                capped(decisions.c.shadow_mode == sa.true()))).one()
+            row = conn.execute(_REASON_COUNTS, {"count_floor": floor, "count_cap": cap}).one()
         counts = {reason.value: int(n) for reason, n in zip(Reason, row, strict=False) if n}
         return counts, int(row[-1])
 
@@ -140,14 +132,28 @@ class ConsoleViewsSql(ReadViewsSql):
             return _with_kinds(conn, found[:limit])
 
 
+def _capped_count(*where: sa.ColumnElement[bool]) -> sa.ScalarSelect[int]:
+    return sa.select(sa.func.count()).select_from(
+        sa.select(sa.literal(1))
+        .where(decisions.c.decision_id >= sa.bindparam("count_floor"), *where)
+        .limit(sa.bindparam("count_cap", type_=sa.Integer())).subquery()).scalar_subquery()
+
+
+# Built once: seventeen capped counts and the shadow count in one statement.
+_REASON_COUNTS = sa.select(
+    *(_capped_count(decisions.c.decision_reason == reason.value) for reason in Reason),
+    _capped_count(decisions.c.shadow_mode == sa.true()))
+
+
 def _records(result: sa.CursorResult[Any]) -> list[dict[str, Any]]:
     return [dict(row._mapping) for row in result]
 
 
-def _first_id_since(conn: Connection, since: datetime) -> int | None:
+def _first_id_since(conn: Connection, since: datetime,
+                    skew_seconds: float = ID_CLOCK_SKEW_SECONDS) -> int | None:
     """The lowest decision id a ``decided_at >= since`` filter can match (found on the
-    decided_at index), or None when no decision is that recent."""
-    earliest = since - timedelta(seconds=ID_CLOCK_SKEW_SECONDS)
+    decided_at index, ``skew_seconds`` early), or None when no decision is that recent."""
+    earliest = since - timedelta(seconds=skew_seconds)
     floor = conn.execute(
         sa.select(decisions.c.decision_id).where(decisions.c.decided_at >= earliest)
         .order_by(decisions.c.decided_at).limit(1)).scalar_one_or_none()

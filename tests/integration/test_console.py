@@ -37,7 +37,8 @@ def test_from_the_overview_an_operator_reaches_a_dead_jobs_evidence_and_rule(
     with served(db_url) as base:
         overview = fetch(base + "/")
         assert overview.status == 200
-        assert "Decisions per reason" in overview.body
+        assert "<title>worker_died_mid_step: 2</title>" in overview.body  # the chart's bar
+        assert "<title>resumed_idempotent_step: 1</title>" in overview.body
         wanted = next(h for h in _links(overview.body)
                       if "reason=worker_died_mid_step" in h and "since=1h" in h)
         listing = fetch(base + wanted)
