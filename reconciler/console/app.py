@@ -84,7 +84,9 @@ class Console:
         if refused is not None:
             return refused
         try:
-            return self._render(self._route(path, parse_qs(parts.query)))
+            with self.pages.reading():
+                page = self._route(path, parse_qs(parts.query))
+            return self._render(page)
         except BadRequestError as exc:
             return self._error(400, str(exc))
         except NotFoundPageError as exc:

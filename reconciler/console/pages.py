@@ -3,6 +3,7 @@ redacted views it draws, as a template name and its context. No SQL and no HTML 
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -63,6 +64,10 @@ class Pages:
         self.reads = reads
         self.explain = explain
         self.state = state
+
+    def reading(self) -> AbstractContextManager[None]:
+        """One connection and read-only transaction for a page's reads."""
+        return self.reads.reading()
 
     def overview(self) -> Page:
         """``/``: brake and shadow state, last passes, the chart, latest decisions."""

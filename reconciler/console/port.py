@@ -5,6 +5,7 @@ pages hold it by this port, so no page holds SQL."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -18,6 +19,9 @@ empty when the job is not running."""
 class ConsoleReads(Protocol):
     """The console's queries; each an indexed range and a LIMIT, in a short read-only
     transaction of its own."""
+
+    def reading(self) -> AbstractContextManager[None]:
+        """Every read inside on one connection and read-only transaction (one page)."""
 
     def now(self) -> tuple[datetime, datetime | None]:
         """The database's now, and when the mass-staleness brake engaged (None: not)."""

@@ -8,7 +8,9 @@ is shown. Lists page newest first by ``decision_id`` (keyset, never OFFSET).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -36,9 +38,27 @@ class ConsoleViewsSql(ReadViewsSql):
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        self._held = threading.local()
 
-    def _read(self) -> Connection:
-        return read_only(self.engine.connect())
+    @contextmanager
+    def reading(self) -> Iterator[None]:
+        """Run every read inside on one connection and one read-only transaction (a page's
+        reads: one pool checkout, one consistent view)."""
+        with self._read() as conn, conn.begin():
+            self._held.conn = conn
+            try:
+                yield
+            finally:
+                self._held.conn = None
+
+    @contextmanager
+    def _read(self) -> Iterator[Connection]:
+        held: Connection | None = getattr(self._held, "conn", None)
+        if held is not None:
+            yield held
+            return
+        with read_only(self.engine.connect()) as conn:
+            yield conn
 
     def now(self) -> tuple[datetime, datetime | None]:
         """The database's now, and when the mass-staleness brake engaged (None: not)."""
