@@ -47,7 +47,8 @@ def die(client: JobClient, kind: str, effect: str) -> int:
     """A job whose worker died in its second step (``effect``), its lease already gone."""
     job_id = client.enqueue(kind, steps=[Step("fetch", "pure"), Step("charge", effect)],
                             payload={"card": "payload-marker-42"})
-    claim = client.claim(worker="worker-marker-42", lease_seconds=DEAD_LEASE_SECONDS)
+    claim = client.claim(worker="worker-marker-42", lease_seconds=DEAD_LEASE_SECONDS,
+                         kinds=[kind])
     assert claim is not None
     assert claim.job_id == job_id
     claim.start_step(0)

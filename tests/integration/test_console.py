@@ -12,10 +12,16 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from reconciler.core.vocabulary import PassOutcome
+from reconciler.console import open_console
+from reconciler.core.decisions import Thresholds
+from reconciler.core.passes import PassConfig, run_pass
+from reconciler.core.vocabulary import Disposition, PassOutcome
+from reconciler.settings import Settings
 from reconciler.storage.sql import decisions, passes
+from reconciler.wiring import open_pass_store, pass_config
 from reconciler.worker import JobClient
-from tests.console_support import HOSTILE_KIND, Seeded, fetch, seed, served
+from tests.console_support import HOSTILE_KIND, Seeded, die, fetch, seed, served
+from tests.helpers import job_row, wait_for
 
 TOKEN = "s3cret-console-token"  # noqa: S105 - a test's own token
 
@@ -241,3 +247,22 @@ def test_console_false_serves_no_page(db_url: str) -> None:
         assert fetch(base + "/login").status == 404
         assert fetch(base + "/metrics").status == 200
         assert fetch(base + "/healthz").status == 200
+
+
+def test_a_page_being_read_holds_no_pass_up(db_url: str, engine: Engine, client: JobClient,
+                                            seeded: Seeded) -> None:
+    """While a page's read transaction is open, a pass still decides and writes."""
+    settings = Settings(database_url=db_url)
+    console = open_console(settings, None, pass_config(settings, "console-test"))
+    assert console is not None
+    late = die(client, "late.kind", "effectful")
+    store = open_pass_store(engine)
+    config = PassConfig(batch_size=100, thresholds=Thresholds(0.0, 3600.0))
+    try:
+        with console.pages.reading():
+            assert console.pages.overview().context["latest"]  # the page's reads ran
+            wait_for(lambda: run_pass(store, config).count(Disposition.TERMINALIZE) == 1,
+                     "a pass to decide the late job")
+        assert job_row(engine, late)["job_status"] == "failed"
+    finally:
+        console.close()
