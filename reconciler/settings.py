@@ -36,6 +36,10 @@ NON_SETTING_VARIABLES = frozenset({
     "RECONCILER_STATEMACHINE_STEPS", "RECONCILER_SOURCES_FINDINGS",
 })
 
+# Settings a file may hold instead (``<setting>_file``), so a secret never has to sit in a
+# command line or an environment listing.
+SECRET_FILES = (("database_url", "database_url_file"), ("console_token", "console_token_file"))
+
 
 def _seconds(default: float, description: str, *, minimum: float = 0.0,
              inclusive: bool = False, maximum: float = MAX_SECONDS) -> Any:
@@ -141,27 +145,19 @@ class Settings(BaseSettings):
         "", description="a file whose content is console_token (keeps it out of ps and the "
         "environment)")
 
-
     @model_validator(mode="before")
     @classmethod
-    def _url_from_file(cls, data: Any) -> Any:
-        # Before validation, so a URL read from a file is checked like any other.
-        if not isinstance(data, dict) or not data.get("database_url_file"):
+    def _secrets_from_files(cls, data: Any) -> Any:
+        # Before validation, so a value read from a file is checked like any other.
+        if not isinstance(data, dict):
             return data
-        if data.get("database_url") not in (None, ""):
-            raise ValueError("give database_url or database_url_file, not both")
-        return {**data, "database_url": read_secret_file(data["database_url_file"],
-                                                         "database_url_file")}
-
-    @model_validator(mode="before")
-    @classmethod
-    def _token_from_file(cls, data: Any) -> Any:
-        if not isinstance(data, dict) or not data.get("console_token_file"):
-            return data
-        if data.get("console_token") not in (None, ""):
-            raise ValueError("give console_token or console_token_file, not both")
-        return {**data, "console_token": read_secret_file(data["console_token_file"],
-                                                          "console_token_file")}
+        for setting, file_setting in SECRET_FILES:
+            if not data.get(file_setting):
+                continue
+            if data.get(setting) not in (None, ""):
+                raise ValueError(f"give {setting} or {file_setting}, not both")
+            data = {**data, setting: read_secret_file(data[file_setting], file_setting)}
+        return data
 
     @model_validator(mode="after")
     def _consistent(self) -> Settings:
