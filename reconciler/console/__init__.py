@@ -7,6 +7,8 @@ explain, and the token.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from reconciler.config import Config
 from reconciler.console.app import Console, Reply
 from reconciler.console.pages import ConsoleState, Pages
@@ -17,14 +19,22 @@ from reconciler.wiring import DatabaseTimeouts, open_console_reads, open_engine,
 
 __all__ = ["Console", "Reply", "open_console"]
 
+# A page's statements give up after this (PostgreSQL): the sidecar's few HTTP threads also
+# answer /metrics and /readyz, and a page stuck on a slow database must not hold them.
+PAGE_STATEMENT_SECONDS = 5.0
+
 
 def open_console(settings: Settings, config: Config | None, passes: PassConfig
                  ) -> Console | None:
     """The console these settings ask for, or None with ``console = false``."""
     if not settings.console:
         return None
-    engine = open_engine(settings.database_url,
-                         timeouts=DatabaseTimeouts.from_settings(settings), must_exist=True)
+    limit = min(settings.statement_timeout_seconds, PAGE_STATEMENT_SECONDS)
+    base = DatabaseTimeouts.from_settings(settings)
+    # Explain opens a (read-only) pass transaction: the same limits, so none is set twice.
+    timeouts = replace(base, statement_seconds=limit, pass_statement_seconds=limit,
+                       pass_lock_seconds=base.lock_seconds)
+    engine = open_engine(settings.database_url, timeouts=timeouts, must_exist=True)
     explaining = open_pass_store(engine, config)
 
     def explain(job_id: JobKey) -> list[PlannedChange]:
