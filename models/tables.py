@@ -56,6 +56,9 @@ QUEUED = text("job_status = 'queued'")
 SCANNED = text("job_status = 'processing' AND NOT reconcile_parked")
 # The statuses a job never leaves on its own: what job retention may delete.
 FINISHED_STATUSES = (JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED)
+# The console lists held and parked jobs: few among many, so only they are indexed.
+HELD = text("operator_hold")
+PARKED = text("reconcile_parked")
 # Set when a job finishes, cleared when it is resumed or retried.
 HAS_FINISHED = text("finished_at IS NOT NULL")
 
@@ -136,6 +139,9 @@ class JobRun(Base):
             "ix_job_runs_processing_session", "worker_session_id",
             postgresql_where=PROCESSING, sqlite_where=PROCESSING,
         ),
+        Index("ix_job_runs_held_job", "job_id", postgresql_where=HELD, sqlite_where=HELD),
+        Index("ix_job_runs_parked_job", "job_id", postgresql_where=PARKED,
+              sqlite_where=PARKED),
         # Job retention pages finished jobs oldest first; only finished jobs are indexed.
         # (Its ``finished_at < cutoff`` implies the predicate on both engines.)
         Index(

@@ -47,6 +47,10 @@ NON_SETTING_VARIABLES = frozenset({
     "RECONCILER_STATEMACHINE_STEPS", "RECONCILER_SOURCES_FINDINGS",
 })
 
+# Settings a file may hold instead (``<setting>_file``), so a secret never has to sit in a
+# command line or an environment listing.
+SECRET_FILES = (("database_url", "database_url_file"), ("console_token", "console_token_file"))
+
 
 def _seconds(default: float, description: str, *, minimum: float = 0.0,
              inclusive: bool = False, maximum: float = MAX_SECONDS) -> Any:
@@ -143,26 +147,28 @@ class Settings(BaseSettings):
         10.0, "how long `reconciler run` retries a database it cannot reach at start (a "
         "restart in progress) before it exits 3 (0: no retry)", inclusive=True,
         maximum=3600.0)
+    console: bool = Field(True, description="serve the read-only operator console on the "
+                          "metrics port (`reconciler run`)")
+    console_token: str = Field(
+        "", max_length=500, description="when set, every console page needs it (a bearer "
+        "token or the login form's cookie); /metrics and the probes stay open")
+    console_token_file: str = Field(
+        "", description="a file whose content is console_token (keeps it out of ps and the "
+        "environment)")
 
     @model_validator(mode="before")
     @classmethod
-    def _url_from_file(cls, data: Any) -> Any:
-        # Before validation, so a URL read from a file is checked like any other.
-        if not isinstance(data, dict) or not data.get("database_url_file"):
+    def _secrets_from_files(cls, data: Any) -> Any:
+        # Before validation, so a value read from a file is checked like any other.
+        if not isinstance(data, dict):
             return data
-        if data.get("database_url") not in (None, ""):
-            raise ValueError("give database_url or database_url_file, not both")
-        path = Path(str(data["database_url_file"]))
-        try:
-            url = path.read_text(encoding="utf-8").strip()
-        except (OSError, UnicodeDecodeError) as exc:
-            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else \
-                type(exc).__name__
-            raise ValueError(f"database_url_file {str(path)!r} cannot be read: {reason}") \
-                from None
-        if not url or "\n" in url:
-            raise ValueError(f"database_url_file {str(path)!r} must hold one URL on one line")
-        return {**data, "database_url": url}
+        for setting, file_setting in SECRET_FILES:
+            if not data.get(file_setting):
+                continue
+            if data.get(setting) not in (None, ""):
+                raise ValueError(f"give {setting} or {file_setting}, not both")
+            data = {**data, setting: read_secret_file(data[file_setting], file_setting)}
+        return data
 
     @model_validator(mode="after")
     def _consistent(self) -> Settings:
@@ -198,6 +204,21 @@ class Settings(BaseSettings):
         return BrakeLimits(min_jobs=self.brake_min_jobs,
                            stale_fraction=self.brake_stale_fraction,
                            hold_seconds=self.brake_hold_seconds)
+
+
+def read_secret_file(path_text: object, setting: str) -> str:
+    """The one line a secret file (a Kubernetes secret, a systemd credential) holds; a
+    ValueError naming ``setting`` when it cannot be read or holds more than one line."""
+    path = Path(str(path_text))
+    try:
+        value = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else \
+            type(exc).__name__
+        raise ValueError(f"{setting} {str(path)!r} cannot be read: {reason}") from None
+    if not value or "\n" in value:
+        raise ValueError(f"{setting} {str(path)!r} must hold one value on one line")
+    return value
 
 
 def load_settings(*, file_values: Mapping[str, Any] | None = None,
@@ -358,7 +379,7 @@ def describe_validation_error(exc: ValidationError) -> str:
         return f"invalid settings: {message}"
     source = f"{ENV_PREFIX}{where.upper()} / --{where.replace('_', '-')}"
     shown = error.get("input")
-    if where == "database_url":
+    if where in ("database_url", "console_token"):
         shown = "<hidden>"  # a URL may hold a password; create_engine names the problem
     elif isinstance(shown, float) and not math.isfinite(shown):
         shown = str(shown)

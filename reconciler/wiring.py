@@ -21,6 +21,7 @@ from reconciler.settings import Settings
 from reconciler.sources import open_foreign_source
 from reconciler.sources.jobs import open_jobs
 from reconciler.sources.registry import is_native
+from reconciler.storage.console_views import ConsoleViewsSql
 from reconciler.storage.diagnosis import database_answers, error_code, error_line
 from reconciler.storage.engines import DatabaseTimeouts, create_engine
 from reconciler.storage.pass_store import SourceFactory, native_source
@@ -42,6 +43,7 @@ __all__ = [
     "database_answers",
     "error_code",
     "error_line",
+    "open_console_reads",
     "open_engine",
     "open_job_retention",
     "open_pass_store",
@@ -117,6 +119,11 @@ def source_factory(config: Config | None) -> SourceFactory:
         return open_source(conn, source, kinds, lock=lock)
 
     return opened
+
+
+def open_console_reads(engine: Engine) -> ConsoleViewsSql:
+    """The operator console's bounded, read-only queries (give it an engine of its own)."""
+    return ConsoleViewsSql(engine)
 
 
 def open_pass_store(engine: Engine, config: Config | None = None) -> PassStore:

@@ -6,8 +6,8 @@ import argparse
 import re
 from typing import NoReturn
 
-from reconciler.cli.views import printable
 from reconciler.settings import Settings
+from reconciler.views import printable
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 _UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}

@@ -22,14 +22,6 @@ from reconciler.cli.arguments import (
     positive_int,
     settings_parent,
 )
-from reconciler.cli.views import (
-    decision_view,
-    job_lines,
-    job_list_lines,
-    job_view,
-    pass_view,
-    printable,
-)
 from reconciler.config import Config, load_config
 from reconciler.core.decisions import render_markdown, render_table
 from reconciler.core.passes import explain_jobs, run_pass
@@ -45,6 +37,14 @@ from reconciler.logs import configure_logging
 from reconciler.redaction import display_url, redact
 from reconciler.settings import Settings
 from reconciler.sources.registry import is_native
+from reconciler.views import (
+    decision_view,
+    job_lines,
+    job_list_lines,
+    job_view,
+    pass_view,
+    printable,
+)
 from reconciler.wiring import (
     DatabaseTimeouts,
     check_schema,

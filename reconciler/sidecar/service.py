@@ -30,6 +30,8 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
 
 from reconciler.config import Config
+from reconciler.console import open_console
+from reconciler.console.server import serve as serve_console
 from reconciler.core.passes import PassReport, run_pass
 from reconciler.core.ports import Cursor
 from reconciler.core.vocabulary import DatabaseErrorCode, Disposition
@@ -90,6 +92,7 @@ class Service:
                                      registry=self.metrics.registry)
         self.config = pass_config(settings, self.instance,
                                   None if config is None else config.kinds)
+        self.console = open_console(settings, config, self.config)
         self.cursor: Cursor | None = None
         self.leading = False
         self.last_pass_finished: float | None = None
@@ -261,7 +264,7 @@ class Service:
         return True, "ready"
 
     def start_http(self) -> None:
-        """Serve /metrics, /healthz and /readyz on metrics_host:metrics_port."""
+        """Serve /metrics, /healthz, /readyz and the console on metrics_host:metrics_port."""
         service = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -276,7 +279,13 @@ class Service:
                     ready, why = service.readiness()
                     self._reply(200 if ready else 503, (redact(why) + "\n").encode())
                 else:
-                    self._reply(404, b"not found\n")
+                    serve_console(self, service.console, "GET")
+
+            def do_HEAD(self) -> None:
+                serve_console(self, service.console, "HEAD")
+
+            def do_POST(self) -> None:
+                serve_console(self, service.console, "POST")
 
             def _reply(self, status: int, body: bytes,
                        content_type: str = "text/plain; charset=utf-8") -> None:
@@ -354,6 +363,8 @@ class Service:
             self.http.shutdown()
             self.http.server_close()
         self.probe.close()
+        if self.console is not None:
+            self.console.close()
         self.engine.dispose()
         log.info("event=service_stopped instance=%s", self.instance)
 

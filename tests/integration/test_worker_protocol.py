@@ -21,7 +21,6 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from models import JobAttempt, JobRun, StepRun
-from reconciler.cli.views import job_view
 from reconciler.core.decisions import Thresholds
 from reconciler.core.passes import PassConfig, PassReport, run_pass
 from reconciler.core.vocabulary import Disposition, Reason, StepState
@@ -29,6 +28,7 @@ from reconciler.settings import Settings
 from reconciler.storage.claims import StepNotStartedError
 from reconciler.storage.clock import db_now, now_plus
 from reconciler.storage.sql_store import SqlStore
+from reconciler.views import job_view
 from reconciler.worker import Claim, JobClient, LeaseLost, Step
 from tests.conftest import run_cli, run_python
 from tests.helpers import job_row, wait_for

@@ -9,13 +9,13 @@ import psycopg
 import pytest
 from sqlalchemy.exc import OperationalError
 
-from reconciler.cli.views import printable
 from reconciler.core.vocabulary import DatabaseErrorCode
 from reconciler.errors import DatabaseUnavailableError, SchemaOutOfDateError
 from reconciler.logs import LogfmtFormatter
 from reconciler.redaction import display_url, redact
 from reconciler.storage.diagnosis import error_code, error_line
 from reconciler.storage.engines import DatabaseNotAnsweringError
+from reconciler.views import printable
 
 SECRET = "Hunter2Secret"  # noqa: S105 - the value that must never show
 

@@ -55,6 +55,10 @@ DEFAULTS: dict[str, Any] = {
     "pass_lock_timeout_seconds": None,
     "shutdown_timeout_seconds": 30.0,
     "start_retry_seconds": 10.0,
+    # issue 20: the operator console, on unless turned off; no token unless given
+    "console": True,
+    "console_token": "",
+    "console_token_file": "",
 }
 
 # (setting, text as it would come from a flag or an env var, value it means)
@@ -439,6 +443,35 @@ class TestDatabaseUrlFile:
         assert "nope" in message
         assert "No such file" in message
         assert "\n" not in message
+
+
+class TestConsoleTokenFile:
+    """Issue 20: the console token from a file, read like the database URL file."""
+
+    def test_the_file_gives_the_token(self, tmp_path: Path,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+        """RECONCILER_CONSOLE_TOKEN_FILE names a file holding the token."""
+        secret = tmp_path / "console-token"
+        token = "Tok3n-from-a-file"  # noqa: S105 - a test's own token
+        secret.write_text(token + "\n")
+        monkeypatch.setenv("RECONCILER_CONSOLE_TOKEN_FILE", str(secret))
+        assert load_settings().console_token == token
+
+    def test_token_and_file_are_refused_together_and_a_bad_token_stays_hidden(
+        self, tmp_path: Path
+    ) -> None:
+        """Both at once is one line naming the file setting; an invalid token is not
+        echoed back."""
+        secret = tmp_path / "console-token"
+        secret.write_text("a")
+        with pytest.raises(ConfigError) as caught:
+            load_settings(console_token="b",  # noqa: S106 - a test's own token
+                          console_token_file=str(secret))
+        assert "console_token_file" in str(caught.value)
+        with pytest.raises(ConfigError) as too_long:
+            load_settings(console_token="Secr3t" * 100)
+        assert "Secr3t" not in str(too_long.value)
+        assert "<hidden>" in str(too_long.value)
 
 
 class TestUnknownVariables:

@@ -1,4 +1,5 @@
-"""Public, redacted projections. Privacy lives here: nothing else renders jobs or decisions.
+"""Public, redacted projections for the CLI and the console. Privacy lives here: nothing
+else renders jobs or decisions.
 
 Never shown: worker identities (``lease_owner``), lease tokens, payloads, paths, messages.
 """

@@ -1,0 +1,189 @@
+"""What each page shows: the reads it makes (a fixed, small number, each bounded) and the
+redacted views it draws, as a template name and its context. No SQL and no HTML here."""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from reconciler.console.chart import reason_chart
+from reconciler.console.params import SINCE_CHOICES, BadRequestError, DecisionQuery
+from reconciler.console.port import ConsoleReads, Explain
+from reconciler.console.rules import BY_REASON, rule_for
+from reconciler.core.decisions import RULES
+from reconciler.core.vocabulary import Disposition, JobKey, PassOutcome, Reason
+from reconciler.sources.registry import DEFAULT_SOURCE, SOURCES, integer_keyed
+from reconciler.views import decision_view, job_view
+
+PAGE_DECISIONS = 50
+OVERVIEW_DECISIONS = 20
+OVERVIEW_SHADOW_DECISIONS = 10
+OVERVIEW_PASSES = 60
+JOB_DECISIONS = 200
+HELD_JOBS = 100
+CHART_HOURS = 24
+CHART_COUNT_CAP = 10_000
+MAX_JOB_ID_TEXT = 200
+# The reasons a pass records for jobs it leaves alone on purpose.
+WAITING_REASONS = (Reason.OPERATOR_HOLD.value, Reason.WAITING_ON_GATE.value)
+
+
+class NotFoundPageError(LookupError):
+    """No such page or job; its message is the line shown."""
+
+
+@dataclass(frozen=True, slots=True)
+class ConsoleState:
+    """What the running service knows that the database does not: its source and modes."""
+
+    source: str
+    shadow: bool
+    brake_hold_seconds: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    """A template and what it draws."""
+
+    template: str
+    context: dict[str, Any]
+
+
+class Pages:
+    """The console's pages over its port, the configured source's explain and state."""
+
+    def __init__(self, reads: ConsoleReads, explain: Explain, state: ConsoleState) -> None:
+        self.reads = reads
+        self.explain = explain
+        self.state = state
+
+    def reading(self) -> AbstractContextManager[None]:
+        """One connection and read-only transaction for a page's reads."""
+        return self.reads.reading()
+
+    def overview(self) -> Page:
+        """``/``: brake and shadow state, last passes, the chart, latest decisions."""
+        now, brake_since = self.reads.now()
+        counts, shadow_counted = self.reads.reason_counts(now - timedelta(hours=CHART_HOURS),
+                                                          CHART_COUNT_CAP)
+        latest = self._decisions(DecisionQuery(), OVERVIEW_DECISIONS, now)
+        shadow = self._decisions(DecisionQuery(shadow=True), OVERVIEW_SHADOW_DECISIONS, now)
+        return Page("overview.html", {
+            "now": now, "brake": self._brake(now, brake_since), "state": self.state,
+            "passes": fold_quiet_passes(self.reads.recent_passes(OVERVIEW_PASSES)),
+            "chart": reason_chart(counts, CHART_COUNT_CAP), "chart_hours": CHART_HOURS,
+            "chart_shadow": shadow_counted,
+            "latest": latest, "shadow_latest": shadow, "reasons": [r.value for r in Reason],
+            "terminalized_last_hour": DecisionQuery(disposition=Disposition.TERMINALIZE.value,
+                                                    since="1h").link(),
+        })
+
+    def decisions(self, query: DecisionQuery) -> Page:
+        """``/decisions``: a filtered page, newest first, and the link to the next one."""
+        now, _ = self.reads.now()
+        rows = self._decisions(query, PAGE_DECISIONS + 1, now)
+        more = len(rows) > PAGE_DECISIONS
+        rows = rows[:PAGE_DECISIONS]
+        return Page("decisions.html", {
+            "query": query, "rows": rows, "now": now,
+            "next_page": query.link(before=rows[-1]["decision_id"]) if more else None,
+            "first_page": query.link(before=None) if query.before is not None else None,
+            "dispositions": [d.value for d in Disposition],
+            "reasons": [r.value for r in Reason], "sources": list(SOURCES),
+            "since_choices": SINCE_CHOICES,
+        })
+
+    def job(self, source: str, job_id: str) -> Page:
+        """``/jobs/<source>/<job id>``: its decisions with evidence and rule, its current
+        state (this project's jobs) and what a pass would decide now (while running)."""
+        if source not in SOURCES:
+            raise NotFoundPageError(f"no job source {source[:40]!r}")
+        if not job_id or len(job_id) > MAX_JOB_ID_TEXT:
+            raise NotFoundPageError("no such job")
+        history = [_with_rule(decision_view(r))
+                   for r in self.reads.job_decisions(source, job_id, JOB_DECISIONS)]
+        detail = None
+        if source == DEFAULT_SOURCE and job_id.isdigit() and len(job_id) < 19:
+            job = self.reads.get_job(int(job_id))
+            detail = None if job is None else job_view(job)
+        explained = self._explain(source, job_id)
+        if not history and detail is None and explained is None:
+            raise NotFoundPageError(f"no decision or job for {source} job {job_id[:60]!r}")
+        return Page("job.html", {
+            "source": source, "job_id": job_id, "history": history, "job": detail,
+            "explained": explained, "configured_source": self.state.source,
+        })
+
+    def held(self) -> Page:
+        """Held, parked and gated jobs: this project's from its rows, every source's as
+        its passes last recorded them."""
+        held, parked = self.reads.held_and_parked(HELD_JOBS)
+        recorded = [decision_view(r) for r in
+                    self.reads.latest_by_reason(WAITING_REASONS, HELD_JOBS)]
+        return Page("held.html", {"held": [job_view(j) for j in held],
+                                  "parked": [job_view(j) for j in parked],
+                                  "recorded": recorded})
+
+    def rules(self) -> Page:
+        """The decision table, as the job pages link to it."""
+        return Page("rules.html", {"rules": RULES, "outcomes": [
+            (reason, text) for reason, text in BY_REASON.items() if text.number is None]})
+
+    def _decisions(self, query: DecisionQuery, limit: int, now: datetime
+                   ) -> list[dict[str, Any]]:
+        records = self.reads.decisions(
+            disposition=query.disposition, reason=query.reason, kind=query.kind,
+            source=query.source, since=query.since_time(now), shadow=query.shadow,
+            before_id=query.before, limit=limit)
+        return [decision_view(r) for r in records]
+
+    def _brake(self, now: datetime, since: datetime | None) -> dict[str, Any]:
+        hold = self.state.brake_hold_seconds
+        if since is None or hold is None:
+            return {"engaged": False, "since": None, "until": None}
+        until = since + timedelta(seconds=hold)
+        return {"engaged": now < until, "since": since, "until": until}
+
+    def _explain(self, source: str, job_id: str) -> dict[str, Any] | None:
+        if source != self.state.source:
+            return None
+        key: JobKey = job_id
+        if integer_keyed(source):
+            if not job_id.isdigit() or len(job_id) >= 19:
+                return None
+            key = int(job_id)
+        planned = self.explain(key)
+        if not planned:
+            return None
+        decision = planned[0].decision
+        return {"disposition": decision.disposition.value, "reason": decision.reason.value,
+                "rule": rule_for(decision.reason.value), "evidence": planned[0].evidence,
+                "resume_step_index": decision.resume_step_index}
+
+
+def _with_rule(view: dict[str, Any]) -> dict[str, Any]:
+    return {**view, "rule": rule_for(str(view.get("decision_reason")))}
+
+
+def fold_quiet_passes(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Passes newest first, each run of quiet ones (ok, nothing examined) folded into one
+    line with its count and its span of time."""
+    lines: list[dict[str, Any]] = []
+    for row in rows:
+        quiet = row["pass_outcome"] == PassOutcome.OK.value and not row["candidates_seen"]
+        if quiet and lines and lines[-1]["quiet"]:
+            lines[-1]["count"] += 1
+            lines[-1]["first_started_at"] = row["started_at"]
+            continue
+        lines.append({**row, "quiet": quiet, "count": 1, "first_started_at": row["started_at"],
+                      "seconds": _seconds_between(row["started_at"], row["finished_at"])})
+    return lines
+
+
+def _seconds_between(start: datetime | None, end: datetime | None) -> float | None:
+    return None if start is None or end is None else (end - start).total_seconds()
+
+
+__all__ = ["BadRequestError", "ConsoleState", "NotFoundPageError", "Page", "Pages"]
