@@ -27,6 +27,7 @@ from reconciler.sources.common import (
     ledger_facts,
     ledger_last_write,
     per_kind,
+    with_lost_attempts,
 )
 from reconciler.storage.clock import now_plus
 
@@ -220,10 +221,11 @@ class ForeignSource(ABC):
         steps = ledger_facts(self._conn, self.source_name, keys)
         seen = self._ledger_writes(keys)
         # The fence carries the job's last ledger write as read, so the swap repeats it.
-        return [_wrap(c, seen.get(str(c.job_id)))
-                for c in (self._candidate(r, policies[r.job_kind], steps.get(str(r.job_id)),
-                                          position)
-                          for r in rows if r.job_kind in policies)]
+        return with_lost_attempts(self._conn, self.source_name, [
+            _wrap(c, seen.get(str(c.job_id)))
+            for c in (self._candidate(r, policies[r.job_kind], steps.get(str(r.job_id)),
+                                      position)
+                      for r in rows if r.job_kind in policies)])
 
     def _ledger_writes(self, keys: Sequence[JobKey]) -> dict[str, Any]:
         """The newest ledger write of each job that has one, by key text."""

@@ -49,6 +49,7 @@ from reconciler.sources.common import (
     per_kind,
     reason_text,
     require_columns,
+    with_lost_attempts,
 )
 from reconciler.storage.clock import seconds_since
 
@@ -194,8 +195,9 @@ class TableSource(ForeignSource):
                position: bool) -> list[Candidate]:
         if self._has("plan_column"):
             # Plans live in the table: no ledger read.
-            return [self._candidate(r, policies[r.job_kind], None, position)
-                    for r in rows if r.job_kind in policies]
+            return with_lost_attempts(self._conn, self.source_name, [
+                self._candidate(r, policies[r.job_kind], None, position)
+                for r in rows if r.job_kind in policies])
         return super()._build(rows, policies, position=position)
 
     # -- applying ------------------------------------------------------------ #

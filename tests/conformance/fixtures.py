@@ -52,6 +52,8 @@ class Timing:
     """How long ago a dead owner last made progress: more than ``stale_after_seconds``."""
     recent_seconds: float = 10.0
     """How long ago a recently active job made progress: less than ``stale_after_seconds``."""
+    crash_loop_after: int = 2
+    """Attempts lost in a row that end a job ``crash_loop`` (the setting's default)."""
 
     def __post_init__(self) -> None:
         # Each age must sit on its intended side of the threshold it is judged by.

@@ -43,7 +43,8 @@ KINDS = KindRules(
     [KindRule(f"conformance.{e.value}.*", effect=e, max_run_seconds=TIMING.lease_seconds)
      for e in EffectKind],
     stale_after_seconds=TIMING.stale_after_seconds,
-    wedged_after_seconds=TIMING.wedged_after_seconds, max_attempts=3)
+    wedged_after_seconds=TIMING.wedged_after_seconds, max_attempts=3,
+    crash_loop_after=TIMING.crash_loop_after)
 """Per effect kind: its effect, and a declared run time as long as a live lease (the lease
 of a source that keeps none of its own)."""
 

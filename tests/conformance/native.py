@@ -260,7 +260,8 @@ def _reconcile(store: PassStore, batch_size: int, *, dry_run: bool = False,
     """
     config = PassConfig(
         batch_size=batch_size,
-        thresholds=Thresholds(TIMING.stale_after_seconds, TIMING.wedged_after_seconds),
+        thresholds=Thresholds(TIMING.stale_after_seconds, TIMING.wedged_after_seconds,
+                              TIMING.crash_loop_after),
         instance=INSTANCE, session_timeout_seconds=TIMING.session_timeout_seconds,
     )
     if between is None:

@@ -451,3 +451,28 @@ def test_a_decision_overtaken_by_a_concurrent_change_is_fence_lost_and_changes_n
     assert source.audit(job)[-1] == AuditEntry(
         interrupted.report.pass_id, job.key, SKIP, Reason.FENCE_LOST, job.generation, None)
 
+
+
+# -- a job that keeps killing its workers ----------------------------------------------------
+
+
+def test_a_job_whose_workers_keep_dying_ends_crash_loop_instead_of_a_third_victim(
+    source: SourceFixture,
+) -> None:
+    """A resumed job whose next worker dies too has lost two attempts in a row, the one
+    judged included: with ``crash_loop_after = 2`` (the default) the next pass, and the
+    dry run before it, end it crash_loop instead of handing it to a third worker."""
+    situation = Situation(State.DIED_BEFORE_STEP, 1)
+    require(source, situation, Interference.RECLAIM)
+    job = source.make(situation)
+    source.interfere(job, Interference.RECLAIM)  # resumed, claimed again, died again
+
+    preview = source.run_pass(dry_run=True)
+    report = source.run_pass()
+
+    assert [(d.job_id, d.disposition, d.reason) for d in report.decisions] == [
+        (job.key, TERMINALIZE, Reason.CRASH_LOOP)]
+    assert [(d.job_id, d.reason) for d in preview.decisions] == [(job.key, Reason.CRASH_LOOP)]
+    assert source.status(job) == "failed"
+    assert decided(source.audit(job)) == [(RESUME, Reason.RESUMED_FROM_UNSTARTED_STEP),
+                                          (TERMINALIZE, Reason.CRASH_LOOP)]

@@ -263,6 +263,50 @@ class TestLiveness:
         assert row(home, job)["status"] == "processing"
 
 
+class TestCrashLoop:
+    """Attempts lost in a row come from the reconciler's own audit: the table keeps none."""
+
+    RULES = KindRules([KindRule("idem.*", effect=EffectKind.IDEMPOTENT,
+                                max_run_seconds=30.0)],
+                      stale_after_seconds=60.0, wedged_after_seconds=600.0, max_attempts=10,
+                      crash_loop_after=3)
+
+    def claimed_and_killed(self, home: Home, job: int, **values: Any) -> None:
+        """The job system's next worker claims the resumed job, then dies in it too."""
+        with home.engine.begin() as conn:
+            conn.execute(home.jobs.update().where(home.jobs.c.id == job).values(
+                status="processing", last_activity_at=now_plus(-120), **values))
+
+    def test_without_an_attempts_column_the_third_loss_in_a_row_is_a_crash_loop(
+            self, home: Home) -> None:
+        """Killed three times in a row: resumed twice, then ended crash_loop, not resumed a
+        third time (the count is the audit's resumes plus the attempt judged)."""
+        # Ids of their own: the audit (in the reconciler's database) outlives each test's
+        # table, and a job's history is its id's.
+        job = add(home, id=7001, job_type="idem.report", activity_ago=120)
+        seen = []
+        for _ in range(3):
+            outcome = run(home, home.minimal, self.RULES)[job]
+            seen.append((outcome.reason, outcome.evidence["lost_attempts_in_a_row"]))
+            self.claimed_and_killed(home, job)
+        assert seen == [(Reason.RESUMED_IDEMPOTENT_STEP, 1), (Reason.RESUMED_IDEMPOTENT_STEP, 2),
+                        (Reason.CRASH_LOOP, 3)]
+        assert row(home, job)["status_reason"] == "crash_loop"
+
+    def test_an_attempt_its_own_worker_ended_breaks_the_count(self, home: Home) -> None:
+        """With an attempts column, a run in between that the job system retried itself (its
+        counter moved by two) starts the count again, as the native count does."""
+        mapping = replace(home.minimal, attempts_column="attempts")
+        job = add(home, id=7002, job_type="idem.report", activity_ago=120, attempts=1)
+        assert run(home, mapping, self.RULES)[job].reason is Reason.RESUMED_IDEMPOTENT_STEP
+        self.claimed_and_killed(home, job, attempts=2)
+        assert run(home, mapping, self.RULES)[job].evidence["lost_attempts_in_a_row"] == 2
+        self.claimed_and_killed(home, job, attempts=4)  # attempt 3 failed and was retried
+        outcome = run(home, mapping, self.RULES)[job]
+        assert (outcome.reason, outcome.evidence["lost_attempts_in_a_row"]) == (
+            Reason.RESUMED_IDEMPOTENT_STEP, 1)
+
+
 class TestFence:
     """The swap repeats status, owner, attempts, generation and the lease it read."""
 
