@@ -70,7 +70,10 @@ class PassReport:
 
 
 def evidence_from(row: Candidate) -> Evidence:
-    """Turn raw candidate facts into evidence; EvidenceError when they contradict."""
+    """Turn raw candidate facts into evidence; EvidenceError when they contradict or the
+    source could not read them."""
+    if row.unreadable:
+        raise EvidenceError("the source could not read a fact", **dict(row.unreadable))
     plan = parse_plan(row.plan)
     return Evidence(
         job_id=row.job_id, attempt_count=row.attempt_count, max_attempts=row.max_attempts,
@@ -93,7 +96,8 @@ def plan_change(row: Candidate, thresholds: Thresholds) -> PlannedChange:
         log.warning("event=reconcile_error job_id=%s error=%s", row.job_id, type(exc).__name__)
         return PlannedChange(
             Decision(row.job_id, Disposition.SKIP, Reason.RECONCILE_ERROR),
-            row.fence, thresholds, {"error": type(exc).__name__},
+            row.fence, thresholds,
+            {"error": type(exc).__name__, **getattr(exc, "detail", {})},
         )
 
 

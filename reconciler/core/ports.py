@@ -92,6 +92,9 @@ class Candidate:
     """The attempt being judged plus the attempts right before it that ended lost."""
     completion_recoverable: bool = False
     """The source can record the completion itself (see Reason.COMPLETION_RECOVERED)."""
+    unreadable: tuple[tuple[str, str | int], ...] = ()
+    """What the source found it cannot read about the job (an ``error_code`` and the
+    column it is in): the job is then a ``reconcile_error`` with this as its evidence."""
 
 
 @dataclass(frozen=True, slots=True)

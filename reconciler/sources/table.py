@@ -1,8 +1,9 @@
 """A home-grown job table as a job source, column by column (``kind = "table"``), on SQLite
 and PostgreSQL.
 
-- **Running**: ``status_column = processing``; the kind is ``kind_column`` (else the table's
-  name), matched by ``[kinds]``.
+- **Running**: ``status_column = processing``; the kind is ``kind_column`` (else, and where
+  it is NULL, the table's name), matched by ``[kinds]``. The mapped status values are
+  checked against the column (``table_checks``).
 - **Lease**: ``lease_expires_column`` (live while in the future); where it is not mapped or
   empty, ``activity_column`` plus the kind's ``max_run_seconds``; with neither, a job is
   never reclaimed on time alone.
@@ -22,11 +23,13 @@ and PostgreSQL.
   No other column is written: the owner, the lease and the attempts stay the job system's.
 
 Timestamps are compared by the database's clock: ``timestamptz`` or ``timestamp`` (read
-as UTC) on PostgreSQL, ISO-8601 text on SQLite.
+as UTC) on PostgreSQL, ISO-8601 text on SQLite. A time SQLite cannot read makes the job a
+``reconcile_error`` naming the column.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -51,11 +54,17 @@ from reconciler.sources.common import (
     require_columns,
     with_lost_attempts,
 )
+from reconciler.sources.table_checks import (
+    TIME_KEYS,
+    UNREADABLE_TIMESTAMP,
+    check_status_values,
+    unreadable_time,
+)
 from reconciler.storage.clock import seconds_since
 
-UNREADABLE_STEPS: StepRows = ((-1, "unreadable", None),)
-"""Step results that are not a JSON object of index -> state: the evidence module refuses
-them (``reconcile_error``) instead of guessing."""
+UNREADABLE_STEPS = "unreadable_step_results"
+"""The ``error_code`` of step results that are not a JSON object of index -> state: the job
+is a ``reconcile_error`` instead of a guess."""
 
 
 class TableSource(ForeignSource):
@@ -79,16 +88,27 @@ class TableSource(ForeignSource):
         return key in self._columns
 
     def check_schema(self) -> None:
-        """The table and every mapped column, or one line naming the first missing."""
-        require_columns(self._conn, self.source_name, self._config.table, self._config.schema,
-                        self._columns)
+        """The table and every mapped column, or one line naming the first missing; the
+        mapped status values, or one line naming the one the column refuses."""
+        found = require_columns(self._conn, self.source_name, self._config.table,
+                                self._config.schema, self._columns)
+        check_status_values(self._conn, self.source_name, self._config,
+                            found[self._config.status_column])
 
     # -- SQL pieces ---------------------------------------------------------- #
 
     def _kind_column(self) -> sa.ColumnElement[Any]:
+        # A NULL kind is the table's name, as with no kind column: never an invisible job.
         if self._has("kind_column"):
-            return self._col("kind_column")
+            return sa.func.coalesce(self._col("kind_column"), sa.literal(self._config.table))
         return sa.literal(self._config.table)
+
+    def _unreadable_times(self) -> list[tuple[str, sa.ColumnElement[bool]]]:
+        """Each mapped time column with its "holds what is not a time" test: SQLite only, as
+        PostgreSQL's time columns hold nothing else."""
+        if self._conn.dialect.name != "sqlite":
+            return []
+        return [(key, unreadable_time(self._col(key))) for key in TIME_KEYS if self._has(key)]
 
     def _key_column(self) -> sa.ColumnElement[Any]:
         return self._col("id_column")
@@ -128,11 +148,14 @@ class TableSource(ForeignSource):
                 fields.append(self._col(key).label(key))
         if self._has("activity_column"):
             fields.append(seconds_since(self._col("activity_column")).label("activity_age"))
+        fields += [test.label(f"unreadable_{key}") for key, test in self._unreadable_times()]
         return sa.select(*fields).where(
             self._col("status_column") == constant(self._config.processing))
 
     def _expired(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[bool]:
-        return sa.func.coalesce(self._lease_over(policies) >= 0, False)
+        # An unreadable time is a candidate too: judged reconcile_error, never left unseen.
+        return sa.or_(sa.func.coalesce(self._lease_over(policies) >= 0, False),
+                      *(test for _, test in self._unreadable_times()))
 
     def _stalled(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[bool]:
         # Only under a known live lease: a job with no lease at all is never reclaimed on
@@ -163,12 +186,20 @@ class TableSource(ForeignSource):
         generation = values.get("generation_column")
         activity = values.get("activity_age")
         own_plan: tuple[str | None, StepRows] | None = None
+        unreadable: tuple[tuple[str, str | int], ...] = next(
+            ((("error_code", UNREADABLE_TIMESTAMP), ("column", self._columns[key]))
+             for key, _ in self._unreadable_times() if values[f"unreadable_{key}"]), ())
         if self._has("plan_column"):
             # The table's own plan and results: a NULL plan is unresumable, not one step.
             raw = values["plan_column"]
+            results = _step_rows(values["steps_column"])
+            if results is None:
+                results = ()
+                unreadable = unreadable or (("error_code", UNREADABLE_STEPS),
+                                            ("column", self._columns["steps_column"]))
             own_plan = (raw if raw is None or isinstance(raw, str) else json.dumps(raw),
-                        _step_rows(values["steps_column"]))
-        return candidate(
+                        results)
+        found = candidate(
             job_id=row.job_id, kind=str(row.job_kind), policy=policy,
             # The kind's max_run_seconds rides along: the swap repeats the lease it judged.
             fence=Fence(int(generation) if generation is not None else (
@@ -181,6 +212,7 @@ class TableSource(ForeignSource):
             steps=steps, position=position, own_plan=own_plan,
             activity_age_seconds=None if activity is None else float(activity),
         )
+        return dataclasses.replace(found, unreadable=unreadable) if unreadable else found
 
     def _fence_keys(self) -> list[str]:
         # The activity time too: the decision relied on it (recent activity protects a job,
@@ -239,23 +271,23 @@ class TableSource(ForeignSource):
         return True, generation
 
 
-def _step_rows(raw: Any) -> StepRows:
-    """``{"<index>": "started" | ...}`` as step records; unreadable text is refused."""
+def _step_rows(raw: Any) -> StepRows | None:
+    """``{"<index>": "started" | ...}`` as step records; None for what cannot be read."""
     if raw is None:
         return ()
     try:
         data = json.loads(raw) if isinstance(raw, str | bytes) else raw
     except ValueError:
-        return UNREADABLE_STEPS
+        return None
     if not isinstance(data, dict):
-        return UNREADABLE_STEPS
+        return None
     rows = []
     for key, state in data.items():
         try:
             index = int(key)
         except (TypeError, ValueError):
-            return UNREADABLE_STEPS
+            return None
         if not isinstance(state, str):
-            return UNREADABLE_STEPS
+            return None
         rows.append((index, state, None))
     return tuple(sorted(rows))

@@ -686,7 +686,10 @@ def test_unreadable_step_record_is_reconcile_error_and_the_batch_goes_on(
     report = run_pass(store, config())
 
     stored = assert_skipped(engine, report, broken, Reason.RECONCILE_ERROR, before)
-    assert json.loads(stored["evidence_text"]) == {"error": "EvidenceError"}
+    # Which fact, privacy-safe: a code and the step, never the stored value or a message.
+    assert json.loads(stored["evidence_text"]) == {
+        "error": "EvidenceError", "error_code": "step_outside_plan", "step": 7,
+        "plan_length": 2}
     assert_resumed(engine, report, resumable, Reason.RESUMED_FROM_UNSTARTED_STEP, 1)
     assert_terminalized(engine, report, doomed, Reason.WORKER_DIED_MID_STEP)
     row = assert_counts_match(engine, report)

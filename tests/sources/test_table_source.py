@@ -186,6 +186,9 @@ class TestStepLevel:
         outcome = run(home)[job]
         assert (outcome.disposition, outcome.reason) == (Disposition.SKIP,
                                                          Reason.RECONCILE_ERROR)
+        assert outcome.evidence == {"error": "EvidenceError",
+                                    "error_code": "unreadable_step_results",
+                                    "column": "step_results"}
         assert row(home, job)["status"] == "processing"
 
 
@@ -414,3 +417,99 @@ class TestSchemaCheck:
         """A table that is not there is named."""
         with home.engine.connect() as conn, pytest.raises(ConfigError, match="job_queue"):
             TableSource(conn, replace(home.full, table="job_queue"), KINDS).check_schema()
+
+
+class TestNothingStranded:
+    """A mapped table whose rows or mapping are off is seen and refused, never silent."""
+
+    def test_a_null_kind_is_the_tables_name(self, home: Home) -> None:
+        """A running job whose kind column is NULL is judged as kind ``jobs`` (the table's
+        name) by the dry run, the pass and explain, not dropped."""
+        rules = KindRules([KindRule("jobs", effect=EffectKind.IDEMPOTENT, max_run_seconds=30.0)],
+                          stale_after_seconds=60.0, wedged_after_seconds=600.0,
+                          max_attempts=3)
+        job = dead(home, job_type=None)
+        assert run(home, home.minimal, rules, dry_run=True)[job].reason is \
+            Reason.RESUMED_IDEMPOTENT_STEP
+        assert explain(home.engine, home.minimal, rules, [job])[job].reason is \
+            Reason.RESUMED_IDEMPOTENT_STEP
+        assert run(home, home.minimal, rules)[job].reason is Reason.RESUMED_IDEMPOTENT_STEP
+        assert row(home, job)["status"] == "pending"
+
+    @pytest.mark.parametrize(("key", "value"), [("queued", "pendng"), ("failed", "faild"),
+                                                ("processing", "running")])
+    def test_a_status_value_a_check_constraint_forbids_is_refused(
+            self, home: Home, key: str, value: str) -> None:
+        """With ``CHECK (status IN (...))`` a misspelt value is one line naming it."""
+        checked = self.checked_table(home)
+        config = replace(home.full, table=checked, **{key: value})
+        with home.engine.connect() as conn, pytest.raises(ConfigError) as caught:
+            TableSource(conn, config, KINDS).check_schema()
+        assert f"{key} = {value!r}" in str(caught.value)
+        assert "CHECK" in str(caught.value)
+        assert "\n" not in str(caught.value)
+        with home.engine.connect() as conn:  # the right values pass
+            TableSource(conn, replace(home.full, table=checked), KINDS).check_schema()
+
+    @pytest.mark.parametrize("reconciler_engine", ["postgresql"], indirect=True)
+    def test_a_status_value_outside_the_enum_is_refused(self, home: Home) -> None:
+        """A PostgreSQL enum status column names the values it allows."""
+        with home.engine.begin() as conn:
+            conn.execute(sa.text(f"SET LOCAL search_path TO {home.full.schema}"))
+            conn.execute(sa.text("CREATE TYPE job_state AS ENUM "
+                                 "('processing', 'pending', 'failed', 'done')"))
+            conn.execute(sa.text("ALTER TABLE jobs ALTER COLUMN status TYPE job_state "
+                                 "USING status::job_state"))
+        with home.engine.connect() as conn, pytest.raises(ConfigError, match="'pendng'"):
+            TableSource(conn, replace(home.full, queued="pendng"), KINDS).check_schema()
+        with home.engine.connect() as conn:
+            TableSource(conn, home.full, KINDS).check_schema()
+
+    def test_a_status_value_no_row_holds_is_warned_about(
+            self, home: Home, caplog: pytest.LogCaptureFixture) -> None:
+        """``processing = "running"`` on a table whose workers write ``processing``: one
+        warning line naming the value (it would find no job, for ever)."""
+        dead(home)
+        add(home, status="failed")
+        add(home, status="pending")
+        with caplog.at_level("WARNING", logger="reconciler.sources"), \
+                home.engine.connect() as conn:
+            TableSource(conn, replace(home.full, processing="running"), KINDS).check_schema()
+        unseen = [r.getMessage() for r in caplog.records if "status_value_unseen" in
+                  r.getMessage()]
+        assert len(unseen) == 1
+        assert "key=processing value='running' column=status" in unseen[0]
+
+    @staticmethod
+    def checked_table(home: Home) -> str:
+        """A copy of the jobs table whose status column has a CHECK of its values."""
+        metadata = sa.MetaData(schema=home.full.schema)
+        table = sa.Table(
+            "checked_jobs", metadata,
+            *(c.copy() for c in home.jobs.columns),
+            sa.CheckConstraint("status IN ('processing', 'pending', 'failed', 'done')",
+                               name="status_known"))
+        metadata.create_all(home.engine)
+        return table.name
+
+    @pytest.mark.parametrize("reconciler_engine", ["sqlite"], indirect=True)
+    @pytest.mark.parametrize("written", [1700000000, "yesterday"])
+    def test_a_time_sqlite_cannot_read_is_a_reconcile_error_naming_the_column(
+            self, home: Home, written: object) -> None:
+        """An epoch integer or 'yesterday' in the lease column is never a live lease: the
+        job is skipped ``reconcile_error`` with the column in its evidence, in explain and
+        in the pass, and left as it is."""
+        job = add(home, activity_ago=3600, **steps("started"))
+        with home.engine.begin() as conn:
+            conn.execute(sa.text("UPDATE jobs SET lease_until = :t WHERE id = :id"),
+                         {"t": written, "id": job})
+        explained = explain(home.engine, home.full, KINDS, [job])[job]
+        outcome = run(home)[job]
+        assert (explained.reason, outcome.disposition, outcome.reason) == (
+            Reason.RECONCILE_ERROR, Disposition.SKIP, Reason.RECONCILE_ERROR)
+        assert outcome.evidence == {"error": "EvidenceError",
+                                    "error_code": "unreadable_timestamp",
+                                    "column": "lease_until"}
+        with home.engine.connect() as conn:
+            assert conn.execute(sa.text("SELECT status, lease_until FROM jobs")).one() == (
+                "processing", written)
