@@ -163,6 +163,9 @@ class JobSource(Protocol):
     def running_count(self) -> int:
         """Every running job (for the mass-staleness brake)."""
 
+    def running_kinds(self) -> list[str]:
+        """The kinds of the running jobs, each once, sorted (``reconciler kinds``)."""
+
     def stale_count(self, limit: int) -> int:
         """Running jobs the pass would act on whose lease expired (held ones left out),
         counted up to ``limit`` (for the mass-staleness brake)."""

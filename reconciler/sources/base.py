@@ -162,6 +162,12 @@ class ForeignSource(ABC):
             sa.select(sa.func.count(), sa.func.max(expired.c.lease_expired_seconds))).one()
         return int(count), None if oldest is None else float(oldest)
 
+    def running_kinds(self) -> list[str]:
+        """The kinds of the running jobs, each once, sorted (whether reconciled or not)."""
+        return sorted(k for k in self._conn.execute(
+            sa.select(self._running({}).subquery().c.job_kind).distinct()).scalars()
+            if k is not None)
+
     def running_count(self) -> int:
         """Running jobs of reconciled kinds."""
         policies = self._policies()
