@@ -65,7 +65,8 @@ SAFE_EVIDENCE_KEYS = frozenset({
     "step_states", "effect_kinds", "first_unfinished_step", "lost_attempts_in_a_row",
     "completion_recoverable",
 })
-ERROR_EVIDENCE_KEYS = frozenset({"error"})
+# An evidence error: its type, a code, and where (a step, a column), never a stored value.
+ERROR_EVIDENCE_KEYS = frozenset({"error", "error_code", "step", "plan_length", "column"})
 
 PURE = Step("render", "pure")
 IDEMPOTENT = Step("fetch", "idempotent")
@@ -339,7 +340,8 @@ def assert_private(stored: dict[str, Any], crashed: Crashed) -> None:
     text = stored["evidence_text"]
     evidence = json.loads(text)
     assert isinstance(evidence, dict)
-    assert set(evidence) <= SAFE_EVIDENCE_KEYS or set(evidence) == ERROR_EVIDENCE_KEYS
+    assert set(evidence) <= SAFE_EVIDENCE_KEYS or (
+        "error" in evidence and set(evidence) <= ERROR_EVIDENCE_KEYS)
     for secret in (WORKER, "host-private-7", crashed.lease_token, *PAYLOAD_SECRETS):
         assert secret not in text
     for key in PAYLOAD:
