@@ -90,3 +90,27 @@ def test_a_file_the_reconciler_creates_is_its_own_and_uses_wal(tmp_path: Path) -
     path = tmp_path / "reconciler.db"
     assert run_cli(f"sqlite:///{path}", "db", "upgrade").returncode == 0
     assert journal_mode(path) == "wal"
+
+
+def test_a_status_value_the_tables_check_forbids_is_refused_by_db_upgrade_and_pass(
+        tmp_path: Path) -> None:
+    """``queued = "pendng"`` against ``CHECK (state IN (...))``: one line naming it, from
+    ``db upgrade --config`` and from every command that starts on the config."""
+    path = tmp_path / "app.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE app_jobs (id INTEGER PRIMARY KEY, job_type TEXT, "
+                     "state TEXT NOT NULL CHECK (state IN ('running', 'ready', 'dead')), "
+                     "touched_at TEXT)")
+    config = tmp_path / "reconciler.toml"
+    config.write_text(textwrap.dedent(CONFIG).replace('queued = "ready"', 'queued = "pendng"'))
+    url = f"sqlite:///{path}"
+    upgraded = run_cli(url, "db", "upgrade", "--config", str(config))
+    assert upgraded.returncode != 0
+    assert upgraded.stderr.strip().count("\n") == 0
+    assert "queued = 'pendng'" in upgraded.stderr
+    config.write_text(textwrap.dedent(CONFIG))
+    assert run_cli(url, "db", "upgrade", "--config", str(config)).returncode == 0
+    config.write_text(textwrap.dedent(CONFIG).replace('queued = "ready"', 'queued = "pendng"'))
+    refused = run_cli(url, "pass", "--config", str(config))
+    assert refused.returncode != 0
+    assert "queued = 'pendng'" in refused.stderr
