@@ -36,6 +36,9 @@ class ForeignSource(ABC):
     """A job source over a foreign system's tables, bound to the pass's connection."""
 
     source_name: str
+    counts_attempts = True
+    """Whether the system counts a job's attempts (each run one more): the crash-loop
+    count chains the audit's resumes on that counter."""
 
     def __init__(self, connection: Connection, kinds: KindRules, *, lock: bool = True) -> None:
         self._conn = connection
@@ -231,7 +234,7 @@ class ForeignSource(ABC):
             _wrap(c, seen.get(str(c.job_id)))
             for c in (self._candidate(r, policies[r.job_kind], steps.get(str(r.job_id)),
                                       position)
-                      for r in rows if r.job_kind in policies)])
+                      for r in rows if r.job_kind in policies)], counted=self.counts_attempts)
 
     def _ledger_writes(self, keys: Sequence[JobKey]) -> dict[str, Any]:
         """The newest ledger write of each job that has one, by key text."""

@@ -143,7 +143,8 @@ def candidate(*, job_id: JobKey, kind: str, policy: KindPolicy, fence: Fence,
     )
 
 
-def lost_in_a_row_resumed(attempt: int, resumes: Sequence[tuple[str, Any]]) -> int:
+def lost_in_a_row_resumed(attempt: int, resumes: Sequence[tuple[str, Any]], *,
+                          counted: bool = True) -> int:
     """The crash-loop count of a foreign job in its ``attempt``-th attempt: this attempt
     (its worker is gone when the rule reads it), then each earlier attempt the reconciler
     took back from a dead worker and resumed, newest first (``resumes``: the reason and the
@@ -152,10 +153,11 @@ def lost_in_a_row_resumed(attempt: int, resumes: Sequence[tuple[str, Any]]) -> i
     As the native count, it stops at an attempt that ended any other way: a gap in the
     system's attempt counter (a run in between ended by its own worker, whose failure the
     system retried), a counter that went back (an operator's retry), a resume that did not
-    end a lost attempt. A terminalization is never counted: only someone's retry runs the
-    job again after one, and a retry starts the count afresh. A system that counts no
-    attempts (a table without ``attempts_column``) repeats its counter: each resume is then
-    counted, which is all the history it has.
+    end a lost attempt, the same count again (a job id used anew: its history is another
+    job's). A terminalization is never counted: only someone's retry runs the job again
+    after one, and a retry starts the count afresh. ``counted=False``: the system counts no
+    attempts (a table without ``attempts_column``), its counter never moves, and each resume
+    is counted, which is all the history it has.
     """
     count, later = 1, attempt
     for reason, used in resumes:
@@ -164,16 +166,17 @@ def lost_in_a_row_resumed(attempt: int, resumes: Sequence[tuple[str, Any]]) -> i
         except ValueError:
             break
         if not lost or isinstance(used, bool) or not isinstance(used, int) \
-                or used not in (later, later - 1):
+                or used != (later - 1 if counted else later):
             break
         count, later = count + 1, used
     return count
 
 
-def with_lost_attempts(conn: Connection, source_name: str, found: list[Candidate]
-                       ) -> list[Candidate]:
+def with_lost_attempts(conn: Connection, source_name: str, found: list[Candidate], *,
+                       counted: bool = True) -> list[Candidate]:
     """The candidates with ``lost_attempts_in_a_row`` counted from the audit: the applied
-    (not shadow) resumes of each job under this source, in one query for the batch."""
+    (not shadow) resumes of each job under this source, in one query for the batch
+    (``counted``: whether the system counts attempts, see ``lost_in_a_row_resumed``)."""
     texts = sorted({str(c.job_id) for c in found})
     if not texts:
         return found
@@ -188,7 +191,7 @@ def with_lost_attempts(conn: Connection, source_name: str, found: list[Candidate
         used = evidence.get("attempts_used") if isinstance(evidence, dict) else None
         history.setdefault(str(job_id), []).append((str(reason), used))
     return [dataclasses.replace(c, lost_attempts_in_a_row=lost_in_a_row_resumed(
-                c.attempt_count, history.get(str(c.job_id), ())))
+                c.attempt_count, history.get(str(c.job_id), ()), counted=counted))
             for c in found]
 
 

@@ -80,6 +80,7 @@ class TableSource(ForeignSource):
         self._table = sa.table(config.table, *(sa.column(c) for c in self._columns.values()),
                                schema=config.schema)
         self._utc_set = False
+        self.counts_attempts = self._has("attempts_column")
 
     def _col(self, key: str) -> sa.ColumnElement[Any]:
         return self._table.c[self._columns[key]]
@@ -229,7 +230,7 @@ class TableSource(ForeignSource):
             # Plans live in the table: no ledger read.
             return with_lost_attempts(self._conn, self.source_name, [
                 self._candidate(r, policies[r.job_kind], None, position)
-                for r in rows if r.job_kind in policies])
+                for r in rows if r.job_kind in policies], counted=self.counts_attempts)
         return super()._build(rows, policies, position=position)
 
     # -- applying ------------------------------------------------------------ #
