@@ -484,11 +484,9 @@ class TestNothingStranded:
     def checked_table(home: Home) -> str:
         """A copy of the jobs table whose status column has a CHECK of its values."""
         metadata = sa.MetaData(schema=home.full.schema)
-        table = sa.Table(
-            "checked_jobs", metadata,
-            *(c.copy() for c in home.jobs.columns),
-            sa.CheckConstraint("status IN ('processing', 'pending', 'failed', 'done')",
-                               name="status_known"))
+        table = home.jobs.to_metadata(metadata, name="checked_jobs")
+        table.append_constraint(sa.CheckConstraint(
+            "status IN ('processing', 'pending', 'failed', 'done')", name="status_known"))
         metadata.create_all(home.engine)
         return table.name
 
