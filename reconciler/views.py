@@ -131,6 +131,7 @@ def pass_view(report: PassReport) -> dict[str, Any]:
         "outcome": report.outcome.value,
         "dry_run": report.dry_run,
         "shadow": report.shadow,
+        "braked": report.braked,
         "candidates": len(report.decisions),
         "resumed": report.count(Disposition.RESUME),
         "terminalized": report.count(Disposition.TERMINALIZE),

@@ -22,9 +22,11 @@ from reconciler.cli.arguments import (
     positive_int,
     settings_parent,
 )
+from reconciler.cli.explain_view import explain_lines, explain_view
+from reconciler.cli.kinds_command import add_kinds_parser, kinds_command
 from reconciler.config import Config, load_config
 from reconciler.core.decisions import render_markdown, render_table
-from reconciler.core.passes import explain_jobs, run_pass
+from reconciler.core.passes import explain_by_kind, run_pass
 from reconciler.core.vocabulary import JobKey, JobStatus, OperatorAction, Reason
 from reconciler.errors import (
     ActionRefusedError,
@@ -119,6 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("--limit", type=positive_int, default=100)
     audit.add_argument("--json", action="store_true")
 
+    add_kinds_parser(commands, common)
     explain = commands.add_parser("explain", parents=[common], help="print the decision table")
     explain.add_argument("--markdown", action="store_true",
                          help="as Markdown (docs/decision-table.md is made from this)")
@@ -179,6 +182,9 @@ def cmd_pass(args: argparse.Namespace) -> int:
         title = "dry run (nothing written)" if report.dry_run else f"pass {report.pass_id}"
         if report.shadow:
             title += " (shadow: decisions recorded, no job changed)"
+        if report.braked:
+            title += (" (mass-staleness brake engaged: every resume and terminalization "
+                      "held as skip mass_staleness_brake)")
         lines = [f"{title}: outcome={view['outcome']} candidates={view['candidates']} "
                  f"resumed={view['resumed']} terminalized={view['terminalized']} "
                  f"skipped={view['skipped']}"]
@@ -237,27 +243,16 @@ def cmd_jobs_explain(args: argparse.Namespace) -> int:
         job_key = config.source_entry.parse_job_key(args.job_id)
     except ValueError:
         raise NotFoundError(_no_job(config, args.job_id)) from None
-    planned = explain_jobs(open_pass_store(engine, config), [job_key],
-                           pass_config(settings, "cli-explain", config.kinds))
+    planned = explain_by_kind(open_pass_store(engine, config), [job_key],
+                              pass_config(settings, "cli-explain", config.kinds))
     if not planned:
         job = open_source_jobs(engine, config).get_job(job_key)
         if job is None:
             raise NotFoundError(_no_job(config, args.job_id))
         raise ActionRefusedError(f"job {args.job_id} is {job.job_status}, not processing: "
                                  "the reconciler only judges processing jobs")
-    change = planned[0]
-    d = change.decision
-    view = {"job_id": d.job_id, "disposition": d.disposition.value, "reason": d.reason.value,
-            "rule": d.rule_number, "resume_step_index": d.resume_step_index,
-            "evidence": change.evidence}
-
-    def human() -> list[str]:
-        rule = f"rule {d.rule_number}" if d.rule_number else "pass outcome"
-        lines = [f"job {d.job_id}: {d.disposition.value} ({d.reason.value}, {rule})"]
-        lines += [f"  {key}: {value}" for key, value in change.evidence.items()]
-        return lines
-
-    _emit(args, view, human)
+    view = explain_view(*planned[0], config.kinds)
+    _emit(args, view, lambda: explain_lines(view))
     return 0
 
 
@@ -365,6 +360,7 @@ COMMANDS: dict[tuple[str, ...], Callable[[argparse.Namespace], int]] = {
     **{("jobs", action): cmd_jobs_action for action in OPERATOR_HELP},
     ("decisions",): cmd_decisions,
     ("explain",): cmd_explain,
+    ("kinds",): kinds_command(_config, _open_engine, _emit),
 }
 
 

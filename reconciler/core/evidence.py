@@ -16,7 +16,15 @@ from reconciler.core.vocabulary import EffectKind, JobKey, StepState
 
 
 class EvidenceError(ValueError):
-    """The stored facts about a job contradict each other; the job cannot be evaluated."""
+    """The stored facts about a job contradict each other; the job cannot be evaluated.
+
+    ``detail`` says where, privacy-safe, for the decision's evidence: an ``error_code``
+    and the step index or column name it concerns, never a stored value or a message.
+    """
+
+    def __init__(self, message: str, **detail: str | int) -> None:
+        super().__init__(message)
+        self.detail: dict[str, str | int] = detail
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,8 +200,11 @@ def build_steps(
     for step_index, state, retryable in rows:
         step_state = _STEP_STATES.get(state)
         if step_state is None:
-            raise EvidenceError("step record has an unknown state")
+            raise EvidenceError("step record has an unknown state",
+                                error_code="unknown_step_state", step=step_index)
         if plan is not None and not 0 <= step_index < len(plan):
-            raise EvidenceError("step record lies outside the job's plan")
+            raise EvidenceError("step record lies outside the job's plan",
+                                error_code="step_outside_plan", step=step_index,
+                                plan_length=len(plan))
         records[step_index] = StepRecord(step_index, step_state, retryable)
     return records

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from fnmatch import fnmatchcase
 from typing import Any
 
@@ -55,6 +55,10 @@ class KindRule:
     def matches(self, kind: str) -> bool:
         """True when this pattern matches the kind."""
         return fnmatchcase(kind, self.pattern)
+
+
+KIND_KEYS: tuple[str, ...] = tuple(f.name for f in fields(KindRule) if f.name != "pattern")
+"""The keys a ``[kinds]`` table may set, in their declared order."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +149,22 @@ class KindRules:
             max_run_seconds=None if max_run is None else float(max_run),
             max_attempts=int(pick("max_attempts")), reconcile=bool(pick("reconcile")),
         )
+
+    def matching(self, kind: str) -> list[str]:
+        """The patterns that match the kind, most specific first."""
+        return [r.pattern for r in self._ordered if r.matches(kind)]
+
+    def set_by(self, kind: str) -> dict[str, str | None]:
+        """For each key, the pattern whose table gave the kind its value (None: the
+        defaults, that is the settings)."""
+        matching = [r for r in self._ordered if r.matches(kind)]
+        return {key: next((r.pattern for r in matching if getattr(r, key) is not None), None)
+                for key in KIND_KEYS}
+
+    def unmatched(self, kinds: Iterable[str]) -> list[str]:
+        """The patterns that match none of these kinds, most specific first."""
+        names = list(kinds)
+        return [r.pattern for r in self._ordered if not any(r.matches(k) for k in names)]
 
     def resolve_defaults(self) -> KindPolicy:
         """The defaults as a policy (what ``[kinds]`` refines)."""

@@ -70,7 +70,10 @@ class PassReport:
 
 
 def evidence_from(row: Candidate) -> Evidence:
-    """Turn raw candidate facts into evidence; EvidenceError when they contradict."""
+    """Turn raw candidate facts into evidence; EvidenceError when they contradict or the
+    source could not read them."""
+    if row.unreadable:
+        raise EvidenceError("the source could not read a fact", **dict(row.unreadable))
     plan = parse_plan(row.plan)
     return Evidence(
         job_id=row.job_id, attempt_count=row.attempt_count, max_attempts=row.max_attempts,
@@ -93,7 +96,8 @@ def plan_change(row: Candidate, thresholds: Thresholds) -> PlannedChange:
         log.warning("event=reconcile_error job_id=%s error=%s", row.job_id, type(exc).__name__)
         return PlannedChange(
             Decision(row.job_id, Disposition.SKIP, Reason.RECONCILE_ERROR),
-            row.fence, thresholds, {"error": type(exc).__name__},
+            row.fence, thresholds,
+            {"error": type(exc).__name__, **getattr(exc, "detail", {})},
         )
 
 
@@ -123,8 +127,14 @@ def explain_jobs(store: PassStore, job_ids: Sequence[JobKey], config: PassConfig
     Unlike a pass it looks at jobs whatever their lease, so an operator can ask why a
     live job is left alone (``lease_live``) as well as what would happen to a stale one.
     """
+    return [change for _, change in explain_by_kind(store, job_ids, config)]
+
+
+def explain_by_kind(store: PassStore, job_ids: Sequence[JobKey], config: PassConfig
+                    ) -> list[tuple[str, PlannedChange]]:
+    """``explain_jobs``, each change with its job's kind (whose ``[kinds]`` rules apply)."""
     with store.pass_transaction(dry_run=True) as tx:
-        return [plan_change(row, config.thresholds_for(row.job_kind))
+        return [(row.job_kind, plan_change(row, config.thresholds_for(row.job_kind)))
                 for row in tx.jobs.evidence_for(job_ids)]
 
 
@@ -140,12 +150,16 @@ def run_pass(
         with store.pass_transaction(dry_run=True) as tx:
             rows = tx.jobs.candidates(config.batch_size, config.thresholds, after)
             planned = [plan_change(r, config.thresholds_for(r.job_kind)) for r in rows]
+            braked = False
+            if config.brake is not None and planned:
+                # The brake as the pass would apply it; its state is read, never kept.
+                planned, braked = brake_planned(tx, config.brake, planned, keep=False)
         previewed = tuple(
             RecordedDecision(p.decision.job_id, p.decision.disposition, p.decision.reason,
                              p.decision.resume_step_index, p.generation_before, None)
             for p in planned
         )
-        return PassReport(None, PassOutcome.OK, previewed, dry_run=True)
+        return PassReport(None, PassOutcome.OK, previewed, dry_run=True, braked=braked)
 
     with store.pass_transaction(dry_run=False) as tx:
         # No leader gate: every replica passes. Candidates are locked with SKIP LOCKED on
@@ -172,20 +186,20 @@ def run_pass(
                       shadow=config.shadow, braked=braked)
 
 
-def brake_planned(tx: PassUnit, limits: BrakeLimits, planned: list[PlannedChange]
-                  ) -> tuple[list[PlannedChange], bool]:
+def brake_planned(tx: PassUnit, limits: BrakeLimits, planned: list[PlannedChange], *,
+                  keep: bool = True) -> tuple[list[PlannedChange], bool]:
     """Apply the mass-staleness brake to a batch: when so many running jobs went stale at
     once that an outage is likelier than mass death, every change becomes a skip
     ``mass_staleness_brake`` for the hold. The event's start is kept in the database, so
     every replica and a restarted one brake alike. A batch that would change nothing
-    costs no count."""
+    costs no count. ``keep=False`` (a dry run) reads the event's start without keeping it."""
     if all(p.decision.disposition is Disposition.SKIP for p in planned):
         return planned, False
     running = tx.jobs.running_count()
     stale = tx.jobs.stale_count(count_limit(running, limits))
     since, now = tx.lease.brake_state()
     state = brake(stale, running, limits, since, now)
-    if state.engaged_since != since:
+    if keep and state.engaged_since != since:
         tx.lease.keep_brake(state.engaged_since)
     if not state.engaged:
         return planned, False

@@ -101,6 +101,9 @@ class Candidate:
     """The attempt being judged plus the attempts right before it that ended lost."""
     completion_recoverable: bool = False
     """The source can record the completion itself (see Reason.COMPLETION_RECOVERED)."""
+    unreadable: tuple[tuple[str, str | int], ...] = ()
+    """What the source found it cannot read about the job (an ``error_code`` and the
+    column it is in): the job is then a ``reconcile_error`` with this as its evidence."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +172,9 @@ class JobSource(Protocol):
 
     def running_count(self) -> int:
         """Every running job (for the mass-staleness brake)."""
+
+    def running_kinds(self) -> list[str]:
+        """The kinds of the running jobs, each once, sorted (``reconciler kinds``)."""
 
     def stale_count(self, limit: int) -> int:
         """Running jobs the pass would act on whose lease expired (held ones left out),

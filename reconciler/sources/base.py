@@ -37,6 +37,7 @@ from reconciler.sources.common import (
     ledger_facts,
     ledger_last_write,
     per_kind,
+    with_lost_attempts,
 )
 from reconciler.storage.clock import now_plus, seconds_since
 
@@ -63,6 +64,9 @@ class ForeignSource(ABC):
     """A job source over a foreign system's tables, bound to the pass's connection."""
 
     source_name: str
+    counts_attempts = True
+    """Whether the system counts a job's attempts (each run one more): the crash-loop
+    count chains the audit's resumes on that counter."""
 
     def __init__(self, connection: Connection, kinds: KindRules, *, lock: bool = True) -> None:
         self._conn = connection
@@ -240,6 +244,12 @@ class ForeignSource(ABC):
             sa.select(sa.func.count(), sa.func.max(expired.c.lease_expired_seconds))).one()
         return int(count), None if oldest is None else float(oldest)
 
+    def running_kinds(self) -> list[str]:
+        """The kinds of the running jobs, each once, sorted (whether reconciled or not)."""
+        return sorted(k for k in self._conn.execute(
+            sa.select(self._running({}).subquery().c.job_kind).distinct()).scalars()
+            if k is not None)
+
     def running_count(self) -> int:
         """Running jobs of reconciled kinds."""
         policies = self._policies()
@@ -333,14 +343,18 @@ class ForeignSource(ABC):
                *, position: bool) -> list[Candidate]:
         rows = [r for r in rows if r.job_kind in policies]
         if not self._steps_in_ledger():
-            return [self._candidate(r, policies[r.job_kind], None, position) for r in rows]
+            # Plans live in the system's own rows: no ledger read.
+            return with_lost_attempts(self._conn, self.source_name, [
+                self._candidate(r, policies[r.job_kind], None, position) for r in rows],
+                counted=self.counts_attempts)
         keys = [r.job_id for r in rows]
         steps = ledger_facts(self._conn, self.source_name, keys)
         seen = self._ledger_writes(keys)
         # The fence carries the job's last ledger write as read, so the swap repeats it.
-        return [_with_ledger(c, LedgerMark(seen.get(str(c.job_id))))
-                for c in (self._candidate(r, policies[r.job_kind], steps.get(str(r.job_id)),
-                                          position) for r in rows)]
+        return with_lost_attempts(self._conn, self.source_name, [
+            _with_ledger(self._candidate(r, policies[r.job_kind], steps.get(str(r.job_id)),
+                                         position), LedgerMark(seen.get(str(r.job_id))))
+            for r in rows], counted=self.counts_attempts)
 
     def _ledger_writes(self, keys: Sequence[JobKey]) -> dict[str, Any]:
         """The newest ledger write of each job that has one, by key text."""

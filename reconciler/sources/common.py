@@ -5,10 +5,15 @@ A foreign job without step records is one step named after its kind, with the ki
 have happened. A job whose task records its steps through the step ledger
 (``reconciler.ledger``) is judged step by step instead, and the ledger's last write is its
 activity. Ledger reads are one indexed query per batch.
+
+A foreign system keeps no history of lost attempts, but the audit does: the attempts lost
+in a row (the crash-loop rule's count) are read from the reconciler's own resumes of the
+job, one indexed query per batch (``with_lost_attempts``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -19,10 +24,12 @@ from sqlalchemy.engine import Connection
 from models import StepLedgerEntry
 from reconciler.core.evidence import PlanStep
 from reconciler.core.kinds import KindPolicy
+from reconciler.core.policy import reclaimed_attempt_outcome
 from reconciler.core.ports import Candidate, Cursor, Fence, JobKey, PlannedChange
-from reconciler.core.vocabulary import Disposition, Reason, StepState
+from reconciler.core.vocabulary import AttemptOutcome, Disposition, Reason, StepState
 from reconciler.errors import ConfigError
 from reconciler.storage.clock import seconds_since
+from reconciler.storage.sql import decisions
 
 LEDGER: sa.Table = cast(sa.Table, StepLedgerEntry.__table__)
 
@@ -126,6 +133,58 @@ def candidate(*, job_id: JobKey, kind: str, policy: KindPolicy, fence: Fence,
         plan=plan, step_rows=step_rows, session_gone=session_gone,
         position=Cursor((job_id,)) if position else None,
     )
+
+
+def lost_in_a_row_resumed(attempt: int, resumes: Sequence[tuple[str, Any]], *,
+                          counted: bool = True) -> int:
+    """The crash-loop count of a foreign job in its ``attempt``-th attempt: this attempt
+    (its worker is gone when the rule reads it), then each earlier attempt the reconciler
+    took back from a dead worker and resumed, newest first (``resumes``: the reason and the
+    recorded ``attempts_used`` of the job's applied resumes, newest first).
+
+    As the native count, it stops at an attempt that ended any other way: a gap in the
+    system's attempt counter (a run in between ended by its own worker, whose failure the
+    system retried), a counter that went back (an operator's retry), a resume that did not
+    end a lost attempt, the same count again (a job id used anew: its history is another
+    job's). A terminalization is never counted: only someone's retry runs the job again
+    after one, and a retry starts the count afresh. ``counted=False``: the system counts no
+    attempts (a table without ``attempts_column``), its counter never moves, and each resume
+    is counted, which is all the history it has.
+    """
+    count, later = 1, attempt
+    for reason, used in resumes:
+        try:
+            lost = reclaimed_attempt_outcome(Reason(reason)) is AttemptOutcome.LOST
+        except ValueError:
+            break
+        if not lost or isinstance(used, bool) or not isinstance(used, int) \
+                or used != (later - 1 if counted else later):
+            break
+        count, later = count + 1, used
+    return count
+
+
+def with_lost_attempts(conn: Connection, source_name: str, found: list[Candidate], *,
+                       counted: bool = True) -> list[Candidate]:
+    """The candidates with ``lost_attempts_in_a_row`` counted from the audit: the applied
+    (not shadow) resumes of each job under this source, in one query for the batch
+    (``counted``: whether the system counts attempts, see ``lost_in_a_row_resumed``)."""
+    texts = sorted({str(c.job_id) for c in found})
+    if not texts:
+        return found
+    history: dict[str, list[tuple[str, Any]]] = {}
+    for job_id, reason, evidence in conn.execute(
+            sa.select(decisions.c.job_id, decisions.c.decision_reason,
+                      decisions.c.decision_evidence)
+            .where(decisions.c.job_source == source_name, decisions.c.job_id.in_(texts),
+                   decisions.c.disposition == Disposition.RESUME.value,
+                   decisions.c.shadow_mode.is_(False))
+            .order_by(decisions.c.job_id, decisions.c.decision_id.desc())):
+        used = evidence.get("attempts_used") if isinstance(evidence, dict) else None
+        history.setdefault(str(job_id), []).append((str(reason), used))
+    return [dataclasses.replace(c, lost_attempts_in_a_row=lost_in_a_row_resumed(
+                c.attempt_count, history.get(str(c.job_id), ()), counted=counted))
+            for c in found]
 
 
 def acting(changes: Sequence[PlannedChange]) -> list[PlannedChange]:

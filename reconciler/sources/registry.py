@@ -50,7 +50,8 @@ from reconciler.file_tables import SourceSettings
 from reconciler.sources.graphile_worker import GraphileWorkerConfig, GraphileWorkerSource
 from reconciler.sources.pgboss import PgBossConfig, PgBossSource
 from reconciler.sources.procrastinate import ProcrastinateConfig, ProcrastinateSource
-from reconciler.sources.table import TableConfig, TableSource
+from reconciler.sources.table import TableSource
+from reconciler.sources.table_config import TableConfig
 from reconciler.storage.native_kinds import kinded_native
 from reconciler.storage.native_source import NativeSource
 

@@ -1,8 +1,9 @@
 """A home-grown job table as a job source, column by column (``kind = "table"``), on SQLite
 and PostgreSQL.
 
-- **Running**: ``status_column = processing``; the kind is ``kind_column`` (else the table's
-  name), matched by ``[kinds]``.
+- **Running**: ``status_column = processing``; the kind is ``kind_column`` (else, and where
+  it is NULL, the table's name), matched by ``[kinds]``. The mapped status values are
+  checked against the column (``table_checks``).
 - **Lease**: ``lease_expires_column`` (live while in the future); where it is not mapped or
   empty, ``activity_column`` plus the kind's ``max_run_seconds``; with neither, a job is
   never reclaimed on time alone.
@@ -22,7 +23,8 @@ and PostgreSQL.
   No other column is written: the owner, the lease and the attempts stay the job system's.
 
 Timestamps are compared by the database's clock: ``timestamptz`` or ``timestamp`` (read
-as UTC) on PostgreSQL, ISO-8601 text on SQLite.
+as UTC) on PostgreSQL, ISO-8601 text on SQLite. A time SQLite cannot read makes the job a
+``reconcile_error`` naming the column.
 """
 
 from __future__ import annotations
@@ -31,17 +33,14 @@ import dataclasses
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import sqlalchemy as sa
-from pydantic import ConfigDict, model_validator
-from pydantic.dataclasses import dataclass as pydantic_dataclass
 from sqlalchemy.engine import Connection
 
 from reconciler.core.kinds import KindPolicy, KindRules
 from reconciler.core.ports import Candidate, Fence, PlannedChange
 from reconciler.core.vocabulary import Disposition, JobStatus
-from reconciler.file_tables import SourceSettings
 from reconciler.sources.base import ForeignFence, ForeignSource
 from reconciler.sources.common import (
     StepFacts,
@@ -53,59 +52,18 @@ from reconciler.sources.common import (
     reason_text,
     require_columns,
 )
+from reconciler.sources.table_checks import (
+    TIME_KEYS,
+    UNREADABLE_TIMESTAMP,
+    check_status_values,
+    unreadable_time,
+)
+from reconciler.sources.table_config import TableConfig
 from reconciler.storage.clock import seconds_since
 
-UNREADABLE_STEPS: StepRows = ((-1, "unreadable", None),)
-"""Step results that are not a JSON object of index -> state: the evidence module refuses
-them (``reconcile_error``) instead of guessing."""
-
-
-@pydantic_dataclass(frozen=True, slots=True, config=ConfigDict(extra="forbid"))
-class TableConfig(SourceSettings):
-    """``kind = "table"``: a home-grown job table, mapped column by column."""
-
-    kind: ClassVar[str] = "table"
-    sql_names: ClassVar[frozenset[str]] = frozenset({"schema", "table"})
-    table: str
-    id_column: str
-    status_column: str
-    processing: str
-    queued: str
-    failed: str
-    schema: str | None = None
-    kind_column: str | None = None
-    reason_column: str | None = None
-    activity_column: str | None = None
-    lease_expires_column: str | None = None
-    owner_column: str | None = None
-    attempts_column: str | None = None
-    max_attempts_column: str | None = None
-    generation_column: str | None = None
-    resume_column: str | None = None
-    plan_column: str | None = None
-    steps_column: str | None = None
-
-    @model_validator(mode="after")
-    def _consistent(self) -> TableConfig:
-        if self.processing in (self.queued, self.failed):
-            raise ValueError(f"processing ({self.processing!r}) must differ from queued and "
-                             "failed")
-        if (self.plan_column is None) != (self.steps_column is None):
-            raise ValueError("plan_column and steps_column are mapped together (a plan "
-                             "without step results would rerun finished steps)")
-        if self.resume_column is not None and self.plan_column is None:
-            raise ValueError("resume_column needs plan_column and steps_column")
-        seen: dict[str, str] = {}
-        for key, column in self.mapped_columns().items():
-            if column in seen:
-                raise ValueError(f"{key} and {seen[column]} both map column {column!r}")
-            seen[column] = key
-        return self
-
-    def mapped_columns(self) -> dict[str, str]:
-        """Every mapped column by the key that maps it (``id_column`` -> ``id``...)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                if f.name.endswith("_column") and getattr(self, f.name) is not None}
+UNREADABLE_STEPS = "unreadable_step_results"
+"""The ``error_code`` of step results that are not a JSON object of index -> state: the job
+is a ``reconcile_error`` instead of a guess."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +88,7 @@ class TableSource(ForeignSource):
         self._table = sa.table(config.table, *(sa.column(c) for c in self._columns.values()),
                                schema=config.schema)
         self._utc_set = False
+        self.counts_attempts = self._has("attempts_column")
 
     def _col(self, key: str) -> sa.ColumnElement[Any]:
         return self._table.c[self._columns[key]]
@@ -138,16 +97,27 @@ class TableSource(ForeignSource):
         return key in self._columns
 
     def check_schema(self) -> None:
-        """The table and every mapped column, or one line naming the first missing."""
-        require_columns(self._conn, self.source_name, self._config.table, self._config.schema,
-                        self._columns)
+        """The table and every mapped column, or one line naming the first missing; the
+        mapped status values, or one line naming the one the column refuses."""
+        found = require_columns(self._conn, self.source_name, self._config.table,
+                                self._config.schema, self._columns)
+        check_status_values(self._conn, self.source_name, self._config,
+                            found[self._config.status_column])
 
     # -- SQL pieces ---------------------------------------------------------- #
 
     def _kind_column(self) -> sa.ColumnElement[Any]:
+        # A NULL kind is the table's name, as with no kind column: never an invisible job.
         if self._has("kind_column"):
-            return self._col("kind_column")
+            return sa.func.coalesce(self._col("kind_column"), sa.literal(self._config.table))
         return sa.literal(self._config.table)
+
+    def _unreadable_times(self) -> list[tuple[str, sa.ColumnElement[bool]]]:
+        """Each mapped time column with its "holds what is not a time" test: SQLite only, as
+        PostgreSQL's time columns hold nothing else."""
+        if self._conn.dialect.name != "sqlite":
+            return []
+        return [(key, unreadable_time(self._col(key))) for key in TIME_KEYS if self._has(key)]
 
     def _key_column(self) -> sa.ColumnElement[Any]:
         return self._col("id_column")
@@ -187,11 +157,14 @@ class TableSource(ForeignSource):
                 fields.append(self._col(key).label(key))
         if self._has("activity_column"):
             fields.append(seconds_since(self._col("activity_column")).label("activity_age"))
+        fields += [test.label(f"unreadable_{key}") for key, test in self._unreadable_times()]
         return sa.select(*fields).where(
             self._col("status_column") == constant(self._config.processing))
 
     def _expired(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[bool]:
-        return sa.func.coalesce(self._lease_over(policies) >= 0, False)
+        # An unreadable time is a candidate too: judged reconcile_error, never left unseen.
+        return sa.or_(sa.func.coalesce(self._lease_over(policies) >= 0, False),
+                      *(test for _, test in self._unreadable_times()))
 
     def _wedge_guard(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[bool]:
         # Only under a known live lease: a job with no lease at all is never reclaimed on
@@ -217,12 +190,20 @@ class TableSource(ForeignSource):
         generation = values.get("generation_column")
         activity = values.get("activity_age")
         own_plan: tuple[str | None, StepRows] | None = None
+        unreadable: tuple[tuple[str, str | int], ...] = next(
+            ((("error_code", UNREADABLE_TIMESTAMP), ("column", self._columns[key]))
+             for key, _ in self._unreadable_times() if values[f"unreadable_{key}"]), ())
         if self._has("plan_column"):
             # The table's own plan and results: a NULL plan is unresumable, not one step.
             raw = values["plan_column"]
+            results = _step_rows(values["steps_column"])
+            if results is None:
+                results = ()
+                unreadable = unreadable or (("error_code", UNREADABLE_STEPS),
+                                            ("column", self._columns["steps_column"]))
             own_plan = (raw if raw is None or isinstance(raw, str) else json.dumps(raw),
-                        _step_rows(values["steps_column"]))
-        return candidate(
+                        results)
+        found = candidate(
             job_id=row.job_id, kind=str(row.job_kind), policy=policy,
             # The kind's max_run_seconds rides along: the swap repeats the lease it judged.
             fence=Fence(int(generation) if generation is not None else (
@@ -235,6 +216,7 @@ class TableSource(ForeignSource):
             steps=steps, position=position, own_plan=own_plan,
             activity_age_seconds=None if activity is None else float(activity),
         )
+        return dataclasses.replace(found, unreadable=unreadable) if unreadable else found
 
     def _fence_keys(self) -> list[str]:
         # The activity time too: the decision relied on it (recent activity protects a job,
@@ -304,23 +286,23 @@ class TableSource(ForeignSource):
         return True, generation
 
 
-def _step_rows(raw: Any) -> StepRows:
-    """``{"<index>": "started" | ...}`` as step records; unreadable text is refused."""
+def _step_rows(raw: Any) -> StepRows | None:
+    """``{"<index>": "started" | ...}`` as step records; None for what cannot be read."""
     if raw is None:
         return ()
     try:
         data = json.loads(raw) if isinstance(raw, str | bytes) else raw
     except ValueError:
-        return UNREADABLE_STEPS
+        return None
     if not isinstance(data, dict):
-        return UNREADABLE_STEPS
+        return None
     rows = []
     for key, state in data.items():
         try:
             index = int(key)
         except (TypeError, ValueError):
-            return UNREADABLE_STEPS
+            return None
         if not isinstance(state, str):
-            return UNREADABLE_STEPS
+            return None
         rows.append((index, state, None))
     return tuple(sorted(rows))

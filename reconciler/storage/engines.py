@@ -1,8 +1,10 @@
 """Engines for both backends, with the transaction behaviour the lease contract needs.
 
-SQLite: WAL so readers never block the writer, a busy timeout so writers queue instead of
-failing, and ``BEGIN IMMEDIATE`` for every write transaction so the write lock is taken
-before the first read (no read-then-upgrade deadlocks, no lost compare-and-swap).
+SQLite: WAL so readers never block the writer (set once, when the reconciler creates the
+file: its own embedded database; a file that was there before is somebody's, and its
+journal mode, which persists in the file, is left as it is), a busy timeout so writers
+queue instead of failing, and ``BEGIN IMMEDIATE`` for every write transaction so the write
+lock is taken before the first read (no read-then-upgrade deadlocks, no lost compare-and-swap).
 PostgreSQL: READ COMMITTED with row locks and ``SKIP LOCKED`` in the store's queries.
 
 Nothing waits on the database forever. On PostgreSQL a connection gives up after
@@ -161,6 +163,9 @@ def _sqlite_engine(url: sa.URL, timeouts: DatabaseTimeouts, must_exist: bool,
         _require_sqlite_file(url)
     engine = sa.create_engine(url, **kwargs)
     busy_ms = _ms(timeouts.sqlite_busy_seconds)
+    # Only a file this engine creates is the reconciler's own (``db upgrade`` on a path
+    # with nothing there); the other settings below last for the connection only.
+    own_file = not url.query.get("uri") and not Path(str(url.database)).exists()
 
     @sa.event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
@@ -168,7 +173,8 @@ def _sqlite_engine(url: sa.URL, timeouts: DatabaseTimeouts, must_exist: bool,
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
         cursor.execute(f"PRAGMA busy_timeout = {busy_ms}")
-        cursor.execute("PRAGMA journal_mode = WAL")
+        if own_file:
+            cursor.execute("PRAGMA journal_mode = WAL")
         cursor.execute("PRAGMA synchronous = NORMAL")
         cursor.execute("PRAGMA foreign_keys = ON")
         cursor.close()

@@ -374,6 +374,11 @@ class NativeSource:
         return {int(job_id): int(generation) for job_id, generation in self.conn.execute(
             self.sql.swap, {"planned_rows": planned_rows(changes)})}
 
+    def running_kinds(self) -> list[str]:
+        """The kinds of the processing jobs, each once, sorted."""
+        return sorted(self.conn.execute(
+            sa.select(jobs.c.job_kind).where(IN_PROCESSING).distinct()).scalars())
+
     def running_count(self) -> int:
         """Every processing job, through the processing indexes."""
         return int(self.conn.execute(sa.select(sa.func.count()).where(IN_PROCESSING))

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Literal, NamedTuple, Protocol
 
+from reconciler.core.brake import BrakeLimits
 from reconciler.core.decisions import Decision
 from reconciler.core.evidence import PlanStep
 from reconciler.core.passes import PassReport
@@ -52,6 +53,8 @@ class Timing:
     """How long ago a dead owner last made progress: more than ``stale_after_seconds``."""
     recent_seconds: float = 10.0
     """How long ago a recently active job made progress: less than ``stale_after_seconds``."""
+    crash_loop_after: int = 2
+    """Attempts lost in a row that end a job ``crash_loop`` (the setting's default)."""
 
     def __post_init__(self) -> None:
         # Each age must sit on its intended side of the threshold it is judged by.
@@ -227,9 +230,10 @@ class SourceFixture(Protocol):
         """Every audit record about the job, oldest first."""
 
     def run_pass(self, *, batch_size: int = 50, dry_run: bool = False,
-                 after: object | None = None) -> PassReport:
+                 after: object | None = None, brake: BrakeLimits | None = None) -> PassReport:
         """One pass with ``TIMING``'s thresholds, continuing after a previous pass's
-        ``next_cursor`` as the sidecar does."""
+        ``next_cursor`` as the sidecar does; with the mass-staleness brake only when
+        ``brake`` is given (the suite's situations go stale together on purpose)."""
 
     def run_interrupted_pass(self, between: Callable[[], None], *,
                              batch_size: int = 50) -> InterruptedPass:

@@ -19,6 +19,7 @@ from sqlalchemy.engine import Engine
 
 from models import ReconciliationDecision
 from reconciler.config import Config, SourceConfig
+from reconciler.core.brake import BrakeLimits
 from reconciler.core.kinds import KindRule, KindRules
 from reconciler.core.passes import PassConfig, PassReport, apply_and_record, plan_change, run_pass
 from reconciler.core.ports import Cursor, PassStore
@@ -43,7 +44,8 @@ KINDS = KindRules(
     [KindRule(f"conformance.{e.value}.*", effect=e, max_run_seconds=TIMING.lease_seconds)
      for e in EffectKind],
     stale_after_seconds=TIMING.stale_after_seconds,
-    wedged_after_seconds=TIMING.wedged_after_seconds, max_attempts=3)
+    wedged_after_seconds=TIMING.wedged_after_seconds, max_attempts=3,
+    crash_loop_after=TIMING.crash_loop_after)
 """Per effect kind: its effect, and a declared run time as long as a live lease (the lease
 of a source that keeps none of its own)."""
 
@@ -106,10 +108,10 @@ class ForeignFixture:
         return replace(pass_config(settings, INSTANCE, KINDS), brake=None)
 
     def run_pass(self, *, batch_size: int = 50, dry_run: bool = False,
-                 after: object | None = None) -> PassReport:
+                 after: object | None = None, brake: BrakeLimits | None = None) -> PassReport:
         """One pass, as ``reconciler pass --config`` runs it."""
-        return run_pass(self.store, self._pass_config(batch_size), dry_run=dry_run,
-                        after=cast(Cursor | None, after))
+        return run_pass(self.store, replace(self._pass_config(batch_size), brake=brake),
+                        dry_run=dry_run, after=cast(Cursor | None, after))
 
     def run_interrupted_pass(self, between: Callable[[], None], *,
                              batch_size: int = 50) -> InterruptedPass:

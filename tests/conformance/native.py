@@ -20,6 +20,7 @@ from typing import Any, cast
 import sqlalchemy as sa
 
 from models import JobAttempt, JobRun, ReconciliationDecision, StepRun, WorkerSession
+from reconciler.core.brake import BrakeLimits
 from reconciler.core.decisions import Decision, Thresholds
 from reconciler.core.passes import PassConfig, PassReport, apply_and_record, plan_change, run_pass
 from reconciler.core.ports import Cursor, PassStore
@@ -236,9 +237,10 @@ class NativeSource:
     # -- the pass -----------------------------------------------------------------------------
 
     def run_pass(self, *, batch_size: int = 50, dry_run: bool = False,
-                 after: object | None = None) -> PassReport:
+                 after: object | None = None, brake: BrakeLimits | None = None) -> PassReport:
         """One pass, as the sidecar runs it."""
-        return _reconcile(self.store, batch_size, dry_run=dry_run, after=after)[1]
+        return _reconcile(self.store, batch_size, dry_run=dry_run, after=after,
+                          brake=brake)[1]
 
     def run_interrupted_pass(self, between: Callable[[], None], *,
                              batch_size: int = 50) -> InterruptedPass:
@@ -248,7 +250,8 @@ class NativeSource:
 
 
 def _reconcile(store: PassStore, batch_size: int, *, dry_run: bool = False,
-               after: object | None = None, between: Callable[[], None] | None = None
+               after: object | None = None, between: Callable[[], None] | None = None,
+               brake: BrakeLimits | None = None,
                ) -> tuple[tuple[Decision, ...], PassReport]:
     """The suite's one call into the reconciler: a pass on the current store.
 
@@ -260,8 +263,10 @@ def _reconcile(store: PassStore, batch_size: int, *, dry_run: bool = False,
     """
     config = PassConfig(
         batch_size=batch_size,
-        thresholds=Thresholds(TIMING.stale_after_seconds, TIMING.wedged_after_seconds),
+        thresholds=Thresholds(TIMING.stale_after_seconds, TIMING.wedged_after_seconds,
+                              TIMING.crash_loop_after),
         instance=INSTANCE, session_timeout_seconds=TIMING.session_timeout_seconds,
+        brake=brake,
     )
     if between is None:
         report = run_pass(store, config, dry_run=dry_run, after=cast(Cursor | None, after))

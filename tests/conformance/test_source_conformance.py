@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from reconciler.core.brake import BrakeLimits
 from reconciler.core.vocabulary import Disposition, EffectKind, Reason
 from tests.conformance.fixtures import (
     AuditEntry,
@@ -451,3 +452,53 @@ def test_a_decision_overtaken_by_a_concurrent_change_is_fence_lost_and_changes_n
     assert source.audit(job)[-1] == AuditEntry(
         interrupted.report.pass_id, job.key, SKIP, Reason.FENCE_LOST, job.generation, None)
 
+
+
+# -- a job that keeps killing its workers ----------------------------------------------------
+
+
+def test_a_job_whose_workers_keep_dying_ends_crash_loop_instead_of_a_third_victim(
+    source: SourceFixture,
+) -> None:
+    """A resumed job whose next worker dies too has lost two attempts in a row, the one
+    judged included: with ``crash_loop_after = 2`` (the default) the next pass, and the
+    dry run before it, end it crash_loop instead of handing it to a third worker."""
+    situation = Situation(State.DIED_BEFORE_STEP, 1)
+    require(source, situation, Interference.RECLAIM)
+    job = source.make(situation)
+    source.interfere(job, Interference.RECLAIM)  # resumed, claimed again, died again
+
+    preview = source.run_pass(dry_run=True)
+    report = source.run_pass()
+
+    assert [(d.job_id, d.disposition, d.reason) for d in report.decisions] == [
+        (job.key, TERMINALIZE, Reason.CRASH_LOOP)]
+    assert [(d.job_id, d.reason) for d in preview.decisions] == [(job.key, Reason.CRASH_LOOP)]
+    assert source.status(job) == "failed"
+    assert decided(source.audit(job)) == [(RESUME, Reason.RESUMED_FROM_UNSTARTED_STEP),
+                                          (TERMINALIZE, Reason.CRASH_LOOP)]
+
+
+# -- the dry run tells what the pass would do, brake included --------------------------------
+
+
+def test_a_dry_run_applies_the_mass_staleness_brake_as_the_pass_right_after_does(
+    source: SourceFixture,
+) -> None:
+    """Three jobs stale at once with ``brake_min_jobs = 2``: the dry run says the brake
+    holds every change back (``mass_staleness_brake``), and so does the pass after it."""
+    situations = [Situation(State.DIED_BEFORE_STEP, 1),
+                  Situation(State.DIED_MID_STEP, 1, EFFECTFUL),
+                  Situation(State.DIED_MID_STEP, 1, IDEMPOTENT)]
+    require(source, *situations)
+    jobs = [source.make(s) for s in situations]
+    limits = BrakeLimits(min_jobs=2, stale_fraction=0.5, hold_seconds=3600.0)
+
+    preview = source.run_pass(dry_run=True, brake=limits)
+    real = source.run_pass(brake=limits)
+
+    held = {(job.key, SKIP, Reason.MASS_STALENESS_BRAKE) for job in jobs}
+    assert (preview.braked, real.braked) == (True, True)
+    assert {(d.job_id, d.disposition, d.reason) for d in preview.decisions} == held
+    assert {(d.job_id, d.disposition, d.reason) for d in real.decisions} == held
+    assert all(source.status(job) == "running" for job in jobs)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
@@ -54,3 +56,131 @@ def test_explaining_a_job_that_is_not_processing_is_refused_in_one_line(
     missing = run_cli(db_url, "jobs", "explain", "999999")
     assert missing.returncode != 0
     assert "no job" in missing.stderr
+
+
+# -- what explain says about the rules it used ------------------------------------------------
+
+KINDS_CONFIG = """
+[kinds."report*"]
+effect = "idempotent"
+wedged_after_seconds = 7200
+
+[kinds."report.*"]
+stale_after_seconds = 30
+
+[kinds."noise.*"]
+reconcile = false
+"""
+
+
+def _dead(engine: Engine, client: JobClient, kind: str, steps: list[Step]) -> int:
+    """A job of ``kind`` claimed, inside its first step, its lease run out a while ago."""
+    job_id = client.enqueue(kind, steps=steps)
+    claim = client.claim(worker="w", lease_seconds=60, kinds=[kind])
+    assert claim is not None
+    claim.start_step(0)
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE job_runs SET lease_expires_at = :t, last_activity_at = :t "
+                             "WHERE job_id = :id"),
+                     {"t": datetime.now(UTC) - timedelta(seconds=600), "id": job_id})
+    return job_id
+
+
+def _config(tmp_path: Path, body: str = KINDS_CONFIG) -> str:
+    path = tmp_path / "reconciler.toml"
+    path.write_text(body)
+    return str(path)
+
+
+def test_explain_shows_plain_values_the_matching_pattern_and_the_thresholds_used(
+    db_url: str, engine: Engine, client: JobClient, tmp_path: Path
+) -> None:
+    """Text and JSON say which ``[kinds]`` pattern set each threshold and show the evidence
+    as plain values (``started``, never ``<StepState.STARTED: 'started'>``)."""
+    job_id = _dead(engine, client, "reports.daily", [Step("fetch", "idempotent"),
+                                                     Step("publish", "effectful")])
+    config = _config(tmp_path)
+    text = run_cli(db_url, "jobs", "explain", str(job_id), "--config", config)
+    assert text.returncode == 0, text.stderr
+    assert "<StepState" not in text.stdout
+    assert 'step_states: ["started", "not_started"]' in text.stdout
+    assert 'patterns matched: "report*"' in text.stdout
+    assert 'wedged_after_seconds: 7200.0 ([kinds."report*"])' in text.stdout
+    assert "stale_after_seconds: 60.0 (the settings' default)" in text.stdout
+    as_json = run_cli(db_url, "jobs", "explain", str(job_id), "--config", config, "--json")
+    view = json.loads(as_json.stdout)
+    assert (view["kind"], view["reconciled"], view["reason"]) == (
+        "reports.daily", True, "resumed_idempotent_step")
+    rules = view["kind_rules"]
+    assert (rules["matched"], rules["wedged_after_seconds"], rules["set_by"]["effect"],
+            rules["set_by"]["stale_after_seconds"]) == (["report*"], 7200.0, "report*", None)
+
+
+def test_a_kind_with_reconcile_false_is_explained_as_not_reconciled(
+    db_url: str, engine: Engine, client: JobClient, tmp_path: Path
+) -> None:
+    """No pass ever touches it: explain says so, not what the table would do."""
+    job_id = _dead(engine, client, "noise.tick", [Step("tick", "idempotent")])
+    config = _config(tmp_path)
+    text = run_cli(db_url, "jobs", "explain", str(job_id), "--config", config)
+    assert text.returncode == 0, text.stderr
+    assert 'not reconciled ([kinds."noise.*"] sets reconcile = false)' in text.stdout
+    assert "resume" not in text.stdout.splitlines()[0]
+    view = json.loads(run_cli(db_url, "jobs", "explain", str(job_id), "--config", config,
+                              "--json").stdout)
+    assert (view["reconciled"], view["disposition"], view["reason"], view["rule"]) == (
+        False, None, None, None)
+
+
+def test_an_evidence_error_is_explained_with_which_step(
+    db_url: str, engine: Engine, client: JobClient
+) -> None:
+    """A step record outside the plan: the code and the step, not only the error's type."""
+    job_id = _dead(engine, client, "report", [Step("fetch", "idempotent")])
+    with engine.begin() as conn:
+        generation = conn.execute(sa.text("SELECT claim_generation FROM job_runs WHERE "
+                                          "job_id = :id"), {"id": job_id}).scalar_one()
+        conn.execute(sa.text(
+            "INSERT INTO step_runs (job_id, step_index, step_name, effect_kind, step_state, "
+            "claim_generation, started_at) VALUES (:id, 5, 'ghost', 'pure', 'succeeded', :g, "
+            ":t)"), {"id": job_id, "g": generation, "t": datetime.now(UTC)})
+    view = json.loads(run_cli(db_url, "jobs", "explain", str(job_id), "--json").stdout)
+    assert view["reason"] == "reconcile_error"
+    assert view["evidence"] == {"error": "EvidenceError", "error_code": "step_outside_plan",
+                                "step": 5, "plan_length": 1}
+
+
+def test_kinds_lists_each_pattern_with_the_running_kinds_it_matches_and_warns_on_none(
+    db_url: str, engine: Engine, client: JobClient, tmp_path: Path
+) -> None:
+    """``"report.*"`` never matches ``reports.daily``: ``reconciler kinds`` says so."""
+    _dead(engine, client, "reports.daily", [Step("fetch", "idempotent")])
+    _dead(engine, client, "mail.send", [Step("send", "effectful")])
+    config = _config(tmp_path)
+    text = run_cli(db_url, "kinds", "--config", config)
+    assert text.returncode == 0, text.stderr
+    lines = text.stdout.splitlines()
+    assert '[kinds."report*"] matches reports.daily' in lines
+    assert any(line.startswith('warning: [kinds."report.*"] matches none') for line in lines)
+    assert "running kinds no pattern matches (the defaults apply): mail.send" in lines
+    view = json.loads(run_cli(db_url, "kinds", "--config", config, "--json").stdout)
+    assert view["unmatched_patterns"] == ["report.*", "noise.*"]
+    assert view["running_kinds"] == ["mail.send", "reports.daily"]
+
+
+def test_a_dry_run_applies_the_brake_and_says_so(
+    db_url: str, engine: Engine, client: JobClient
+) -> None:
+    """Three jobs stale at once with ``brake_min_jobs = 2``: the dry run says the brake is
+    engaged and holds every change, as the pass after it does."""
+    for kind in ("a", "b", "c"):
+        _dead(engine, client, kind, [Step("fetch", "idempotent")])
+    preview = run_cli(db_url, "pass", "--dry-run", brake_min_jobs=2)
+    assert preview.returncode == 0, preview.stderr
+    assert "mass-staleness brake engaged" in preview.stdout.splitlines()[0]
+    assert "resumed=0 terminalized=0 skipped=3" in preview.stdout
+    view = json.loads(run_cli(db_url, "pass", "--dry-run", "--json",
+                              brake_min_jobs=2).stdout)
+    assert view["braked"] is True
+    real = json.loads(run_cli(db_url, "pass", "--json", brake_min_jobs=2).stdout)
+    assert (real["braked"], real["skipped"]) == (True, 3)

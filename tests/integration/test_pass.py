@@ -65,7 +65,8 @@ SAFE_EVIDENCE_KEYS = frozenset({
     "step_states", "effect_kinds", "first_unfinished_step", "lost_attempts_in_a_row",
     "completion_recoverable",
 })
-ERROR_EVIDENCE_KEYS = frozenset({"error"})
+# An evidence error: its type, a code, and where (a step, a column), never a stored value.
+ERROR_EVIDENCE_KEYS = frozenset({"error", "error_code", "step", "plan_length", "column"})
 
 PURE = Step("render", "pure")
 IDEMPOTENT = Step("fetch", "idempotent")
@@ -339,7 +340,8 @@ def assert_private(stored: dict[str, Any], crashed: Crashed) -> None:
     text = stored["evidence_text"]
     evidence = json.loads(text)
     assert isinstance(evidence, dict)
-    assert set(evidence) <= SAFE_EVIDENCE_KEYS or set(evidence) == ERROR_EVIDENCE_KEYS
+    assert set(evidence) <= SAFE_EVIDENCE_KEYS or (
+        "error" in evidence and set(evidence) <= ERROR_EVIDENCE_KEYS)
     for secret in (WORKER, "host-private-7", crashed.lease_token, *PAYLOAD_SECRETS):
         assert secret not in text
     for key in PAYLOAD:
@@ -686,7 +688,10 @@ def test_unreadable_step_record_is_reconcile_error_and_the_batch_goes_on(
     report = run_pass(store, config())
 
     stored = assert_skipped(engine, report, broken, Reason.RECONCILE_ERROR, before)
-    assert json.loads(stored["evidence_text"]) == {"error": "EvidenceError"}
+    # Which fact, privacy-safe: a code and the step, never the stored value or a message.
+    assert json.loads(stored["evidence_text"]) == {
+        "error": "EvidenceError", "error_code": "step_outside_plan", "step": 7,
+        "plan_length": 2}
     assert_resumed(engine, report, resumable, Reason.RESUMED_FROM_UNSTARTED_STEP, 1)
     assert_terminalized(engine, report, doomed, Reason.WORKER_DIED_MID_STEP)
     row = assert_counts_match(engine, report)

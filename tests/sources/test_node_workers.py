@@ -36,7 +36,8 @@ KINDS = KindRules([KindRule("*", max_run_seconds=MAX_RUN_SECONDS),
                    KindRule("idem.*", effect=EffectKind.IDEMPOTENT),
                    KindRule("pure.*", effect=EffectKind.PURE),
                    KindRule("slow.*", effect=EffectKind.IDEMPOTENT, max_run_seconds=60.0)],
-                  stale_after_seconds=60.0, wedged_after_seconds=3600.0, max_attempts=3)
+                  stale_after_seconds=60.0, wedged_after_seconds=3600.0, max_attempts=3,
+                  crash_loop_after=2)
 QUEUES = ("idem.work", "effect.work", "pure.work")
 
 
@@ -158,6 +159,37 @@ class TestKilledWorker:
         assert system.factory.status(job) == "failed"
         assert system.factory.error_text(job) == "worker_died_mid_step"
         record_finding(system.name, "effectful_terminalized", job_id=job, row=system.row(job))
+
+
+class TestCrashLoop:
+    """A job that kills every worker that runs it is quarantined, not handed to a third."""
+
+    def test_second_killed_worker_in_a_row_ends_the_job_crash_loop(
+            self, node_system: NodeSystem, processes: Processes) -> None:
+        """Killed inside an idempotent job, resumed; the system's next worker dies on it
+        too; the next pass ends it ``crash_loop`` (two lost in a row, the default), and a
+        third worker never starts it."""
+        system, first_try = node_system, node_system.first_attempt
+        job = system.enqueue("idem.work", hang=[3600.0, 3600.0, 3600.0])
+        first = system.start(processes, "worker-a")
+        wait_until(lambda: system.markers.has(f"{job}-started-{first_try}"),
+                   "the task to start", process=first)
+        first.kill()
+        second = system.start(processes, "worker-b")
+        resumed = system.recover(job, first)
+        assert (resumed.reason, resumed.evidence["lost_attempts_in_a_row"]) == (
+            Reason.RESUMED_IDEMPOTENT_STEP, 1)
+        wait_until(lambda: system.markers.has(f"{job}-started-{first_try + 1}"),
+                   "the next worker to start the job", process=second)
+        second.kill()
+        third = system.start(processes, "worker-c")
+        ended = system.recover(job, second)
+        assert (ended.disposition, ended.reason, ended.evidence["lost_attempts_in_a_row"]) == (
+            Disposition.TERMINALIZE, Reason.CRASH_LOOP, 2)
+        later = system.enqueue("pure.work", hang=[])
+        wait_until(lambda: system.done(later), "a later job to run", process=third)
+        assert system.markers.of(job) == {f"started-{first_try}", f"started-{first_try + 1}"}
+        assert system.factory.status(job) == "failed"
 
 
 class TestLiveWorker:

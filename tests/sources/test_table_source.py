@@ -186,6 +186,9 @@ class TestStepLevel:
         outcome = run(home)[job]
         assert (outcome.disposition, outcome.reason) == (Disposition.SKIP,
                                                          Reason.RECONCILE_ERROR)
+        assert outcome.evidence == {"error": "EvidenceError",
+                                    "error_code": "unreadable_step_results",
+                                    "column": "step_results"}
         assert row(home, job)["status"] == "processing"
 
 
@@ -261,6 +264,50 @@ class TestLiveness:
         job = dead(home, job_type="skip.report", **steps("started"))
         assert run(home) == {}
         assert row(home, job)["status"] == "processing"
+
+
+class TestCrashLoop:
+    """Attempts lost in a row come from the reconciler's own audit: the table keeps none."""
+
+    RULES = KindRules([KindRule("idem.*", effect=EffectKind.IDEMPOTENT,
+                                max_run_seconds=30.0)],
+                      stale_after_seconds=60.0, wedged_after_seconds=600.0, max_attempts=10,
+                      crash_loop_after=3)
+
+    def claimed_and_killed(self, home: Home, job: int, **values: Any) -> None:
+        """The job system's next worker claims the resumed job, then dies in it too."""
+        with home.engine.begin() as conn:
+            conn.execute(home.jobs.update().where(home.jobs.c.id == job).values(
+                status="processing", last_activity_at=now_plus(-120), **values))
+
+    def test_without_an_attempts_column_the_third_loss_in_a_row_is_a_crash_loop(
+            self, home: Home) -> None:
+        """Killed three times in a row: resumed twice, then ended crash_loop, not resumed a
+        third time (the count is the audit's resumes plus the attempt judged)."""
+        # Ids of their own: the audit (in the reconciler's database) outlives each test's
+        # table, and a job's history is its id's.
+        job = add(home, id=7001, job_type="idem.report", activity_ago=120)
+        seen = []
+        for _ in range(3):
+            outcome = run(home, home.minimal, self.RULES)[job]
+            seen.append((outcome.reason, outcome.evidence["lost_attempts_in_a_row"]))
+            self.claimed_and_killed(home, job)
+        assert seen == [(Reason.RESUMED_IDEMPOTENT_STEP, 1), (Reason.RESUMED_IDEMPOTENT_STEP, 2),
+                        (Reason.CRASH_LOOP, 3)]
+        assert row(home, job)["status_reason"] == "crash_loop"
+
+    def test_an_attempt_its_own_worker_ended_breaks_the_count(self, home: Home) -> None:
+        """With an attempts column, a run in between that the job system retried itself (its
+        counter moved by two) starts the count again, as the native count does."""
+        mapping = replace(home.minimal, attempts_column="attempts")
+        job = add(home, id=7002, job_type="idem.report", activity_ago=120, attempts=1)
+        assert run(home, mapping, self.RULES)[job].reason is Reason.RESUMED_IDEMPOTENT_STEP
+        self.claimed_and_killed(home, job, attempts=2)
+        assert run(home, mapping, self.RULES)[job].evidence["lost_attempts_in_a_row"] == 2
+        self.claimed_and_killed(home, job, attempts=4)  # attempt 3 failed and was retried
+        outcome = run(home, mapping, self.RULES)[job]
+        assert (outcome.reason, outcome.evidence["lost_attempts_in_a_row"]) == (
+            Reason.RESUMED_IDEMPOTENT_STEP, 1)
 
 
 class TestFence:
@@ -370,3 +417,97 @@ class TestSchemaCheck:
         """A table that is not there is named."""
         with home.engine.connect() as conn, pytest.raises(ConfigError, match="job_queue"):
             TableSource(conn, replace(home.full, table="job_queue"), KINDS).check_schema()
+
+
+class TestNothingStranded:
+    """A mapped table whose rows or mapping are off is seen and refused, never silent."""
+
+    def test_a_null_kind_is_the_tables_name(self, home: Home) -> None:
+        """A running job whose kind column is NULL is judged as kind ``jobs`` (the table's
+        name) by the dry run, the pass and explain, not dropped."""
+        rules = KindRules([KindRule("jobs", effect=EffectKind.IDEMPOTENT, max_run_seconds=30.0)],
+                          stale_after_seconds=60.0, wedged_after_seconds=600.0,
+                          max_attempts=3)
+        job = dead(home, job_type=None)
+        assert run(home, home.minimal, rules, dry_run=True)[job].reason is \
+            Reason.RESUMED_IDEMPOTENT_STEP
+        assert explain(home.engine, home.minimal, rules, [job])[job].reason is \
+            Reason.RESUMED_IDEMPOTENT_STEP
+        assert run(home, home.minimal, rules)[job].reason is Reason.RESUMED_IDEMPOTENT_STEP
+        assert row(home, job)["status"] == "pending"
+
+    @pytest.mark.parametrize(("key", "value"), [("queued", "pendng"), ("failed", "faild"),
+                                                ("processing", "running")])
+    def test_a_status_value_a_check_constraint_forbids_is_refused(
+            self, home: Home, key: str, value: str) -> None:
+        """With ``CHECK (status IN (...))`` a misspelt value is one line naming it."""
+        checked = self.checked_table(home)
+        config = replace(home.full, table=checked, **{key: value})
+        with home.engine.connect() as conn, pytest.raises(ConfigError) as caught:
+            TableSource(conn, config, KINDS).check_schema()
+        assert f"{key} = {value!r}" in str(caught.value)
+        assert "CHECK" in str(caught.value)
+        assert "\n" not in str(caught.value)
+        with home.engine.connect() as conn:  # the right values pass
+            TableSource(conn, replace(home.full, table=checked), KINDS).check_schema()
+
+    @pytest.mark.parametrize("reconciler_engine", ["postgresql"], indirect=True)
+    def test_a_status_value_outside_the_enum_is_refused(self, home: Home) -> None:
+        """A PostgreSQL enum status column names the values it allows."""
+        with home.engine.begin() as conn:
+            conn.execute(sa.text(f"SET LOCAL search_path TO {home.full.schema}"))
+            conn.execute(sa.text("CREATE TYPE job_state AS ENUM "
+                                 "('processing', 'pending', 'failed', 'done')"))
+            conn.execute(sa.text("ALTER TABLE jobs ALTER COLUMN status TYPE job_state "
+                                 "USING status::job_state"))
+        with home.engine.connect() as conn, pytest.raises(ConfigError, match="'pendng'"):
+            TableSource(conn, replace(home.full, queued="pendng"), KINDS).check_schema()
+        with home.engine.connect() as conn:
+            TableSource(conn, home.full, KINDS).check_schema()
+
+    def test_a_status_value_no_row_holds_is_warned_about(
+            self, home: Home, caplog: pytest.LogCaptureFixture) -> None:
+        """``processing = "running"`` on a table whose workers write ``processing``: one
+        warning line naming the value (it would find no job, for ever)."""
+        dead(home)
+        add(home, status="failed")
+        add(home, status="pending")
+        with caplog.at_level("WARNING", logger="reconciler.sources"), \
+                home.engine.connect() as conn:
+            TableSource(conn, replace(home.full, processing="running"), KINDS).check_schema()
+        unseen = [r.getMessage() for r in caplog.records if "status_value_unseen" in
+                  r.getMessage()]
+        assert len(unseen) == 1
+        assert "key=processing value='running' column=status" in unseen[0]
+
+    @staticmethod
+    def checked_table(home: Home) -> str:
+        """A copy of the jobs table whose status column has a CHECK of its values."""
+        metadata = sa.MetaData(schema=home.full.schema)
+        table = home.jobs.to_metadata(metadata, name="checked_jobs")
+        table.append_constraint(sa.CheckConstraint(
+            "status IN ('processing', 'pending', 'failed', 'done')", name="status_known"))
+        metadata.create_all(home.engine)
+        return table.name
+
+    @pytest.mark.parametrize("reconciler_engine", ["sqlite"], indirect=True)
+    @pytest.mark.parametrize("written", [1700000000, "yesterday"])
+    def test_a_time_sqlite_cannot_read_is_a_reconcile_error_naming_the_column(
+            self, home: Home, written: object) -> None:
+        """An epoch integer or 'yesterday' in the lease column is never a live lease: the
+        job is skipped ``reconcile_error`` with the column in its evidence, in explain and
+        in the pass, and left as it is."""
+        job = add(home, activity_ago=3600, **steps("started"))
+        with home.engine.begin() as conn:
+            conn.execute(sa.text("UPDATE jobs SET lease_until = :t WHERE id = :id"),
+                         {"t": written, "id": job})
+        explained = explain(home.engine, home.full, KINDS, [job])[job]
+        outcome = run(home)[job]
+        assert (explained.reason, outcome.disposition, outcome.reason) == (
+            Reason.RECONCILE_ERROR, Disposition.SKIP, Reason.RECONCILE_ERROR)
+        assert outcome.evidence == {"error": "EvidenceError",
+                                    "error_code": "unreadable_timestamp",
+                                    "column": "lease_until"}
+        with home.engine.connect() as conn:
+            assert conn.execute(sa.text("SELECT status, lease_until FROM jobs")).one() == (
+                "processing", written)

@@ -147,7 +147,8 @@ LEADER_LEASE_SECONDS = 90.0
 SESSION_TIMEOUT_SECONDS = 30.0
 BACKOFF_SECONDS = 1.0
 BACKOFF_MAX_SECONDS = 8.0
-THRESHOLDS = Thresholds(STALE_AFTER_SECONDS, WEDGED_AFTER_SECONDS)
+CRASH_LOOP_AFTER = 2
+THRESHOLDS = Thresholds(STALE_AFTER_SECONDS, WEDGED_AFTER_SECONDS, CRASH_LOOP_AFTER)
 BACKOFF_DELAYS = tuple(min(BACKOFF_SECONDS * 2 ** n, BACKOFF_MAX_SECONDS) for n in range(4))
 
 PLANS = st.lists(st.sampled_from(EFFECT_KINDS), min_size=1, max_size=3)
@@ -214,6 +215,21 @@ class JobModel:
         """The first step that has not succeeded, or None when all have."""
         return next((i for i in range(len(self.plan))
                      if (s := self.steps.get(i)) is None or s.state != "succeeded"), None)
+
+    def lost_in_a_row(self) -> int:
+        """Attempts lost in a row, newest first: the open one, then each earlier one (by its
+        number, one less each time) the reconciler ended lost. An operator's retry restarts
+        the numbering, which ends the count."""
+        newest = [self.attempt_rows[g] for g in sorted(self.attempt_rows, reverse=True)]
+        if not newest or newest[0].outcome is not None:
+            return 0
+        count, number = 1, newest[0].number
+        for earlier in newest[1:]:
+            if (earlier.number, earlier.outcome, earlier.ended_by) != (
+                    number - 1, "lost", "reconciler"):
+                break
+            count, number = count + 1, earlier.number
+        return count
 
     def requeue_index(self) -> int:
         """Where a requeued attempt starts: the first unfinished step (or past the end)."""
@@ -788,6 +804,8 @@ class StoreMachine(RuleBasedStateMachine):
             return ("terminalize", "step_failed", None)
         if record is not None and record.state == "started" and job.plan[index] == "effectful":
             return ("terminalize", "worker_died_mid_step", None)
+        if job.lost_in_a_row() >= CRASH_LOOP_AFTER:
+            return ("terminalize", "crash_loop", None)
         if job.attempts >= job.max_attempts:
             return ("terminalize", "resume_exhausted", None)
         if record is not None and record.state == "started":
