@@ -16,6 +16,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.visitors import InternalTraversal
 
 from models import (
     JobArtifact,
@@ -124,6 +125,10 @@ class unindexed(sa.sql.expression.ColumnElement[Any]):  # noqa: N801 - reads as 
     """
 
     inherit_cache = True
+    # Without its traversal the element has no cache key, and neither has any statement
+    # holding it: SQLAlchemy then compiles that statement anew on every execution.
+    _traverse_internals = [  # noqa: RUF012 - SQLAlchemy declares it as a list
+        ("column", InternalTraversal.dp_clauseelement)]
 
     def __init__(self, column: sa.ColumnElement[Any]) -> None:
         self.column = column

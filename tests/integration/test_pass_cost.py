@@ -5,10 +5,12 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
+from sqlalchemy.engine.interfaces import CacheStats
 
 from reconciler.core.decisions import Thresholds
 from reconciler.core.passes import PassConfig, run_pass
@@ -80,3 +82,28 @@ def test_a_pass_with_nothing_stale_is_a_handful_of_statements(
     with counted(engine) as statements:
         run_pass(store, PassConfig(batch_size=500, thresholds=THRESHOLDS))
     assert len(statements) <= 8, statements
+
+
+def test_a_pass_compiles_its_statements_once(sidecar_engine: Engine, client: JobClient) -> None:
+    """Once one pass has recovered jobs, the next finds every statement it sends already
+    compiled: compiling them anew each pass cost as much as executing them."""
+    make_stale(client, 20)
+    store = SqlStore(sidecar_engine)
+    config = PassConfig(batch_size=10, thresholds=THRESHOLDS, instance="r1")
+    assert len(run_pass(store, config).decisions) == 10
+    misses: list[str] = []
+
+    def note(*args: Any) -> None:
+        statement, context = args[2], args[4]
+        # Text sent as it is (SQLite's BEGIN IMMEDIATE) has nothing to compile.
+        compiled = getattr(context, "compiled", None) is not None
+        if compiled and getattr(context, "cache_hit", None) is not CacheStats.CACHE_HIT:
+            misses.append(statement)
+
+    sa.event.listen(sidecar_engine, "before_cursor_execute", note)
+    try:
+        report = run_pass(store, config)
+    finally:
+        sa.event.remove(sidecar_engine, "before_cursor_execute", note)
+    assert len(report.decisions) == 10
+    assert misses == []
