@@ -23,16 +23,15 @@ from reconciler.core.vocabulary import (
     ArtifactState,
     AttemptOutcome,
     Disposition,
-    EndedBy,
     Reason,
     SessionEndReason,
     SourceKind,
 )
+from reconciler.storage import transitions
 from reconciler.storage.clock import db_now, now_plus, seconds_since
 from reconciler.storage.engines import is_postgresql
 from reconciler.storage.sql import (
     IN_PROCESSING,
-    NO_CLAIM,
     PLAN_TEXT,
     PROCESSING,
     SCANNED,
@@ -45,12 +44,10 @@ from reconciler.storage.sql import (
     for_update,
     in_batch,
     jobs,
-    json_rows,
     seconds_param,
     session_gone,
     sessions,
     steps,
-    unindexed,
     wake_workers,
 )
 
@@ -133,110 +130,10 @@ def _statements(postgres: bool, lock: bool) -> _Statements:
         artifacts=sa.select(artifacts.c.job_id, artifacts.c.claim_generation,
                             artifacts.c.artifact_state)
         .where(in_batch(postgres, artifacts.c.job_id)),
-        swap=_swap_statement(postgres),
-        close_attempts=_close_attempts_statement(postgres),
-        publish=_publish_statement(postgres),
-        park=_park_statement(postgres),
-    )
-
-
-PLANNED_COLUMNS: tuple[tuple[str, Any], ...] = (
-    ("job_id", sa.BigInteger()), ("generation_before", sa.BigInteger()),
-    ("new_status", sa.String()), ("new_reason", sa.String()), ("resume_at", sa.Integer()),
-    ("is_resume", sa.Integer()), ("is_wedged", sa.Integer()),
-    ("stale_after", sa.Float()), ("wedged_after", sa.Float()),
-)
-ENDED_COLUMNS: tuple[tuple[str, Any], ...] = (
-    ("job_id", sa.BigInteger()), ("generation", sa.BigInteger()), ("outcome", sa.String()),
-)
-
-
-def _swap_statement(postgres: bool) -> Any:
-    """One UPDATE for the whole batch; each row repeats the evidence its rule relied on.
-
-    Generation and status catch a reclaim or a finish; the time predicates (with each
-    row's own thresholds) catch a heartbeat, which renews the lease without bumping the
-    generation, and progress.
-    """
-    values = json_rows(postgres, "planned", PLANNED_COLUMNS)
-    still_wedged = sa.and_(
-        values.c.is_wedged == 1,
-        jobs.c.last_activity_at <= now_plus(-values.c.wedged_after),
-    )
-    still_expired = sa.and_(
-        values.c.is_wedged == 0,
-        jobs.c.lease_expires_at <= db_now(),
-        # Recent activity protects a job only while its worker session may be alive.
-        sa.or_(jobs.c.last_activity_at <= now_plus(-values.c.stale_after), session_gone()),
-    )
-    return (
-        jobs.update()
-        .where(
-            jobs.c.job_id == values.c.job_id,
-            unindexed(jobs.c.claim_generation) == values.c.generation_before,
-            unindexed(jobs.c.job_status) == PROCESSING,
-            sa.or_(still_wedged, still_expired),
-        )
-        .values(swap_changes(values))
-        .returning(jobs.c.job_id, jobs.c.claim_generation)
-    )
-
-
-def swap_changes(values: Any) -> dict[str, Any]:
-    """What the swap writes into a job from its ``planned`` row: the new status, reason and
-    resume point, a bumped generation, no claim; a resume is available at once."""
-    resume = values.c.is_resume == 1
-    return {
-        "job_status": values.c.new_status,
-        "status_reason": values.c.new_reason,
-        "resume_step_index": sa.case((resume, values.c.resume_at),
-                                     else_=jobs.c.resume_step_index),
-        "claim_generation": jobs.c.claim_generation + 1,
-        **NO_CLAIM,
-        "available_at": sa.case((resume, db_now()), else_=jobs.c.available_at),
-        "finished_at": sa.case((resume, sa.null()), else_=db_now()),
-        "updated_at": db_now(),
-    }
-
-
-def _close_attempts_statement(postgres: bool) -> Any:
-    """End the attempts whose claims the swap just took away."""
-    values = json_rows(postgres, "ended", ENDED_COLUMNS)
-    return (
-        attempts.update()
-        .where(
-            attempts.c.job_id == values.c.job_id,
-            attempts.c.claim_generation == values.c.generation,
-            attempts.c.ended_at.is_(None),
-        )
-        .values(ended_at=db_now(), attempt_outcome=values.c.outcome,
-                ended_by=EndedBy.RECONCILER.value)
-    )
-
-
-def _publish_statement(postgres: bool) -> Any:
-    """Publish the staged artifacts of recovered completions, as ``complete()`` would; the
-    sidecar's sweep moves their files into place."""
-    values = json_rows(postgres, "ended", ENDED_COLUMNS)
-    return (
-        artifacts.update()
-        .where(artifacts.c.job_id == values.c.job_id,
-               artifacts.c.claim_generation == values.c.generation,
-               artifacts.c.artifact_state == ArtifactState.STAGED.value)
-        .values(artifact_state=ArtifactState.PUBLISHED.value)
-    )
-
-
-def _park_statement(postgres: bool) -> Any:
-    """Park recorded held or gated jobs, fenced on the generation the pass read; on
-    PostgreSQL the scan's row locks keep a worker's unparking write from slipping between."""
-    values = json_rows(postgres, "parked", ENDED_COLUMNS[:2])
-    return (
-        jobs.update()
-        .where(jobs.c.job_id == values.c.job_id,
-               unindexed(jobs.c.claim_generation) == values.c.generation,
-               unindexed(jobs.c.job_status) == PROCESSING)
-        .values(reconcile_parked=True)
+        swap=transitions.swap_statement(postgres),
+        close_attempts=transitions.end_attempts_statement(postgres),
+        publish=transitions.publish_statement(postgres),
+        park=transitions.park_statement(postgres),
     )
 
 
@@ -371,7 +268,8 @@ class NativeSource:
             for c in skipped])}).rowcount)
 
     def _swap(self, changes: Sequence[PlannedChange]) -> dict[JobKey, int | None]:
-        """The batch's compare-and-swap (``_swap_statement``): changed jobs, new generation."""
+        """The batch's compare-and-swap (``transitions.swap_statement``): changed jobs, new
+        generation."""
         return {int(job_id): int(generation) for job_id, generation in self.conn.execute(
             self.sql.swap, {"planned_rows": planned_rows(changes)})}
 

@@ -57,13 +57,6 @@ IN_QUEUE = jobs.c.job_status == sa.literal_column(f"'{QUEUED}'")
 # which SQLite uses only when the query repeats it term for term.
 SCANNED = sa.and_(IN_PROCESSING, sa.text("NOT job_runs.reconcile_parked"))
 
-# The claim columns a job drops whenever no worker holds it any more.
-NO_CLAIM: dict[str, Any] = {
-    "lease_token": None, "lease_owner": None, "lease_expires_at": None,
-    "worker_session_id": None, "reconcile_parked": False,
-}
-
-
 def session_gone() -> sa.ColumnElement[bool]:
     """True when the job's claim belongs to a worker session known to be gone."""
     return sa.exists().where(
