@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -12,6 +13,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from sqlalchemy.engine.interfaces import CacheStats
 
+from reconciler.core.brake import BrakeLimits
 from reconciler.core.decisions import Thresholds
 from reconciler.core.passes import PassConfig, run_pass
 from reconciler.settings import Settings
@@ -107,3 +109,19 @@ def test_a_pass_compiles_its_statements_once(sidecar_engine: Engine, client: Job
         sa.event.remove(sidecar_engine, "before_cursor_execute", note)
     assert len(report.decisions) == 10
     assert misses == []
+
+
+def test_a_brake_without_hold_costs_no_count(sidecar_engine: Engine, client: JobClient) -> None:
+    """``brake_hold_seconds = 0`` never brakes, so a pass under it issues no more statements
+    than a pass without a brake (no running or stale count per batch)."""
+    make_stale(client, 20)
+    store = SqlStore(sidecar_engine)
+    unbraked = PassConfig(batch_size=10, thresholds=THRESHOLDS, instance="r1")
+    no_hold = replace(unbraked, brake=BrakeLimits(min_jobs=1, stale_fraction=0.1,
+                                                  hold_seconds=0))
+    with counted(sidecar_engine) as without:
+        assert len(run_pass(store, unbraked).decisions) == 10
+    with counted(sidecar_engine) as with_no_hold:
+        report = run_pass(store, no_hold)
+    assert (len(report.decisions), report.braked) == (10, False)
+    assert len(with_no_hold) == len(without), (without, with_no_hold)
