@@ -23,6 +23,7 @@ from reconciler.core.vocabulary import (
     ArtifactState,
     AttemptOutcome,
     Disposition,
+    JobStatus,
     Reason,
     SessionEndReason,
     SourceKind,
@@ -137,13 +138,18 @@ def _statements(postgres: bool, lock: bool) -> _Statements:
     )
 
 
+def _text(status: JobStatus | None) -> str | None:
+    return None if status is None else status.value
+
+
 def planned_rows(acting: Sequence[PlannedChange]) -> str:
     """The ``planned`` parameter of the swap: what each acting change would write."""
     return encode_rows([
         {
             "job_id": c.decision.job_id, "generation_before": c.generation_before,
-            "new_status": c.decision.status_after,
-            "new_reason": c.decision.reason,
+            # Plain text: the JSON encoder takes a StrEnum member at twice a str's cost.
+            "new_status": _text(c.decision.status_after),
+            "new_reason": c.decision.reason.value,
             "resume_at": c.decision.resume_step_index or 0,
             "is_resume": int(c.decision.disposition is Disposition.RESUME),
             "is_wedged": int(c.decision.reason is Reason.WORKER_WEDGED),
