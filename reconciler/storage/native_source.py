@@ -80,13 +80,47 @@ class _Statements:
     expired_after: Any
     wedged: Any
     wedged_after: Any
-    steps: Any
-    history: Any
-    artifacts: Any
+    records: Any
     swap: Any
     close_attempts: Any
     publish: Any
     park: Any
+
+
+# What ``_records_statement`` returns each row for: (tag, job id, number, text, text, order).
+STEP, ATTEMPT, ARTIFACT = 0, 1, 2
+
+
+def _records_statement(postgres: bool) -> Any:
+    """A batch's step records, attempt history (newest first) and artifact states in one
+    statement: one round trip instead of three, each part still an index lookup by job."""
+    def tagged(tag: int) -> Any:
+        return sa.literal_column(str(tag), sa.Integer()).label("tag")
+
+    no_text = sa.cast(sa.null(), sa.String()).label("extra")
+    no_order = sa.cast(sa.literal_column("0"), sa.BigInteger()).label("newest")
+    retryable = sa.case((steps.c.failure_retryable.is_(True), "t"),
+                        (steps.c.failure_retryable.is_(False), "f"))
+    records = sa.union_all(
+        sa.select(tagged(STEP), steps.c.job_id,
+                  sa.cast(steps.c.step_index, sa.BigInteger()).label("number"),
+                  steps.c.step_state.label("state"), retryable.label("extra"), no_order)
+        .where(in_batch(postgres, steps.c.job_id)),
+        sa.select(tagged(ATTEMPT), attempts.c.job_id,
+                  sa.cast(attempts.c.attempt_number, sa.BigInteger()).label("number"),
+                  attempts.c.attempt_outcome.label("state"), attempts.c.ended_by.label("extra"),
+                  attempts.c.claim_generation.label("newest"))
+        .where(in_batch(postgres, attempts.c.job_id)),
+        sa.select(tagged(ARTIFACT), artifacts.c.job_id,
+                  artifacts.c.claim_generation.label("number"),
+                  artifacts.c.artifact_state.label("state"), no_text, no_order)
+        .where(in_batch(postgres, artifacts.c.job_id)),
+    ).subquery("records")
+    return sa.select(records).order_by(records.c.tag, records.c.job_id,
+                                       records.c.newest.desc())
+
+
+_RETRYABLE = {"t": True, "f": False, None: None}
 
 
 def after_row(time_column: Any, name: str) -> Any:
@@ -121,16 +155,7 @@ def _statements(postgres: bool, lock: bool) -> _Statements:
         expired_after=for_update(postgres, expired_after, lock=lock),
         wedged=for_update(postgres, wedged, lock=lock),
         wedged_after=for_update(postgres, wedged_after, lock=lock),
-        steps=sa.select(steps.c.job_id, steps.c.step_index, steps.c.step_state,
-                        steps.c.failure_retryable)
-        .where(in_batch(postgres, steps.c.job_id)),
-        history=sa.select(attempts.c.job_id, attempts.c.attempt_number,
-                          attempts.c.attempt_outcome, attempts.c.ended_by)
-        .where(in_batch(postgres, attempts.c.job_id))
-        .order_by(attempts.c.job_id, attempts.c.claim_generation.desc()),
-        artifacts=sa.select(artifacts.c.job_id, artifacts.c.claim_generation,
-                            artifacts.c.artifact_state)
-        .where(in_batch(postgres, artifacts.c.job_id)),
+        records=_records_statement(postgres),
         swap=transitions.swap_statement(postgres),
         close_attempts=transitions.end_attempts_statement(postgres),
         publish=transitions.publish_statement(postgres),
@@ -217,16 +242,17 @@ class NativeSource:
         if not rows:
             return []
         step_rows: dict[int, list[tuple[int, str, bool | None]]] = {r[0]: [] for r in rows}
-        ids = {"batch_ids": batch_ids(self.postgres, list(step_rows))}
-        for job_id, step_index, state, retryable in self.conn.execute(self.sql.steps, ids):
-            step_rows[job_id].append((step_index, state, retryable))
         history: dict[int, list[tuple[int, str | None, str | None]]] = defaultdict(list)
-        for job_id, number, outcome, ended_by in self.conn.execute(self.sql.history, ids):
-            history[job_id].append((number, outcome, ended_by))
-        unstaged: set[tuple[int, int]] = {
-            (job_id, generation)
-            for job_id, generation, state in self.conn.execute(self.sql.artifacts, ids)
-            if state != ArtifactState.STAGED.value}
+        unstaged: set[tuple[int, int]] = set()
+        ids = {"batch_ids": batch_ids(self.postgres, list(step_rows))}
+        for tag, job_id, number, state, extra, _newest in self.conn.execute(
+                self.sql.records, ids):
+            if tag == STEP:
+                step_rows[job_id].append((number, state, _RETRYABLE[extra]))
+            elif tag == ATTEMPT:
+                history[job_id].append((number, state, extra))
+            elif state != ArtifactState.STAGED.value:
+                unstaged.add((job_id, number))
         # Positional unpacking: attribute access on a Row costs more than the rest together.
         return [
             Candidate(job_id, kind, Fence(generation), attempts_used, budget, bool(held),
