@@ -109,9 +109,10 @@ class Evidence:
         plan, steps = self.plan, self.steps
         plan_length = states = kinds = None
         if plan is not None:
-            # Plain text, not the StrEnum members: JSON-encoding a member costs twice a str.
+            # Plain text, not the StrEnum members: JSON-encoding a member costs twice a str,
+            # and str() of a member (its value) costs a fifth of ``.value``.
             plan_length = len(plan)
-            states = [steps[i].step_state.value if i in steps else "not_started"
+            states = [str(steps[i].step_state) if i in steps else "not_started"
                       for i in range(plan_length)]
             kinds = [str(step.effect_kind) for step in plan]  # an EffectKind: its text
         return {
