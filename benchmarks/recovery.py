@@ -30,7 +30,7 @@ the same number of orphans back to back in-process.
 whose leases all run out at one moment once the replicas are up (one UPDATE, as a pass
 does when it finds their session gone), decided by 1 and then by 2 replicas; jobs per
 second from the first decision to the last, and two replicas' speedup over one measured
-in the same run (goal: 1.6). Beside it, what the replicas did, from their pass rows:
+in the same run (goal: 1.6). Beside it, what the replicas did, from their own logs:
 ``passes``, the median ``pass_ms``, ``batches_per_tick`` (a tick runs full batches back
 to back until its interval is up) and ``busy``, the share of the drain a replica spent
 passing: a rate with ``busy`` near 1 is the pass's own speed, one well under 1 is ticks
@@ -39,7 +39,6 @@ waiting for the scheduler.
 
 from __future__ import annotations
 
-import itertools
 import os
 import shutil
 import signal
@@ -92,8 +91,6 @@ PROGRESS_SECONDS = 5.0
 POLL_SECONDS = 0.5
 START_TIMEOUT_SECONDS = 120.0
 STOP_TIMEOUT_SECONDS = 40.0
-# Passes of one replica this close together ran in one tick (a tick runs them back to back).
-TICK_GAP_SECONDS = 0.1
 
 
 @dataclass(frozen=True)
@@ -487,10 +484,10 @@ def backlog_drain(dbs: Databases, plan: RecoveryPlan, replicas: int) -> Measurem
             lambda: any(r.process.poll() is None for r in running), JOBS.c.job_id <= b)
         # The audit keeps job ids as text (any source's ids): compare them as numbers here.
         decided = [d for d in _decisions(engine) if d[0] <= b]
-        work = _replica_work(engine, lease_end)
         for replica in running:
             replica.stop()
-    span = (decided[-1][1] - decided[0][1]).total_seconds() if decided else float("nan")
+        span = (decided[-1][1] - decided[0][1]).total_seconds() if decided else float("nan")
+        work = _replica_work(group, running, span)
     extra: dict[str, Any] = {
         "replicas": replicas, "interval_seconds": plan.backlog_settings["interval_seconds"],
         "seconds": round(span, 2),
@@ -506,30 +503,26 @@ def backlog_drain(dbs: Databases, plan: RecoveryPlan, replicas: int) -> Measurem
         round(len(decided) / span) if span > 0 else 0, "jobs/s", extra))
 
 
-def _replica_work(engine: Engine, since: datetime) -> dict[str, Any]:
-    """What the replicas did from ``since``, from their pass rows: how many passes decided
-    something, their median length, how many ran back to back in a tick (a pass starting
-    within TICK_GAP_SECONDS of the same replica's last one), and the share of the time
-    from the first pass to the last that a replica spent passing (1.0: never idle)."""
-    with engine.connect() as conn:
-        rows = conn.execute(
-            sa.select(PASSES.c.reconciler_instance, PASSES.c.started_at, PASSES.c.finished_at)
-            .where(PASSES.c.started_at >= since, PASSES.c.candidates_seen > 0,
-                   PASSES.c.finished_at.is_not(None))
-            .order_by(PASSES.c.reconciler_instance, PASSES.c.started_at)).all()
-    if not rows:
+def _replica_work(group: Children, replicas: list[Replica], span_seconds: float
+                  ) -> dict[str, Any]:
+    """What the replicas did, from their own log lines: passes that decided something,
+    their median length, batches per tick (a tick runs full batches back to back until
+    its interval is up) and ``busy``, the share of the drain's span a replica spent in
+    those passes (1.0: never idle). The pass rows cannot tell: a row starts after its scan."""
+    lengths: list[float] = []
+    ticks: list[int] = []
+    for replica in replicas:
+        for line in group.logs[replica.process.pid].read_text(errors="replace").splitlines():
+            fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+            if fields.get("event") == "pass_finished" and fields.get("candidates", "0") != "0":
+                lengths.append(float(fields["seconds"]))
+            elif fields.get("event") == "tick_finished" and fields.get("decisions") != "0":
+                ticks.append(int(fields["batches"]))
+    if not lengths or span_seconds <= 0:
         return {}
-    lengths = [(end - start).total_seconds() for _i, start, end in rows]
-    ticks, busy, spans = 0, 0.0, 0.0
-    for instance in {i for i, _s, _e in rows}:
-        own = [(start, end) for i, start, end in rows if i == instance]
-        ticks += 1 + sum(1 for (_s, end), (start, _e) in itertools.pairwise(own)
-                         if (start - end).total_seconds() > TICK_GAP_SECONDS)
-        busy += sum((end - start).total_seconds() for start, end in own)
-        spans += (own[-1][1] - own[0][0]).total_seconds()
-    return {"passes": len(rows), "pass_ms": round(statistics.median(lengths) * 1000),
-            "batches_per_tick": round(len(rows) / ticks, 1),
-            "busy": round(busy / spans, 2) if spans > 0 else None}
+    return {"passes": len(lengths), "pass_ms": round(statistics.median(lengths) * 1000),
+            "batches_per_tick": round(statistics.mean(ticks), 1) if ticks else None,
+            "busy": round(sum(lengths) / (span_seconds * len(replicas)), 2)}
 
 
 def run_recovery(dbs: Databases, plan: RecoveryPlan, emit: Callable[[Measurement], None]
