@@ -36,7 +36,7 @@ from benchmarks.recovery import plan_for, run_recovery
 from reconciler.core.decisions import Thresholds
 from reconciler.core.passes import PassConfig, PassReport, run_pass
 from reconciler.storage.engines import UNLIMITED_TIMEOUTS, create_engine
-from reconciler.storage.schema import upgrade
+from reconciler.storage.schema import downgrade, upgrade
 from reconciler.storage.sql_store import SqlStore
 from tests.progress import Progress
 
@@ -90,6 +90,9 @@ class Databases:
         try:
             yield engine
         finally:
+            if self.engine_name != "sqlite" and self.base_url is not None:
+                # Every dataset uses the one named database: leave it empty for the next.
+                downgrade(engine)
             engine.dispose()
             if self.engine_name == "sqlite":
                 for suffix in ("", "-wal", "-shm"):

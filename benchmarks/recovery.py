@@ -30,7 +30,11 @@ the same number of orphans back to back in-process.
 whose leases all run out at one moment once the replicas are up (one UPDATE, as a pass
 does when it finds their session gone), decided by 1 and then by 2 replicas; jobs per
 second from the first decision to the last, and two replicas' speedup over one measured
-in the same run (goal: 1.6).
+in the same run (goal: 1.6). Beside it, what the replicas did, from their own logs:
+``passes``, the median ``pass_ms``, ``batches_per_tick`` (a tick runs full batches back
+to back until its interval is up) and ``busy``, the share of the drain a replica spent
+passing: a rate with ``busy`` near 1 is the pass's own speed, one well under 1 is ticks
+waiting for the scheduler.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import os
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -481,19 +486,43 @@ def backlog_drain(dbs: Databases, plan: RecoveryPlan, replicas: int) -> Measurem
         decided = [d for d in _decisions(engine) if d[0] <= b]
         for replica in running:
             replica.stop()
-    span = (decided[-1][1] - decided[0][1]).total_seconds() if decided else float("nan")
+        span = (decided[-1][1] - decided[0][1]).total_seconds() if decided else float("nan")
+        work = _replica_work(group, running, span)
     extra: dict[str, Any] = {
         "replicas": replicas, "interval_seconds": plan.backlog_settings["interval_seconds"],
         "seconds": round(span, 2),
         "wait_s": round((decided[0][1] - lease_end).total_seconds(), 2) if decided else None,
         "decided": len({j for j, _a, _i in decided}),
         "deciding_replicas": len({i for _j, _a, i in decided}),
+        **work,
     }
     if not done:
         extra["timed_out"] = True
     return cast("Measurement", caller.Measurement(
         "backlog_drain", dbs.engine_name, b * 2, b,
         round(len(decided) / span) if span > 0 else 0, "jobs/s", extra))
+
+
+def _replica_work(group: Children, replicas: list[Replica], span_seconds: float
+                  ) -> dict[str, Any]:
+    """What the replicas did, from their own log lines: passes that decided something,
+    their median length, batches per tick (a tick runs full batches back to back until
+    its interval is up) and ``busy``, the share of the drain's span a replica spent in
+    those passes (1.0: never idle). The pass rows cannot tell: a row starts after its scan."""
+    lengths: list[float] = []
+    ticks: list[int] = []
+    for replica in replicas:
+        for line in group.logs[replica.process.pid].read_text(errors="replace").splitlines():
+            fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+            if fields.get("event") == "pass_finished" and fields.get("candidates", "0") != "0":
+                lengths.append(float(fields["seconds"]))
+            elif fields.get("event") == "tick_finished" and fields.get("decisions") != "0":
+                ticks.append(int(fields["batches"]))
+    if not lengths or span_seconds <= 0:
+        return {}
+    return {"passes": len(lengths), "pass_ms": round(statistics.median(lengths) * 1000),
+            "batches_per_tick": round(statistics.mean(ticks), 1) if ticks else None,
+            "busy": round(sum(lengths) / (span_seconds * len(replicas)), 2)}
 
 
 def run_recovery(dbs: Databases, plan: RecoveryPlan, emit: Callable[[Measurement], None]

@@ -71,8 +71,9 @@ def brake(stale_jobs: int, running_jobs: int, limits: BrakeLimits,
     gone session), not counting held jobs or jobs waiting on a gate, which are stale on
     purpose. Count them beyond the batch (a batch capped at ``batch_size`` would make a
     large fleet never brake); ``count_limit`` says how far a bounded count must go.
-    ``running_jobs``: every processing job, the stale ones included. ``now``: the
-    database's time, like ``engaged_since``.
+    ``running_jobs``: every processing job the pass could act on, the stale ones
+    included; jobs of kinds it never reconciles (``reconcile = false``) count in neither.
+    ``now``: the database's time, like ``engaged_since``.
 
     A ``hold_seconds`` of 0 never brakes. A clock stepped back to before ``engaged_since``
     restarts the hold at ``now`` rather than braking until the clock catches up.

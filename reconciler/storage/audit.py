@@ -122,9 +122,11 @@ def decision_rows(source_name: str,
     """The audit rows of a batch's decisions, the job id as text."""
     return [
         {
-            "job_source": source_name, "job_id": str(r.job_id), "disposition": r.disposition,
-            "decision_reason": r.reason, "generation_before": r.generation_before,
-            "generation_after": r.generation_after,
+            # Plain text (str() of a StrEnum member): the JSON encoder takes a member at twice
+            # a str's cost.
+            "job_source": source_name, "job_id": str(r.job_id),
+            "disposition": str(r.disposition), "decision_reason": str(r.reason),
+            "generation_before": r.generation_before, "generation_after": r.generation_after,
             "resume_step_index": r.resume_step_index, "decision_evidence": evidence,
             "shadow_mode": shadow,
         }

@@ -2,6 +2,7 @@
 
 Every write after a claim is an UPDATE fenced on (job, lease token, processing); no row
 means the claim was lost, and ``LeaseLost`` is raised before anything else is written.
+The state changes themselves (claim, complete, fail, release) are ``transitions``'.
 """
 
 from __future__ import annotations
@@ -14,32 +15,20 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from reconciler.core.evidence import PlanStep
-from reconciler.core.policy import first_unfinished_step, retry_delay_seconds
 from reconciler.core.ports import ClaimedJob
 from reconciler.core.vocabulary import (
     ArtifactState,
-    AttemptOutcome,
-    EndedBy,
     JobStatus,
     StepState,
-    WorkerStatusReason,
 )
-from reconciler.errors import LeaseLost
+from reconciler.storage import transitions
 from reconciler.storage.clock import db_now, now_plus
 from reconciler.storage.engines import is_postgresql
 from reconciler.storage.sql import (
-    IN_QUEUE,
-    NO_CLAIM,
-    PLAN_TEXT,
-    PROCESSING,
     artifacts,
-    attempts,
-    for_update,
     insert_into,
     jobs,
-    plan_steps,
     session_gone,
-    sessions,
     steps,
     wake_workers,
 )
@@ -49,15 +38,6 @@ SINGLETON_RETRIES = 5
 
 class StepNotStartedError(ValueError):
     """``finish_step`` for a step this claim never started."""
-
-
-def first_unfinished(conn: Connection, job_id: int, plan_text: str | None) -> int:
-    """The step a requeued or retried job resumes at, from its succeeded step records."""
-    done = set(conn.execute(
-        sa.select(steps.c.step_index).where(
-            steps.c.job_id == job_id, steps.c.step_state == StepState.SUCCEEDED.value)
-    ).scalars())
-    return first_unfinished_step(len(plan_steps(plan_text)), done)
 
 
 class ClaimsSql:
@@ -123,82 +103,15 @@ class ClaimsSql:
 
     def _claim_once(self, worker: str, lease_seconds: float, kinds: Sequence[str] | None,
                     session_id: int | None) -> ClaimedJob | None:
-        token = uuid.uuid4().hex
         with self.engine.begin() as conn:
-            other = jobs.alias("other")
-            pick = (
-                sa.select(jobs.c.job_id)
-                .where(
-                    IN_QUEUE,
-                    jobs.c.available_at <= db_now(),
-                    jobs.c.operator_hold.is_(False),
-                    # A singleton job waits while another job of its key is processing.
-                    sa.or_(jobs.c.singleton_key.is_(None), ~sa.exists().where(
-                        other.c.singleton_key == jobs.c.singleton_key,
-                        other.c.job_status == sa.literal_column(f"'{PROCESSING}'"),
-                    )),
-                )
-                .order_by(jobs.c.available_at, jobs.c.job_id)
-                .limit(1)
-            )
-            if kinds is not None:
-                pick = pick.where(jobs.c.job_kind.in_(list(kinds)))
-            if session_id is not None:
-                # A session already declared gone claims nothing: its claims could not be
-                # heartbeated, and the runtime replaces the session on its next beat.
-                pick = pick.where(sa.exists().where(sessions.c.session_id == session_id,
-                                                    sessions.c.stopped_at.is_(None)))
-            pick = for_update(is_postgresql(conn), pick, lock=True)
-            row = conn.execute(
-                jobs.update()
-                .where(jobs.c.job_id == pick.scalar_subquery(),
-                       jobs.c.job_status == JobStatus.QUEUED.value)
-                .values(
-                    job_status=PROCESSING, status_reason=None,
-                    claim_generation=jobs.c.claim_generation + 1,
-                    attempt_count=jobs.c.attempt_count + 1,
-                    lease_token=token, lease_owner=worker, worker_session_id=session_id,
-                    lease_expires_at=now_plus(lease_seconds),
-                    claimed_at=db_now(), last_activity_at=db_now(), updated_at=db_now(),
-                    reconcile_parked=False,
-                )
-                .returning(
-                    jobs.c.job_id, jobs.c.job_kind, jobs.c.claim_generation,
-                    jobs.c.attempt_count, jobs.c.max_attempts, jobs.c.resume_step_index,
-                    PLAN_TEXT, jobs.c.job_payload,
-                )
-            ).one_or_none()
-            if row is None:
-                return None
-            conn.execute(attempts.insert().values(
-                job_id=row.job_id, claim_generation=row.claim_generation,
-                attempt_number=row.attempt_count, lease_owner=worker, claimed_at=db_now(),
-            ))
-        return ClaimedJob(
-            job_id=int(row.job_id), job_kind=row.job_kind,
-            claim_generation=int(row.claim_generation), attempt_count=int(row.attempt_count),
-            max_attempts=int(row.max_attempts), lease_token=token,
-            resume_step_index=int(row.resume_step_index), plan=plan_steps(row.plan_text),
-            payload=row.job_payload,
-        )
+            return transitions.claim(conn, worker, uuid.uuid4().hex,
+                                     lease_seconds=lease_seconds, kinds=kinds,
+                                     session_id=session_id)
 
     def _fence(self, conn: Connection, job_id: int, token: str, *extra: Any,
                **changes: Any) -> sa.Row[Any]:
-        """The fenced write every post-claim operation starts with; LeaseLost on no row.
-
-        It also unparks the job: a worker's write may open the gate a pass parked it on.
-        """
-        row = conn.execute(
-            jobs.update()
-            .where(jobs.c.job_id == job_id, jobs.c.lease_token == token,
-                   jobs.c.job_status == PROCESSING, *extra)
-            .values({"reconcile_parked": False, **changes})
-            .returning(jobs.c.claim_generation, jobs.c.attempt_count, jobs.c.max_attempts,
-                       PLAN_TEXT)
-        ).one_or_none()
-        if row is None:
-            raise LeaseLost(job_id)
-        return row
+        """The fenced write every post-claim operation starts with (``transitions.fence``)."""
+        return transitions.fence(conn, job_id, token, *extra, **changes)
 
     def heartbeat(self, job_id: int, token: str, lease_seconds: float) -> None:
         """Renew this claim's lease only; activity does not move (a beat is not progress)."""
@@ -270,20 +183,8 @@ class ClaimsSql:
         Returns the completing generation, whose artifact files the caller moves into place.
         """
         with self.engine.begin() as conn:
-            row = self._fence(
-                conn, job_id, token, job_status=JobStatus.COMPLETED.value, status_reason=None,
-                **NO_CLAIM, finished_at=db_now(), last_activity_at=db_now(),
-                updated_at=db_now(),
-            )
-            conn.execute(
-                artifacts.update()
-                .where(artifacts.c.job_id == job_id,
-                       artifacts.c.claim_generation == row.claim_generation,
-                       artifacts.c.artifact_state == ArtifactState.STAGED.value)
-                # settled_at stays empty until the files are in place (see settle_artifacts).
-                .values(artifact_state=ArtifactState.PUBLISHED.value)
-            )
-            self._end_attempt(conn, job_id, row.claim_generation, AttemptOutcome.COMPLETED)
+            row = self._fence(conn, job_id, token, **transitions.COMPLETING)
+            transitions.completed(conn, job_id, row.claim_generation)
             return int(row.claim_generation)
 
     def fail(
@@ -294,30 +195,16 @@ class ClaimsSql:
         with self.engine.begin() as conn:
             row = self._fence(conn, job_id, token, last_error_code=error_code,
                               updated_at=db_now())
-            requeue = retryable and row.attempt_count < row.max_attempts
-            if requeue:
-                delay = retry_delay_seconds(row.attempt_count, backoff_seconds,
-                                            backoff_max_seconds)
-                self._requeue(conn, job_id, row, available_at=now_plus(delay))
-                outcome = AttemptOutcome.RETRYING
-            else:
-                reason = status_reason or (WorkerStatusReason.RETRIES_EXHAUSTED if retryable
-                                           else WorkerStatusReason.JOB_FAILED).value
-                conn.execute(jobs.update().where(jobs.c.job_id == job_id).values(
-                    job_status=JobStatus.FAILED.value, status_reason=reason,
-                    **NO_CLAIM, finished_at=db_now(),
-                ))
-                outcome = AttemptOutcome.FAILED
-            self._end_attempt(conn, job_id, row.claim_generation, outcome)
-            return requeue
+            return transitions.failed(
+                conn, job_id, row, retryable=retryable, backoff_seconds=backoff_seconds,
+                backoff_max_seconds=backoff_max_seconds, status_reason=status_reason)
 
     def release(self, job_id: int, token: str) -> None:
         """Fenced graceful release: requeue now, give the attempt back, keep the resume point."""
         with self.engine.begin() as conn:
             row = self._fence(conn, job_id, token, updated_at=db_now(),
                               attempt_count=jobs.c.attempt_count - 1)
-            self._requeue(conn, job_id, row, available_at=db_now())
-            self._end_attempt(conn, job_id, row.claim_generation, AttemptOutcome.RELEASED)
+            transitions.released(conn, job_id, row)
 
     def stage_artifact(self, job_id: int, token: str, artifact_name: str) -> int:
         """Fenced: record an artifact staged by this claim; returns its generation."""
@@ -335,21 +222,3 @@ class ClaimsSql:
                 set_={"staged_at": stmt.excluded.staged_at},
             ))
             return int(row.claim_generation)
-
-    def _requeue(self, conn: Connection, job_id: int, fenced: sa.Row[Any],
-                 available_at: Any) -> None:
-        conn.execute(jobs.update().where(jobs.c.job_id == job_id).values(
-            job_status=JobStatus.QUEUED.value, status_reason=None, **NO_CLAIM,
-            available_at=available_at,
-            resume_step_index=first_unfinished(conn, job_id, fenced.plan_text),
-        ))
-
-    def _end_attempt(self, conn: Connection, job_id: int, generation: int,
-                     outcome: AttemptOutcome) -> None:
-        conn.execute(
-            attempts.update()
-            .where(attempts.c.job_id == job_id, attempts.c.claim_generation == generation,
-                   attempts.c.ended_at.is_(None))
-            .values(ended_at=db_now(), attempt_outcome=outcome.value,
-                    ended_by=EndedBy.WORKER.value)
-        )

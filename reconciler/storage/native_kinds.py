@@ -4,7 +4,8 @@ Without ``[kinds]`` the native source's prebuilt scans serve every pass unchange
 them, two things change where the source scans, so neither fills a batch with jobs the
 pass would only skip:
 
-- kinds resolved to ``reconcile = false`` are left out of both scans (never touched);
+- kinds resolved to ``reconcile = false`` are left out of both scans (never touched) and
+  out of the brake's counts (the pass could not act on them);
 - the wedged scan uses each running kind's own ``wedged_after_seconds`` (one ``CASE`` over
   the kinds running now, which are few), so a kind wedged sooner than the default is
   found and one wedged later is not picked up early.
@@ -86,6 +87,28 @@ class KindedNativeSource(NativeSource):
                    jobs.c.lease_expires_at <= db_now())
         ).one()
         return int(row[0]), as_float(row[1])
+
+
+    def running_count(self) -> int:
+        """Processing jobs of reconciled kinds: the brake weighs only jobs a pass could act
+        on (``core.brake.brake``), as the foreign sources count them."""
+        policies = self._policies()
+        if not policies:
+            return 0
+        return int(self.conn.execute(
+            sa.select(sa.func.count())
+            .where(IN_PROCESSING, jobs.c.job_kind.in_(sorted(policies)))).scalar_one())
+
+    def stale_count(self, limit: int) -> int:
+        """Expired, unheld processing jobs of reconciled kinds, up to ``limit``."""
+        policies = self._policies()
+        if not policies:
+            return 0
+        stale = sa.select(jobs.c.job_id).where(
+            SCANNED, jobs.c.job_kind.in_(sorted(policies)), jobs.c.lease_expires_at <= db_now(),
+            jobs.c.operator_hold.is_(False)).limit(limit).subquery()
+        return int(self.conn.execute(sa.select(sa.func.count()).select_from(stale))
+                   .scalar_one())
 
 
 def _after(time_column: Any, place: tuple[Any, ...]) -> Any:

@@ -16,6 +16,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.visitors import InternalTraversal
 
 from models import (
     JobArtifact,
@@ -55,13 +56,6 @@ IN_QUEUE = jobs.c.job_status == sa.literal_column(f"'{QUEUED}'")
 # The candidate scans' rows: written as the scan indexes' predicate (models.tables.SCANNED),
 # which SQLite uses only when the query repeats it term for term.
 SCANNED = sa.and_(IN_PROCESSING, sa.text("NOT job_runs.reconcile_parked"))
-
-# The claim columns a job drops whenever no worker holds it any more.
-NO_CLAIM: dict[str, Any] = {
-    "lease_token": None, "lease_owner": None, "lease_expires_at": None,
-    "worker_session_id": None, "reconcile_parked": False,
-}
-
 
 def session_gone() -> sa.ColumnElement[bool]:
     """True when the job's claim belongs to a worker session known to be gone."""
@@ -124,6 +118,10 @@ class unindexed(sa.sql.expression.ColumnElement[Any]):  # noqa: N801 - reads as 
     """
 
     inherit_cache = True
+    # Without its traversal the element has no cache key, and neither has any statement
+    # holding it: SQLAlchemy then compiles that statement anew on every execution.
+    _traverse_internals = [  # noqa: RUF012 - SQLAlchemy declares it as a list
+        ("column", InternalTraversal.dp_clauseelement)]
 
     def __init__(self, column: sa.ColumnElement[Any]) -> None:
         self.column = column

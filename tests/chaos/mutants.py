@@ -34,14 +34,10 @@ from reconciler.core.vocabulary import JobStatus
 from reconciler.errors import LeaseLost
 from reconciler.sidecar.service import Service
 from reconciler.storage.clock import db_now, now_plus
-from reconciler.storage.native_source import (
-    PLANNED_COLUMNS,
-    NativeSource,
-    planned_rows,
-    swap_changes,
-)
+from reconciler.storage.native_source import NativeSource, planned_rows
 from reconciler.storage.sql import PROCESSING, attempts, jobs, json_rows, plan_steps
 from reconciler.storage.sql_store import SqlStore
+from reconciler.storage.transitions import PLANNED_COLUMNS, swap_changes
 
 
 def swap_without_evidence(self: NativeSource, acting: Sequence[PlannedChange]

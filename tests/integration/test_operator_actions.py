@@ -304,6 +304,53 @@ def test_cancel_of_a_processing_job_fences_its_claim_out(
     assert reconcile(engine).decisions == ()
 
 
+CLAIM_COLUMNS = ("lease_token", "lease_owner", "lease_expires_at", "worker_session_id")
+
+
+def test_a_cancelled_job_ends_like_every_other_ended_job(
+    client: JobClient, engine: Engine
+) -> None:
+    """Cancelled, completed, failed or terminalized by a pass: the job keeps no trace of the
+    claim that held it (token, owner, lease, session), is finished, and its attempt ended."""
+    session = client.store.register_session("host-a:1", "host-a", 1)
+    ended: dict[str, int] = {}
+    for how in ("complete", "fail", "terminalize", "cancel"):
+        job_id = client.enqueue("report", steps=PLAN)
+        claim = client.claim("host-a:1", lease_seconds=30 if how != "terminalize" else 0.2,
+                             session_id=session)
+        assert claim is not None
+        assert claim.job_id == job_id
+        claim.start_step(0)
+        if how == "complete":
+            claim.finish_step(0)
+            claim.start_step(1)
+            claim.finish_step(1)
+            claim.start_step(2)
+            claim.finish_step(2)
+            claim.complete()
+        elif how == "fail":
+            claim.fail("Boom", retryable=False)
+        elif how == "cancel":
+            assert client.store.operator_action(job_id, "cancel") == (True, None)
+        ended[how] = job_id
+    # Out of attempts, the expired claim is terminalized (resume_exhausted), not resumed.
+    wait_until_expired(engine, ended["terminalize"])
+    with engine.begin() as conn:
+        conn.execute(JOBS.update().where(JOBS.c.job_id == ended["terminalize"])
+                     .values(attempt_count=JOBS.c.max_attempts))
+    assert [(d.job_id, d.reason) for d in reconcile(engine).decisions] == [
+        (ended["terminalize"], Reason.RESUME_EXHAUSTED)]
+
+    for how, job_id in ended.items():
+        row = snapshot(engine, job_id)
+        job = row["job"]
+        assert job["job_status"] in ("completed", "failed", "cancelled"), how
+        assert {c: job[c] for c in CLAIM_COLUMNS} == dict.fromkeys(CLAIM_COLUMNS), how
+        assert job["reconcile_parked"] is False, how
+        assert job["finished_at"] is not None, how
+        assert [a["ended_at"] is not None for a in row["attempts"]] == [True], how
+
+
 def test_cancel_stops_a_running_worker_at_its_next_heartbeat_without_further_writes(
     client: JobClient, engine: Engine
 ) -> None:

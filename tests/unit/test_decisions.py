@@ -591,6 +591,14 @@ class TestStatusAfter:
         for reason in (Reason.FENCE_LOST, Reason.RECONCILE_ERROR, Reason.MASS_STALENESS_BRAKE):
             assert Decision(1, Disposition.SKIP, reason).status_after is None
 
+    def test_a_decision_answers_as_the_function_for_every_pair(self) -> None:
+        """``Decision.status_after`` (a lookup made from ``status_after``) agrees with it on
+        every disposition and reason, rules and pass outcomes alike."""
+        for disposition in Disposition:
+            for reason in Reason:
+                assert (Decision(1, disposition, reason).status_after
+                        is status_after(disposition, reason))
+
 
 # --------------------------------------------------------------------------------------
 # Order and exhaustive agreement with the design.
