@@ -20,8 +20,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from benchmarks.__main__ import Databases, drain
 from benchmarks.dataset import Shape, build
+from benchmarks.harness import Databases, drain
 from reconciler.core import passes
 from reconciler.storage.audit import SqlAudit, SqlLease
 from reconciler.storage.native_source import NativeSource
