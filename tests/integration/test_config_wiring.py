@@ -1,6 +1,6 @@
 """A config file's ``[kinds]`` on the native source, and ``--config`` on the command line.
 
-The pass is built by the composition root from the file (``wiring.open_pass_store`` and
+The pass is built by the composition root from the file (``wiring.assemble_cli`` and
 ``wiring.pass_config``), as ``reconciler pass --config`` and ``reconciler run`` build it.
 """
 
@@ -19,8 +19,9 @@ from models import JobRun
 from reconciler.config import Config, load_config
 from reconciler.core.passes import PassReport, run_pass
 from reconciler.core.vocabulary import Disposition, EffectKind, Reason
+from reconciler.sidecar.service import Service
 from reconciler.storage.clock import now_plus
-from reconciler.wiring import open_pass_store, pass_config
+from reconciler.wiring import assemble_cli, assemble_sidecar, pass_config
 from reconciler.worker import JobClient, Step
 from tests.conftest import run_cli
 from tests.helpers import job_row
@@ -52,7 +53,7 @@ def claimed(client: JobClient, kind: str, *, idle: float, lease_in: float) -> in
 
 def one_pass(engine: Engine, config: Config, batch_size: int = 50) -> PassReport:
     settings = config.settings.model_copy(update={"batch_size": batch_size})
-    return run_pass(open_pass_store(engine, config),
+    return run_pass(assemble_cli(config, engine=engine).passes,
                     pass_config(settings, "kinds-test", config.kinds))
 
 
@@ -201,3 +202,34 @@ def test_db_upgrade_with_a_table_source_checks_its_columns(
     assert "touched_at" in done.stderr
     columns = {c["name"] for c in sa.inspect(engine).get_columns("app_jobs")}
     assert columns == {"id", "state"}
+
+
+def test_readyz_checks_the_configured_source_as_the_start_up_check_does(
+        tmp_path: Path, db_url: str, engine: Engine) -> None:
+    """/readyz runs the start-up's check with the configured ``[source]``: the mapped table
+    dropped under a running service makes it not ready, naming the table."""
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE app_jobs (id INTEGER PRIMARY KEY, state TEXT)"))
+    path = write_config(tmp_path, """
+        [source]
+        kind = "table"
+        table = "app_jobs"
+        id_column = "id"
+        status_column = "state"
+        processing = "running"
+        queued = "ready"
+        failed = "dead"
+    """)
+    service = Service(assemble_sidecar(load_config(path, database_url=db_url),
+                                       instance="readyz-source"))
+    service.probe.fresh_seconds = 0.0  # every call below checks the database again
+    try:
+        assert service.run_one_pass() is not None
+        assert service.readiness() == (True, "ready")
+        with engine.begin() as conn:
+            conn.execute(sa.text("DROP TABLE app_jobs"))
+        ready, why = service.readiness()
+    finally:
+        service.close()
+    assert not ready
+    assert "app_jobs" in why
