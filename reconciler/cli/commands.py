@@ -11,7 +11,6 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from reconciler import __version__
@@ -35,19 +34,9 @@ from reconciler.errors import (
     ReconcilerError,
 )
 from reconciler.logs import configure_logging
-from reconciler.redaction import display_url, redact
+from reconciler.redaction import redact
 from reconciler.settings import Settings
-from reconciler.wiring import (
-    DatabaseTimeouts,
-    check_schema,
-    error_code,
-    error_line,
-    open_engine,
-    open_pass_store,
-    open_store,
-    pass_config,
-    upgrade_schema,
-)
+from reconciler.wiring import CliParts, assemble_cli, error_code, error_line, migrate
 
 log = logging.getLogger("reconciler.cli")
 
@@ -127,16 +116,10 @@ def _config(args: argparse.Namespace) -> Config:
                        **{name: getattr(args, name, None) for name in Settings.model_fields})
 
 
-def _settings(args: argparse.Namespace) -> Settings:
-    return _config(args).settings
-
-
-def _open_engine(settings: Settings, config: Config | None = None) -> Engine:
-    # must_exist: no command but `db upgrade` leaves an empty SQLite file behind.
-    engine = open_engine(settings.database_url,
-                         timeouts=DatabaseTimeouts.from_settings(settings), must_exist=True)
-    check_schema(engine, config)
-    return engine
+def _assemble(args: argparse.Namespace) -> CliParts:
+    """The command's parts, from its config: one engine, checked once. No command but
+    ``db upgrade`` leaves an empty SQLite file behind."""
+    return assemble_cli(_config(args))
 
 
 def _emit(args: argparse.Namespace, data: Any, human: Callable[[], list[str]]) -> None:
@@ -150,23 +133,16 @@ def _emit(args: argparse.Namespace, data: Any, human: Callable[[], list[str]]) -
 
 
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
-    config = _config(args)
-    settings = config.settings
-    engine = open_engine(settings.database_url,
-                         timeouts=DatabaseTimeouts.from_settings(settings))
-    upgrade_schema(engine, config)
-    shown = display_url(engine.url.render_as_string(hide_password=True))
+    shown = migrate(_config(args))
     print(printable(f"database at {shown} is up to date"))
     return 0
 
 
 def cmd_pass(args: argparse.Namespace) -> int:
-    config = _config(args)
-    settings = config.settings
-    store = open_pass_store(_open_engine(settings, config), config)
+    cli = _assemble(args)
+    settings = cli.config.settings
     instance = settings.instance_name or f"cli-{socket.gethostname()}-{os.getpid()}"
-    report = run_pass(store, pass_config(settings, instance, config.kinds),
-                      dry_run=args.dry_run)
+    report = run_pass(cli.passes, cli.pass_config(instance), dry_run=args.dry_run)
     view = pass_view(report)
 
     def human() -> list[str]:
@@ -187,7 +163,7 @@ def cmd_pass(args: argparse.Namespace) -> int:
 
 
 def cmd_jobs_list(args: argparse.Namespace) -> int:
-    store = open_store(_open_engine(_settings(args)))
+    store = _assemble(args).store
     views = [job_view(j) for j in store.list_jobs(args.status, args.limit)]
 
     def human() -> list[str]:
@@ -204,7 +180,7 @@ def cmd_jobs_list(args: argparse.Namespace) -> int:
 
 
 def cmd_jobs_show(args: argparse.Namespace) -> int:
-    store = open_store(_open_engine(_settings(args)))
+    store = _assemble(args).store
     job = store.get_job(args.job_id)
     if job is None:
         raise NotFoundError(f"no job with id {args.job_id}")
@@ -225,25 +201,21 @@ def cmd_jobs_show(args: argparse.Namespace) -> int:
 
 
 def cmd_jobs_explain(args: argparse.Namespace) -> int:
-    config = _config(args)
-    settings = config.settings
-    engine = _open_engine(settings, config)
-    store = open_store(engine)
+    cli = _assemble(args)
+    config, store = cli.config, cli.store
     job_id: int | str = args.job_id
     if not isinstance(config.source, NativeConfig):
         # A foreign job id as its system spells it (a UUID for pg-boss, a number elsewhere);
         # the source compares it with its own key column.
         job_id = int(args.job_id) if args.job_id.isdigit() else args.job_id
-        planned = explain_jobs(open_pass_store(engine, config), [job_id],
-                               pass_config(settings, "cli-explain", config.kinds))
+        planned = explain_jobs(cli.passes, [job_id], cli.pass_config("cli-explain"))
         if not planned:
             raise NotFoundError(f"no running {config.source.kind} job with id {args.job_id}")
     else:
         if not args.job_id.isdigit() or int(args.job_id) > MAX_JOB_ID:
             raise NotFoundError(f"no job with id {args.job_id}")
         job_id = int(args.job_id)
-        planned = explain_jobs(open_pass_store(engine, config), [job_id],
-                               pass_config(settings, "cli-explain", config.kinds))
+        planned = explain_jobs(cli.passes, [job_id], cli.pass_config("cli-explain"))
     if not planned:
         job = store.get_job(int(job_id))
         if job is None:
@@ -275,7 +247,7 @@ OPERATOR_HELP = {
 
 
 def cmd_jobs_action(args: argparse.Namespace) -> int:
-    store = open_store(_open_engine(_settings(args)))
+    store = _assemble(args).store
     applied, refusal = store.operator_action(args.job_id, args.jobs_command)
     if refusal == "no_such_job":
         raise NotFoundError(f"no job with id {args.job_id}")
@@ -293,8 +265,7 @@ def cmd_jobs_action(args: argparse.Namespace) -> int:
 
 
 def cmd_decisions(args: argparse.Namespace) -> int:
-    config = _config(args)
-    store = open_store(_open_engine(config.settings, config))
+    store = _assemble(args).store
     records = [decision_view(r) for r in store.list_decisions(
         args.reason, args.since, args.limit, shadow_only=args.shadow_only)]
 
@@ -325,8 +296,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from reconciler.sidecar.service import Service  # noqa: PLC0415 - keeps other commands light
 
     configure_logging(args.verbose)
-    config = _config(args)
-    service = Service(config.settings, config=config)
+    from reconciler.wiring import assemble_sidecar  # noqa: PLC0415 - as above
+
+    service = Service(assemble_sidecar(_config(args)))
     code = service.run_until_signalled()
     if service.stuck:
         # A thread is still blocked inside the database driver: the interpreter would wait
