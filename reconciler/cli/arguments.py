@@ -57,11 +57,19 @@ class OneLineParser(argparse.ArgumentParser):
                   + "\n")
 
 
-def settings_parent(without: frozenset[str] = frozenset()) -> OneLineParser:
-    """Every setting as a flag; ``without`` names settings whose flag a command spells
-    differently (``decisions --shadow`` filters the audit, it does not run in shadow)."""
+def settings_parent(without: frozenset[str] = frozenset(), *,
+                    after_command: bool = False) -> OneLineParser:
+    """Every setting as a flag, with ``--config`` and ``--verbose``: the global options.
+
+    ``without`` names settings whose flag a command spells differently (``decisions
+    --shadow`` filters the audit, it does not run in shadow). The root parser takes them
+    before the command (``reconciler --config X pass``) and sets their defaults; a
+    command's copy (``after_command``) sets only what it is given, so a flag before the
+    command is kept and the same flag after it wins.
+    """
+    unset: object = argparse.SUPPRESS if after_command else None
     parent = OneLineParser(add_help=False)
-    parent.add_argument("--config", metavar="PATH", default=None,
+    parent.add_argument("--config", metavar="PATH", default=unset,
                         help="a TOML config file: settings, [source] and [kinds] "
                         "(else RECONCILER_CONFIG; flags and RECONCILER_<NAME> win over it)")
     group = parent.add_argument_group("settings (flag, else RECONCILER_<NAME>, else default)")
@@ -75,9 +83,11 @@ def settings_parent(without: frozenset[str] = frozenset()) -> OneLineParser:
         help_text = f"{spec.description}{shown}"
         if spec.annotation is bool:
             # A switch (``--shadow``, ``--no-shadow``) rather than ``--shadow true``.
-            group.add_argument(flag, dest=name, default=None,
+            group.add_argument(flag, dest=name, default=unset,
                                action=argparse.BooleanOptionalAction, help=help_text)
         else:
-            group.add_argument(flag, dest=name, default=None, metavar="VALUE", help=help_text)
-    parent.add_argument("--verbose", action="store_true", help="tracebacks and debug logs")
+            group.add_argument(flag, dest=name, default=unset, metavar="VALUE", help=help_text)
+    parent.add_argument("--verbose", action="store_true",
+                        default=argparse.SUPPRESS if after_command else False,
+                        help="tracebacks and debug logs")
     return parent

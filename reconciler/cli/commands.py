@@ -43,9 +43,13 @@ log = logging.getLogger("reconciler.cli")
 
 def build_parser() -> argparse.ArgumentParser:
     """The whole command tree."""
-    common = settings_parent()
+    common = settings_parent(after_command=True)
+    # The global options go before the command or after it (`reconciler --config X pass`,
+    # `reconciler pass --config X`).
     parser = OneLineParser(
-        prog="reconciler", description="Find jobs whose workers died and recover them.")
+        prog="reconciler", description="Find jobs whose workers died and recover them.",
+        usage="%(prog)s [--config PATH] [--<setting> VALUE ...] [--verbose] COMMAND ...",
+        parents=[settings_parent()])
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -88,7 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     # Reading the audit never runs a pass, so the shadow setting means nothing here; its
     # flag is this command's filter instead (dest ``shadow_only``, so it is never a setting).
-    audit = commands.add_parser("decisions", parents=[settings_parent(frozenset({"shadow"}))],
+    audit = commands.add_parser("decisions", parents=[settings_parent(frozenset({"shadow"}),
+                                                          after_command=True)],
                                 help="the audit trail")
     audit.add_argument("--shadow", dest="shadow_only", action="store_true",
                        help="only decisions recorded in shadow mode (nothing was changed)")
