@@ -19,6 +19,7 @@ from models import JobRun
 from reconciler.config import Config, load_config
 from reconciler.core.passes import PassReport, run_pass
 from reconciler.core.vocabulary import Disposition, EffectKind, Reason
+from reconciler.ledger import StepLedger
 from reconciler.sidecar.service import Service
 from reconciler.storage.clock import now_plus
 from reconciler.wiring import assemble_cli, assemble_sidecar, pass_config
@@ -142,7 +143,8 @@ def test_crash_loop_after_resolves_per_kind_with_the_setting_as_default(
 
 def test_pass_reads_kinds_from_the_config_flag_and_from_the_environment(
         tmp_path: Path, db_url: str, engine: Engine, client: JobClient) -> None:
-    """``--config`` and ``RECONCILER_CONFIG`` name the same file; the flag wins."""
+    """``--config`` (after the command or before it) and ``RECONCILER_CONFIG`` name the same
+    file; the flag wins."""
     path = write_config(tmp_path, """
         [kinds."legacy.*"]
         reconcile = false
@@ -150,8 +152,9 @@ def test_pass_reads_kinds_from_the_config_flag_and_from_the_environment(
     excluded = claimed(client, "legacy.export", idle=900, lease_in=-600)
 
     by_flag = json.loads(run_cli(db_url, "pass", "--json", "--config", str(path)).stdout)
+    before = json.loads(run_cli(db_url, "--config", str(path), "pass", "--json").stdout)
     by_env = json.loads(run_cli(db_url, "pass", "--json", config=str(path)).stdout)
-    assert by_flag["decisions"] == by_env["decisions"] == []
+    assert by_flag["decisions"] == before["decisions"] == by_env["decisions"] == []
     assert job_row(engine, excluded)["job_status"] == "processing"
 
     missing = run_cli(db_url, "pass", "--json", "--config", str(tmp_path / "none.toml"),
@@ -233,3 +236,26 @@ def test_readyz_checks_the_configured_source_as_the_start_up_check_does(
         service.close()
     assert not ready
     assert "app_jobs" in why
+
+
+def test_the_worker_side_reads_the_config_file_when_given_no_url(
+        tmp_path: Path, db_url: str, engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``JobClient()`` and ``StepLedger()`` take the database and the settings from the file
+    ``RECONCILER_CONFIG`` names, as the reconciler does."""
+    path = tmp_path / "worker.toml"
+    path.write_text(f"database_url = {json.dumps(db_url)}\nlease_seconds = 42\n")
+    monkeypatch.setenv("RECONCILER_CONFIG", str(path))
+    monkeypatch.delenv("RECONCILER_DATABASE_URL", raising=False)
+    monkeypatch.delenv("RECONCILER_LEASE_SECONDS", raising=False)
+    with JobClient() as client:
+        assert client.settings.lease_seconds == 42
+        job = client.enqueue("configured", steps=[Step("work", EffectKind.IDEMPOTENT)])
+    assert job_row(engine, job)["job_kind"] == "configured"
+    ledger = StepLedger()
+    try:
+        ledger.run("procrastinate", 77, 1, [Step("work", EffectKind.IDEMPOTENT)])
+    finally:
+        ledger.close()
+    with engine.connect() as conn:
+        keys = conn.execute(sa.text("SELECT job_key FROM step_ledger_entries")).scalars().all()
+    assert keys == ["77"]
