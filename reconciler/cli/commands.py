@@ -36,7 +36,14 @@ from reconciler.errors import (
 from reconciler.logs import configure_logging
 from reconciler.redaction import redact
 from reconciler.settings import Settings
-from reconciler.wiring import CliParts, assemble_cli, error_code, error_line, migrate
+from reconciler.wiring import (
+    CliParts,
+    assemble_cli,
+    assemble_sidecar,
+    error_code,
+    error_line,
+    migrate,
+)
 
 log = logging.getLogger("reconciler.cli")
 
@@ -301,8 +308,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     from reconciler.sidecar.service import Service  # noqa: PLC0415 - keeps other commands light
 
     configure_logging(args.verbose)
-    from reconciler.wiring import assemble_sidecar  # noqa: PLC0415 - as above
-
     service = Service(assemble_sidecar(_config(args)))
     code = service.run_until_signalled()
     if service.stuck:
