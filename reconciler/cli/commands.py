@@ -1,4 +1,8 @@
-"""The ``reconciler`` command line: subcommands, ``--json``, one-line errors, exit codes."""
+"""The ``reconciler`` commands: what each does, ``--json``, one-line errors, exit codes.
+
+The grammar (every command's arguments) is ``cli.arguments``; here each command gets its
+parts from the composition root and prints what it found.
+"""
 
 from __future__ import annotations
 
@@ -13,20 +17,11 @@ from typing import Any
 
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from reconciler import __version__
-from reconciler.cli.arguments import (
-    MAX_JOB_ID,
-    OneLineParser,
-    job_id,
-    parse_duration,
-    positive_int,
-    settings_parent,
-)
+from reconciler.cli.arguments import MAX_JOB_ID, OPERATOR_HELP, build_parser
 from reconciler.cli.views import decision_view, job_view, pass_view, printable
 from reconciler.config import Config, NativeConfig, load_config
 from reconciler.core.decisions import render_markdown, render_table
 from reconciler.core.passes import explain_jobs, run_pass
-from reconciler.core.vocabulary import JobStatus, Reason
 from reconciler.errors import (
     ActionRefusedError,
     DatabaseUnavailableError,
@@ -46,74 +41,6 @@ from reconciler.wiring import (
 )
 
 log = logging.getLogger("reconciler.cli")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The whole command tree."""
-    common = settings_parent(after_command=True)
-    # The global options go before the command or after it (`reconciler --config X pass`,
-    # `reconciler pass --config X`).
-    parser = OneLineParser(
-        prog="reconciler", description="Find jobs whose workers died and recover them.",
-        usage="%(prog)s [--config PATH] [--<setting> VALUE ...] [--verbose] COMMAND ...",
-        parents=[settings_parent()])
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    db = commands.add_parser("db", help="schema migrations")
-    db_commands = db.add_subparsers(dest="db_command", required=True, metavar="ACTION")
-    db_commands.add_parser("upgrade", parents=[common], help="apply migrations up to head")
-
-    commands.add_parser("run", parents=[common],
-                        help="the sidecar: scheduled passes, /metrics, /healthz, /readyz")
-    demo = commands.add_parser("demo", parents=[common],
-                               help="crash real workers and watch the reconciler recover them")
-    demo.add_argument("--keep", action="store_true", help="keep the demo's database file")
-    demo.add_argument("--source", choices=("native", "procrastinate"), default="native",
-                      help="native: this project's workers on SQLite; procrastinate: a real "
-                      "Procrastinate worker on a throwaway PostgreSQL")
-
-    run_once = commands.add_parser("pass", parents=[common], help="run one bounded pass now")
-    run_once.add_argument("--dry-run", action="store_true", help="decide, write nothing")
-    run_once.add_argument("--json", action="store_true")
-
-    jobs = commands.add_parser("jobs", help="public, redacted job state")
-    job_commands = jobs.add_subparsers(dest="jobs_command", required=True, metavar="ACTION")
-    listing = job_commands.add_parser("list", parents=[common], help="jobs, newest first")
-    listing.add_argument("--status", choices=[s.value for s in JobStatus])
-    listing.add_argument("--limit", type=positive_int, default=100)
-    listing.add_argument("--json", action="store_true")
-    show = job_commands.add_parser("show", parents=[common], help="one job and its steps")
-    show.add_argument("job_id", type=job_id)
-    show.add_argument("--json", action="store_true")
-
-    why = job_commands.add_parser(
-        "explain", parents=[common],
-        help="what the decision table says about a processing job right now (read only)")
-    why.add_argument("job_id", help="the job's id as its source spells it")
-    why.add_argument("--json", action="store_true")
-    for action, help_text in OPERATOR_HELP.items():
-        acting = job_commands.add_parser(action, parents=[common], help=help_text)
-        acting.add_argument("job_id", type=job_id)
-        acting.add_argument("--json", action="store_true")
-
-    # Reading the audit never runs a pass, so the shadow setting means nothing here; its
-    # flag is this command's filter instead (dest ``shadow_only``, so it is never a setting).
-    audit = commands.add_parser("decisions", parents=[settings_parent(frozenset({"shadow"}),
-                                                          after_command=True)],
-                                help="the audit trail")
-    audit.add_argument("--shadow", dest="shadow_only", action="store_true",
-                       help="only decisions recorded in shadow mode (nothing was changed)")
-    audit.add_argument("--reason", choices=[r.value for r in Reason])
-    audit.add_argument("--since", type=parse_duration, metavar="DURATION",
-                       help="only decisions younger than this (90s, 15m, 2h, 7d)")
-    audit.add_argument("--limit", type=positive_int, default=100)
-    audit.add_argument("--json", action="store_true")
-
-    explain = commands.add_parser("explain", parents=[common], help="print the decision table")
-    explain.add_argument("--markdown", action="store_true",
-                         help="as Markdown (docs/decision-table.md is made from this)")
-    return parser
 
 
 def _config(args: argparse.Namespace) -> Config:
@@ -248,14 +175,6 @@ def cmd_jobs_explain(args: argparse.Namespace) -> int:
 
     _emit(args, view, human)
     return 0
-
-
-OPERATOR_HELP = {
-    "hold": "hold a job: workers do not claim it and the reconciler leaves it alone",
-    "unhold": "release an operator hold",
-    "retry": "requeue a failed or cancelled job with a fresh attempt budget",
-    "cancel": "cancel a queued or processing job (its worker is fenced out at once)",
-}
 
 
 def cmd_jobs_action(args: argparse.Namespace) -> int:
