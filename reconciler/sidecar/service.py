@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler
-from typing import Any
+from typing import Any, Protocol
 
 from apscheduler.events import EVENT_JOB_MAX_INSTANCES, JobExecutionEvent
 from apscheduler.schedulers.background import BackgroundScheduler
@@ -47,8 +47,12 @@ LEADER_LEASE_NAME = "reconciler"
 JITTER_FRACTION = 0.1
 HEALTH_CHECK_SECONDS = 5.0
 
-PassRunner = Callable[..., PassReport]
-"""``run_pass``'s shape: (store, config, *, after=cursor) -> report."""
+class PassRunner(Protocol):
+    """What runs one pass: ``core.passes.run_pass``'s shape."""
+
+    def __call__(self, store: PassStore, config: PassConfig, *,
+                 after: Cursor | None = None) -> PassReport:
+        """One pass (one batch) from ``after``; its report."""
 
 
 class Service:
