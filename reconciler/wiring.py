@@ -41,7 +41,6 @@ from reconciler.storage.step_ledger import StepLedger as SqlStepLedger
 from reconciler.storage.wakeups import NotifyWaiter
 
 __all__ = [
-    "PROBE_TIMEOUTS",
     "CliParts",
     "DatabaseCheck",
     "LedgerRun",
