@@ -18,6 +18,7 @@ from reconciler.settings import Settings
 from reconciler.sidecar.artifact_sweep import sweep_artifacts
 from reconciler.sidecar.metrics import Metrics
 
+# The service's logger: the chores' lines were always the service's, and log filters rely on it.
 log = logging.getLogger("reconciler.sidecar.service")
 
 RETENTION_INTERVAL_SECONDS = 600.0
