@@ -36,11 +36,11 @@ from benchmarks.harness import (
     Measurement,
     bench_config,
     drain,
+    store_on,
     timed,
 )
 from benchmarks.recovery import plan_for, run_recovery
 from reconciler.core.passes import run_pass
-from reconciler.storage.sql_store import SqlStore
 
 
 def measure_recovery(dbs: Databases, shape: Shape, batch_size: int) -> list[Measurement]:
@@ -52,7 +52,7 @@ def measure_recovery(dbs: Databases, shape: Shape, batch_size: int) -> list[Meas
         restore_stale(engine, shape)
         writes_seconds, writes_rows = timed(lambda: writes_floor(engine))
         restore_stale(engine, shape)
-        store = SqlStore(engine)
+        store = store_on(engine)
         PROGRESS.phase(f"{dbs.engine_name}: recovery, draining {shape.stale} stale jobs")
         seconds, (decided, passes) = timed(lambda: drain(store, batch_size,
                                                           stale=shape.stale))
@@ -69,7 +69,7 @@ def measure_recovery(dbs: Databases, shape: Shape, batch_size: int) -> list[Meas
 
 def quiet_pass_ms(engine: Engine) -> float:
     """Median wall time of a full pass (lease, pass record, scans) with nothing stale."""
-    store = SqlStore(engine)
+    store = store_on(engine)
     config = bench_config(500)
     run_pass(store, config)
     samples = []
@@ -117,7 +117,7 @@ def measure_round_trips(dbs: Databases) -> list[Measurement]:
             _build(engine, shape)
             PROGRESS.phase(f"{dbs.engine_name}: statements of a pass of {batch_size}")
             with _counting(engine) as statements:
-                report = run_pass(SqlStore(engine), bench_config(batch_size))
+                report = run_pass(store_on(engine), bench_config(batch_size))
         out.append(Measurement("round_trips_per_batch", dbs.engine_name, shape.jobs,
                                shape.stale, len(statements), "statements",
                                {"batch_size": batch_size, "decided": len(report.decisions)}))

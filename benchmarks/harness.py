@@ -24,6 +24,7 @@ from reconciler.core.passes import PassConfig, PassReport, run_pass
 from reconciler.core.ports import PassStore
 from reconciler.storage.engines import UNLIMITED_TIMEOUTS, create_engine
 from reconciler.storage.schema import upgrade
+from reconciler.storage.sql_store import SqlStore
 from tests.progress import Progress
 
 THRESHOLDS = Thresholds(stale_after_seconds=60.0, wedged_after_seconds=3600.0)
@@ -97,6 +98,12 @@ class Databases:
     def close(self) -> None:
         if self._server is not None:
             self._server.stop()
+
+
+def store_on(engine: Engine) -> SqlStore:
+    """The store on an engine of ``Databases.fresh``, told the engine's timeouts (none but
+    the connection's): a pass then adds no ``SET LOCAL`` of its own, as before."""
+    return SqlStore(engine, timeouts=UNLIMITED_TIMEOUTS)
 
 
 def timed(func: Callable[[], Any]) -> tuple[float, Any]:

@@ -57,7 +57,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from benchmarks.dataset import Shape, build
-from benchmarks.harness import Databases, Measurement, drain
+from benchmarks.harness import Databases, Measurement, drain, store_on
 from models import (
     JobRun,
     ReconcilerLease,
@@ -394,7 +394,7 @@ def recovery_floor(dbs: Databases, orphans: int, drain: Callable[[SqlStore, int]
     """The pass deciding ``orphans`` stale jobs back to back in this process, in seconds."""
     with dbs.fresh() as engine:
         build(engine, Shape(jobs=max(orphans * 2, 1000), stale=orphans))
-        store = SqlStore(engine)
+        store = store_on(engine)
         started = time.perf_counter()
         drain(store, 500)
         return time.perf_counter() - started
