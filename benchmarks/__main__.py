@@ -18,12 +18,8 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
-import time
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,114 +28,19 @@ from sqlalchemy.engine import Engine
 
 from benchmarks import parked
 from benchmarks.dataset import Shape, build, floor_update, restore_stale, writes_floor
+from benchmarks.harness import (
+    BATCH_SIZES,
+    PROGRESS,
+    QUIET_PASSES,
+    Databases,
+    Measurement,
+    bench_config,
+    drain,
+    store_on,
+    timed,
+)
 from benchmarks.recovery import plan_for, run_recovery
-from reconciler.core.decisions import Thresholds
-from reconciler.core.passes import PassConfig, PassReport, run_pass
-from reconciler.storage.engines import UNLIMITED_TIMEOUTS, create_engine
-from reconciler.storage.schema import downgrade, upgrade
-from reconciler.storage.sql_store import SqlStore
-from tests.progress import Progress
-
-THRESHOLDS = Thresholds(stale_after_seconds=60.0, wedged_after_seconds=3600.0)
-BATCH_SIZES = (100, 500, 2000)
-QUIET_PASSES = 50
-# What the run is doing, on stderr at least every 10 s (the table or JSON stays on stdout).
-PROGRESS = Progress("benchmark", enabled=False)
-
-
-@dataclass
-class Measurement:
-    """One row of the report; ``as_json`` is one line of ``--json`` output."""
-
-    measurement: str
-    engine: str
-    jobs: int
-    stale: int
-    value: float
-    unit: str
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def as_json(self) -> str:
-        return json.dumps({"measurement": self.measurement, "engine": self.engine,
-                           "jobs": self.jobs, "stale": self.stale, "value": self.value,
-                           "unit": self.unit, **self.extra})
-
-
-class Databases:
-    """Fresh, migrated databases on one engine."""
-
-    def __init__(self, engine_name: str, base_url: str | None) -> None:
-        self.engine_name = engine_name
-        self.base_url = base_url
-        self._server: Any = None
-        self._tmp = Path(tempfile.mkdtemp(prefix="reconciler-bench-"))
-        self._created: list[str] = []
-
-    @contextmanager
-    def fresh(self) -> Iterator[Engine]:
-        """A migrated database: a new one (a SQLite file removed afterwards), or the one
-        ``--database-url`` names."""
-        if self.engine_name == "sqlite":
-            path = self._tmp / f"{uuid.uuid4().hex[:8]}.db"
-            url = f"sqlite:///{path}"
-        else:
-            url = self.postgres_database()
-        # Datasets of a million rows take longer than a session's statement timeout.
-        engine = create_engine(url, timeouts=UNLIMITED_TIMEOUTS)
-        upgrade(engine)
-        try:
-            yield engine
-        finally:
-            if self.engine_name != "sqlite" and self.base_url is not None:
-                # Every dataset uses the one named database: leave it empty for the next.
-                downgrade(engine)
-            engine.dispose()
-            if self.engine_name == "sqlite":
-                for suffix in ("", "-wal", "-shm"):
-                    Path(f"{path}{suffix}").unlink(missing_ok=True)
-
-    def postgres_database(self) -> str:
-        """The URL of a new empty database on the throwaway server, or ``--database-url``."""
-        if self.base_url is not None:
-            return self.base_url
-        if self._server is None:
-            sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-            from tests.pg_server import ThrowawayPostgres  # noqa: PLC0415 - only for PostgreSQL
-
-            self._server = ThrowawayPostgres().start()
-        name = f"bench_{uuid.uuid4().hex[:8]}"
-        self._server.create_database(name)
-        return str(self._server.url(name))
-
-    def close(self) -> None:
-        if self._server is not None:
-            self._server.stop()
-
-
-def _timed(func: Callable[[], Any]) -> tuple[float, Any]:
-    started = time.perf_counter()
-    result = func()
-    return time.perf_counter() - started, result
-
-
-def _config(batch_size: int) -> PassConfig:
-    return PassConfig(batch_size=batch_size, thresholds=THRESHOLDS, instance="bench")
-
-
-def drain(store: SqlStore, batch_size: int, progress: Progress = PROGRESS,
-          stale: int | None = None) -> tuple[int, int]:
-    """Run passes until nothing is stale; (jobs decided, passes)."""
-    decided = passes = 0
-    config = _config(batch_size)
-    progress.phase(f"draining {stale or 'the'} stale jobs, {batch_size} a pass", total=stale,
-                   announce=False)
-    while True:
-        report: PassReport = run_pass(store, config)
-        passes += 1
-        decided += len(report.decisions)
-        progress.advance(decided)
-        if len(report.decisions) < batch_size:
-            return decided, passes
+from reconciler.core.passes import run_pass
 
 
 def measure_recovery(dbs: Databases, shape: Shape, batch_size: int) -> list[Measurement]:
@@ -147,13 +48,13 @@ def measure_recovery(dbs: Databases, shape: Shape, batch_size: int) -> list[Meas
     with dbs.fresh() as engine:
         _build(engine, shape)
         PROGRESS.phase(f"{dbs.engine_name}: recovery baselines (set-based UPDATEs)")
-        floor_seconds, floor_rows = _timed(lambda: floor_update(engine))
+        floor_seconds, floor_rows = timed(lambda: floor_update(engine))
         restore_stale(engine, shape)
-        writes_seconds, writes_rows = _timed(lambda: writes_floor(engine))
+        writes_seconds, writes_rows = timed(lambda: writes_floor(engine))
         restore_stale(engine, shape)
-        store = SqlStore(engine)
+        store = store_on(engine)
         PROGRESS.phase(f"{dbs.engine_name}: recovery, draining {shape.stale} stale jobs")
-        seconds, (decided, passes) = _timed(lambda: drain(store, batch_size,
+        seconds, (decided, passes) = timed(lambda: drain(store, batch_size,
                                                           stale=shape.stale))
     rate, floor_rate = decided / seconds, floor_rows / floor_seconds
     writes_rate = writes_rows / writes_seconds
@@ -168,14 +69,14 @@ def measure_recovery(dbs: Databases, shape: Shape, batch_size: int) -> list[Meas
 
 def quiet_pass_ms(engine: Engine) -> float:
     """Median wall time of a full pass (lease, pass record, scans) with nothing stale."""
-    store = SqlStore(engine)
-    config = _config(500)
+    store = store_on(engine)
+    config = bench_config(500)
     run_pass(store, config)
     samples = []
     PROGRESS.phase(f"{QUIET_PASSES} quiet passes", total=QUIET_PASSES, announce=False)
     for n in range(QUIET_PASSES):
         PROGRESS.advance(n)
-        seconds, report = _timed(lambda: run_pass(store, config))
+        seconds, report = timed(lambda: run_pass(store, config))
         if report.decisions:
             raise RuntimeError("the quiet-pass measurement found stale jobs")
         samples.append(seconds * 1000)
@@ -216,7 +117,7 @@ def measure_round_trips(dbs: Databases) -> list[Measurement]:
             _build(engine, shape)
             PROGRESS.phase(f"{dbs.engine_name}: statements of a pass of {batch_size}")
             with _counting(engine) as statements:
-                report = run_pass(SqlStore(engine), _config(batch_size))
+                report = run_pass(store_on(engine), bench_config(batch_size))
         out.append(Measurement("round_trips_per_batch", dbs.engine_name, shape.jobs,
                                shape.stale, len(statements), "statements",
                                {"batch_size": batch_size, "decided": len(report.decisions)}))
@@ -227,7 +128,7 @@ MEMORY_PROBE = """
 import json, resource, sys, tracemalloc
 from reconciler.storage.engines import create_engine
 from reconciler.storage.sql_store import SqlStore
-from benchmarks.__main__ import drain
+from benchmarks.harness import drain
 from tests.progress import Progress
 engine = create_engine(sys.argv[1])
 store = SqlStore(engine)
@@ -296,7 +197,7 @@ def measure_parked(engine_name: str, base_url: str | None, jobs: int, count: int
     dbs = Databases(engine_name, base_url)
     try:
         with dbs.fresh() as engine:
-            figures = parked.measure(engine, _config(parked.BATCH_SIZE), jobs, count)
+            figures = parked.measure(engine, bench_config(parked.BATCH_SIZE), jobs, count)
     finally:
         dbs.close()
     return Measurement("quiet_pass_parked", engine_name, jobs, count,

@@ -20,13 +20,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from benchmarks.__main__ import Databases, drain
 from benchmarks.dataset import Shape, build
+from benchmarks.harness import Databases, drain, store_on
 from reconciler.core import passes
 from reconciler.storage.audit import SqlAudit, SqlLease
 from reconciler.storage.native_source import NativeSource
 from reconciler.storage.pass_store import SqlPassStore, SqlPassUnit
-from reconciler.storage.sql_store import SqlStore
 
 BATCH_SIZE = 500
 PARTS = (
@@ -94,7 +93,7 @@ def breakdown(engine_name: str, base_url: str | None, shape: Shape) -> list[tupl
     try:
         with dbs.fresh() as engine:
             build(engine, shape)
-            store = SqlStore(engine)
+            store = store_on(engine)
             with _timers() as spent:
                 started = time.perf_counter()
                 decided, _ = drain(store, BATCH_SIZE)

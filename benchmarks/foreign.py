@@ -40,7 +40,7 @@ from reconciler.config import load_config
 from reconciler.core.passes import PassConfig, run_pass
 from reconciler.storage.engines import UNLIMITED_TIMEOUTS, create_engine
 from reconciler.storage.schema import upgrade
-from reconciler.wiring import open_pass_store, pass_config
+from reconciler.wiring import assemble_cli, pass_config
 
 BATCH_SIZE = 500
 FULL = Size(jobs=1_000_000, running=10_000, orphans=1_000)
@@ -100,7 +100,7 @@ def measure(name: str, size: Size, runs: int, emit: Callable[[dict[str, Any]], N
         config_file = Path(tmp) / "reconciler.toml"
         config_file.write_text(system.source_toml)
         config = load_config(config_file, database_url=url, batch_size=BATCH_SIZE)
-        store = open_pass_store(engine, config)
+        store = assemble_cli(config, engine=engine).passes
         pass_cfg = pass_config(config.settings, "bench", config.kinds)
         base = {"source": name, "jobs": size.jobs, "running": size.running}
 

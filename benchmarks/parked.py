@@ -26,8 +26,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from benchmarks.dataset import Shape, analyze, build
+from benchmarks.harness import store_on
 from reconciler.core.passes import PassConfig, run_pass
-from reconciler.storage.sql_store import SqlStore
 
 BATCH_SIZE = 500
 PASSES = 50
@@ -82,7 +82,7 @@ def unpark_all(engine: Engine) -> None:
 def measure(engine: Engine, config: PassConfig, jobs: int, parked: int) -> dict[str, Any]:
     """The figures of the module docstring, on a migrated, empty database."""
     build(engine, Shape(jobs=jobs, stale=parked))
-    store = SqlStore(engine)
+    store = store_on(engine)
     # The baseline: the same table with those jobs finished, so no pass meets them.
     with engine.begin() as conn:
         conn.execute(sa.text(f"UPDATE job_runs SET job_status = 'completed', "

@@ -22,13 +22,12 @@ from __future__ import annotations
 
 import asyncio
 import statistics
-import sys
 import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib.metadata import version
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import psycopg
 import sqlalchemy as sa
@@ -36,11 +35,10 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from benchmarks.dataset import Shape
+from benchmarks.harness import QUIET_PASSES, Databases, Measurement
 
 if TYPE_CHECKING:
     from procrastinate import App
-
-    from benchmarks.__main__ import Databases, Measurement
 
 NEEDS_PROCRASTINATE = "--peers needs Procrastinate: pip install -e '.[peers]'"
 DEAD_HEARTBEAT_AGE = 600  # seconds; as old as our stale jobs' last activity
@@ -156,8 +154,6 @@ def measure_procrastinate(dbs: Databases, shape: Shape) -> list[Measurement]:
         import procrastinate  # noqa: PLC0415 - an optional extra, needed only here
     except ImportError:
         raise SystemExit(NEEDS_PROCRASTINATE) from None
-    # The caller's own classes: under ``python -m benchmarks`` its module is ``__main__``.
-    caller: Any = sys.modules[type(dbs).__module__]
     peer = f"procrastinate {version('procrastinate')}"
 
     def app(conninfo: str) -> App:
@@ -167,12 +163,12 @@ def measure_procrastinate(dbs: Databases, shape: Shape) -> list[Measurement]:
         seconds, recovered = asyncio.run(_recovery(app(conninfo), conninfo, shape))
     quiet = Shape(shape.jobs, 0)
     with _own_schema(dbs) as conninfo:
-        samples = asyncio.run(_quiet(app(conninfo), conninfo, quiet, caller.QUIET_PASSES))
+        samples = asyncio.run(_quiet(app(conninfo), conninfo, quiet, QUIET_PASSES))
     return [
-        caller.Measurement("peer_recovery", "postgresql", shape.jobs, shape.stale,
+        Measurement("peer_recovery", "postgresql", shape.jobs, shape.stale,
                            round(recovered / seconds), "jobs/s",
                            {"peer": peer, "seconds": round(seconds, 3), "recovered": recovered}),
-        caller.Measurement("peer_quiet_pass", "postgresql", shape.jobs, 0,
+        Measurement("peer_quiet_pass", "postgresql", shape.jobs, 0,
                            round(statistics.median(samples), 3), "ms",
                            {"peer": peer, "live_running": quiet.live, "samples": len(samples)}),
     ]

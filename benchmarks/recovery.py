@@ -56,12 +56,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from benchmarks.dataset import Shape, build
+from benchmarks.harness import Databases, Measurement, drain, store_on
 from models import (
     JobRun,
     ReconcilerLease,
@@ -72,9 +73,6 @@ from models import (
 from reconciler.storage.clock import db_now
 from reconciler.storage.sql_store import SqlStore
 from reconciler.worker import JobClient, Step
-
-if TYPE_CHECKING:
-    from benchmarks.__main__ import Databases, Measurement
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 JOBS = cast(sa.Table, JobRun.__table__)
@@ -401,7 +399,7 @@ def recovery_floor(dbs: Databases, orphans: int, drain: Callable[[SqlStore, int]
     """The pass deciding ``orphans`` stale jobs back to back in this process, in seconds."""
     with dbs.fresh() as engine:
         build(engine, Shape(jobs=max(orphans * 2, 1000), stale=orphans))
-        store = SqlStore(engine)
+        store = store_on(engine)
         started = time.perf_counter()
         drain(store, 500)
         return time.perf_counter() - started
@@ -410,7 +408,6 @@ def recovery_floor(dbs: Databases, orphans: int, drain: Callable[[SqlStore, int]
 def time_to_recovery(dbs: Databases, plan: RecoveryPlan, scenario: Scenario,
                      floor_seconds: float) -> Measurement:
     """One scenario: orphans made by real workers, killed with the replica beside them."""
-    caller: Any = sys.modules[type(dbs).__module__]
     n, engine_name = plan.orphans, dbs.engine_name
     what = f"time_to_recovery {engine_name} {scenario.name}"
     tag = uuid.uuid4().hex[:6]
@@ -458,13 +455,11 @@ def time_to_recovery(dbs: Databases, plan: RecoveryPlan, scenario: Scenario,
     }
     if not done:
         extra["timed_out"] = True
-    return cast("Measurement", caller.Measurement(
-        "time_to_recovery", engine_name, n, n, round(value, 1), "s", extra))
+    return Measurement("time_to_recovery", engine_name, n, n, round(value, 1), "s", extra)
 
 
 def backlog_drain(dbs: Databases, plan: RecoveryPlan, replicas: int) -> Measurement:
     """B orphans whose leases run out at one moment, decided by ``replicas`` replicas."""
-    caller: Any = sys.modules[type(dbs).__module__]
     b = plan.backlog
     what = f"backlog_drain {dbs.engine_name} replicas={replicas}"
     tag = uuid.uuid4().hex[:6]
@@ -498,9 +493,8 @@ def backlog_drain(dbs: Databases, plan: RecoveryPlan, replicas: int) -> Measurem
     }
     if not done:
         extra["timed_out"] = True
-    return cast("Measurement", caller.Measurement(
-        "backlog_drain", dbs.engine_name, b * 2, b,
-        round(len(decided) / span) if span > 0 else 0, "jobs/s", extra))
+    return Measurement("backlog_drain", dbs.engine_name, b * 2, b,
+                       round(len(decided) / span) if span > 0 else 0, "jobs/s", extra)
 
 
 def _replica_work(group: Children, replicas: list[Replica], span_seconds: float
@@ -532,9 +526,8 @@ def run_recovery(dbs: Databases, plan: RecoveryPlan, emit: Callable[[Measurement
     False if one timed out or decided a job twice: figures that miss a goal are still a
     run that worked, but those two are not.
     """
-    caller: Any = sys.modules[type(dbs).__module__]
     ok = True
-    floor = recovery_floor(dbs, plan.orphans, caller.drain)
+    floor = recovery_floor(dbs, plan.orphans, drain)
     for scenario in plan.scenarios:
         m = time_to_recovery(dbs, plan, scenario, floor)
         ok = ok and not m.extra.get("timed_out", False) and m.extra["decided_twice"] == 0

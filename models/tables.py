@@ -76,7 +76,7 @@ class JobRun(Base):
     __tablename__ = "job_runs"
 
     job_id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
-    job_kind: Mapped[str] = mapped_column(String(100))
+    job_kind: Mapped[str] = mapped_column(String(v.JOB_KIND_MAX_LENGTH))
     job_status: Mapped[str] = mapped_column(String(16))
     status_reason: Mapped[str | None] = mapped_column(String(64))
     step_plan: Mapped[Any | None] = mapped_column(JSON)
@@ -85,13 +85,14 @@ class JobRun(Base):
     max_attempts: Mapped[int] = mapped_column(Integer)
     claim_generation: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
     lease_token: Mapped[str | None] = mapped_column(String(64))
-    lease_owner: Mapped[str | None] = mapped_column(String(200))
+    lease_owner: Mapped[str | None] = mapped_column(String(v.WORKER_NAME_MAX_LENGTH))
     lease_expires_at: Mapped[datetime | None]
     claimed_at: Mapped[datetime | None]
     last_activity_at: Mapped[datetime | None]
     available_at: Mapped[datetime]
-    idempotency_key: Mapped[str | None] = mapped_column(String(200), unique=True)
-    singleton_key: Mapped[str | None] = mapped_column(String(200))
+    idempotency_key: Mapped[str | None] = mapped_column(String(v.JOB_KEY_MAX_LENGTH),
+                                                        unique=True)
+    singleton_key: Mapped[str | None] = mapped_column(String(v.JOB_KEY_MAX_LENGTH))
     operator_hold: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
     # Internal: set by a pass once it recorded the job held or waiting on its gate, so the
     # candidate scans pass over it; any worker write, operator action or decision clears it.
@@ -160,7 +161,7 @@ class StepRun(Base):
         BigInteger, ForeignKey("job_runs.job_id", ondelete="CASCADE"), primary_key=True
     )
     step_index: Mapped[int] = mapped_column(Integer, primary_key=True)
-    step_name: Mapped[str] = mapped_column(String(200))
+    step_name: Mapped[str] = mapped_column(String(v.STEP_NAME_MAX_LENGTH))
     effect_kind: Mapped[str] = mapped_column(String(16))
     step_state: Mapped[str] = mapped_column(String(16))
     claim_generation: Mapped[int] = mapped_column(BigInteger)
@@ -185,7 +186,7 @@ class JobAttempt(Base):
     )
     claim_generation: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     attempt_number: Mapped[int] = mapped_column(Integer)
-    lease_owner: Mapped[str | None] = mapped_column(String(200))
+    lease_owner: Mapped[str | None] = mapped_column(String(v.WORKER_NAME_MAX_LENGTH))
     claimed_at: Mapped[datetime]
     ended_at: Mapped[datetime | None]
     attempt_outcome: Mapped[str | None] = mapped_column(String(16))

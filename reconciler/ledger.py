@@ -4,7 +4,7 @@ A Procrastinate task (or a worker of a home-grown job table) records its steps h
 the reconciler's own database::
 
     from reconciler.ledger import StepLedger, Step
-    ledger = StepLedger(database_url)
+    ledger = StepLedger(database_url)    # or StepLedger(): the database the config names
     run = ledger.run("procrastinate", job_id, attempt, [Step("fetch", "idempotent"),
                      Step("charge", "effectful")])
     for i in run.pending():          # steps not yet succeeded, in order

@@ -19,12 +19,10 @@ from sqlalchemy.engine import Engine
 from reconciler.core.decisions import Thresholds
 from reconciler.core.passes import PassConfig, run_pass
 from reconciler.settings import Settings
-from reconciler.sidecar.service import Service
 from reconciler.storage.sql import decisions
 from reconciler.storage.sql_store import SqlStore
-from reconciler.wiring import open_pass_store
 from reconciler.worker import JobClient, Step
-from tests.helpers import wait_for
+from tests.helpers import sidecar_service, wait_for
 
 # The page sets this flag if an injected kind ever runs; the browser test reads it.
 HOSTILE_KIND = '<script>window.__pwned=1</script><img src=x onerror="window.__pwned=2">'
@@ -74,7 +72,7 @@ def seed(engine: Engine, client: JobClient) -> Seeded:
     claim = client.claim(worker="worker-marker-42", lease_seconds=600, kinds=["reports.mail"])
     assert claim is not None
     claim.start_step(0)
-    store = open_pass_store(engine)
+    store = SqlStore(engine)
     config = PassConfig(batch_size=100, thresholds=Thresholds(0.0, 3600.0),
                         instance="console-test")
 
@@ -92,7 +90,7 @@ def seed(engine: Engine, client: JobClient) -> Seeded:
 @contextmanager
 def served(db_url: str, **settings: object) -> Iterator[str]:
     """The sidecar's HTTP server (no scheduled passes) with the console; its base URL."""
-    service = Service(Settings(database_url=db_url, metrics_port=0, **settings))
+    service = sidecar_service(Settings(database_url=db_url, metrics_port=0, **settings))
     service.start_http()
     assert service.http is not None
     try:
@@ -100,10 +98,7 @@ def served(db_url: str, **settings: object) -> Iterator[str]:
     finally:
         service.http.shutdown()
         service.http.server_close()
-        if service.console is not None:
-            service.console.close()
-        service.probe.close()
-        service.engine.dispose()
+        service.close()
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,5 @@
-"""Argument types and the parser class of the command line: each refusal is one line."""
+"""The command line's grammar: every command and its arguments, the global options, the
+argument types; each refusal is one line."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import argparse
 import re
 from typing import NoReturn
 
+from reconciler import __version__
+from reconciler.core.vocabulary import JobStatus, Reason
 from reconciler.settings import Settings
 from reconciler.views import printable
 
@@ -52,11 +55,19 @@ class OneLineParser(argparse.ArgumentParser):
                   + "\n")
 
 
-def settings_parent(without: frozenset[str] = frozenset()) -> OneLineParser:
-    """Every setting as a flag; ``without`` names settings whose flag a command spells
-    differently (``decisions --shadow`` filters the audit, it does not run in shadow)."""
+def settings_parent(without: frozenset[str] = frozenset(), *,
+                    after_command: bool = False) -> OneLineParser:
+    """Every setting as a flag, with ``--config`` and ``--verbose``: the global options.
+
+    ``without`` names settings whose flag a command spells differently (``decisions
+    --shadow`` filters the audit, it does not run in shadow). The root parser takes them
+    before the command (``reconciler --config X pass``) and sets their defaults; a
+    command's copy (``after_command``) sets only what it is given, so a flag before the
+    command is kept and the same flag after it wins.
+    """
+    unset: object = argparse.SUPPRESS if after_command else None
     parent = OneLineParser(add_help=False)
-    parent.add_argument("--config", metavar="PATH", default=None,
+    parent.add_argument("--config", metavar="PATH", default=unset,
                         help="a TOML config file: settings, [source] and [kinds] "
                         "(else RECONCILER_CONFIG; flags and RECONCILER_<NAME> win over it)")
     group = parent.add_argument_group("settings (flag, else RECONCILER_<NAME>, else default)")
@@ -70,9 +81,95 @@ def settings_parent(without: frozenset[str] = frozenset()) -> OneLineParser:
         help_text = f"{spec.description}{shown}"
         if spec.annotation is bool:
             # A switch (``--shadow``, ``--no-shadow``) rather than ``--shadow true``.
-            group.add_argument(flag, dest=name, default=None,
+            group.add_argument(flag, dest=name, default=unset,
                                action=argparse.BooleanOptionalAction, help=help_text)
         else:
-            group.add_argument(flag, dest=name, default=None, metavar="VALUE", help=help_text)
-    parent.add_argument("--verbose", action="store_true", help="tracebacks and debug logs")
+            group.add_argument(flag, dest=name, default=unset, metavar="VALUE", help=help_text)
+    parent.add_argument("--verbose", action="store_true",
+                        default=argparse.SUPPRESS if after_command else False,
+                        help="tracebacks and debug logs")
     return parent
+
+
+OPERATOR_HELP = {
+    "hold": "hold a job: workers do not claim it and the reconciler leaves it alone",
+    "unhold": "release an operator hold",
+    "retry": "requeue a failed or cancelled job with a fresh attempt budget",
+    "cancel": "cancel a queued or processing job (its worker is fenced out at once)",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The whole command tree."""
+    common = settings_parent(after_command=True)
+    # The global options go before the command or after it (`reconciler --config X pass`,
+    # `reconciler pass --config X`).
+    parser = OneLineParser(
+        prog="reconciler", description="Find jobs whose workers died and recover them.",
+        usage="%(prog)s [--config PATH] [--<setting> VALUE ...] [--verbose] COMMAND ...",
+        parents=[settings_parent()])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                     prog="reconciler")
+
+    db = commands.add_parser("db", help="schema migrations")
+    db_commands = db.add_subparsers(dest="db_command", required=True, metavar="ACTION")
+    db_commands.add_parser("upgrade", parents=[common], help="apply migrations up to head")
+
+    commands.add_parser("run", parents=[common],
+                        help="the sidecar: scheduled passes, /metrics, /healthz, /readyz")
+    demo = commands.add_parser("demo", parents=[common],
+                               help="crash real workers and watch the reconciler recover them")
+    demo.add_argument("--keep", action="store_true", help="keep the demo's database file")
+    demo.add_argument("--source", choices=("native", "procrastinate"), default="native",
+                      help="native: this project's workers on SQLite; procrastinate: a real "
+                      "Procrastinate worker on a throwaway PostgreSQL")
+
+    run_once = commands.add_parser("pass", parents=[common], help="run one bounded pass now")
+    run_once.add_argument("--dry-run", action="store_true", help="decide, write nothing")
+    run_once.add_argument("--json", action="store_true")
+
+    jobs = commands.add_parser("jobs", help="public, redacted job state")
+    job_commands = jobs.add_subparsers(dest="jobs_command", required=True, metavar="ACTION")
+    listing = job_commands.add_parser("list", parents=[common], help="jobs, newest first")
+    listing.add_argument("--status", choices=[s.value for s in JobStatus])
+    listing.add_argument("--limit", type=positive_int, default=100)
+    listing.add_argument("--json", action="store_true")
+    show = job_commands.add_parser("show", parents=[common], help="one job and its steps")
+    show.add_argument("job_id", type=job_id_text, help="the job's id as its source spells it")
+    show.add_argument("--json", action="store_true")
+
+    why = job_commands.add_parser(
+        "explain", parents=[common],
+        help="what the decision table says about a processing job right now (read only)")
+    why.add_argument("job_id", help="the job's id as its source spells it")
+    why.add_argument("--json", action="store_true")
+    for action, help_text in OPERATOR_HELP.items():
+        acting = job_commands.add_parser(action, parents=[common], help=help_text)
+        acting.add_argument("job_id", type=job_id_text,
+                            help="the job's id as its source spells it")
+        acting.add_argument("--json", action="store_true")
+
+    # Reading the audit never runs a pass, so the shadow setting means nothing here; its
+    # flag is this command's filter instead (dest ``shadow_only``, so it is never a setting).
+    audit = commands.add_parser("decisions", parents=[settings_parent(frozenset({"shadow"}),
+                                                          after_command=True)],
+                                help="the audit trail")
+    audit.add_argument("--shadow", dest="shadow_only", action="store_true",
+                       help="only decisions recorded in shadow mode (nothing was changed)")
+    audit.add_argument("--reason", choices=[r.value for r in Reason])
+    audit.add_argument("--since", type=parse_duration, metavar="DURATION",
+                       help="only decisions younger than this (90s, 15m, 2h, 7d)")
+    audit.add_argument("--limit", type=positive_int, default=100)
+    audit.add_argument("--json", action="store_true")
+
+    kinds = commands.add_parser(
+        "kinds", parents=[common],
+        help="each [kinds] pattern with the running kinds it matches; warns about patterns "
+        "that match none (read only)")
+    kinds.add_argument("--json", action="store_true")
+
+    explain = commands.add_parser("explain", parents=[common], help="print the decision table")
+    explain.add_argument("--markdown", action="store_true",
+                         help="as Markdown (docs/decision-table.md is made from this)")
+    return parser

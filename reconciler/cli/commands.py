@@ -1,4 +1,8 @@
-"""The ``reconciler`` command line: subcommands, ``--json``, one-line errors, exit codes."""
+"""The ``reconciler`` commands: what each does, ``--json``, one-line errors, exit codes.
+
+The grammar (every command's arguments) is ``cli.arguments``; here each command gets its
+parts from the composition root and prints what it found.
+"""
 
 from __future__ import annotations
 
@@ -11,23 +15,15 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from reconciler import __version__
-from reconciler.cli.arguments import (
-    OneLineParser,
-    job_id_text,
-    parse_duration,
-    positive_int,
-    settings_parent,
-)
+from reconciler.cli.arguments import OPERATOR_HELP, build_parser
 from reconciler.cli.explain_view import explain_lines, explain_view
-from reconciler.cli.kinds_command import add_kinds_parser, kinds_command
+from reconciler.cli.kinds_command import kinds_command
 from reconciler.config import Config, load_config
 from reconciler.core.decisions import render_markdown, render_table
 from reconciler.core.passes import explain_by_kind, run_pass
-from reconciler.core.vocabulary import JobKey, JobStatus, OperatorAction, Reason
+from reconciler.core.vocabulary import JobKey, OperatorAction
 from reconciler.errors import (
     ActionRefusedError,
     ConfigError,
@@ -36,7 +32,7 @@ from reconciler.errors import (
     ReconcilerError,
 )
 from reconciler.logs import configure_logging
-from reconciler.redaction import display_url, redact
+from reconciler.redaction import redact
 from reconciler.settings import Settings
 from reconciler.sources.registry import is_native
 from reconciler.views import (
@@ -48,84 +44,15 @@ from reconciler.views import (
     printable,
 )
 from reconciler.wiring import (
-    DatabaseTimeouts,
-    check_schema,
+    CliParts,
+    assemble_cli,
+    assemble_sidecar,
     error_code,
     error_line,
-    open_engine,
-    open_pass_store,
-    open_source_jobs,
-    open_store,
-    pass_config,
-    upgrade_schema,
+    migrate,
 )
 
 log = logging.getLogger("reconciler.cli")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The whole command tree."""
-    common = settings_parent()
-    parser = OneLineParser(
-        prog="reconciler", description="Find jobs whose workers died and recover them.")
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    db = commands.add_parser("db", help="schema migrations")
-    db_commands = db.add_subparsers(dest="db_command", required=True, metavar="ACTION")
-    db_commands.add_parser("upgrade", parents=[common], help="apply migrations up to head")
-
-    commands.add_parser("run", parents=[common],
-                        help="the sidecar: scheduled passes, /metrics, /healthz, /readyz")
-    demo = commands.add_parser("demo", parents=[common],
-                               help="crash real workers and watch the reconciler recover them")
-    demo.add_argument("--keep", action="store_true", help="keep the demo's database file")
-    demo.add_argument("--source", choices=("native", "procrastinate"), default="native",
-                      help="native: this project's workers on SQLite; procrastinate: a real "
-                      "Procrastinate worker on a throwaway PostgreSQL")
-
-    run_once = commands.add_parser("pass", parents=[common], help="run one bounded pass now")
-    run_once.add_argument("--dry-run", action="store_true", help="decide, write nothing")
-    run_once.add_argument("--json", action="store_true")
-
-    jobs = commands.add_parser("jobs", help="public, redacted job state")
-    job_commands = jobs.add_subparsers(dest="jobs_command", required=True, metavar="ACTION")
-    listing = job_commands.add_parser("list", parents=[common], help="jobs, newest first")
-    listing.add_argument("--status", choices=[s.value for s in JobStatus])
-    listing.add_argument("--limit", type=positive_int, default=100)
-    listing.add_argument("--json", action="store_true")
-    show = job_commands.add_parser("show", parents=[common], help="one job and its steps")
-    show.add_argument("job_id", type=job_id_text, help="the job's id as its source spells it")
-    show.add_argument("--json", action="store_true")
-
-    why = job_commands.add_parser(
-        "explain", parents=[common],
-        help="what the decision table says about a processing job right now (read only)")
-    why.add_argument("job_id", help="the job's id as its source spells it")
-    why.add_argument("--json", action="store_true")
-    for action, help_text in OPERATOR_HELP.items():
-        acting = job_commands.add_parser(action, parents=[common], help=help_text)
-        acting.add_argument("job_id", type=job_id_text,
-                            help="the job's id as its source spells it")
-        acting.add_argument("--json", action="store_true")
-
-    # Reading the audit never runs a pass, so the shadow setting means nothing here; its
-    # flag is this command's filter instead (dest ``shadow_only``, so it is never a setting).
-    audit = commands.add_parser("decisions", parents=[settings_parent(frozenset({"shadow"}))],
-                                help="the audit trail")
-    audit.add_argument("--shadow", dest="shadow_only", action="store_true",
-                       help="only decisions recorded in shadow mode (nothing was changed)")
-    audit.add_argument("--reason", choices=[r.value for r in Reason])
-    audit.add_argument("--since", type=parse_duration, metavar="DURATION",
-                       help="only decisions younger than this (90s, 15m, 2h, 7d)")
-    audit.add_argument("--limit", type=positive_int, default=100)
-    audit.add_argument("--json", action="store_true")
-
-    add_kinds_parser(commands, common)
-    explain = commands.add_parser("explain", parents=[common], help="print the decision table")
-    explain.add_argument("--markdown", action="store_true",
-                         help="as Markdown (docs/decision-table.md is made from this)")
-    return parser
 
 
 def _config(args: argparse.Namespace) -> Config:
@@ -140,12 +67,10 @@ def _config(args: argparse.Namespace) -> Config:
                        **{name: getattr(args, name, None) for name in Settings.model_fields})
 
 
-def _open_engine(settings: Settings, config: Config | None = None) -> Engine:
-    # must_exist: no command but `db upgrade` leaves an empty SQLite file behind.
-    engine = open_engine(settings.database_url,
-                         timeouts=DatabaseTimeouts.from_settings(settings), must_exist=True)
-    check_schema(engine, config)
-    return engine
+def _assemble(args: argparse.Namespace) -> CliParts:
+    """The command's parts, from its config: one engine, checked once. No command but
+    ``db upgrade`` leaves an empty SQLite file behind."""
+    return assemble_cli(_config(args))
 
 
 def _emit(args: argparse.Namespace, data: Any, human: Callable[[], list[str]]) -> None:
@@ -159,23 +84,16 @@ def _emit(args: argparse.Namespace, data: Any, human: Callable[[], list[str]]) -
 
 
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
-    config = _config(args)
-    settings = config.settings
-    engine = open_engine(settings.database_url,
-                         timeouts=DatabaseTimeouts.from_settings(settings))
-    upgrade_schema(engine, config)
-    shown = display_url(engine.url.render_as_string(hide_password=True))
+    shown = migrate(_config(args))
     print(printable(f"database at {shown} is up to date"))
     return 0
 
 
 def cmd_pass(args: argparse.Namespace) -> int:
-    config = _config(args)
-    settings = config.settings
-    store = open_pass_store(_open_engine(settings, config), config)
+    cli = _assemble(args)
+    settings = cli.config.settings
     instance = settings.instance_name or f"cli-{socket.gethostname()}-{os.getpid()}"
-    report = run_pass(store, pass_config(settings, instance, config.kinds),
-                      dry_run=args.dry_run)
+    report = run_pass(cli.passes, cli.pass_config(instance), dry_run=args.dry_run)
     view = pass_view(report)
 
     def human() -> list[str]:
@@ -207,8 +125,7 @@ def _job_key(config: Config, text: str) -> JobKey:
 
 
 def cmd_jobs_list(args: argparse.Namespace) -> int:
-    config = _config(args)
-    jobs = open_source_jobs(_open_engine(config.settings, config), config)
+    jobs = _assemble(args).jobs
     views = [job_view(j) for j in jobs.list_jobs(args.status, args.limit)]
     _emit(args, views, lambda: job_list_lines(views))
     return 0
@@ -216,8 +133,8 @@ def cmd_jobs_list(args: argparse.Namespace) -> int:
 
 def cmd_jobs_show(args: argparse.Namespace) -> int:
     config = _config(args)
-    job_key = _job_key(config, args.job_id)
-    jobs = open_source_jobs(_open_engine(config.settings, config), config)
+    job_key = _job_key(config, args.job_id)  # a malformed id: one line, no database opened
+    jobs = assemble_cli(config).jobs
     job = jobs.get_job(job_key)
     if job is None:
         raise NotFoundError(_no_job(config, args.job_id))
@@ -235,18 +152,16 @@ def _no_job(config: Config, text: str) -> str:
 
 
 def cmd_jobs_explain(args: argparse.Namespace) -> int:
-    config = _config(args)
-    settings = config.settings
-    engine = _open_engine(settings, config)
+    cli = _assemble(args)
+    config = cli.config
     try:
         # The id as the source spells it (a UUID for pg-boss, a number elsewhere).
         job_key = config.source_entry.parse_job_key(args.job_id)
     except ValueError:
         raise NotFoundError(_no_job(config, args.job_id)) from None
-    planned = explain_by_kind(open_pass_store(engine, config), [job_key],
-                              pass_config(settings, "cli-explain", config.kinds))
+    planned = explain_by_kind(cli.passes, [job_key], cli.pass_config("cli-explain"))
     if not planned:
-        job = open_source_jobs(engine, config).get_job(job_key)
+        job = cli.jobs.get_job(job_key)
         if job is None:
             raise NotFoundError(_no_job(config, args.job_id))
         raise ActionRefusedError(f"job {args.job_id} is {job.job_status}, not processing: "
@@ -254,14 +169,6 @@ def cmd_jobs_explain(args: argparse.Namespace) -> int:
     view = explain_view(*planned[0], config.kinds)
     _emit(args, view, lambda: explain_lines(view))
     return 0
-
-
-OPERATOR_HELP = {
-    "hold": "hold a job: workers do not claim it and the reconciler leaves it alone",
-    "unhold": "release an operator hold",
-    "retry": "requeue a failed or cancelled job with a fresh attempt budget",
-    "cancel": "cancel a queued or processing job (its worker is fenced out at once)",
-}
 
 
 def cmd_jobs_action(args: argparse.Namespace) -> int:
@@ -275,7 +182,7 @@ def cmd_jobs_action(args: argparse.Namespace) -> int:
             f"(operator commands it takes: "
             f"{', '.join(sorted(entry.capabilities.actions)) or 'none'})")
     job_key = _job_key(config, args.job_id)
-    jobs = open_source_jobs(_open_engine(config.settings, config), config)
+    jobs = assemble_cli(config).jobs
     applied, refusal = jobs.operator_action(job_key, action)
     if refusal == "no_such_job":
         raise NotFoundError(_no_job(config, args.job_id))
@@ -293,8 +200,7 @@ def cmd_jobs_action(args: argparse.Namespace) -> int:
 
 
 def cmd_decisions(args: argparse.Namespace) -> int:
-    config = _config(args)
-    store = open_store(_open_engine(config.settings, config))
+    store = _assemble(args).store
     records = [decision_view(r) for r in store.list_decisions(
         args.reason, args.since, args.limit, shadow_only=args.shadow_only)]
 
@@ -325,8 +231,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from reconciler.sidecar.service import Service  # noqa: PLC0415 - keeps other commands light
 
     configure_logging(args.verbose)
-    config = _config(args)
-    service = Service(config.settings, config=config)
+    service = Service(assemble_sidecar(_config(args)))
     code = service.run_until_signalled()
     if service.stuck:
         # A thread is still blocked inside the database driver: the interpreter would wait
@@ -360,7 +265,7 @@ COMMANDS: dict[tuple[str, ...], Callable[[argparse.Namespace], int]] = {
     **{("jobs", action): cmd_jobs_action for action in OPERATOR_HELP},
     ("decisions",): cmd_decisions,
     ("explain",): cmd_explain,
-    ("kinds",): kinds_command(_config, _open_engine, _emit),
+    ("kinds",): kinds_command(_assemble, _emit),
 }
 
 

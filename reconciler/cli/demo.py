@@ -18,13 +18,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from reconciler.config import Config, NativeConfig, parse_kinds
 from reconciler.core.decisions import Thresholds
 from reconciler.core.passes import PassConfig, run_pass
 from reconciler.core.ports import JobKey, OperatorStore, RecordedDecision
 from reconciler.core.vocabulary import Disposition
 from reconciler.failpoints import ENV as FAILPOINTS_ENV
 from reconciler.settings import Settings
-from reconciler.wiring import open_engine, open_pass_store, open_store, upgrade_schema
+from reconciler.wiring import assemble_cli, migrate
 from reconciler.worker import JobClient, Step, StepContext, Worker
 
 LEASE_SECONDS = 1.0
@@ -121,10 +122,12 @@ def run_demo(keep: bool = False) -> int:
     started = time.monotonic()
     workdir = Path(tempfile.mkdtemp(prefix="reconciler-demo-"))
     url = f"sqlite:///{workdir / 'demo.db'}"
-    engine = open_engine(url)
-    upgrade_schema(engine)
-    store = open_store(engine)
-    client = JobClient(engine)
+    settings = Settings(database_url=url)
+    config = Config(settings=settings, source=NativeConfig(), kinds=parse_kinds(None, settings))
+    migrate(config)
+    cli = assemble_cli(config)
+    store = cli.store
+    client = JobClient(url, settings=settings)
     try:
         print("1. crash workers: each worker process claims one job and is SIGKILLed")
         jobs = _crash_workers(client, url)
@@ -133,10 +136,10 @@ def run_demo(keep: bool = False) -> int:
         time.sleep(LEASE_SECONDS + STALE_AFTER_SECONDS + 0.2)
 
         print("3. reconcile: one pass decides every stale job from its evidence")
-        config = PassConfig(batch_size=100,
-                            thresholds=Thresholds(STALE_AFTER_SECONDS, 3600.0),
-                            instance="demo-reconciler")
-        report = run_pass(open_pass_store(engine), config)
+        pass_config = PassConfig(batch_size=100,
+                                 thresholds=Thresholds(STALE_AFTER_SECONDS, 3600.0),
+                                 instance="demo-reconciler")
+        report = run_pass(cli.passes, pass_config)
         for d in report.decisions:
             at = f" at step {d.resume_step_index}" if d.resume_step_index is not None else ""
             print(f"   job {d.job_id}: {d.disposition.value} ({d.reason.value}){at}")
@@ -151,7 +154,7 @@ def run_demo(keep: bool = False) -> int:
             print(f"kept: reconciler decisions --database-url {url}")
     finally:
         client.close()
-        engine.dispose()
+        cli.close()
         if not keep:
             shutil.rmtree(workdir, ignore_errors=True)
     return 0

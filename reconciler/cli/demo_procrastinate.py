@@ -38,7 +38,7 @@ from reconciler.core.passes import run_pass
 from reconciler.core.vocabulary import EffectKind
 from reconciler.errors import ConfigError
 from reconciler.settings import Settings
-from reconciler.wiring import open_engine, open_pass_store, pass_config, upgrade_schema
+from reconciler.wiring import assemble_cli, migrate
 
 SESSION_TIMEOUT_SECONDS = 2.0
 KINDS = KindRules([KindRule("reports.*", effect=EffectKind.IDEMPOTENT)],
@@ -134,7 +134,9 @@ def run_procrastinate_demo() -> int:
         parts = dict(p.split("=", 1) for p in conninfo.split())
         url = (f"postgresql+psycopg://postgres@/postgres?host={parts['host']}"
                f"&port={parts['port']}")
-        engine = open_engine(url)
+        # The demo's own statements on Procrastinate's tables (defer, watch); the pass gets
+        # its parts from the composition root like `reconciler pass --config` does.
+        engine = sa.create_engine(url)
         try:
             return _demo(engine, url, conninfo, SchemaManager.get_schema())
         finally:
@@ -151,7 +153,7 @@ def _demo(engine: sa.Engine, url: str, conninfo: str, schema_sql: str) -> int:
     # script, through psycopg directly: its text is not a parameterised statement).
     with psycopg.connect(conninfo, autocommit=True) as raw:
         raw.execute(schema_sql.encode())
-    upgrade_schema(engine, config)
+    migrate(config)
     _say("Procrastinate's schema and the reconciler's tables are in place")
     with engine.begin() as conn:
         jobs = {task: int(conn.execute(sa.text(
@@ -177,14 +179,14 @@ def _demo(engine: sa.Engine, url: str, conninfo: str, schema_sql: str) -> int:
         first.send_signal(signal.SIGKILL)
         first.wait(timeout=10)
         _say(f"worker {first.pid} SIGKILLed mid-task: both jobs stay 'doing' in Procrastinate")
-        store = open_pass_store(engine, config)
         started = time.monotonic()
         report = None
-        while time.monotonic() - started < 30:
-            report = run_pass(store, pass_config(settings, "demo", KINDS))
-            if report.decisions:
-                break
-            time.sleep(0.3)
+        with assemble_cli(config) as cli:
+            while time.monotonic() - started < 30:
+                report = run_pass(cli.passes, cli.pass_config("demo"))
+                if report.decisions:
+                    break
+                time.sleep(0.3)
         if report is None or not report.decisions:
             _say("no pass decided anything within 30 s")
             return 1

@@ -12,36 +12,20 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy.engine import Engine
-
-from reconciler.config import Config
 from reconciler.core.kinds import KindRules
-from reconciler.settings import Settings
-from reconciler.wiring import open_pass_store
+from reconciler.wiring import CliParts
 
 Emit = Callable[[argparse.Namespace, Any, Callable[[], list[str]]], None]
 
 
-def add_kinds_parser(commands: Any, common: argparse.ArgumentParser) -> None:
-    """The ``kinds`` subcommand's arguments."""
-    parser = commands.add_parser(
-        "kinds", parents=[common],
-        help="each [kinds] pattern with the running kinds it matches; warns about patterns "
-        "that match none (read only)")
-    parser.add_argument("--json", action="store_true")
-
-
-def kinds_command(config_of: Callable[[argparse.Namespace], Config],
-                  engine_of: Callable[[Settings, Config], Engine],
+def kinds_command(assemble: Callable[[argparse.Namespace], CliParts],
                   emit: Emit) -> Callable[[argparse.Namespace], int]:
-    """The command's handler, given the CLI's config loader, engine opener and output."""
+    """The command's handler, given the CLI's assembly and output."""
 
     def run(args: argparse.Namespace) -> int:
-        config = config_of(args)
-        engine = engine_of(config.settings, config)
-        with open_pass_store(engine, config).pass_transaction(dry_run=True) as tx:
+        with assemble(args) as cli, cli.passes.pass_transaction(dry_run=True) as tx:
             running = tx.jobs.running_kinds()
-        view = kinds_view(config.kinds, running)
+        view = kinds_view(cli.config.kinds, running)
         emit(args, view, lambda: kinds_lines(view))
         return 0
 

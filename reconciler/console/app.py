@@ -22,7 +22,6 @@ from reconciler.console.pages import BadRequestError, NotFoundPageError, Page, P
 from reconciler.console.params import parse_decision_query
 from reconciler.redaction import redact
 from reconciler.views import printable
-from reconciler.wiring import error_code
 
 log = logging.getLogger("reconciler.console")
 
@@ -54,9 +53,11 @@ class Reply:
 class Console:
     """Routes requests to pages, behind the token when one is set."""
 
-    def __init__(self, pages: Pages, token: str,
+    def __init__(self, pages: Pages, token: str, classify: Callable[[BaseException], str],
                  close: Callable[[], None] = lambda: None) -> None:
         self.pages = pages
+        self.classify = classify
+        """The bounded code of a database error (the storage's diagnosis)."""
         self.close = close
         """Release what the console holds (its engine's connections)."""
         self.auth = TokenCheck(token)
@@ -92,7 +93,7 @@ class Console:
         except NotFoundPageError as exc:
             return self._error(404, str(exc))
         except Exception as exc:
-            code = error_code(exc).value
+            code = self.classify(exc)
             log.warning("event=console_failed error=%s code=%s", type(exc).__name__, code)
             return self._error(503, f"the page could not be read from the database ({code})")
 

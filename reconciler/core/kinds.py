@@ -185,10 +185,6 @@ class KindRules:
                           if r.wedged_after_seconds is not None)])
         return Thresholds(base.stale_after_seconds, shortest, base.crash_loop_after)
 
-    def excludes_kinds(self) -> bool:
-        """Whether some table says ``reconcile = false`` (a scan must then filter kinds)."""
-        return any(r.reconcile is False for r in self._ordered)
-
     def problems(self) -> list[str]:
         """Inconsistent resolutions, one line each: a pattern whose resolved wedged time is
         not above its resolved stale time (checked for each pattern taken as a kind)."""

@@ -29,9 +29,8 @@ from reconciler.core.vocabulary import Disposition, JobKey, PassOutcome, Reason
 
 __all__ = [
     "AuditLog", "Candidate", "ClaimedJob", "Cursor", "Fence", "FenceSnapshot", "JobDetail",
-    "JobKey",
-    "JobSource", "Lease", "OperatorStore", "PassStore", "PassUnit", "PlannedChange",
-    "RecordedDecision", "SourceJobs",
+    "JobKey", "JobRetention", "JobSource", "Lease", "OperatorStore", "PassStore", "PassUnit",
+    "PlannedChange", "RecordedDecision", "RetentionReport", "SourceJobs",
 ]
 
 
@@ -263,8 +262,8 @@ class OperatorStore(Protocol):
         """One job with its step states, or None."""
 
     def list_decisions(self, reason: str | None, since_seconds: float | None,
-                       limit: int) -> list[dict[str, Any]]:
-        """Decision records as stored, newest first."""
+                       limit: int, *, shadow_only: bool = False) -> list[dict[str, Any]]:
+        """Decision records as stored, newest first (``shadow_only``: of shadow passes)."""
 
     def operator_action(self, job_id: int, action: str) -> tuple[bool, str | None]:
         """Apply hold, unhold, retry or cancel; (applied, refusal reason)."""
@@ -326,3 +325,21 @@ class JobDetail:
     step_states: dict[int, str]
     source_status: str | None = None
     """A foreign job's status as its own system names it (None: this project's job)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionReport:
+    """What one job-retention run deleted over all its batches."""
+
+    jobs_deleted: int
+    rows_deleted: int
+    batches: int
+
+
+class JobRetention(Protocol):
+    """Deletes this project's finished jobs with their rows (a chore of the leader)."""
+
+    def delete_finished_jobs(self, days: float, batch_jobs: int,
+                             max_batches: int) -> RetentionReport:
+        """Jobs finished more than ``days`` ago, ``batch_jobs`` per transaction, at most
+        ``max_batches`` transactions."""

@@ -160,3 +160,16 @@ def short_code(value: str) -> str:
             f"at most 64 characters), not messages: {value!r}"
         )
     return value
+
+
+# The lengths of the text columns a worker fills. The schema (models/tables.py) declares
+# its columns with these, and the worker client checks values against them before any
+# write, so both engines refuse the same values the same way.
+JOB_KIND_MAX_LENGTH = 100
+"""``job_runs.job_kind``."""
+JOB_KEY_MAX_LENGTH = 200
+"""``job_runs.idempotency_key`` and ``job_runs.singleton_key``."""
+STEP_NAME_MAX_LENGTH = 200
+"""``step_runs.step_name``."""
+WORKER_NAME_MAX_LENGTH = 200
+"""``job_runs.lease_owner`` and ``job_attempts.lease_owner``: the claiming worker's name."""

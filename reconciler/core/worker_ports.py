@@ -8,7 +8,6 @@ other's insides.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -92,10 +91,3 @@ class WorkWaiter(Protocol):
 
     def close(self) -> None:
         """Release what the waiter holds."""
-
-
-class WaiterFactory(Protocol):
-    """Builds a waiter that an interrupt event can cut short."""
-
-    def __call__(self, interrupt: threading.Event) -> WorkWaiter:
-        """A new waiter."""

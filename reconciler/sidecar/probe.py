@@ -15,11 +15,7 @@ from dataclasses import dataclass
 
 from reconciler.core.vocabulary import DatabaseErrorCode
 from reconciler.errors import ReconcilerError
-from reconciler.wiring import DatabaseTimeouts, check_schema, error_code, open_engine
-
-PROBE_TIMEOUTS = DatabaseTimeouts(
-    connect_seconds=2, statement_seconds=1.0, lock_seconds=1.0, sqlite_busy_seconds=0.5,
-    pass_statement_seconds=None, pass_lock_seconds=None)
+from reconciler.wiring import DatabaseCheck, error_code
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,13 +29,12 @@ class ProbeResult:
 
 
 class DatabaseProbe:
-    """Checks "reachable, schema current" on its own thread and engine."""
+    """Runs the database check ("reachable, schema current, the configured source's tables
+    there") on its own thread; the check runs on an engine of its own."""
 
-    def __init__(self, database_url: str, *, wait_seconds: float = 0.5,
+    def __init__(self, check: DatabaseCheck, *, wait_seconds: float = 0.5,
                  fresh_seconds: float = 1.0) -> None:
-        # One connection is all a probe at a time needs; a second replaces one left stuck.
-        self.engine = open_engine(database_url, timeouts=PROBE_TIMEOUTS, pool_size=1,
-                                  max_overflow=1)
+        self.database_check = check
         self.wait_seconds = wait_seconds
         self.fresh_seconds = fresh_seconds
         self._changed = threading.Condition()
@@ -79,7 +74,7 @@ class DatabaseProbe:
             self._changed.notify_all()
         self._thread.join(timeout=0.5)
         if not self._thread.is_alive():
-            self.engine.dispose()
+            self.database_check.close()
 
     def _loop(self) -> None:
         while True:
@@ -96,7 +91,7 @@ class DatabaseProbe:
 
     def _probe(self) -> ProbeResult:
         try:
-            check_schema(self.engine)
+            self.database_check.run()
         except ReconcilerError as exc:
             return ProbeResult(False, str(exc), error_code(exc), time.monotonic())
         except Exception as exc:  # never let the probe thread die

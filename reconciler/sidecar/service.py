@@ -7,92 +7,77 @@ outage drains in one interval, not one batch per interval. A tick never overlaps
 a tick longer than the interval is reported. The leader lease only decides which replica
 runs the once-only chores (retention, artifact sweeps); correctness comes from each job's
 compare-and-swap.
+
+The service holds no engine and opens nothing: it takes its parts, assembled once by
+``reconciler.wiring.assemble_sidecar``, so its own logic runs without a database too.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import random
 import signal
-import socket
 import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler
-from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from apscheduler.events import EVENT_JOB_MAX_INSTANCES, JobExecutionEvent
 from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
 
-from reconciler.config import Config
-from reconciler.console import open_console
 from reconciler.console.server import serve as serve_console
-from reconciler.core.passes import PassReport, run_pass
-from reconciler.core.ports import Cursor
+from reconciler.core.passes import PassConfig, PassReport, run_pass
+from reconciler.core.ports import Cursor, PassStore
 from reconciler.core.vocabulary import DatabaseErrorCode, Disposition
-from reconciler.errors import ConfigError, DatabaseUnavailableError
+from reconciler.errors import ConfigError
 from reconciler.redaction import redact
-from reconciler.settings import Settings
-from reconciler.sidecar.artifact_sweep import sweep_artifacts
+from reconciler.sidecar.chores import Chore, Housekeeping
 from reconciler.sidecar.http import HTTP_REQUEST_TIMEOUT_SECONDS, BoundedHTTPServer
 from reconciler.sidecar.metrics import Metrics
 from reconciler.sidecar.probe import DatabaseProbe
-from reconciler.wiring import (
-    DatabaseTimeouts,
-    check_schema,
-    database_answers,
-    error_code,
-    error_line,
-    open_engine,
-    open_job_retention,
-    open_pass_store,
-    open_store,
-    pass_config,
-)
+from reconciler.wiring import SidecarParts, database_answers, error_code, error_line
 
 log = logging.getLogger("reconciler.sidecar.service")
 
 # The lease of the replica that runs the once-only chores.
 LEADER_LEASE_NAME = "reconciler"
 JITTER_FRACTION = 0.1
-RETENTION_INTERVAL_SECONDS = 600.0
-RETENTION_BATCH_ROWS = 5000
-# Job retention: jobs per transaction, and transactions per run (10,000 jobs a run).
-JOB_RETENTION_BATCH_JOBS = 500
-JOB_RETENTION_MAX_BATCHES = 20
 HEALTH_CHECK_SECONDS = 5.0
+
+class PassRunner(Protocol):
+    """What runs one pass: ``core.passes.run_pass``'s shape."""
+
+    def __call__(self, store: PassStore, config: PassConfig, *,
+                 after: Cursor | None = None) -> PassReport:
+        """One pass (one batch) from ``after``; its report."""
 
 
 class Service:
-    """One reconciler instance: passes, chores, HTTP endpoints."""
+    """One reconciler instance: passes, chores, HTTP endpoints.
 
-    def __init__(self, settings: Settings, *, instance: str | None = None,
-                 config: Config | None = None) -> None:
-        self.settings = settings
-        self.instance = (instance or settings.instance_name
-                         or f"{socket.gethostname()}-{os.getpid()}")
-        # The sessions carry the pass timeouts (derived from the interval), so a pass needs
-        # no SET LOCAL of its own and a frozen database fails it instead of hanging it.
-        self.engine = open_engine(settings.database_url,
-                                  timeouts=DatabaseTimeouts.for_passes(settings),
-                                  must_exist=True)
-        _check_schema_at_start(self.engine, config, settings.start_retry_seconds)
-        self.store = open_store(self.engine)
-        self.passes = open_pass_store(self.engine, config)
-        self.job_retention = open_job_retention(self.engine)
-        self.probe = DatabaseProbe(settings.database_url)
+    ``run``: the pass itself (``core.passes.run_pass``; a test may hand in its own to
+    exercise the tick without a database).
+    """
+
+    def __init__(self, parts: SidecarParts, *, run: PassRunner = run_pass) -> None:
+        self.parts = parts
+        self.settings = parts.settings
+        self.instance = parts.instance
+        self.config: PassConfig = parts.pass_config
+        self.passes: PassStore = parts.passes
+        self._run_pass = run
+        self.probe = DatabaseProbe(parts.database_check)
         self.metrics = Metrics()
         self.pass_overruns = Counter("reconciler_pass_overruns",
                                      "Scheduled passes skipped because the previous one ran on",
                                      registry=self.metrics.registry)
-        self.config = pass_config(settings, self.instance,
-                                  None if config is None else config.kinds)
-        self.console = open_console(settings, config, self.config)
+        self.console = parts.console
+        self.housekeeping = Housekeeping(self.settings, parts.passes, parts.artifacts,
+                                         parts.job_retention, self.metrics)
         self.cursor: Cursor | None = None
         self.leading = False
         self.last_pass_finished: float | None = None
@@ -102,6 +87,35 @@ class Service:
         """True once a stop gave up on a thread still blocked in the database driver."""
         self.scheduler = BackgroundScheduler(timezone="UTC")
         self.http: BoundedHTTPServer | None = None
+
+    def chores(self) -> list[Chore]:
+        """Everything the scheduler runs, declared: the pass, leadership and the probe on
+        every replica, then the housekeeping (some of it on the leader only)."""
+        interval = self.settings.interval_seconds
+        lead_every = self.settings.leader_lease_seconds / 3
+        return [
+            Chore("pass", interval, False, self.run_tick),
+            # Renewed at start() already: the first scheduled renewal is one period later.
+            Chore("leadership", lead_every, False, self.renew_leadership,
+                  first_after_seconds=lead_every),
+            Chore("health", min(interval, HEALTH_CHECK_SECONDS), False, self.check_health),
+            *self.housekeeping.chores(),
+        ]
+
+    def run_chore(self, name: str) -> None:
+        """Run one chore now, as the scheduler does: a leader-only chore does nothing on a
+        replica that does not lead."""
+        chore = next(c for c in self.chores() if c.name == name)
+        self._runner(chore)()
+
+    def _runner(self, chore: Chore) -> Callable[[], object]:
+        if not chore.leader_only:
+            return chore.run
+
+        def on_the_leader() -> object:
+            return chore.run() if self.leading else None
+
+        return on_the_leader
 
     # -- the jobs the scheduler runs ---------------------------------------------------------
 
@@ -135,7 +149,7 @@ class Service:
         """One pass (one batch) with its logging and metrics; never raises."""
         started = time.monotonic()
         try:
-            report = run_pass(self.passes, self.config, after=self.cursor)
+            report = self._run_pass(self.passes, self.config, after=self.cursor)
         except Exception as exc:
             elapsed = time.monotonic() - started
             code, line = error_code(exc), error_line(exc)
@@ -185,62 +199,6 @@ class Service:
             return
         self.leading = token is not None
         self.metrics.is_leader.set(int(self.leading))
-
-    def refresh_backlog(self) -> None:
-        """The stale backlog gauges."""
-        try:
-            count, oldest = self.passes.stale_backlog()
-        except Exception as exc:
-            log.warning("event=backlog_refresh_failed error=%s", type(exc).__name__)
-            return
-        self.metrics.stale_claims.set(count)
-        self.metrics.oldest_stale_age.set(oldest or 0.0)
-
-    def apply_retention(self) -> None:
-        """Delete audit rows older than ``audit_retention_days``, a bounded chunk per run;
-        on the leading replica only."""
-        if not self.leading:
-            return
-        try:
-            deleted = self.passes.delete_audit_before(self.settings.audit_retention_days,
-                                                     RETENTION_BATCH_ROWS)
-        except Exception as exc:
-            log.warning("event=retention_failed error=%s", type(exc).__name__)
-            return
-        self.metrics.retention_deleted.inc(deleted)
-        if deleted:
-            log.info("event=retention_deleted rows=%d", deleted)
-
-    def apply_job_retention(self) -> None:
-        """Delete finished jobs older than ``job_retention_days`` with their rows, in
-        bounded batches; on the leading replica only."""
-        if not self.leading:
-            return
-        try:
-            report = self.job_retention.delete_finished_jobs(
-                self.settings.job_retention_days, JOB_RETENTION_BATCH_JOBS,
-                JOB_RETENTION_MAX_BATCHES)
-        except Exception as exc:
-            log.warning("event=job_retention_failed error=%s", type(exc).__name__)
-            return
-        self.metrics.job_rows_deleted.inc(report.rows_deleted)
-        if report.rows_deleted:
-            log.info("event=job_retention_deleted jobs=%d rows=%d batches=%d",
-                     report.jobs_deleted, report.rows_deleted, report.batches)
-
-    def sweep_artifacts(self) -> None:
-        """Discard stale staged artifacts on the leading replica; failures are counted and
-        retried next run."""
-        if not self.leading:
-            return
-        try:
-            result = sweep_artifacts(self.store, Path(self.settings.artifact_root))
-        except Exception as exc:
-            self.metrics.artifact_sweep_failures.inc()
-            log.warning("event=artifact_sweep_failed error=%s", type(exc).__name__)
-            return
-        self.metrics.artifacts_discarded.inc(result.discarded)
-        self.metrics.artifact_sweep_failures.inc(result.failures)
 
     # -- HTTP -------------------------------------------------------------------------------
 
@@ -314,20 +272,27 @@ class Service:
 
     # -- lifecycle --------------------------------------------------------------------------
 
-    def _schedule(self, func: Callable[[], object], seconds: float, name: str,
-                  first_run: datetime | None = None) -> None:
+    def _schedule(self, chore: Chore) -> None:
+        seconds = chore.period_seconds
+        first = (_soon() if chore.first_after_seconds is None
+                 else datetime.now(UTC) + timedelta(seconds=chore.first_after_seconds))
         self.scheduler.add_job(
-            func, "interval", seconds=seconds, jitter=seconds * JITTER_FRACTION, id=name,
+            self._runner(chore), "interval", seconds=seconds,
+            jitter=seconds * JITTER_FRACTION, id=chore.name, name=chore.name,
             # APScheduler 3 wants whole seconds here.
-            name=name, max_instances=1, coalesce=True, misfire_grace_time=max(int(seconds), 1),
-            next_run_time=first_run or _soon(),
-        )
+            max_instances=1, coalesce=True, misfire_grace_time=max(int(seconds), 1),
+            next_run_time=first)
 
-    def _on_overrun(self, event: JobExecutionEvent) -> None:
-        if event.job_id == "pass":
+    def observe_overrun(self, chore_name: str) -> None:
+        """A scheduled run was skipped because the previous one still ran: counted and
+        logged for the pass (a tick longer than the interval)."""
+        if chore_name == "pass":
             self.pass_overruns.inc()
             log.warning("event=pass_overrun instance=%s interval_seconds=%s", self.instance,
                         self.settings.interval_seconds)
+
+    def _on_max_instances(self, event: JobExecutionEvent) -> None:
+        self.observe_overrun(event.job_id)
 
     def start(self) -> None:
         """Start HTTP and the scheduler (non-blocking)."""
@@ -335,20 +300,12 @@ class Service:
         # Leadership is known before the first tick, so /metrics never shows a pass
         # finished by a replica that does not yet know it leads.
         self.renew_leadership()
-        interval = self.settings.interval_seconds
-        self._schedule(self.run_tick, interval, "pass")
-        lead_every = self.settings.leader_lease_seconds / 3
-        self._schedule(self.renew_leadership, lead_every, "leadership",
-                       first_run=datetime.now(UTC) + timedelta(seconds=lead_every))
-        self._schedule(self.refresh_backlog, min(interval, 15.0), "backlog")
-        self._schedule(self.check_health, min(interval, HEALTH_CHECK_SECONDS), "health")
-        self._schedule(self.sweep_artifacts, interval, "artifacts")
-        self._schedule(self.apply_retention, RETENTION_INTERVAL_SECONDS, "retention")
-        self._schedule(self.apply_job_retention, RETENTION_INTERVAL_SECONDS, "job_retention")
-        self.scheduler.add_listener(self._on_overrun, EVENT_JOB_MAX_INSTANCES)
+        for chore in self.chores():
+            self._schedule(chore)
+        self.scheduler.add_listener(self._on_max_instances, EVENT_JOB_MAX_INSTANCES)
         self.scheduler.start()
         log.info("event=service_started instance=%s interval_seconds=%s", self.instance,
-                 interval)
+                 self.settings.interval_seconds)
 
     def stop(self) -> None:
         """Finish the pass in flight, give up leadership, stop serving."""
@@ -362,11 +319,16 @@ class Service:
         if self.http is not None:
             self.http.shutdown()
             self.http.server_close()
+        self.close()
+        log.info("event=service_stopped instance=%s", self.instance)
+
+    def close(self) -> None:
+        """Release the probe and the engines (``stop`` does; a service never started
+        needs only this)."""
         self.probe.close()
         if self.console is not None:
             self.console.close()
-        self.engine.dispose()
-        log.info("event=service_stopped instance=%s", self.instance)
+        self.parts.close()
 
     def run_until_signalled(self) -> int:
         """Run until SIGTERM or SIGINT, then stop cleanly; the exit code.
@@ -392,21 +354,6 @@ class Service:
             log.error("event=shutdown_timeout seconds=%s", timeout)
             return 1
         return 0
-
-
-def _check_schema_at_start(engine: Any, config: Config | None, retry_seconds: float) -> None:
-    """``check_schema``, retrying a database that is unavailable for a moment (a restart,
-    a lock) for ``retry_seconds``, so a transient error is neither an old schema nor an
-    exit at once."""
-    deadline = time.monotonic() + retry_seconds
-    while True:
-        try:
-            check_schema(engine, config)
-            return
-        except DatabaseUnavailableError:
-            if time.monotonic() >= deadline:
-                raise
-            time.sleep(0.5)
 
 
 def _soon() -> datetime:

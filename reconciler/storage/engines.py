@@ -18,7 +18,6 @@ connection (the pool then replaces it). On SQLite the busy timeout bounds lock w
 from __future__ import annotations
 
 import math
-import weakref
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final, TypeVar
@@ -85,7 +84,6 @@ UNLIMITED_TIMEOUTS: Final = DatabaseTimeouts(
     connect_seconds=DEFAULT_TIMEOUTS.connect_seconds, statement_seconds=None,
     lock_seconds=None, sqlite_busy_seconds=DEFAULT_TIMEOUTS.sqlite_busy_seconds,
     pass_statement_seconds=None, pass_lock_seconds=None)
-_timeouts_of: weakref.WeakKeyDictionary[Engine, DatabaseTimeouts] = weakref.WeakKeyDictionary()
 
 
 def create_engine(database_url: str, *, timeouts: DatabaseTimeouts | None = None,
@@ -105,7 +103,6 @@ def create_engine(database_url: str, *, timeouts: DatabaseTimeouts | None = None
     else:
         raise ConfigError(f"database_url: unsupported database {backend!r}; "
                           "use sqlite:///PATH or postgresql+psycopg://...")
-    _timeouts_of[engine] = timeouts
     return engine
 
 
@@ -285,14 +282,14 @@ def limit_transaction(conn: Connection, *, statement_seconds: float | None,
         dbapi.transaction_answer_seconds = _answer_seconds(statement_seconds)
 
 
-def limit_pass_transaction(conn: Connection) -> None:
-    """Give a pass's transaction the pass timeouts of its engine (derived from the interval).
+def limit_pass_transaction(conn: Connection, timeouts: DatabaseTimeouts) -> None:
+    """Give a pass's transaction the pass timeouts (derived from the interval); ``timeouts``
+    are those the connection's engine was created with.
 
     A pass stuck behind a lock or a slow statement then fails, is recorded as an error pass
     (``lock_timeout``, ``timeout``) and the next tick goes on, instead of holding its row
     locks and the schedule.
     """
-    timeouts = _timeouts_of.get(conn.engine, DEFAULT_TIMEOUTS)
     if (timeouts.pass_statement_seconds, timeouts.pass_lock_seconds) == (
             timeouts.statement_seconds, timeouts.lock_seconds):
         return  # the sessions already carry them (DatabaseTimeouts.for_passes)

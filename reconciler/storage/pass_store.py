@@ -20,7 +20,12 @@ from reconciler.storage.audit import (
     delete_audit_before,
     record_failed_pass,
 )
-from reconciler.storage.engines import limit_pass_transaction, read_only
+from reconciler.storage.engines import (
+    DEFAULT_TIMEOUTS,
+    DatabaseTimeouts,
+    limit_pass_transaction,
+    read_only,
+)
 from reconciler.storage.native_source import NativeSource
 
 SourceFactory = Callable[[Connection, bool], JobSource]
@@ -42,11 +47,17 @@ class SqlPassUnit:
 
 
 class SqlPassStore:
-    """Opens pass transactions on one engine (see ``ports.PassStore``)."""
+    """Opens pass transactions on one engine (see ``ports.PassStore``).
 
-    def __init__(self, engine: Engine, source: SourceFactory = native_source) -> None:
+    ``timeouts``: those the engine was created with; a pass narrows its transaction to
+    their pass timeouts unless the sessions carry them already.
+    """
+
+    def __init__(self, engine: Engine, source: SourceFactory = native_source, *,
+                 timeouts: DatabaseTimeouts = DEFAULT_TIMEOUTS) -> None:
         self.engine = engine
         self.source = source
+        self.timeouts = timeouts
 
     @contextmanager
     def pass_transaction(self, *, dry_run: bool) -> Iterator[SqlPassUnit]:
@@ -59,12 +70,12 @@ class SqlPassStore:
         with self.engine.connect() as conn:
             if dry_run:
                 with read_only(conn).begin() as tx:
-                    limit_pass_transaction(conn)
+                    limit_pass_transaction(conn, self.timeouts)
                     yield self._unit(conn, lock=False)
                     tx.rollback()
             else:
                 with conn.begin():
-                    limit_pass_transaction(conn)
+                    limit_pass_transaction(conn, self.timeouts)
                     yield self._unit(conn, lock=True)
 
     def _unit(self, conn: Connection, *, lock: bool) -> SqlPassUnit:

@@ -25,6 +25,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from models.tables import FINISHED_STATUSES
+from reconciler.core.ports import RetentionReport
 from reconciler.core.vocabulary import ArtifactState
 from reconciler.storage.clock import now_plus
 from reconciler.storage.engines import is_postgresql
@@ -53,15 +54,6 @@ class RetentionBatch:
     jobs_deleted: int
     rows_deleted: int
     next_after: tuple[datetime, int] | None
-
-
-@dataclass(frozen=True, slots=True)
-class RetentionReport:
-    """What one retention run deleted over all its batches."""
-
-    jobs_deleted: int
-    rows_deleted: int
-    batches: int
 
 
 def _unsettled_artifacts() -> sa.ColumnElement[bool]:
@@ -135,7 +127,7 @@ def delete_finished_jobs(engine: Engine, days: float, batch_jobs: int,
 
 
 class JobRetentionSql:
-    """Job retention on one engine; what the sidecar's chore calls (through wiring)."""
+    """Job retention on one engine (``ports.JobRetention``), the sidecar's chore."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine

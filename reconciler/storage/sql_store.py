@@ -12,6 +12,7 @@ from sqlalchemy.engine import Engine
 
 from reconciler.storage.artifact_records import ArtifactsSql
 from reconciler.storage.claims import ClaimsSql
+from reconciler.storage.engines import DEFAULT_TIMEOUTS, DatabaseTimeouts
 from reconciler.storage.operator import OperatorSql
 from reconciler.storage.pass_store import SourceFactory, SqlPassStore, native_source
 from reconciler.storage.read_views import ReadViewsSql
@@ -19,7 +20,9 @@ from reconciler.storage.sessions import SessionsSql
 
 
 class SqlStore(ClaimsSql, SessionsSql, ArtifactsSql, OperatorSql, ReadViewsSql, SqlPassStore):
-    """Every operation on this project's tables, on one engine; passes use ``source``."""
+    """Every operation on this project's tables, on one engine; passes use ``source``
+    (``timeouts``: those the engine was created with, see ``SqlPassStore``)."""
 
-    def __init__(self, engine: Engine, source: SourceFactory = native_source) -> None:
-        SqlPassStore.__init__(self, engine, source)
+    def __init__(self, engine: Engine, source: SourceFactory = native_source, *,
+                 timeouts: DatabaseTimeouts = DEFAULT_TIMEOUTS) -> None:
+        SqlPassStore.__init__(self, engine, source, timeouts=timeouts)

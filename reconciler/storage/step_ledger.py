@@ -20,7 +20,7 @@ from reconciler.core.evidence import PlanStep
 from reconciler.core.vocabulary import StepState
 from reconciler.errors import LeaseLost
 from reconciler.storage.clock import db_now
-from reconciler.storage.engines import create_engine, is_postgresql
+from reconciler.storage.engines import DatabaseTimeouts, create_engine, is_postgresql
 from reconciler.storage.schema import require_current
 
 Step = PlanStep
@@ -45,11 +45,12 @@ class StepLedger:
 
     __slots__ = ("_engine", "_owns_engine")
 
-    def __init__(self, database: str | Engine) -> None:
+    def __init__(self, database: str | Engine, *,
+                 timeouts: DatabaseTimeouts | None = None) -> None:
         if isinstance(database, Engine):
             self._engine, self._owns_engine = database, False
         else:
-            self._engine, self._owns_engine = create_engine(database), True
+            self._engine, self._owns_engine = create_engine(database, timeouts=timeouts), True
         require_current(self._engine)
 
     def run(self, source_name: str, job_id: JobKey, attempt: int,

@@ -19,8 +19,8 @@ from reconciler.core.ports import ClaimedJob
 from reconciler.core.vocabulary import StepState, short_code
 from reconciler.core.worker_ports import WorkerStore, WorkWaiter
 from reconciler.errors import LeaseLost
-from reconciler.settings import Settings, load_settings
-from reconciler.wiring import DatabaseTimeouts, check_schema, open_engine, open_store, work_waiter
+from reconciler.settings import Settings
+from reconciler.wiring import assemble_worker
 from reconciler.worker import validation
 from reconciler.worker.artifacts import check_name
 
@@ -175,19 +175,17 @@ class Claim:
 class JobClient:
     """The worker's and producer's handle on the job database."""
 
-    def __init__(self, database: str | Engine, *, settings: Settings | None = None) -> None:
-        self.settings = settings or load_settings()
-        self._owns_engine = isinstance(database, str)
-        # With a URL, the client's engine carries the settings' timeouts: a database that
-        # stops answering fails a heartbeat instead of holding the lease thread forever.
-        self.engine = open_engine(
-            database, timeouts=DatabaseTimeouts.from_settings(self.settings), must_exist=True)
-        try:
-            check_schema(self.engine)
-        except BaseException:
-            self.close()
-            raise
-        self.store: WorkerStore = open_store(self.engine)
+    def __init__(self, database: str | Engine | None = None, *,
+                 settings: Settings | None = None) -> None:
+        """``database``: a URL, or an engine used as it is; None: the database the config
+        names (``RECONCILER_CONFIG``, ``RECONCILER_DATABASE_URL``, ...). ``settings``: None
+        reads them from the config file and the environment, like the reconciler does."""
+        parts = assemble_worker(database, settings=settings)
+        self.settings = parts.settings
+        self.engine = parts.engine
+        self.store: WorkerStore = parts.store
+        self._work_waiter = parts.work_waiter
+        self._owns_engine = parts.owns_engine
 
     def __enter__(self) -> JobClient:
         return self
@@ -198,7 +196,7 @@ class JobClient:
 
     def work_waiter(self, interrupt: threading.Event) -> WorkWaiter:
         """What an idle worker of this client waits on until work may be there."""
-        return work_waiter(self.engine, interrupt)
+        return self._work_waiter(interrupt)
 
     def close(self) -> None:
         """Release the connection pool (only when this client created the engine)."""

@@ -1,7 +1,9 @@
 """One claim's run: its steps in order, a heartbeat thread and a lifetime.
 
-``JobRunner`` runs one claimed job for the ``Worker`` loop (runtime.py); ``StepContext`` is
-what each step callable gets. A hung handler cannot be killed inside a thread: past
+``JobRunner`` runs one claimed job; ``StepContext`` is what each step callable gets. The
+``Worker`` loop (runtime.py) starts runners and hears when one ends; a runner knows only
+the ``RunnerShared`` the worker hands it (its limits, its stop signals, the artifact
+records), never the worker itself. A hung handler cannot be killed inside a thread: past
 ``max_run_seconds`` the runner abandons it and ends the job ``failed`` with
 ``handler_lifetime_exceeded`` (never requeued: the hung copy may still run).
 """
@@ -11,18 +13,19 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from reconciler import failpoints
 from reconciler.core.vocabulary import short_code
+from reconciler.core.worker_ports import ArtifactRecords
 from reconciler.errors import LeaseLost
 from reconciler.worker.artifacts import move_published, staging_path, write_atomically
 
 if TYPE_CHECKING:
     from reconciler.worker.client import Claim
-    from reconciler.worker.runtime import Worker
 
 log = logging.getLogger("reconciler.worker")
 
@@ -30,6 +33,20 @@ Handler = Callable[["StepContext"], object]
 
 LIFETIME_EXCEEDED = "handler_lifetime_exceeded"
 HANDLER_MISSING = "handler_missing"
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerShared:
+    """What every runner of one worker shares: its limits, its stop signals, its store."""
+
+    lease_seconds: float
+    max_run_seconds: float
+    artifact_root: Path
+    artifacts: ArtifactRecords
+    stopping: threading.Event
+    """Set at a graceful stop: a runner releases its job before its next step."""
+    aborting: threading.Event
+    """Set when the worker aborts (second signal, grace spent): no further writes."""
 
 
 class WorkerStopped(Exception):  # noqa: N818 - a state, not a failure
@@ -85,9 +102,13 @@ class StepContext:
 class JobRunner:
     """Runs one claim's steps in order, with a heartbeat thread and a lifetime."""
 
-    def __init__(self, worker: Worker, claim: Claim) -> None:
-        self.worker = worker
+    def __init__(self, shared: RunnerShared, claim: Claim, handlers: Mapping[str, Handler],
+                 on_finished: Callable[[JobRunner], None]) -> None:
+        self.shared = shared
         self.claim = claim
+        self.handlers = handlers
+        """The step handlers of this job's kind, by step name."""
+        self._on_finished = on_finished
         self.done = threading.Event()
         self.outcome = "running"
         self.move_failed = False
@@ -95,13 +116,13 @@ class JobRunner:
 
     def check_writable(self) -> None:
         """Refuse writes once the worker aborts (second signal or grace spent)."""
-        if self.worker.aborting.is_set():
+        if self.shared.aborting.is_set():
             raise WorkerStopped
 
     def _heartbeat_loop(self) -> None:
-        interval = self.worker.lease_seconds / 3
+        interval = self.shared.lease_seconds / 3
         while not self._beating.wait(interval):
-            if self.worker.aborting.is_set():
+            if self.shared.aborting.is_set():
                 return
             try:
                 failpoints.hit("in_heartbeat")
@@ -133,17 +154,16 @@ class JobRunner:
         finally:
             self._beating.set()
             self.done.set()
-            self.worker.runner_finished(self)
+            self._on_finished(self)
 
     def _run_steps(self) -> str:
-        claim, worker = self.claim, self.worker
-        handlers = worker.handlers.get(claim.job_kind, {})
-        deadline = time.monotonic() + worker.max_run_seconds
+        claim, shared, handlers = self.claim, self.shared, self.handlers
+        deadline = time.monotonic() + shared.max_run_seconds
         for index in range(claim.next_step_index, len(claim.steps)):
             self.check_writable()
             if claim.lease_lost.is_set():
                 return "lost"
-            if worker.stopping.is_set():
+            if shared.stopping.is_set():
                 claim.release()
                 return "released"
             if index > claim.next_step_index:
@@ -158,7 +178,7 @@ class JobRunner:
             failpoints.hit("before_step_start", kind)
             claim.start_step(index)
             failpoints.hit("after_step_start", kind)
-            context = StepContext(self, claim, index, worker.artifact_root)
+            context = StepContext(self, claim, index, shared.artifact_root)
             finished, error = _call_with_deadline(handler, context, deadline)
             failpoints.hit("after_step_effect", kind)
             self.check_writable()
@@ -191,7 +211,7 @@ class JobRunner:
         outcome; the sidecar's artifact sweep finishes the move.
         """
         try:
-            move_published(self.worker.client.store, self.worker.artifact_root,
+            move_published(self.shared.artifacts, self.shared.artifact_root,
                            self.claim.job_id, generation)
         except Exception as exc:
             self.move_failed = True
@@ -220,5 +240,5 @@ def _call_with_deadline(handler: Handler, context: StepContext, deadline: float
     return True, result[0] if result else None
 
 
-__all__ = ["HANDLER_MISSING", "LIFETIME_EXCEEDED", "Handler", "JobRunner", "StepContext",
-           "WorkerStopped", "error_code_of"]
+__all__ = ["HANDLER_MISSING", "LIFETIME_EXCEEDED", "Handler", "JobRunner", "RunnerShared",
+           "StepContext", "WorkerStopped", "error_code_of"]

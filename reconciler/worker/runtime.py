@@ -32,7 +32,13 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from reconciler.worker.runner import LIFETIME_EXCEEDED, Handler, JobRunner, StepContext
+from reconciler.worker.runner import (
+    LIFETIME_EXCEEDED,
+    Handler,
+    JobRunner,
+    RunnerShared,
+    StepContext,
+)
 
 if TYPE_CHECKING:
     from reconciler.core.worker_ports import WorkWaiter
@@ -120,7 +126,7 @@ class Worker:
                     self.stopping.is_set())
         self.stop()
 
-    def runner_finished(self, runner: JobRunner) -> None:
+    def _runner_finished(self, runner: JobRunner) -> None:
         """Called by a runner when it ends: count it and free its slot."""
         with self._lock:
             if runner in self._running:
@@ -141,6 +147,8 @@ class Worker:
             raise ValueError(f"worker {self.name!r} has no handlers: call "
                              "worker.register(kind, {step_name: handler}) before run()")
         store = self.client.store
+        shared = RunnerShared(self.lease_seconds, self.max_run_seconds, self.artifact_root,
+                              store, self.stopping, self.aborting)
         self.session_id = self._register_session()
         log.info("event=worker_started worker=%s session=%s", self.name, self.session_id)
         restore = self._install_signal_handlers()
@@ -148,7 +156,7 @@ class Worker:
                                         name="session-heartbeat")
         session_beat.start()
         try:
-            self._claim_loop(max_jobs)
+            self._claim_loop(max_jobs, shared)
             self._drain()
         finally:
             self.stopping.set()
@@ -200,16 +208,16 @@ class Worker:
                 log.warning("event=session_register_failed error=%s", type(exc).__name__)
                 self.stopping.wait(self.poll_interval_seconds)
 
-    def _claim_loop(self, max_jobs: int | None) -> None:
+    def _claim_loop(self, max_jobs: int | None, shared: RunnerShared) -> None:
         kinds = list(self.handlers)
         waiter = self.client.work_waiter(self._wake)
         try:
-            self._claim_until_stopped(kinds, max_jobs, waiter)
+            self._claim_until_stopped(kinds, max_jobs, waiter, shared)
         finally:
             waiter.close()
 
     def _claim_until_stopped(self, kinds: list[str], max_jobs: int | None,
-                             waiter: WorkWaiter) -> None:
+                             waiter: WorkWaiter, shared: RunnerShared) -> None:
         while not self.stopping.is_set():
             if max_jobs is not None and self.stats.claimed >= max_jobs:
                 return
@@ -227,7 +235,8 @@ class Worker:
                 waiter.wait(self.poll_interval_seconds)
                 continue
             self.stats.claimed += 1
-            runner = JobRunner(self, claim)
+            runner = JobRunner(shared, claim, self.handlers.get(claim.job_kind, {}),
+                               self._runner_finished)
             with self._lock:
                 self._running.add(runner)
             threading.Thread(target=runner.run, daemon=True,

@@ -4,7 +4,8 @@ engines.
 SQLite stores a 300-character kind, a NUL byte or a NaN without a word; PostgreSQL refuses
 them with a driver error deep inside a transaction. Code that works on the embedded default
 must not break in production, so both get the same ``ValueError``, naming the limit, from
-here. The limits are read from the schema (``models``), so they cannot drift from it.
+here. The limits are the core's column lengths, which the schema (``models``) declares its
+columns with, so they cannot drift from it.
 """
 
 from __future__ import annotations
@@ -12,27 +13,17 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any
 
-import sqlalchemy as sa
-
-from models import JobAttempt, JobRun, StepRun
+from reconciler.core import vocabulary
 from reconciler.core.evidence import PlanStep
 from reconciler.settings import MAX_SECONDS
 
-
-def _length(table: Any, column: str) -> int:
-    column_type = cast(sa.Table, table.__table__).c[column].type
-    length = getattr(column_type, "length", None)
-    assert isinstance(length, int), f"{column} has no length"
-    return length
-
-
-KIND_MAX_LENGTH = _length(JobRun, "job_kind")
-KEY_MAX_LENGTH = _length(JobRun, "idempotency_key")
-SINGLETON_MAX_LENGTH = _length(JobRun, "singleton_key")
-STEP_NAME_MAX_LENGTH = _length(StepRun, "step_name")
-WORKER_MAX_LENGTH = _length(JobAttempt, "lease_owner")
+KIND_MAX_LENGTH = vocabulary.JOB_KIND_MAX_LENGTH
+KEY_MAX_LENGTH = vocabulary.JOB_KEY_MAX_LENGTH
+SINGLETON_MAX_LENGTH = vocabulary.JOB_KEY_MAX_LENGTH
+STEP_NAME_MAX_LENGTH = vocabulary.STEP_NAME_MAX_LENGTH
+WORKER_MAX_LENGTH = vocabulary.WORKER_NAME_MAX_LENGTH
 MAX_ATTEMPTS_LIMIT = 2**31 - 1  # job_runs.max_attempts is an INTEGER
 MAX_STEPS = 10_000
 

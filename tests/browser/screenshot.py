@@ -15,7 +15,7 @@ from reconciler.core.passes import PassConfig, run_pass
 from reconciler.settings import Settings
 from reconciler.storage.engines import create_engine
 from reconciler.storage.schema import upgrade
-from reconciler.wiring import open_pass_store
+from reconciler.storage.sql_store import SqlStore
 from reconciler.worker import JobClient
 from tests.browser.conftest import open_browser
 from tests.console_support import die, seed, served
@@ -35,7 +35,7 @@ def main(argv: list[str]) -> int:
             for kind in ("payments.charge", "emails.send", "payments.charge"):
                 die(client, kind, "effectful")
             seed(engine, client)
-        store = open_pass_store(engine)
+        store = SqlStore(engine)
         for _ in range(QUIET_PASSES):  # nothing stale: folded into one line on the page
             run_pass(store, PassConfig(batch_size=100, thresholds=Thresholds(60.0, 3600.0)))
         browser: Any = open_browser(Path(folder) / "profile")

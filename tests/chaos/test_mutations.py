@@ -32,6 +32,7 @@ from reconciler.worker import Claim, JobClient, Step, StepContext, Worker
 from tests.chaos import mutants
 from tests.chaos.checks import CheckReport, jobs_table, run_checks
 from tests.chaos.ledger import Ledger, instrument
+from tests.helpers import sidecar_service
 from tests.pg_server import ThrowawayPostgres
 
 pytestmark = pytest.mark.chaos
@@ -352,7 +353,7 @@ def test_dbos_716_service_recovers_jobs_after_a_database_restart(
     own_postgres.create_database("dbos")
     scene = Scene(own_postgres.url("dbos"), tmp_path)
     upgrade(scene.engine)
-    service = Service(Settings(
+    service = sidecar_service(Settings(
         database_url=scene.url, interval_seconds=0.1, stale_after_seconds=STALE_AFTER_SECONDS,
         leader_lease_seconds=1.0, metrics_port=0, artifact_root=str(tmp_path / "artifacts")),
         instance="dbos-716")

@@ -2,7 +2,7 @@
 root, the audit, declared gaps.
 
 A fixture names its ``[source]`` config; the pass is built exactly as ``reconciler pass
---config`` builds it (``wiring.open_pass_store`` and ``wiring.pass_config`` over a
+--config`` builds it (``wiring.assemble_cli`` and ``wiring.pass_config`` over a
 ``Config``), with ``TIMING``'s thresholds as the settings and one ``[kinds]`` table per
 effect kind (``conformance.<effect>.*``), since a foreign job without step records takes
 its one step's effect from its kind.
@@ -25,7 +25,7 @@ from reconciler.core.passes import PassConfig, PassReport, apply_and_record, pla
 from reconciler.core.ports import Cursor, PassStore
 from reconciler.core.vocabulary import EffectKind, PassOutcome
 from reconciler.settings import Settings
-from reconciler.wiring import open_pass_store, pass_config
+from reconciler.wiring import assemble_cli, pass_config
 from tests.conformance.fixtures import (
     TIMING,
     AuditEntry,
@@ -70,7 +70,7 @@ class ForeignFixture:
                             wedged_after_seconds=TIMING.wedged_after_seconds,
                             session_timeout_seconds=TIMING.session_timeout_seconds)
         self.config = Config(settings=settings, source=source, kinds=KINDS)
-        self.store: PassStore = open_pass_store(engine, self.config)
+        self.store: PassStore = assemble_cli(self.config, engine=engine).passes
 
     def supports(self, what: Capability) -> bool:
         """Everything but the declared gaps. No foreign source records a completion itself

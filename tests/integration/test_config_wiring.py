@@ -1,6 +1,6 @@
 """A config file's ``[kinds]`` on the native source, and ``--config`` on the command line.
 
-The pass is built by the composition root from the file (``wiring.open_pass_store`` and
+The pass is built by the composition root from the file (``wiring.assemble_cli`` and
 ``wiring.pass_config``), as ``reconciler pass --config`` and ``reconciler run`` build it.
 """
 
@@ -19,8 +19,10 @@ from models import JobRun
 from reconciler.config import Config, load_config
 from reconciler.core.passes import PassReport, run_pass
 from reconciler.core.vocabulary import Disposition, EffectKind, Reason
+from reconciler.ledger import StepLedger
+from reconciler.sidecar.service import Service
 from reconciler.storage.clock import now_plus
-from reconciler.wiring import open_pass_store, pass_config
+from reconciler.wiring import assemble_cli, assemble_sidecar, pass_config
 from reconciler.worker import JobClient, Step
 from tests.conftest import run_cli
 from tests.helpers import job_row
@@ -52,7 +54,7 @@ def claimed(client: JobClient, kind: str, *, idle: float, lease_in: float) -> in
 
 def one_pass(engine: Engine, config: Config, batch_size: int = 50) -> PassReport:
     settings = config.settings.model_copy(update={"batch_size": batch_size})
-    return run_pass(open_pass_store(engine, config),
+    return run_pass(assemble_cli(config, engine=engine).passes,
                     pass_config(settings, "kinds-test", config.kinds))
 
 
@@ -141,7 +143,8 @@ def test_crash_loop_after_resolves_per_kind_with_the_setting_as_default(
 
 def test_pass_reads_kinds_from_the_config_flag_and_from_the_environment(
         tmp_path: Path, db_url: str, engine: Engine, client: JobClient) -> None:
-    """``--config`` and ``RECONCILER_CONFIG`` name the same file; the flag wins."""
+    """``--config`` (after the command or before it) and ``RECONCILER_CONFIG`` name the same
+    file; the flag wins."""
     path = write_config(tmp_path, """
         [kinds."legacy.*"]
         reconcile = false
@@ -149,8 +152,9 @@ def test_pass_reads_kinds_from_the_config_flag_and_from_the_environment(
     excluded = claimed(client, "legacy.export", idle=900, lease_in=-600)
 
     by_flag = json.loads(run_cli(db_url, "pass", "--json", "--config", str(path)).stdout)
+    before = json.loads(run_cli(db_url, "--config", str(path), "pass", "--json").stdout)
     by_env = json.loads(run_cli(db_url, "pass", "--json", config=str(path)).stdout)
-    assert by_flag["decisions"] == by_env["decisions"] == []
+    assert by_flag["decisions"] == before["decisions"] == by_env["decisions"] == []
     assert job_row(engine, excluded)["job_status"] == "processing"
 
     missing = run_cli(db_url, "pass", "--json", "--config", str(tmp_path / "none.toml"),
@@ -201,3 +205,57 @@ def test_db_upgrade_with_a_table_source_checks_its_columns(
     assert "touched_at" in done.stderr
     columns = {c["name"] for c in sa.inspect(engine).get_columns("app_jobs")}
     assert columns == {"id", "state"}
+
+
+def test_readyz_checks_the_configured_source_as_the_start_up_check_does(
+        tmp_path: Path, db_url: str, engine: Engine) -> None:
+    """/readyz runs the start-up's check with the configured ``[source]``: the mapped table
+    dropped under a running service makes it not ready, naming the table."""
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE app_jobs (id INTEGER PRIMARY KEY, state TEXT)"))
+    path = write_config(tmp_path, """
+        [source]
+        kind = "table"
+        table = "app_jobs"
+        id_column = "id"
+        status_column = "state"
+        processing = "running"
+        queued = "ready"
+        failed = "dead"
+    """)
+    service = Service(assemble_sidecar(load_config(path, database_url=db_url),
+                                       instance="readyz-source"))
+    service.probe.fresh_seconds = 0.0  # every call below checks the database again
+    try:
+        assert service.run_one_pass() is not None
+        assert service.readiness() == (True, "ready")
+        with engine.begin() as conn:
+            conn.execute(sa.text("DROP TABLE app_jobs"))
+        ready, why = service.readiness()
+    finally:
+        service.close()
+    assert not ready
+    assert "app_jobs" in why
+
+
+def test_the_worker_side_reads_the_config_file_when_given_no_url(
+        tmp_path: Path, db_url: str, engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``JobClient()`` and ``StepLedger()`` take the database and the settings from the file
+    ``RECONCILER_CONFIG`` names, as the reconciler does."""
+    path = tmp_path / "worker.toml"
+    path.write_text(f"database_url = {json.dumps(db_url)}\nlease_seconds = 42\n")
+    monkeypatch.setenv("RECONCILER_CONFIG", str(path))
+    monkeypatch.delenv("RECONCILER_DATABASE_URL", raising=False)
+    monkeypatch.delenv("RECONCILER_LEASE_SECONDS", raising=False)
+    with JobClient() as client:
+        assert client.settings.lease_seconds == 42
+        job = client.enqueue("configured", steps=[Step("work", EffectKind.IDEMPOTENT)])
+    assert job_row(engine, job)["job_kind"] == "configured"
+    ledger = StepLedger()
+    try:
+        ledger.run("procrastinate", 77, 1, [Step("work", EffectKind.IDEMPOTENT)])
+    finally:
+        ledger.close()
+    with engine.connect() as conn:
+        keys = conn.execute(sa.text("SELECT job_key FROM step_ledger_entries")).scalars().all()
+    assert keys == ["77"]

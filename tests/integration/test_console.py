@@ -12,13 +12,13 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from reconciler.console import open_console
+from reconciler.config import load_config
 from reconciler.core.decisions import Thresholds
 from reconciler.core.passes import PassConfig, run_pass
 from reconciler.core.vocabulary import Disposition, PassOutcome
-from reconciler.settings import Settings
 from reconciler.storage.sql import decisions, passes
-from reconciler.wiring import open_pass_store, pass_config
+from reconciler.storage.sql_store import SqlStore
+from reconciler.wiring import assemble_console, pass_config
 from reconciler.worker import JobClient
 from tests.console_support import HOSTILE_KIND, Seeded, die, fetch, seed, served
 from tests.helpers import job_row, wait_for
@@ -252,11 +252,10 @@ def test_console_false_serves_no_page(db_url: str) -> None:
 def test_a_page_being_read_holds_no_pass_up(db_url: str, engine: Engine, client: JobClient,
                                             seeded: Seeded) -> None:
     """While a page's read transaction is open, a pass still decides and writes."""
-    settings = Settings(database_url=db_url)
-    console = open_console(settings, None, pass_config(settings, "console-test"))
-    assert console is not None
+    config = load_config(database_url=db_url)
+    console = assemble_console(config, pass_config(config.settings, "console-test"))
     late = die(client, "late.kind", "effectful")
-    store = open_pass_store(engine)
+    store = SqlStore(engine)
     config = PassConfig(batch_size=100, thresholds=Thresholds(0.0, 3600.0))
     try:
         with console.pages.reading():

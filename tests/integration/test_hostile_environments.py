@@ -30,12 +30,11 @@ from sqlalchemy.engine import Engine
 
 from models import ReconciliationPass
 from reconciler.settings import Settings
-from reconciler.sidecar.service import Service
 from reconciler.storage.engines import create_engine, is_postgresql
 from reconciler.storage.schema import upgrade
 from reconciler.worker import JobClient, Step
 from tests.conftest import REPO_ROOT, PostgresForTests, run_cli
-from tests.helpers import fresh_database
+from tests.helpers import fresh_database, sidecar_service
 from tests.integration.test_cli import assert_one_line_error
 from tests.integration.test_service import (
     Launcher,
@@ -429,7 +428,7 @@ def test_readiness_never_reads_the_migration_scripts_of_a_database_at_head(
         return original(*args, **kwargs)
 
     monkeypatch.setattr(ScriptDirectory, "from_config", staticmethod(counting))
-    service = Service(Settings(database_url=db_url))
+    service = sidecar_service(Settings(database_url=db_url))
     service.probe.fresh_seconds = 0.05  # every call below probes the database again
     try:
         for _ in range(4):
@@ -437,8 +436,7 @@ def test_readiness_never_reads_the_migration_scripts_of_a_database_at_head(
             time.sleep(0.1)
         ready, why = service.readiness()
     finally:
-        service.probe.close()
-        service.engine.dispose()
+        service.close()
     assert (ready, why) == (False, "no pass has finished yet")
     assert reads == []
 

@@ -24,6 +24,7 @@ from reconciler.storage.retention import (
     scan_query,
 )
 from reconciler.storage.sql import actions, artifacts, attempts, jobs, steps
+from tests.helpers import sidecar_service
 
 RETENTION_DAYS = 30.0
 PLAN = [{"step_name": "only", "effect_kind": "pure"}]
@@ -87,8 +88,8 @@ def exported(service: Service, name: str) -> float:
 
 
 def leading_service(db_url: str, **settings: Any) -> Service:
-    service = Service(Settings(database_url=db_url, job_retention_days=RETENTION_DAYS,
-                               **settings), instance="job-retention-test")
+    service = sidecar_service(Settings(database_url=db_url, job_retention_days=RETENTION_DAYS,
+                                       **settings), instance="job-retention-test")
     service.renew_leadership()  # retention is a chore of the leading replica
     assert service.leading
     return service
@@ -116,8 +117,8 @@ def test_old_finished_jobs_go_with_their_rows_and_live_and_recent_ones_stay(
     service = leading_service(db_url)
     try:
         with caplog.at_level(logging.INFO, logger="reconciler.sidecar.service"):
-            service.apply_job_retention()
-            service.apply_job_retention()  # nothing left: no second line
+            service.run_chore("job_retention")
+            service.run_chore("job_retention")  # nothing left: no second line
         assert job_ids(engine) == kept
         assert not old & job_ids(engine)
         assert child_job_ids(engine) == dict.fromkeys(
@@ -127,24 +128,24 @@ def test_old_finished_jobs_go_with_their_rows_and_live_and_recent_ones_stay(
         lines = [r.getMessage() for r in caplog.records if "job_retention" in r.getMessage()]
         assert lines == ["event=job_retention_deleted jobs=3 rows=15 batches=1"]
     finally:
-        service.engine.dispose()
+        service.close()
 
 
 def test_a_replica_that_does_not_lead_deletes_nothing(db_url: str, engine: Engine) -> None:
     """Job retention is a chore of the leading replica only."""
     old = insert_job(engine, "completed", finished_days_ago=31)
     leader = leading_service(db_url)
-    follower = Service(Settings(database_url=db_url, job_retention_days=RETENTION_DAYS),
-                       instance="follower")
+    follower = sidecar_service(Settings(database_url=db_url,
+                                        job_retention_days=RETENTION_DAYS), instance="follower")
     try:
         follower.renew_leadership()
         assert not follower.leading
-        follower.apply_job_retention()
+        follower.run_chore("job_retention")
         assert job_ids(engine) == {old}
         assert exported(follower, "reconciler_job_rows_deleted_total") == 0.0
     finally:
-        follower.engine.dispose()
-        leader.engine.dispose()
+        follower.close()
+        leader.close()
 
 
 def test_retention_deletes_in_bounded_batches_oldest_first(engine: Engine) -> None:

@@ -66,7 +66,7 @@ def test_statements_per_pass_do_not_grow_with_the_batch(
 ) -> None:
     """A pass over 5 stale jobs and a pass over 60 issue the same number of statements."""
     make_stale(client, 65)
-    store = SqlStore(sidecar_engine)
+    store = SqlStore(sidecar_engine, timeouts=DatabaseTimeouts.for_passes(Settings()))
     with counted(sidecar_engine) as small:
         report = run_pass(store, PassConfig(batch_size=5, thresholds=THRESHOLDS, instance="r1"))
     assert len(report.decisions) == 5

@@ -38,12 +38,12 @@ from sqlalchemy.engine import Connection, Engine
 from models import JobRun, ReconcilerLease, ReconciliationDecision, ReconciliationPass
 from reconciler.core.vocabulary import PassOutcome
 from reconciler.settings import Settings
-from reconciler.sidecar.service import Service
 from reconciler.storage.clock import db_now
 from reconciler.storage.engines import create_engine, is_postgresql, read_only
 from reconciler.storage.schema import upgrade
 from reconciler.worker import JobClient, Step
 from tests.conftest import REPO_ROOT, PostgresForTests, run_cli
+from tests.helpers import sidecar_service
 from tests.pg_server import INSTALL_HINT, ThrowawayPostgres
 
 jobs: sa.Table = cast(sa.Table, JobRun.__table__)
@@ -841,12 +841,12 @@ def test_a_pass_longer_than_the_interval_is_reported_and_never_overlaps(
 def test_retention_deletes_old_audit_rows_and_keeps_new_ones(
     db_url: str, engine: Engine
 ) -> None:
-    """Service.apply_retention deletes passes and decisions older than audit_retention_days
+    """The retention chore deletes passes and decisions older than audit_retention_days
     and keeps newer ones; jobs are untouched."""
     retention_days = 0.00001  # 0.864 s
-    service = Service(Settings(database_url=db_url, audit_retention_days=retention_days,
-                               stale_after_seconds=0, leader_lease_seconds=30),
-                      instance="retention-test")
+    service = sidecar_service(Settings(
+        database_url=db_url, audit_retention_days=retention_days, stale_after_seconds=0,
+        leader_lease_seconds=30), instance="retention-test")
     try:
         service.renew_leadership()  # retention is a chore of the leading replica
         (old_job,) = insert_stale_jobs(engine, 1, kind="old")
@@ -859,7 +859,7 @@ def test_retention_deletes_old_audit_rows_and_keeps_new_ones(
         assert new_report is not None
         assert new_report.pass_id is not None
 
-        service.apply_retention()
+        service.run_chore("retention")
 
         kept_passes = [r.pass_id for r in fetch(engine, sa.select(passes.c.pass_id))]
         kept_decisions = [(r.pass_id, int(r.job_id))
@@ -873,7 +873,7 @@ def test_retention_deletes_old_audit_rows_and_keeps_new_ones(
         job_statuses = {r.job_id: r.job_status for r in fetch(engine, sa.select(jobs))}
         assert job_statuses == {old_job: "queued", new_job: "queued"}
     finally:
-        service.engine.dispose()
+        service.close()
 
 
 # --------------------------------------------------------------------------------------------

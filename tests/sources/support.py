@@ -31,7 +31,7 @@ from reconciler.core.passes import explain_jobs, plan_change, run_pass
 from reconciler.core.ports import Candidate, JobKey, PlannedChange
 from reconciler.core.vocabulary import Disposition, Reason
 from reconciler.settings import Settings
-from reconciler.wiring import open_pass_store, pass_config
+from reconciler.wiring import assemble_cli, pass_config
 
 DECISIONS = cast(sa.Table, ReconciliationDecision.__table__)
 
@@ -77,7 +77,7 @@ def reconcile_once(engine: Engine, source: SourceConfig, kinds: KindRules, *,
     config = config_for(engine, source, kinds, limit=limit)
     # Killed workers' jobs go stale together on purpose: the mass-staleness brake (tested
     # on its own) would hold them all back.
-    report = run_pass(open_pass_store(engine, config),
+    report = run_pass(assemble_cli(config, engine=engine).passes,
                       replace(pass_config(config.settings, "sources-test", kinds), brake=None),
                       dry_run=dry_run)
     if dry_run:
@@ -107,7 +107,7 @@ def explain(engine: Engine, source: SourceConfig, kinds: KindRules,
     """What the table decides now for named running jobs (reads only), as
     ``reconciler jobs explain`` asks it."""
     config = config_for(engine, source, kinds)
-    planned = explain_jobs(open_pass_store(engine, config), job_ids,
+    planned = explain_jobs(assemble_cli(config, engine=engine).passes, job_ids,
                            pass_config(config.settings, "sources-test", kinds))
     return {p.decision.job_id: p.decision for p in planned}
 

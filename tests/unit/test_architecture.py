@@ -1,8 +1,10 @@
 """The import contract: the tree's architecture, checked from the source of every module.
 
 The core is pure (no storage, no SQLAlchemy, no service); only storage, the sources and the
-composition root touch a concrete adapter; no two modules import each other, directly or
-round about; no module grows past about 400 lines.
+composition root touch a concrete adapter (the schema's ``models`` is one); no two modules
+import each other, directly or round about, in the package or in ``benchmarks/``; no module
+grows past about 400 lines. An import under ``if TYPE_CHECKING`` counts like any other: a
+cycle that only the type checker follows is still two modules that need each other.
 """
 
 from __future__ import annotations
@@ -14,7 +16,10 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[2] / "reconciler"
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "reconciler"
+# Packages whose import graph must have no cycle.
+ACYCLIC = (PACKAGE, ROOT / "benchmarks")
 MAX_MODULE_LINES = 420
 
 # Third-party packages that mean I/O or a framework: the core may import none of them.
@@ -23,8 +28,9 @@ FRAMEWORKS = ("sqlalchemy", "alembic", "psycopg", "prometheus_client", "apschedu
 # What the core may import from the rest of the package: the failpoints are the chaos
 # tests' SIGKILL hooks, one truthiness check when unset.
 CORE_MAY_IMPORT = ("reconciler.core", "reconciler.failpoints")
-# Where concrete adapters live, and the one module allowed to assemble them.
-ADAPTERS = ("reconciler.storage", "reconciler.sources")
+# Where concrete adapters live (the ORM models are the schema's SQLAlchemy face), and the
+# one module allowed to assemble them.
+ADAPTERS = ("reconciler.storage", "reconciler.sources", "models")
 MAY_IMPORT_ADAPTERS = ("reconciler.storage", "reconciler.sources", "reconciler.wiring")
 # The source registry declares every source (its config model, keys, job ids,
 # capabilities): the config loader and the command line read it as they read settings.
@@ -32,40 +38,40 @@ DECLARATIONS = ("reconciler.sources.registry",)
 
 
 def module_name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    parts = path.relative_to(ROOT).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 @cache
+def all_modules() -> dict[str, Path]:
+    """Every module of the package and of ``benchmarks/``."""
+    return {module_name(p): p for root in ACYCLIC for p in sorted(root.rglob("*.py"))}
+
+
+@cache
 def modules() -> dict[str, Path]:
-    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+    """The package's modules."""
+    return {name: path for name, path in all_modules().items() if under(name, ("reconciler",))}
 
 
-def _is_type_checking(node: ast.If) -> bool:
-    test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
-
-
-def _runtime_imports(tree: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
-    """Every import executed at run time (anywhere, but not under ``if TYPE_CHECKING``)."""
-    for node in ast.iter_child_nodes(tree):
-        if isinstance(node, ast.If) and _is_type_checking(node):
-            continue
+def _imports(tree: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Every import statement, anywhere in the module: at its top, in a function, and under
+    ``if TYPE_CHECKING`` (what the type checker follows is a dependency too)."""
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import | ast.ImportFrom):
             yield node
-        yield from _runtime_imports(node)
 
 
 @cache
 def imports_of(name: str) -> frozenset[str]:
-    """Absolute names a module imports at run time; ``from pkg import mod`` names the module."""
+    """Absolute names a module imports; ``from pkg import mod`` names the module."""
     found: set[str] = set()
-    for node in _runtime_imports(ast.parse(modules()[name].read_text())):
+    for node in _imports(ast.parse(all_modules()[name].read_text())):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif node.module is not None and node.level == 0:
-            submodules = {f"{node.module}.{alias.name}" for alias in node.names} & set(modules())
+            submodules = {f"{node.module}.{alias.name}" for alias in node.names} & set(
+                all_modules())
             # ``from reconciler import failpoints`` imports the module, not the package's
             # namespace; ``from reconciler import __version__`` imports the package.
             found.update(submodules or {node.module})
@@ -73,10 +79,11 @@ def imports_of(name: str) -> frozenset[str]:
 
 
 def internal_graph() -> dict[str, set[str]]:
-    """Module -> the package's modules it imports. A package means its ``__init__``, and
-    importing ``a.b.c`` runs ``a.b`` first, so that is an edge too, except to the
-    importer's own enclosing packages, which Python has begun before the importer."""
-    known = modules()
+    """Module -> the modules (of the package and ``benchmarks/``) it imports. A package
+    means its ``__init__``, and importing ``a.b.c`` runs ``a.b`` first, so that is an edge
+    too, except to the importer's own enclosing packages, which Python has begun before
+    the importer."""
+    known = all_modules()
     graph: dict[str, set[str]] = {}
     for name in known:
         own = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 2)}
@@ -116,7 +123,8 @@ def test_only_storage_sources_and_the_composition_root_import_an_adapter() -> No
 
 
 def test_no_module_imports_itself_round_about() -> None:
-    """The package's import graph has no cycle (a package counts as its __init__)."""
+    """The import graph of the package and of ``benchmarks/`` has no cycle (a package
+    counts as its __init__)."""
     graph = internal_graph()
     state: dict[str, int] = {}
     path: list[str] = []
@@ -149,5 +157,8 @@ def test_the_contract_sees_what_it_checks() -> None:
     assert "reconciler.core.ports" in imports_of("reconciler.core.passes")
     assert "reconciler.wiring" in imports_of("reconciler.cli.commands")
     assert "sqlalchemy" in imports_of("reconciler.storage.sql")
+    # An import under ``if TYPE_CHECKING`` is an edge too.
+    assert "alembic.config" in imports_of("reconciler.storage.schema")
+    assert "benchmarks.harness" in imports_of("benchmarks.peers")
     assert {"reconciler.core", "reconciler.storage", "reconciler.worker",
             "reconciler.sidecar", "reconciler.cli"} <= set(modules())

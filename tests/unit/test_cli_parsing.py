@@ -149,7 +149,7 @@ class TestCommandLines:
         so the environment's RECONCILER_SHADOW still decides that (and means nothing here)."""
         args = parse(*argv)
         assert args.shadow_only is shadow_only
-        assert not hasattr(args, "shadow")
+        assert args.shadow is None
 
     def test_decisions_has_no_no_shadow(self, capsys: pytest.CaptureFixture[str]) -> None:
         """`decisions --no-shadow` is a usage error: the filter is a plain switch."""
@@ -158,6 +158,38 @@ class TestCommandLines:
     def test_verbose_flag(self) -> None:
         """`--verbose` is accepted after a command."""
         assert parse("explain", "--verbose").verbose is True
+
+
+class TestGlobalOptionsBeforeTheCommand:
+    """``--config``, every setting's flag and ``--verbose`` work before the command too."""
+
+    @pytest.mark.parametrize("argv", [
+        ("--config", "x.toml", "pass"), ("pass", "--config", "x.toml"),
+        ("--config", "x.toml", "jobs", "list"), ("--config", "x.toml", "db", "upgrade")])
+    def test_config_before_or_after_the_command(self, argv: tuple[str, ...]) -> None:
+        assert parse(*argv).config == "x.toml"
+
+    def test_a_setting_before_the_command(self) -> None:
+        args = parse("--stale-after-seconds", "0", "pass", "--dry-run")
+        assert (args.stale_after_seconds, args.dry_run) == ("0", True)
+
+    def test_verbose_before_a_command_group(self) -> None:
+        args = parse("--verbose", "jobs", "list")
+        assert (args.verbose, args.jobs_command) == (True, "list")
+
+    def test_a_switch_before_the_command(self) -> None:
+        assert parse("--shadow", "pass").shadow is True
+
+    def test_after_the_command_wins(self) -> None:
+        """The flag nearest the command's own options is the one meant."""
+        args = parse("--config", "a.toml", "--batch-size", "5", "pass", "--config", "b.toml")
+        assert (args.config, args.batch_size) == ("b.toml", "5")
+
+    def test_nothing_given_is_none_everywhere(self) -> None:
+        """Absent, a setting is None (the environment and the file decide), wherever the
+        flag could have been."""
+        args = parse("jobs", "list")
+        assert (args.config, args.stale_after_seconds, args.verbose) == (None, None, False)
 
 
 class TestRefusedCommandLines:

@@ -19,11 +19,11 @@ KINDS = frozenset(SOURCES)
 NATIVE_MODULE = "reconciler.storage.native_source"
 # The demo's --source picks a demo (this project's workers or a real Procrastinate one),
 # not the configured source.
-DEMO_CHOICE = "reconciler.cli.commands"
+DEMO_CHOICE = ("reconciler.cli.arguments", "reconciler.cli.commands")
 
 
 def allowed_modules() -> set[str]:
-    found = {"reconciler.sources.registry", NATIVE_MODULE, DEMO_CHOICE}
+    found = {"reconciler.sources.registry", NATIVE_MODULE, *DEMO_CHOICE}
     for entry in REGISTRY:
         found.add(entry.config.__module__)
         found.add(getattr(entry.open, "__module__", ""))
