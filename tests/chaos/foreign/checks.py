@@ -1,0 +1,170 @@
+"""The checks of a foreign chaos run: four invariant counts (all must be 0) and the facts
+of what late writers did, from the system's own rows, the reconciler's audit trail and the
+tasks' marker files (the effect ledger: ``started`` before the work, ``done`` after it).
+
+Times compare the database's clock (``decided_at``, a system's completion time) with the
+markers' modification times: one machine, one clock.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tests.chaos.foreign.database import Database
+from tests.chaos.foreign.processes import Marker
+from tests.chaos.foreign.systems import TERMINAL, JobSpec, JobState, System
+
+EXAMPLES = 3
+LATE_EXAMPLES = 6
+# A completion lands a few milliseconds after its marker; a marker later than the
+# completion time by more than this was not the one that completed the job.
+LANDING_SLACK_SECONDS = 0.25
+
+
+@dataclass(frozen=True)
+class AuditRow:
+    """One applied (non-skip) decision of the audit trail, or a skip."""
+
+    job: str
+    decided_at: float
+    disposition: str
+    reason: str
+    attempts_used: int | None
+
+
+@dataclass
+class Checks:
+    """Invariant counts (each must be 0), facts, and a few job ids per non-zero count."""
+
+    counts: dict[str, int]
+    facts: dict[str, Any]
+    examples: dict[str, list[str]] = field(default_factory=dict)
+
+
+def read_audit(db: Database, source: str) -> list[AuditRow]:
+    """The audit trail of this source, oldest first."""
+    rows = db.query(
+        "SELECT job_id, extract(epoch FROM decided_at), disposition, decision_reason, "
+        "decision_evidence ->> 'attempts_used' FROM reconciliation_decisions "
+        "WHERE job_source = %(source)s AND NOT shadow_mode ORDER BY decision_id",
+        {"source": source})
+    return [AuditRow(str(job), float(at), disposition, reason,
+                     None if used is None else int(used))
+            for job, at, disposition, reason, used in rows]
+
+
+def run_checks(db: Database, system: System, specs: Mapping[str, JobSpec],
+               markers: Sequence[Marker], stopped_pids: set[int]) -> Checks:
+    """Every count and fact of the run, after its drain."""
+    audit = read_audit(db, system.name)
+    states = system.states(db, specs)
+    acting = [a for a in audit if a.disposition != "skip"]
+    by_job: dict[str, list[Marker]] = defaultdict(list)
+    for marker in markers:
+        by_job[marker.job].append(marker)
+    decided: dict[str, list[AuditRow]] = defaultdict(list)
+    for row in acting:
+        decided[row.job].append(row)
+
+    bad: dict[str, list[str]] = {name: [] for name in (
+        "effect_started_twice", "jobs_not_terminal", "attempts_over_budget",
+        "decisions_per_attempt_over_one")}
+    for job, spec in specs.items():
+        state = states.get(job)
+        if _effect_started_twice(spec, decided[job], by_job[job]):
+            bad["effect_started_twice"].append(job)
+        if state is None or state.status not in TERMINAL:
+            bad["jobs_not_terminal"].append(job)
+        if _over_budget(system, spec, state, by_job[job]):
+            bad["attempts_over_budget"].append(job)
+    per_attempt = Counter((a.job, a.attempts_used) for a in acting)
+    bad["decisions_per_attempt_over_one"] = sorted({job for (job, _), n in per_attempt.items()
+                                                    if n > 1})
+
+    late, late_examples = _late_writes(system, states, decided, by_job, stopped_pids)
+    facts: dict[str, Any] = {
+        "jobs": len(specs),
+        "final": dict(Counter(s.status for s in states.values())),
+        "decisions": dict(Counter(f"{a.disposition}/{a.reason}" for a in acting)),
+        "fence_lost": sum(1 for a in audit if a.reason == "fence_lost"),
+        "crash_loop": sum(1 for a in acting if a.reason == "crash_loop"),
+        "runs_started": sum(1 for m in markers if m.event == "started"),
+        "late_finishes": sum(sum(c.values()) for c in late.values()),
+        "late_writes": {fault: dict(c) for fault, c in late.items()},
+        "late_write_examples": late_examples,
+    }
+    return Checks({name: len(jobs) for name, jobs in bad.items()}, facts,
+                  {name: jobs[:EXAMPLES] for name, jobs in bad.items() if jobs})
+
+
+def _effect_started_twice(spec: JobSpec, decisions: Sequence[AuditRow],
+                          markers: Sequence[Marker]) -> bool:
+    """An effectful job resumed, or started again after a decision of ours."""
+    if not spec.kind.startswith("effect."):
+        return False
+    if any(d.disposition == "resume" for d in decisions):
+        return True
+    first = min((d.decided_at for d in decisions), default=None)
+    return first is not None and any(m.event == "started" and m.at > first for m in markers)
+
+
+def _over_budget(system: System, spec: JobSpec, state: JobState | None,
+                 markers: Sequence[Marker]) -> bool:
+    """More attempts than the budget, by the system's counters or by the runs started."""
+    budget = spec.max_attempts if state is None or state.max_attempts is None \
+        else state.max_attempts
+    started = max((system.used_of(m.attempt) for m in markers if m.event == "started"),
+                  default=0)
+    used = 0 if state is None or state.attempts_used is None else state.attempts_used
+    return max(started, used) > budget
+
+
+def _late_writes(system: System, states: Mapping[str, JobState],
+                 decided: Mapping[str, Sequence[AuditRow]], by_job: Mapping[str, list[Marker]],
+                 stopped_pids: set[int]) -> tuple[dict[str, Counter[str]], list[str]]:
+    """Runs that finished after the reconciler had decided their attempt, by fault (their
+    worker was SIGSTOPped, or not: slow under load or across the restart) and by what
+    landed in the system's row; and a few of them (``job:decision:fault:landed``)."""
+    late: dict[str, Counter[str]] = {"stopped": Counter(), "not_stopped": Counter()}
+    seen: list[str] = []
+    for job, markers in by_job.items():
+        state = states.get(job)
+        for done in (m for m in markers if m.event == "done"):
+            used = system.used_of(done.attempt)
+            decision = next((d for d in decided.get(job, ())
+                             if d.attempts_used == used and d.decided_at < done.at), None)
+            if decision is None or state is None:
+                continue
+            fault = "stopped" if done.pid in stopped_pids else "not_stopped"
+            landed = _landed(system, state, decision, done, markers)
+            late[fault][landed] += 1
+            seen.append(f"{job}:{decision.disposition}:{fault}:{landed}")
+    return late, seen[:LATE_EXAMPLES]
+
+
+def _landed(system: System, state: JobState, decision: AuditRow, late: Marker,
+            markers: Sequence[Marker]) -> str:
+    """What the late completion did to the row: ``overwrote_failure`` (our terminalization
+    became a completion), ``overwrote_new_run`` / ``overwrote_queued`` (the resumed job
+    completed by the old run while a new run ran it / before one started), ``refused``
+    (the row kept another outcome: the system's fence refused the write), ``lost`` (the
+    row was already gone, or the write never reached it)."""
+    later = [m for m in markers if m.attempt > late.attempt]
+    if state.status == "completed":
+        if state.completed_at is not None:
+            finishes = [m for m in markers if m.event == "done"
+                        and m.at <= state.completed_at + LANDING_SLACK_SECONDS]
+            landed = bool(finishes) and max(finishes, key=lambda m: m.at) == late
+        else:  # the row is gone (graphile-worker deletes): the first completion deleted it
+            landed = not any(m.event == "done" and m.at < late.at for m in later)
+        if not landed:
+            return "refused" if state.completed_at is not None else "lost"
+        if decision.disposition == "terminalize":
+            return "overwrote_failure"
+        new_run = any(m.event == "started" and m.at < late.at for m in later)
+        return "overwrote_new_run" if new_run else "overwrote_queued"
+    # Ended failed: our failure (or a later one) stood.
+    return "refused" if system.completion_fenced else "lost"
