@@ -74,7 +74,7 @@ def run_checks(db: Database, system: System, specs: Mapping[str, JobSpec],
         "decisions_per_attempt_over_one")}
     for job, spec in specs.items():
         state = states.get(job)
-        if _effect_started_twice(spec, decided[job], by_job[job]):
+        if _effect_started_twice(system, spec, decided[job], by_job[job]):
             bad["effect_started_twice"].append(job)
         if state is None or state.status not in TERMINAL:
             bad["jobs_not_terminal"].append(job)
@@ -92,6 +92,7 @@ def run_checks(db: Database, system: System, specs: Mapping[str, JobSpec],
         "fence_lost": sum(1 for a in audit if a.reason == "fence_lost"),
         "crash_loop": sum(1 for a in acting if a.reason == "crash_loop"),
         "runs_started": sum(1 for m in markers if m.event == "started"),
+        "late_starts": _late_starts(system, decided, by_job),
         "late_finishes": sum(sum(c.values()) for c in late.values()),
         "late_writes": {fault: dict(c) for fault, c in late.items()},
         "late_write_examples": late_examples,
@@ -100,15 +101,27 @@ def run_checks(db: Database, system: System, specs: Mapping[str, JobSpec],
                   {name: jobs[:EXAMPLES] for name, jobs in bad.items() if jobs})
 
 
-def _effect_started_twice(spec: JobSpec, decisions: Sequence[AuditRow],
+def _effect_started_twice(system: System, spec: JobSpec, decisions: Sequence[AuditRow],
                           markers: Sequence[Marker]) -> bool:
-    """An effectful job resumed, or started again after a decision of ours."""
+    """An effectful job resumed, or a later attempt of it started after a decision of ours
+    (the decided attempt's own start, written late by a worker stopped before its task
+    began, is one start: counted in ``late_starts``)."""
     if not spec.kind.startswith("effect."):
         return False
     if any(d.disposition == "resume" for d in decisions):
         return True
-    first = min((d.decided_at for d in decisions), default=None)
-    return first is not None and any(m.event == "started" and m.at > first for m in markers)
+    return any(m.event == "started" and m.at > d.decided_at
+               and (d.attempts_used is None or system.used_of(m.attempt) > d.attempts_used)
+               for d in decisions for m in markers)
+
+
+def _late_starts(system: System, decided: Mapping[str, Sequence[AuditRow]],
+                 by_job: Mapping[str, list[Marker]]) -> int:
+    """Attempts whose task started only after the reconciler had decided that attempt."""
+    return sum(1 for job, markers in by_job.items() for m in markers
+               if m.event == "started" and any(
+                   d.attempts_used == system.used_of(m.attempt) and d.decided_at < m.at
+                   for d in decided.get(job, ())))
 
 
 def _over_budget(system: System, spec: JobSpec, state: JobState | None,
@@ -127,7 +140,7 @@ def _late_writes(system: System, states: Mapping[str, JobState],
                  stopped_pids: set[int]) -> tuple[dict[str, Counter[str]], list[str]]:
     """Runs that finished after the reconciler had decided their attempt, by fault (their
     worker was SIGSTOPped, or not: slow under load or across the restart) and by what
-    landed in the system's row; and a few of them (``job:decision:fault:landed``)."""
+    landed in the system's row; and a few of them (``job:fault:landed``)."""
     late: dict[str, Counter[str]] = {"stopped": Counter(), "not_stopped": Counter()}
     seen: list[str] = []
     for job, markers in by_job.items():
@@ -141,30 +154,31 @@ def _late_writes(system: System, states: Mapping[str, JobState],
             fault = "stopped" if done.pid in stopped_pids else "not_stopped"
             landed = _landed(system, state, decision, done, markers)
             late[fault][landed] += 1
-            seen.append(f"{job}:{decision.disposition}:{fault}:{landed}")
+            seen.append(f"{job}:{fault}:{landed}")
     return late, seen[:LATE_EXAMPLES]
 
 
 def _landed(system: System, state: JobState, decision: AuditRow, late: Marker,
             markers: Sequence[Marker]) -> str:
-    """What the late completion did to the row: ``overwrote_failure`` (our terminalization
-    became a completion), ``overwrote_new_run`` / ``overwrote_queued`` (the resumed job
-    completed by the old run while a new run ran it / before one started), ``refused``
-    (the row kept another outcome: the system's fence refused the write), ``lost`` (the
-    row was already gone, or the write never reached it)."""
+    """What the late completion did to the row, after our decision (``failed/`` or
+    ``resumed/``): ``overwrote`` (our terminalization became a completion),
+    ``overwrote_new_run`` / ``overwrote_queued`` (the resumed job completed by the old run
+    while a new run ran it / before one started), ``refused`` (the row kept another
+    outcome: the system's fence refused the write), ``lost`` (the row was already gone,
+    or the write never reached it)."""
+    after = "failed" if decision.disposition == "terminalize" else "resumed"
     later = [m for m in markers if m.attempt > late.attempt]
-    if state.status == "completed":
-        if state.completed_at is not None:
-            finishes = [m for m in markers if m.event == "done"
-                        and m.at <= state.completed_at + LANDING_SLACK_SECONDS]
-            landed = bool(finishes) and max(finishes, key=lambda m: m.at) == late
-        else:  # the row is gone (graphile-worker deletes): the first completion deleted it
-            landed = not any(m.event == "done" and m.at < late.at for m in later)
-        if not landed:
-            return "refused" if state.completed_at is not None else "lost"
-        if decision.disposition == "terminalize":
-            return "overwrote_failure"
-        new_run = any(m.event == "started" and m.at < late.at for m in later)
-        return "overwrote_new_run" if new_run else "overwrote_queued"
-    # Ended failed: our failure (or a later one) stood.
-    return "refused" if system.completion_fenced else "lost"
+    if state.status != "completed":  # ended failed: our failure (or a later one) stood
+        return f"{after}/{'refused' if system.completion_fenced else 'lost'}"
+    if state.completed_at is not None:
+        finishes = [m for m in markers if m.event == "done"
+                    and m.at <= state.completed_at + LANDING_SLACK_SECONDS]
+        landed = bool(finishes) and max(finishes, key=lambda m: m.at) == late
+    else:  # the row is gone (graphile-worker deletes): the first completion deleted it
+        landed = not any(m.event == "done" and m.at < late.at for m in later)
+    if not landed:
+        return f"{after}/{'refused' if state.completed_at is not None else 'lost'}"
+    if after == "failed":
+        return "failed/overwrote"
+    new_run = any(m.event == "started" and m.at < late.at for m in later)
+    return "resumed/overwrote_new_run" if new_run else "resumed/overwrote_queued"

@@ -51,6 +51,9 @@ MID_TASK_KILL_CHANCE = 0.8
 RESPAWN_DELAY_SECONDS = (0.1, 0.5)
 TICK_SECONDS = 0.1
 RETRY_FAULT_SECONDS = 0.3
+# A stop lasts this many times the wait of a dead owner's job: shorter ones are pauses
+# the reconciler must leave alone, longer ones make late writers.
+STOP_LEASES = (0.5, 2.0)
 SETTLE_SECONDS = 20.0
 
 
@@ -276,7 +279,7 @@ class ForeignRun:
         return sorted(events)
 
     def _fault(self, what: str, now: float) -> bool:
-        """Cause the fault; False when it has to wait (no worker inside a task)."""
+        """Cause the fault; False when it has to wait (no worker to stop or kill now)."""
         if what == "restart_db":
             assert self.pg is not None
             self.pg.restart(mode="immediate")
@@ -284,27 +287,29 @@ class ForeignRun:
             return True
         if what == "kill_replica":
             replicas = self.children.live("replica")
-            if replicas:
-                self.children.kill(self.rng.choice(replicas))
-                self.stats.replica_kills += 1
+            if not replicas:
+                return False
+            self.children.kill(self.rng.choice(replicas))
+            self.stats.replica_kills += 1
             return True
         running = [c for c in self.children.live("worker") if c.stopped_until is None]
         inside = mid_task(read_markers(self.markers))
         busy = [c for c in running if c.pid in inside]
         if what == "stop_worker":
-            if not busy:  # no worker inside a task now: try again shortly
+            if not busy or len(running) < 2:  # none inside a task, or the last one running
                 return False
             victim = self.rng.choice(busy)  # a worker inside a task: the late writer
             victim.signal(signal.SIGSTOP)
             lease = self.system.reclaim_after_seconds
-            victim.stopped_until = now + self.rng.uniform(0.5 * lease, 2.5 * lease)
+            victim.stopped_until = now + self.rng.uniform(*STOP_LEASES) * lease
             self.stats.stops += 1
             self.stats.stopped_pids.add(victim.pid)
             return True
         pool = busy if busy and self.rng.random() < MID_TASK_KILL_CHANCE else running
-        if pool:
-            self.children.kill(self.rng.choice(pool))
-            self.stats.worker_kills += 1
+        if not pool:  # every worker is dead or stopped: try again shortly
+            return False
+        self.children.kill(self.rng.choice(pool))
+        self.stats.worker_kills += 1
         return True
 
     # -- phases -----------------------------------------------------------------------------
