@@ -181,4 +181,4 @@ def _landed(system: System, state: JobState, decision: AuditRow, late: Marker,
     if after == "failed":
         return "failed/overwrote"
     new_run = any(m.event == "started" and m.at < late.at for m in later)
-    return "resumed/overwrote_new_run" if new_run else "resumed/overwrote_queued"
+    return "resumed/overwrote_new_run" if new_run else "resumed/overwrote_before_rerun"
