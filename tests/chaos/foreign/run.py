@@ -43,6 +43,7 @@ REPLICA_SETTINGS = {"stale_after_seconds": 0.5, "wedged_after_seconds": 3600.0,
                     "leader_lease_seconds": 1.5, "batch_size": 200, "metrics_port": 0,
                     # Killed workers' jobs go stale together on purpose: no brake.
                     "brake_hold_seconds": 0.0, "session_heartbeat_seconds": 0.3}
+EFFECTS = (("idem.*", "idempotent"), ("pure.*", "pure"), ("effect.*", "effectful"))
 MAX_ATTEMPTS_RANGE = (3, 5)
 ENQUEUE_SHARE = 0.6
 FAULTS_DONE_BY_SHARE = 0.85
@@ -74,6 +75,9 @@ class ForeignParams:
     interval_seconds: float = INTERVAL_SECONDS
     seed: int | None = None
     keep: bool = False
+    effects: tuple[tuple[str, str], ...] = EFFECTS
+    """The ``[kinds]`` effect of each pattern; a test declares ``effect.*`` wrongly to
+    show the checks see what follows."""
 
     def __post_init__(self) -> None:
         if min(self.jobs, self.workers, self.replicas) < 1:
@@ -222,8 +226,7 @@ class ForeignRun:
         lines += [f"{key} = {_toml(value)}" for key, value in self.system.source_table().items()]
         lines += ["", '[kinds."*"]']
         lines += [f"{key} = {_toml(value)}" for key, value in self.system.kind_rule().items()]
-        for pattern, effect in (("idem.*", "idempotent"), ("pure.*", "pure"),
-                                ("effect.*", "effectful")):
+        for pattern, effect in self.params.effects:
             lines += ["", f'[kinds."{pattern}"]', f'effect = "{effect}"']
         return "\n".join(lines) + "\n"
 
