@@ -34,6 +34,16 @@ class AuditRow:
 
 
 @dataclass
+class FaultLog:
+    """What the fault phase did to which worker process."""
+
+    stopped: set[int] = field(default_factory=set)
+    """Pids of the workers SIGSTOPped (and later continued)."""
+    killed_at: dict[int, float] = field(default_factory=dict)
+    """Epoch of each worker's SIGKILL, by pid."""
+
+
+@dataclass
 class Checks:
     """Invariant counts (each must be 0), facts, and a few job ids per non-zero count."""
 
@@ -55,7 +65,7 @@ def read_audit(db: Database, source: str) -> list[AuditRow]:
 
 
 def run_checks(db: Database, system: System, specs: Mapping[str, JobSpec],
-               markers: Sequence[Marker], stopped_pids: set[int]) -> Checks:
+               markers: Sequence[Marker], faults: FaultLog) -> Checks:
     """Every count and fact of the run, after its drain."""
     audit = read_audit(db, system.name)
     states = system.states(db, specs)
@@ -82,7 +92,7 @@ def run_checks(db: Database, system: System, specs: Mapping[str, JobSpec],
     bad["decisions_per_attempt_over_one"] = sorted({job for (job, _), n in per_attempt.items()
                                                     if n > 1})
 
-    late, late_examples = _late_writes(system, states, decided, by_job, stopped_pids)
+    late, late_examples = _late_writes(system, states, decided, by_job, faults.stopped)
     facts: dict[str, Any] = {
         "jobs": len(specs),
         "final": dict(Counter(s.status for s in states.values())),
@@ -91,6 +101,8 @@ def run_checks(db: Database, system: System, specs: Mapping[str, JobSpec],
         "crash_loop": sum(1 for a in acting if a.reason == "crash_loop"),
         "runs_started": sum(1 for m in markers if m.event == "started"),
         "late_starts": _late_starts(system, decided, by_job),
+        "kill_to_decision_seconds": _kill_to_decision(system, decided, by_job,
+                                                      faults.killed_at),
         "late_finishes": sum(sum(c.values()) for c in late.values()),
         "late_writes": {fault: dict(c) for fault, c in late.items()},
         "late_write_examples": late_examples,
@@ -120,6 +132,28 @@ def _late_starts(system: System, decided: Mapping[str, Sequence[AuditRow]],
                if m.event == "started" and any(
                    d.attempts_used == system.used_of(m.attempt) and d.decided_at < m.at
                    for d in decided.get(job, ())))
+
+
+def _kill_to_decision(system: System, decided: Mapping[str, Sequence[AuditRow]],
+                      by_job: Mapping[str, list[Marker]], killed_at: Mapping[int, float]
+                      ) -> dict[str, float]:
+    """From a worker's SIGKILL to the decision on the attempt it was running: how many,
+    the median and the longest (the limit is the system's wait, plus one interval)."""
+    waits = []
+    for job, markers in by_job.items():
+        done = {m.attempt for m in markers if m.event == "done"}
+        for m in markers:
+            killed = killed_at.get(m.pid) if m.pid is not None else None
+            if m.event != "started" or m.attempt in done or killed is None:
+                continue
+            after = [d.decided_at - killed for d in decided.get(job, ())
+                     if d.attempts_used == system.used_of(m.attempt) and d.decided_at > killed]
+            if after:
+                waits.append(min(after))
+    waits.sort()
+    return {"attempts": len(waits),
+            "median": round(waits[len(waits) // 2], 2) if waits else 0.0,
+            "max": round(waits[-1], 2) if waits else 0.0}
 
 
 def _over_budget(system: System, spec: JobSpec, state: JobState | None,

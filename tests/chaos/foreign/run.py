@@ -32,7 +32,7 @@ from pathlib import Path
 
 from reconciler.storage.engines import create_engine
 from reconciler.storage.schema import upgrade
-from tests.chaos.foreign.checks import Checks, run_checks
+from tests.chaos.foreign.checks import Checks, FaultLog, run_checks
 from tests.chaos.foreign.database import Database
 from tests.chaos.foreign.processes import Child, Children, mid_task, read_markers
 from tests.chaos.foreign.systems import KINDS, REPO_ROOT, TERMINAL, JobSpec, System, make_system
@@ -101,7 +101,7 @@ class Stats:
     stops: int = 0
     db_restarts: int = 0
     unexpected_exits: Counter[str] = field(default_factory=Counter)
-    stopped_pids: set[int] = field(default_factory=set)
+    faults: FaultLog = field(default_factory=FaultLog)
     drained: bool = False
     drain_seconds: float = 0.0
 
@@ -176,7 +176,7 @@ class ForeignRun:
             self._drain()
             assert self.db is not None
             checks = run_checks(self.db, self.system, self.specs, read_markers(self.markers),
-                                self.stats.stopped_pids)
+                                self.stats.faults)
             return ForeignResult(self.params, self.seed, self.stats, checks)
         finally:
             self.children.close()
@@ -306,12 +306,14 @@ class ForeignRun:
             lease = self.system.reclaim_after_seconds
             victim.stopped_until = now + self.rng.uniform(*STOP_LEASES) * lease
             self.stats.stops += 1
-            self.stats.stopped_pids.add(victim.pid)
+            self.stats.faults.stopped.add(victim.pid)
             return True
         pool = busy if busy and self.rng.random() < MID_TASK_KILL_CHANCE else running
         if not pool:  # every worker is dead or stopped: try again shortly
             return False
-        self.children.kill(self.rng.choice(pool))
+        victim = self.rng.choice(pool)
+        self.children.kill(victim)
+        self.stats.faults.killed_at[victim.pid] = time.time()
         self.stats.worker_kills += 1
         return True
 
