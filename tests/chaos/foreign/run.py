@@ -208,9 +208,9 @@ class ForeignRun:
 
     def _job_spec(self, n: int) -> JobSpec:
         p = self.params
-        budget = self.rng.randint(*MAX_ATTEMPTS_RANGE)
-        if self.params.system == "procrastinate":
-            budget = int(self.system.kind_rule()["max_attempts"])
+        # A system that keeps no budget has one for all jobs, from [kinds].
+        fixed = self.system.kind_rule().get("max_attempts")
+        budget = int(fixed) if fixed is not None else self.rng.randint(*MAX_ATTEMPTS_RANGE)
         hang = tuple(round(self.rng.uniform(0.1, p.hang_max_seconds), 2)
                      for _ in range(budget + 1))
         delay = p.seconds * ENQUEUE_SHARE * n / max(p.jobs, 1)
