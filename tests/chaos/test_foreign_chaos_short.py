@@ -42,6 +42,7 @@ def test_short_foreign_chaos_run_keeps_every_invariant(system: str) -> None:
     assert result.stats.drained, result.render()
     assert result.checks.facts["jobs"] == params.jobs
     assert result.stats.worker_kills > 0, result.render()
+    assert result.checks.facts["decisions"], result.render()  # the replicas did decide
     assert result.stats.stops > 0, result.render()
     assert result.stats.replica_kills > 0, result.render()
     assert result.stats.db_restarts == 1
