@@ -1,4 +1,6 @@
-// A real pg-boss for the source tests: `migrate`, or `worker QUEUE...` (runs until killed).
+// A real pg-boss for the source tests: `migrate`, `worker QUEUE...` (runs until killed), or
+// `send` (reads [{name, data, options}] as JSON on stdin, creates each queue with pg-boss's
+// own createQueue, sends each job with its own send, prints the ids as a JSON list).
 // Handlers write marker files (<job>-started-<attempt>, <job>-done-<attempt>, the attempt
 // being retryCount) and sleep data.hang[attempt] seconds on the attempts the list covers
 // (default: the first, an hour).
@@ -24,12 +26,32 @@ async function work([job]) {
   mark(`${job.id}-done-${attempt}`);
 }
 
+async function send(boss) {
+  const jobs = JSON.parse(fs.readFileSync(0, "utf8"));
+  const queues = new Set(jobs.map((job) => job.name));
+  for (const name of queues) {
+    if (!(await boss.getQueue(name))) {
+      await boss.createQueue(name);
+    }
+  }
+  const ids = [];
+  for (const job of jobs) {
+    ids.push(await boss.send(job.name, job.data, job.options));
+  }
+  process.stdout.write(JSON.stringify(ids));
+}
+
 async function main(mode, queues) {
   const boss = new PgBoss({ connectionString, schema: "pgboss", supervise: false,
                             schedule: false });
   boss.on("error", (error) => console.error(error));
   await boss.start();
   if (mode === "migrate") {
+    await boss.stop({ graceful: false, wait: true });
+    return false;
+  }
+  if (mode === "send") {
+    await send(boss);
     await boss.stop({ graceful: false, wait: true });
     return false;
   }
