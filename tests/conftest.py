@@ -26,6 +26,7 @@ from reconciler.storage.engines import create_engine
 from reconciler.storage.schema import upgrade
 from reconciler.storage.sql_store import SqlStore
 from reconciler.worker import JobClient
+from tests.cli_runner import run_main, settings_env
 from tests.helpers import fresh_database, require_pg_bin
 from tests.pg_server import DSN_ENV, INSTALL_HINT, ThrowawayPostgres, find_pg_bin
 
@@ -171,11 +172,8 @@ def run_python(body: str, *args: str, timeout: float = 60,
 
 def run_cli(db: str, *args: str, timeout: float = 60,
             **settings: Any) -> subprocess.CompletedProcess[str]:
-    """Run the installed ``reconciler`` command against ``db`` with settings as env vars."""
-    env = {**os.environ, "RECONCILER_DATABASE_URL": db}
-    env.update({f"RECONCILER_{k.upper()}": str(v) for k, v in settings.items()})
-    return subprocess.run(
-        [sys.executable, "-m", "reconciler.cli", *args], check=False, capture_output=True,
-        text=True,
-        timeout=timeout, cwd=REPO_ROOT, env=env,
-    )
+    """``reconciler ARGS`` against ``db`` with settings as env vars, as a finished process.
+
+    In this process (tests/cli_runner.py) but for ``run`` and ``demo``: a test about the
+    process itself (signals, pipes, the installed script) starts one on its own."""
+    return run_main(args, env=settings_env(db, **settings), timeout=timeout)
