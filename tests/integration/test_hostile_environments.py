@@ -34,6 +34,7 @@ from reconciler.sidecar.service import Service
 from reconciler.storage.engines import create_engine, is_postgresql
 from reconciler.storage.schema import upgrade
 from reconciler.worker import JobClient, Step
+from tests.cli_runner import run_main
 from tests.conftest import REPO_ROOT, PostgresForTests, run_cli
 from tests.helpers import fresh_database
 from tests.integration.test_cli import assert_one_line_error
@@ -346,10 +347,7 @@ def test_the_database_url_can_come_from_a_file(db_url: str, tmp_path: Path) -> N
     URL, so it need not sit in `ps` or the environment."""
     secret = tmp_path / "database-url"
     secret.write_text(db_url + "\n")
-    env = child_env(database_url_file=secret)
-    proc = subprocess.run([sys.executable, "-m", "reconciler.cli", "jobs", "list", "--json"],
-                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60,
-                          check=False)
+    proc = run_main(["jobs", "list", "--json"], env=child_env(database_url_file=secret))
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
 
@@ -636,10 +634,7 @@ def test_commands_never_create_a_missing_sqlite_database(tmp_path: Path,
                                                          args: tuple[str, ...]) -> None:
     """With no database where the URL points (the default `./reconciler.db` in a fresh
     folder), a command says so in one line, exit 4, and leaves no empty file behind."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RECONCILER_")}
-    proc = subprocess.run([sys.executable, "-m", "reconciler.cli", *args], cwd=tmp_path,
-                          env={**env, "PYTHONPATH": str(REPO_ROOT)}, capture_output=True,
-                          text=True, timeout=60, check=False)
+    proc = run_main(args, env=child_env(), cwd=tmp_path)
     one_line(proc, 4, "no database at", "reconciler db upgrade")
     assert list(tmp_path.iterdir()) == []
 
