@@ -62,16 +62,21 @@ def settings_env(db: str, **settings: Any) -> dict[str, str]:
 
 
 def run_main(args: Sequence[str], *, env: Mapping[str, str] | None = None,
-             cwd: Path | str = REPO_ROOT, timeout: float = 60
+             cwd: Path | str = REPO_ROOT, timeout: float = 60, process: bool | None = None
              ) -> subprocess.CompletedProcess[str]:
     """``reconciler ARGS`` with exactly ``env`` as its environment (default: this one),
     in ``cwd``; as ``subprocess.run(..., capture_output=True, text=True)`` would return it.
+
+    ``process``: True starts a real process; None does for ``run`` and ``demo`` only;
+    False calls even ``run`` here, for a test of a ``run`` that must refuse to start: it
+    cannot go on to serve by mistake, since outside the main thread it cannot install its
+    signal handlers (that ends it with a traceback and exit 1, which fails the test).
 
     A command still running after ``timeout`` seconds raises ``subprocess.TimeoutExpired``,
     as ``subprocess.run`` does (the call is left behind in its daemon thread).
     """
     argv = [*ARGV0, *args]
-    if args and args[0] in PROCESS_COMMANDS:
+    if process or (process is None and args and args[0] in PROCESS_COMMANDS):
         return subprocess.run(argv, check=False, capture_output=True, text=True,
                               timeout=timeout, cwd=cwd,
                               env=dict(os.environ if env is None else env))

@@ -202,10 +202,11 @@ def run_python(body: str, *args: str, timeout: float = 60,
     )
 
 
-def run_cli(db: str, *args: str, timeout: float = 60,
+def run_cli(db: str, *args: str, timeout: float = 60, process: bool | None = None,
             **settings: Any) -> subprocess.CompletedProcess[str]:
     """``reconciler ARGS`` against ``db`` with settings as env vars, as a finished process.
 
-    In this process (tests/cli_runner.py) but for ``run`` and ``demo``: a test about the
-    process itself (signals, pipes, the installed script) starts one on its own."""
-    return run_main(args, env=settings_env(db, **settings), timeout=timeout)
+    In this process (tests/cli_runner.py) but for ``run`` and ``demo`` (``process``: see
+    ``run_main``); a test about the process itself (signals, pipes, the installed script)
+    starts one on its own."""
+    return run_main(args, env=settings_env(db, **settings), timeout=timeout, process=process)

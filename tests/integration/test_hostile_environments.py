@@ -501,7 +501,7 @@ def test_a_database_from_a_newer_release_is_refused_alike_by_run_and_upgrade(
     with engine.begin() as conn:
         conn.execute(sa.text("UPDATE alembic_version SET version_num = 'ffffffffffff'"))
     upgrade_proc = run_cli(db_url, "db", "upgrade")
-    run_proc = run_cli(db_url, "run", timeout=60, metrics_port=0)
+    run_proc = run_cli(db_url, "run", timeout=60, process=False, metrics_port=0)
     for proc in (upgrade_proc, run_proc):
         line = one_line(proc, 4, "ffffffffffff", "newer release")
         assert "run `reconciler db upgrade`" not in line
@@ -527,7 +527,7 @@ def test_a_setting_that_would_overflow_is_refused_before_anything_starts(
     "interval out of range" with exit 3). It is refused before any database is opened (the
     URL here reaches none: a value that got through would end in exit 3)."""
     setting = flag.removeprefix("--").replace("-", "_")
-    one_line(run_cli(NO_DATABASE, command, flag, value, timeout=60, metrics_port=0), 2,
+    one_line(run_cli(NO_DATABASE, command, flag, value, process=False, metrics_port=0), 2,
              setting)
 
 
@@ -739,7 +739,7 @@ def test_a_database_that_stays_down_at_start_is_exit_3_not_4(tmp_path: Path) -> 
         holder.execute("PRAGMA locking_mode = EXCLUSIVE")
         holder.execute("BEGIN EXCLUSIVE")
         holder.execute("CREATE TABLE held (x)")
-        proc = run_cli(url, "run", timeout=60, metrics_port=0, sqlite_busy_timeout_seconds=0.2,
+        proc = run_cli(url, "run", process=False, metrics_port=0, sqlite_busy_timeout_seconds=0.2,
                        start_retry_seconds=1)
     finally:
         holder.close()
