@@ -1,7 +1,8 @@
 """``reconciler run`` as operators run it: real processes, real signals, real databases.
 
 Each reconciler here is a separate ``python -m reconciler.cli run`` process configured
-through ``RECONCILER_*`` variables. It binds ``metrics_port=0`` and the test reads the port
+through ``RECONCILER_*`` variables (a ``run`` that must refuse to start is called in this
+process, tests/cli_runner.py). It binds ``metrics_port=0`` and the test reads the port
 it got from its ``event=http_listening`` log line, so there is no free-port race. Tests
 look only at what an operator can see: /metrics, /healthz, /readyz, stderr, exit codes and
 the database.
