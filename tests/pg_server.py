@@ -59,6 +59,8 @@ _HOST = "127.0.0.1"
 _SERVER_USER = "postgres"  # OS user used when we run as root
 _DB_SUPERUSER = "postgres"  # database superuser created by initdb -U
 _CMD_TIMEOUT = 60.0
+_RAM_DIR = Path("/dev/shm")  # noqa: S108 - a tmpfs on Linux; skipped where it is missing
+_RAM_DIR_MIN_FREE_BYTES = 2 * 1024**3
 
 ShutdownMode = Literal["smart", "fast", "immediate"]
 
@@ -334,10 +336,7 @@ class ThrowawayPostgres:
         if self._running:
             return self
         if self.base_dir is None:
-            base = None
-            if self._as_root and not _world_traversable(Path(tempfile.gettempdir())):
-                base = "/tmp"  # noqa: S108 - must be traversable by the postgres user
-            self.base_dir = Path(tempfile.mkdtemp(prefix="reconciler-pg-", dir=base))
+            self.base_dir = Path(tempfile.mkdtemp(prefix="reconciler-pg-", dir=self._parent()))
             atexit.register(self.stop)
             if self._user is not None:
                 os.chown(self.base_dir, self._user.pw_uid, self._user.pw_gid)
@@ -351,6 +350,23 @@ class ThrowawayPostgres:
             self.stop()
             raise
         return self
+
+    def _parent(self) -> str:
+        """Where the cluster lives: in memory when the machine has a RAM-backed folder with
+        room to spare (a container's default /dev/shm of 64 MiB has not).
+
+        Every test creates and drops a database. On the disk here that is file creation,
+        unlinks and discards: 0.2 to 1.2 s per database on a busy machine, against about
+        0.1 s in memory, measured side by side. Durability is off anyway (see the class).
+        """
+        for candidate in (_RAM_DIR, Path(tempfile.gettempdir())):
+            usable = candidate.is_dir() and os.access(candidate, os.W_OK | os.X_OK)
+            if candidate == _RAM_DIR and usable:
+                room = os.statvfs(candidate)
+                usable = room.f_bavail * room.f_frsize >= _RAM_DIR_MIN_FREE_BYTES
+            if usable and (not self._as_root or _world_traversable(candidate)):
+                return str(candidate)
+        return "/tmp"  # noqa: S108 - must be traversable by the postgres user
 
     def _start_watchdog(self) -> None:
         uid, gid = ("-", "-") if self._user is None else (self._user.pw_uid, self._user.pw_gid)

@@ -7,7 +7,6 @@ import subprocess
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, cast
 
@@ -57,9 +56,8 @@ CliCall = tuple[Sequence[str], dict[str, Any]]
 
 
 def run_many(db: str, calls: Sequence[CliCall]) -> list[subprocess.CompletedProcess[str]]:
-    """Run independent CLI invocations side by side (each one is a fresh process)."""
-    with ThreadPoolExecutor(max_workers=len(calls)) as pool:
-        return list(pool.map(lambda call: run_cli(db, *call[0], **call[1]), calls))
+    """Run independent CLI invocations one after the other (each a call of ``main()``)."""
+    return [run_cli(db, *args, **settings) for args, settings in calls]
 
 
 def ok_json(proc: subprocess.CompletedProcess[str]) -> Any:

@@ -1,7 +1,8 @@
 """Crash recovery with real processes and real SIGKILL, on SQLite and PostgreSQL.
 
 Workers are separate interpreters that claim jobs and are killed from outside while they
-block; reconcilers are separate interpreters too. The test only watches the database.
+block; racing reconcilers are separate interpreters too (a lone `reconciler pass` is the
+command called in this process, tests/cli_runner.py). The test only watches the database.
 """
 
 from __future__ import annotations

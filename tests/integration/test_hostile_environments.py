@@ -33,6 +33,7 @@ from reconciler.settings import Settings
 from reconciler.storage.engines import create_engine, is_postgresql
 from reconciler.storage.schema import upgrade
 from reconciler.worker import JobClient, Step
+from tests.cli_runner import run_main
 from tests.conftest import REPO_ROOT, PostgresForTests, run_cli
 from tests.helpers import fresh_database, sidecar_service
 from tests.integration.test_cli import assert_one_line_error
@@ -345,10 +346,7 @@ def test_the_database_url_can_come_from_a_file(db_url: str, tmp_path: Path) -> N
     URL, so it need not sit in `ps` or the environment."""
     secret = tmp_path / "database-url"
     secret.write_text(db_url + "\n")
-    env = child_env(database_url_file=secret)
-    proc = subprocess.run([sys.executable, "-m", "reconciler.cli", "jobs", "list", "--json"],
-                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60,
-                          check=False)
+    proc = run_main(["jobs", "list", "--json"], env=child_env(database_url_file=secret))
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
 
@@ -501,7 +499,7 @@ def test_a_database_from_a_newer_release_is_refused_alike_by_run_and_upgrade(
     with engine.begin() as conn:
         conn.execute(sa.text("UPDATE alembic_version SET version_num = 'ffffffffffff'"))
     upgrade_proc = run_cli(db_url, "db", "upgrade")
-    run_proc = run_cli(db_url, "run", timeout=60, metrics_port=0)
+    run_proc = run_cli(db_url, "run", timeout=60, process=False, metrics_port=0)
     for proc in (upgrade_proc, run_proc):
         line = one_line(proc, 4, "ffffffffffff", "newer release")
         assert "run `reconciler db upgrade`" not in line
@@ -527,7 +525,7 @@ def test_a_setting_that_would_overflow_is_refused_before_anything_starts(
     "interval out of range" with exit 3). It is refused before any database is opened (the
     URL here reaches none: a value that got through would end in exit 3)."""
     setting = flag.removeprefix("--").replace("-", "_")
-    one_line(run_cli(NO_DATABASE, command, flag, value, timeout=60, metrics_port=0), 2,
+    one_line(run_cli(NO_DATABASE, command, flag, value, process=False, metrics_port=0), 2,
              setting)
 
 
@@ -634,10 +632,7 @@ def test_commands_never_create_a_missing_sqlite_database(tmp_path: Path,
                                                          args: tuple[str, ...]) -> None:
     """With no database where the URL points (the default `./reconciler.db` in a fresh
     folder), a command says so in one line, exit 4, and leaves no empty file behind."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RECONCILER_")}
-    proc = subprocess.run([sys.executable, "-m", "reconciler.cli", *args], cwd=tmp_path,
-                          env={**env, "PYTHONPATH": str(REPO_ROOT)}, capture_output=True,
-                          text=True, timeout=60, check=False)
+    proc = run_main(args, env=child_env(), cwd=tmp_path)
     one_line(proc, 4, "no database at", "reconciler db upgrade")
     assert list(tmp_path.iterdir()) == []
 
@@ -742,7 +737,7 @@ def test_a_database_that_stays_down_at_start_is_exit_3_not_4(tmp_path: Path) -> 
         holder.execute("PRAGMA locking_mode = EXCLUSIVE")
         holder.execute("BEGIN EXCLUSIVE")
         holder.execute("CREATE TABLE held (x)")
-        proc = run_cli(url, "run", timeout=60, metrics_port=0, sqlite_busy_timeout_seconds=0.2,
+        proc = run_cli(url, "run", process=False, metrics_port=0, sqlite_busy_timeout_seconds=0.2,
                        start_retry_seconds=1)
     finally:
         holder.close()

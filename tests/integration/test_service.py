@@ -1,7 +1,8 @@
 """``reconciler run`` as operators run it: real processes, real signals, real databases.
 
 Each reconciler here is a separate ``python -m reconciler.cli run`` process configured
-through ``RECONCILER_*`` variables. It binds ``metrics_port=0`` and the test reads the port
+through ``RECONCILER_*`` variables (a ``run`` that must refuse to start is called in this
+process, tests/cli_runner.py). It binds ``metrics_port=0`` and the test reads the port
 it got from its ``event=http_listening`` log line, so there is no free-port race. Tests
 look only at what an operator can see: /metrics, /healthz, /readyz, stderr, exit codes and
 the database.
@@ -887,7 +888,7 @@ def test_retention_deletes_old_audit_rows_and_keeps_new_ones(
 
 def test_run_refuses_an_unmigrated_database_in_one_line(empty_db_url: str) -> None:
     """`reconciler run` on a database without the schema exits non-zero with one line."""
-    proc = run_cli(empty_db_url, "run", timeout=30, metrics_port=0)
+    proc = run_cli(empty_db_url, "run", timeout=30, process=False, metrics_port=0)
     assert_one_line_error(proc, "reconciler db upgrade")
 
 
@@ -903,7 +904,7 @@ def test_run_refuses_a_bad_setting_in_one_line(
     """`reconciler run` with an invalid setting exits non-zero with one line naming it."""
     settings: dict[str, Any] = {"metrics_port": 0, setting: value}
     url = str(settings.pop("database_url", f"sqlite:///{tmp_path / 'jobs.db'}"))
-    proc = run_cli(url, "run", timeout=30, **settings)
+    proc = run_cli(url, "run", timeout=30, process=False, **settings)
     assert_one_line_error(proc, named)
 
 
@@ -912,7 +913,8 @@ def test_run_refuses_a_bad_setting_in_one_line(
 def test_run_refuses_an_unreachable_database_in_one_line(url: str) -> None:
     """`reconciler run` against a database it cannot reach exits non-zero with one line
     (after its start-up retries, one second of them here)."""
-    proc = run_cli(url, "run", timeout=30, metrics_port=0, start_retry_seconds=1)
+    proc = run_cli(url, "run", timeout=30, process=False, metrics_port=0,
+                   start_retry_seconds=1)
     assert_one_line_error(proc, "cannot reach the database")
 
 
