@@ -5,7 +5,7 @@
     python -m benchmarks --smoke            # N = 10k on both engines, checks it runs
     python -m benchmarks --measure time_to_recovery [--smoke]   # benchmarks/recovery.py
     python -m benchmarks --measure parked [--smoke]   # held and gated jobs: benchmarks/parked.py
-    python -m benchmarks --source procrastinate|graphile-worker|pg-boss|table [--smoke]
+    python -m benchmarks --source procrastinate|graphile-worker|pg-boss|table|all [--smoke]
         # a foreign source at a million rows beside its system's own sweep:
         # benchmarks/foreign.py (--source native, the default: everything above)
 
@@ -314,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     """``--source`` picks the job source: a foreign one is measured by benchmarks.foreign
     (with its options), the native one (the default) by everything else here."""
     chosen = argparse.ArgumentParser(prog="python -m benchmarks", add_help=False)
-    chosen.add_argument("--source", choices=("native", *SYSTEMS), default="native")
+    chosen.add_argument("--source", choices=("native", *SYSTEMS, "all"), default="native")
     picked, rest = chosen.parse_known_args(argv)
     if picked.source != "native":
         return foreign.main(["--source", picked.source, *rest])
