@@ -5,6 +5,9 @@
     python -m benchmarks --smoke            # N = 10k on both engines, checks it runs
     python -m benchmarks --measure time_to_recovery [--smoke]   # benchmarks/recovery.py
     python -m benchmarks --measure parked [--smoke]   # held and gated jobs: benchmarks/parked.py
+    python -m benchmarks --source procrastinate|graphile-worker|pg-boss|table|all [--smoke]
+        # a foreign source at a million rows beside its system's own sweep:
+        # benchmarks/foreign.py (--source native, the default: everything above)
 
 PostgreSQL: ``--database-url`` names an empty database to use, else a throwaway server is
 started (tests/pg_server.py; Debian's postgresql binaries).
@@ -26,8 +29,9 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from benchmarks import parked
+from benchmarks import foreign, parked
 from benchmarks.dataset import Shape, build, floor_update, restore_stale, writes_floor
+from benchmarks.foreign_systems import SYSTEMS
 from benchmarks.harness import (
     BATCH_SIZES,
     PROGRESS,
@@ -211,6 +215,18 @@ def _table_row(m: Measurement) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``--source`` picks the job source: a foreign one is measured by benchmarks.foreign
+    (with its options), the native one (the default) by everything else here."""
+    chosen = argparse.ArgumentParser(prog="python -m benchmarks", add_help=False)
+    chosen.add_argument("--source", choices=("native", *SYSTEMS, "all"), default="native")
+    picked, rest = chosen.parse_known_args(argv)
+    if picked.source != "native":
+        return foreign.main(["--source", picked.source, *rest])
+    return native(rest)
+
+
+def native(argv: list[str]) -> int:
+    """The native source's benchmarks."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--engine", choices=("sqlite", "postgresql", "both"), default="both")

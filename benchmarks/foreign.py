@@ -2,6 +2,7 @@
 
     python -m benchmarks.foreign --source procrastinate|graphile-worker|pg-boss|table|all
     python -m benchmarks.foreign --smoke      # 10k jobs per system: checks it runs
+    python -m benchmarks.foreign --with-index # with the index docs/sources.md suggests
 
 For each system, on a throwaway PostgreSQL 15 (Debian's binaries, tests/pg_server.py), one
 database holds the reconciler's own tables and the system's schema, built by the system's
@@ -32,6 +33,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
@@ -86,8 +88,10 @@ def _drain(store: Any, config: PassConfig) -> tuple[int, int, int]:
             return decided, acted, passes
 
 
-def measure(name: str, size: Size, runs: int, emit: Callable[[dict[str, Any]], None]) -> None:
-    """Quiet pass and recovery for one system, each beside its own mechanism."""
+def measure(name: str, size: Size, runs: int, emit: Callable[[dict[str, Any]], None], *,
+            with_index: bool = False) -> None:
+    """Quiet pass and recovery for one system, each beside its own mechanism; with the
+    index docs/sources.md suggests added first when ``with_index``."""
     from tests.pg_server import ThrowawayPostgres  # noqa: PLC0415 - the benchmark's server
 
     system: System = SYSTEMS[name]()
@@ -97,12 +101,17 @@ def measure(name: str, size: Size, runs: int, emit: Callable[[dict[str, Any]], N
         engine = create_engine(url, timeouts=UNLIMITED_TIMEOUTS)
         upgrade(engine)
         system.build(conninfo, size)
+        if with_index and system.user_index is not None:
+            with psycopg.connect(conninfo, autocommit=True) as conn:
+                conn.execute(system.user_index)
+                conn.execute("ANALYZE")
         config_file = Path(tmp) / "reconciler.toml"
         config_file.write_text(system.source_toml)
         config = load_config(config_file, database_url=url, batch_size=BATCH_SIZE)
         store = assemble_cli(config, engine=engine).passes
         pass_cfg = pass_config(config.settings, "bench", config.kinds)
-        base = {"source": name, "jobs": size.jobs, "running": size.running}
+        base = {"source": name, "jobs": size.jobs, "running": size.running,
+                "user_index": with_index and system.user_index is not None}
 
         system.keep_alive(conninfo)
         ours = statistics.median(_quiet_ms(store, pass_cfg, runs))
@@ -144,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=15, help="quiet passes per side")
     parser.add_argument("--smoke", action="store_true", help="10k jobs: checks it runs")
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
+    parser.add_argument("--with-index", action="store_true",
+                        help="add the index docs/sources.md suggests for the system first")
     args = parser.parse_args(argv)
     size = SMOKE if args.smoke else Size(args.jobs, args.running, args.orphans)
     runs = 3 if args.smoke else args.runs
@@ -160,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{row['unit']:<7} {extra}", flush=True)
 
     for name in SYSTEMS if args.source == "all" else (args.source,):
-        measure(name, size, runs, emit)
+        measure(name, size, runs, emit, with_index=args.with_index)
     return 0
 
 

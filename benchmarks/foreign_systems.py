@@ -50,6 +50,9 @@ class System(Protocol):
     name: str
     source_toml: str
     """The ``[source]`` table (and any ``[kinds]``) a user of this system would write."""
+    user_index: str | None
+    """The index docs/sources.md suggests a user add for the reconciler's scans (it never
+    adds one itself); ``--with-index`` measures with it. None: the system's own suffice."""
 
     def build(self, conninfo: str, size: Size) -> None:
         """Create the system's schema with its own code and fill it; orphans still alive."""
@@ -96,6 +99,7 @@ class Procrastinate:
     """Procrastinate 3.x in schema ``procrastinate``."""
 
     name = "procrastinate"
+    user_index: str | None = None  # its own partial index on (status) covers the running jobs
     source_toml = ('[source]\nkind = "procrastinate"\nschema = "procrastinate"\n'
                    '[kinds."*"]\neffect = "idempotent"\n')
     schema = "procrastinate"
@@ -266,6 +270,9 @@ class GraphileWorker(NodeSystem):
     """graphile-worker 0.17 in schema ``graphile_worker``; jobs in no named queue."""
 
     name = "graphile-worker"
+    user_index: str | None = ("CREATE INDEX jobs_reconciler_locked ON "
+                              "graphile_worker._private_jobs (locked_at) "
+                              "WHERE locked_at IS NOT NULL")
     schema = "graphile_worker"
     runner = "graphile_worker_runner.js"
     source_toml = ('[source]\nkind = "graphile-worker"\n[kinds."*"]\neffect = "idempotent"\n')
@@ -306,6 +313,8 @@ class PgBoss(NodeSystem):
     """pg-boss 10 in schema ``pgboss``; one queue, ``report``, standard policy."""
 
     name = "pg-boss"
+    user_index: str | None = ("CREATE INDEX job_reconciler_active ON pgboss.job "
+                              "(name, started_on) WHERE state = 'active'")
     schema = "pgboss"
     runner = "pgboss_runner.js"
     source_toml = '[source]\nkind = "pg-boss"\n[kinds."*"]\neffect = "idempotent"\n'
@@ -358,6 +367,8 @@ class HomeGrownTable:
     status, as such a table's own claim query needs."""
 
     name = "table"
+    user_index: str | None = ("CREATE INDEX jobs_reconciler_running ON app.jobs (id) "
+                              "WHERE status = 'processing'")
     source_toml = ('[source]\nkind = "table"\ntable = "jobs"\nschema = "app"\n'
                    'id_column = "id"\nstatus_column = "status"\nprocessing = "processing"\n'
                    'queued = "pending"\nfailed = "failed"\nkind_column = "job_type"\n'

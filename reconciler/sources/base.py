@@ -1,8 +1,9 @@
-"""The shape every foreign source shares: scans in pages by key, evidence, per-change swaps.
+"""The shape every foreign source shares: scans in pages by key, evidence, set-wise swaps.
 
 A subclass says, in SQL, what a running job of its system is, which of them lost their
-owner or outlived their lease, and how one change is swapped in through the system's own
-shapes; this class pages, locks, reads the step ledger once per batch and builds the
+owner or outlived their lease, and how a batch of changes is swapped in through the
+system's own shapes, in one statement over the batch's fence snapshots (``unnest``) where
+the system allows it; this class pages, locks, reads the step ledger once per batch and builds the
 candidates. Per-kind values (``max_run_seconds``, ``wedged_after_seconds``) enter the SQL
 as one ``CASE`` over the kinds actually running, which are few.
 """
@@ -30,7 +31,9 @@ from reconciler.core.ports import (
     PlannedChange,
 )
 from reconciler.core.vocabulary import JobStatus
+from reconciler.sources.batches import Batch, batches
 from reconciler.sources.common import (
+    FENCE_LEDGER,
     LEDGER,
     StepFacts,
     acting,
@@ -117,9 +120,6 @@ class ForeignSource(ABC):
                    position: bool) -> Candidate:
         """One row of ``_running`` as candidate facts."""
 
-    @abstractmethod
-    def _apply_one(self, change: PlannedChange) -> tuple[bool, int | None]:
-        """Swap one change in; (changed, generation after)."""
 
     @abstractmethod
     def listing(self) -> sa.Select[Any]:
@@ -149,6 +149,22 @@ class ForeignSource(ABC):
         """What else must hold for a live job to be looked at as wedged (by default
         nothing more)."""
         return sa.true()
+
+    def _swap(self, batch: Batch) -> dict[JobKey, int | None]:
+        """Swap a batch of changes in, set-wise where the system allows it; the jobs
+        changed and their generation after. A job whose fence no longer holds is left out.
+        By default one ``_apply_one`` per change (a source that cannot swap set-wise)."""
+        changed: dict[JobKey, int | None] = {}
+        for change in batch.changes:
+            swapped, generation = self._apply_one(change)
+            if swapped:
+                changed[change.decision.job_id] = generation
+        return changed
+
+    def _apply_one(self, change: PlannedChange) -> tuple[bool, int | None]:
+        """Swap one change in; (changed, generation after). Needed only by a source that
+        keeps the default ``_swap``."""
+        raise NotImplementedError(f"{type(self).__name__} swaps set-wise only")
 
     def _kind_catalogue(self) -> sa.Select[Any] | None:
         """Every kind a job can have, from a small table of the system's own (its queues
@@ -209,21 +225,21 @@ class ForeignSource(ABC):
         return self._build(rows, policies, position=False)
 
     def apply(self, changes: Sequence[PlannedChange]) -> dict[JobKey, int | None]:
-        """Compare-and-swap each resume or terminalization; the jobs changed."""
-        changed: dict[JobKey, int | None] = {}
+        """Compare-and-swap the resumes and terminalizations, one set-wise swap per
+        ``Batch`` (disposition, reason, rule); the jobs changed."""
         acting_changes = acting(changes)
         marks = [self._fence(change, ForeignFence).ledger for change in acting_changes]
         ledger_now = self._ledger_now([change for change, mark in zip(acting_changes, marks,
                                                                       strict=True) if mark])
-        for change, ledger in zip(acting_changes, marks, strict=True):
-            if (ledger is not None
-                    and ledger_now.get(str(change.decision.job_id)) != ledger.last_write):
-                continue  # a step was recorded since the decision: it no longer holds
-            swapped, generation = self._apply_one(change)
-            if swapped:
-                changed[change.decision.job_id] = generation
+        # A step recorded since the decision: it no longer holds, and the job is left out.
+        holding = [change for change, ledger in zip(acting_changes, marks, strict=True)
+                   if ledger is None
+                   or ledger_now.get(str(change.decision.job_id)) == ledger.last_write]
+        changed: dict[JobKey, int | None] = {}
+        for batch in batches(holding):
+            changed.update(self._swap(batch))
         if self._ledger_fences:
-            self._conn.execute(_FENCE_LEDGER, self._ledger_fences)
+            self._conn.execute(FENCE_LEDGER, self._ledger_fences)
             self._ledger_fences = []
         self._after_apply(changed)
         return changed
@@ -313,9 +329,10 @@ class ForeignSource(ABC):
             .where(LEDGER.c.source_name == self.source_name,
                    LEDGER.c.updated_at < now_plus(-shortest)).limit(1)).first() is not None
 
-    def _still_stalled(self, change: PlannedChange) -> sa.ColumnElement[bool]:
-        """The wedged rule's time predicate, repeated in its swap."""
-        return self._silent_for(sa.literal(change.thresholds.wedged_after_seconds, sa.Float()))
+    def _still_stalled(self, seconds: float) -> sa.ColumnElement[bool]:
+        """The wedged rule's time predicate (no activity for ``seconds``), repeated in its
+        swap."""
+        return self._silent_for(sa.literal(seconds, sa.Float()))
 
     def _silent_for(self, seconds: sa.ColumnElement[Any]) -> sa.ColumnElement[bool]:
         activity = self._activity()
@@ -387,13 +404,6 @@ class ForeignSource(ABC):
         nothing; written for the whole batch at the end of ``apply``."""
         self._ledger_fences.append({"source": self.source_name, "key": str(job_id),
                                     "attempt": next_attempt})
-
-
-_FENCE_LEDGER = (LEDGER.update()
-                 .where(LEDGER.c.source_name == sa.bindparam("source"),
-                        LEDGER.c.job_key == sa.bindparam("key"),
-                        LEDGER.c.attempt_number < sa.bindparam("attempt"))
-                 .values(attempt_number=sa.bindparam("attempt")))
 
 
 def _with_ledger(candidate: Candidate, mark: LedgerMark) -> Candidate:

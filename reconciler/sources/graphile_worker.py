@@ -6,12 +6,14 @@
   system's own 4-hour lock timeout (after which its workers unlock the job themselves).
 - **Attempts**: its own: a claim increments ``attempts``, so a running job has used
   ``attempts`` of ``max_attempts``.
-- **Fence**: (``locked_at``, ``locked_by``, ``attempts``) and the lease still run out.
+- **Fence**: (``locked_at``, ``locked_by``, ``attempts``) and the lease still run out,
+  repeated for every row of a batch in one ``UPDATE ... FROM unnest(...)``.
 - **Resume**: unlocked as its own stale-lock reset does (``locked_at``, ``locked_by``
   cleared, ``run_at`` no later than now), its named queue unlocked where the same pool
   held it, and its workers nudged on ``jobs:insert``; the next claim counts the attempt.
 - **Terminalize**: unlocked the same way, then ``permanently_fail_jobs`` (its own
-  function): ``attempts = max_attempts``, ``last_error`` = our reason code.
+  function, once over the batch's ids): ``attempts = max_attempts``, ``last_error`` = our
+  reason code.
 """
 
 from __future__ import annotations
@@ -28,17 +30,16 @@ from pydantic.dataclasses import dataclass as pydantic_dataclass
 from sqlalchemy.engine import Connection
 
 from reconciler.core.kinds import KindPolicy, KindRules
-from reconciler.core.ports import Candidate, Fence, JobKey, PlannedChange
+from reconciler.core.ports import Candidate, Fence, JobKey
 from reconciler.core.vocabulary import Disposition, JobStatus
 from reconciler.errors import ConfigError
 from reconciler.file_tables import SourceSettings
 from reconciler.sources.base import ForeignFence, ForeignSource
+from reconciler.sources.batches import Batch, unnest
 from reconciler.sources.common import (
     StepFacts,
     candidate,
-    is_wedged,
     per_kind,
-    reason_text,
     require_columns,
     require_functions,
     require_postgresql,
@@ -182,41 +183,56 @@ class GraphileWorkerSource(ForeignSource):
 
     # -- applying ------------------------------------------------------------ #
 
-    def _apply_one(self, change: PlannedChange) -> tuple[bool, int | None]:
+    def _swap(self, batch: Batch) -> dict[JobKey, int | None]:
         jobs, queues = self._jobs, self._queues
-        job_id = change.decision.job_id
-        fence = self._fence(change, GraphileWorkerFence)
-        locked_by, attempts = fence.locked_by, fence.attempts
-        still = (self._still_stalled(change) if is_wedged(change)
-                 else jobs.c.locked_at < now_plus(-fence.lease_seconds))
+        fences = [self._fence(change, GraphileWorkerFence) for change in batch.changes]
+        seen = unnest("seen", [
+            ("id", sa.BigInteger(), [change.decision.job_id for change in batch.changes]),
+            ("locked_at", sa.DateTime(timezone=True), [f.locked_at for f in fences]),
+            ("locked_by", sa.Text(), [f.locked_by for f in fences]),
+            ("attempts", sa.Integer(), [f.attempts for f in fences]),
+            ("lease_seconds", sa.Float(), [f.lease_seconds for f in fences])])
+        still = (jobs.c.locked_at < now_plus(-seen.c.lease_seconds)
+                 if batch.wedged_after_seconds is None
+                 else self._still_stalled(batch.wedged_after_seconds))
+        # Unlocked as its own stale-lock reset does; rows whose fence no longer holds are
+        # not returned.
         unlocked = self._conn.execute(
             jobs.update()
-            .where(jobs.c.id == job_id, jobs.c.locked_at == fence.locked_at,
-                   jobs.c.locked_by.is_not_distinct_from(locked_by),
-                   jobs.c.attempts == attempts, still)
+            .where(jobs.c.id == seen.c.id, jobs.c.locked_at == seen.c.locked_at,
+                   jobs.c.locked_by.is_not_distinct_from(seen.c.locked_by),
+                   jobs.c.attempts == seen.c.attempts, still)
             .values(locked_at=None, locked_by=None,
                     run_at=sa.func.greatest(jobs.c.run_at, db_now()), updated_at=db_now())
-            .returning(jobs.c.job_queue_id)
-        ).first()
-        if unlocked is None:
-            return False, None
-        if unlocked.job_queue_id is not None:
-            # The named queue was locked by the same pool for this job: free it too.
+            .returning(jobs.c.id, jobs.c.job_queue_id, seen.c.locked_by)
+        ).all()
+        if not unlocked:
+            return {}
+        held = [row for row in unlocked if row.job_queue_id is not None]
+        if held:
+            # Each named queue locked by the same pool for these jobs: free it too.
+            queue = unnest("queue", [("id", sa.Integer(), [r.job_queue_id for r in held]),
+                                     ("locked_by", sa.Text(), [r.locked_by for r in held])])
             self._conn.execute(queues.update()
-                               .where(queues.c.id == unlocked.job_queue_id,
-                                      queues.c.locked_by.is_not_distinct_from(locked_by))
+                               .where(queues.c.id == queue.c.id,
+                                      queues.c.locked_by.is_not_distinct_from(
+                                          queue.c.locked_by))
                                .values(locked_at=None, locked_by=None))
-        generation = attempts
-        if change.decision.disposition is Disposition.TERMINALIZE:
-            # Now unlocked, the job is one its own function fails (it refuses locked ones).
-            failed: sa.Function[Any] = sa.Function("permanently_fail_jobs",
-                                 sa.literal([job_id], sa.ARRAY(sa.BigInteger())),
-                                 sa.literal(reason_text(change), sa.Text()),
-                                 packagenames=(self._config.schema,))
-            self._conn.execute(sa.select(failed))
-            generation = fence.max_attempts
-        self._fence_ledger(job_id, attempts + 1)
-        return True, generation
+        ids = [row.id for row in unlocked]
+        by_id = {change.decision.job_id: fence
+                 for change, fence in zip(batch.changes, fences, strict=True)}
+        terminal = batch.disposition is Disposition.TERMINALIZE
+        if terminal:
+            # Now unlocked, the jobs are ones its own function fails (it refuses locked
+            # ones), all in one call.
+            failed: sa.Function[Any] = sa.Function(
+                "permanently_fail_jobs", sa.literal(ids, sa.ARRAY(sa.BigInteger())),
+                sa.literal(batch.reason, sa.Text()), packagenames=(self._config.schema,))
+            self._conn.execute(sa.select(sa.func.count()).select_from(failed))
+        for job_id in ids:
+            self._fence_ledger(job_id, by_id[job_id].attempts + 1)
+        return {job_id: by_id[job_id].max_attempts if terminal else by_id[job_id].attempts
+                for job_id in ids}
 
     def _after_apply(self, changed: Mapping[JobKey, int | None]) -> None:
         if changed:

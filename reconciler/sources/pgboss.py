@@ -7,7 +7,9 @@
 - **Attempts**: its own: a fetch after a first start increments ``retry_count``, so a
   running job has used ``retry_count + 1`` of ``retry_limit + 1``.
 - **Fence**: (``state = 'active'``, ``started_on``, ``retry_count``) and the lease still run
-  out; every statement names the queue, so PostgreSQL touches one partition.
+  out, for every row of a batch in one ``UPDATE ... FROM unnest(...)``; every statement
+  names its queues, so PostgreSQL touches their partitions only. When the batch's statement
+  breaks a unique index (a stately queue), each change is swapped alone in a savepoint.
 - **Resume**: ``retry``, runnable now (``start_after = now()``); the next fetch counts the
   attempt. A ``stately`` queue keeps one job per state and singleton key: when another job
   holds ``retry`` the job goes back to ``created``, and when both are held it is left as
@@ -20,6 +22,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -32,18 +35,17 @@ from sqlalchemy.dialects.postgresql import ENUM, JSONB, UUID
 from sqlalchemy.engine import Connection
 
 from reconciler.core.kinds import KindPolicy, KindRules
-from reconciler.core.ports import Candidate, Fence, PlannedChange
+from reconciler.core.ports import Candidate, Fence, JobKey
 from reconciler.core.vocabulary import Disposition, JobStatus
 from reconciler.errors import ConfigError
 from reconciler.file_tables import SourceSettings
 from reconciler.sources.base import ForeignFence, ForeignSource
+from reconciler.sources.batches import Batch, unnest
 from reconciler.sources.common import (
     StepFacts,
     candidate,
     constant,
-    is_wedged,
     per_kind,
-    reason_text,
     require_columns,
     require_postgresql,
 )
@@ -181,30 +183,49 @@ class PgBossSource(ForeignSource):
 
     # -- applying ------------------------------------------------------------ #
 
-    def _apply_one(self, change: PlannedChange) -> tuple[bool, int | None]:
-        jobs = self._jobs
-        job_id = str(change.decision.job_id)
-        fence = self._fence(change, PgBossFence)
-        name, retries = fence.name, fence.retry_count
-        still = (self._still_stalled(change) if is_wedged(change)
-                 else jobs.c.started_on < now_plus(-fence.lease_seconds))
-        fenced = (jobs.c.name == name, jobs.c.id == job_id,
-                  jobs.c.state == constant("active"), jobs.c.started_on == fence.started_on,
-                  jobs.c.retry_count == retries, still)
+    def _swap(self, batch: Batch) -> dict[JobKey, int | None]:
         try:
-            # A savepoint: a unique index a concurrent insert makes us violate costs this
-            # change, not the pass.
+            # A savepoint: a unique index a concurrent insert (or two jobs of one stately
+            # queue and key in the same batch) makes us violate costs this batch's
+            # statement, not the pass; each of its changes is then swapped alone.
             with self._conn.begin_nested():
-                if change.decision.disposition is Disposition.RESUME:
-                    swapped = self._requeue(fenced, name)
-                else:
-                    swapped = self._fail(fenced, reason_text(change))
+                return self._swap_set(batch)
         except sa.exc.IntegrityError:
-            return False, None
-        if not swapped:
-            return False, None
-        self._fence_ledger(job_id, retries + 1)
-        return True, retries
+            if len(batch.changes) == 1:
+                return {}
+        changed: dict[JobKey, int | None] = {}
+        for change in batch.changes:
+            changed.update(self._swap(dataclasses.replace(batch, changes=(change,))))
+        return changed
+
+    def _swap_set(self, batch: Batch) -> dict[JobKey, int | None]:
+        jobs = self._jobs
+        fences = [self._fence(change, PgBossFence) for change in batch.changes]
+        seen = unnest("seen", [
+            ("id", UUID(as_uuid=False), [str(c.decision.job_id) for c in batch.changes]),
+            ("name", sa.Text(), [f.name for f in fences]),
+            ("started_on", sa.DateTime(timezone=True), [f.started_on for f in fences]),
+            ("retry_count", sa.Integer(), [f.retry_count for f in fences]),
+            ("lease_seconds", sa.Float(), [f.lease_seconds for f in fences])])
+        still = (jobs.c.started_on < now_plus(-seen.c.lease_seconds)
+                 if batch.wedged_after_seconds is None
+                 else self._still_stalled(batch.wedged_after_seconds))
+        # The queues named as constants too, so PostgreSQL touches their partitions only.
+        fenced = (jobs.c.name.in_(sorted({f.name for f in fences})),
+                  jobs.c.name == seen.c.name, jobs.c.id == seen.c.id,
+                  jobs.c.state == constant("active"), jobs.c.started_on == seen.c.started_on,
+                  jobs.c.retry_count == seen.c.retry_count, still)
+        if batch.disposition is Disposition.RESUME:
+            swapped = self._requeue(fenced)
+        else:
+            swapped = self._fail(fenced, batch.reason)
+        retries = {str(c.decision.job_id): f.retry_count
+                   for c, f in zip(batch.changes, fences, strict=True)}
+        changed: dict[JobKey, int | None] = {}
+        for job_id in swapped:
+            self._fence_ledger(job_id, retries[job_id] + 1)
+            changed[job_id] = retries[job_id]
+        return changed
 
     def _stately_sibling(self, state: str) -> sa.ColumnElement[bool]:
         """Another job of the same stately queue and singleton key already in ``state``."""
@@ -215,31 +236,30 @@ class PgBossSource(ForeignSource):
             sa.func.coalesce(other.c.singleton_key, "") ==
             sa.func.coalesce(jobs.c.singleton_key, "")))
 
-    def _requeue(self, fenced: tuple[sa.ColumnElement[bool], ...], name: str) -> bool:
+    def _requeue(self, fenced: tuple[sa.ColumnElement[bool], ...]) -> list[str]:
         jobs = self._jobs
         retry_held, created_held = self._stately_sibling("retry"), self._stately_sibling(
             "created")
         state = sa.cast(sa.case((retry_held, constant("created")), else_=constant("retry")),
                         self._state_type)
-        done = self._conn.execute(
+        return [str(job_id) for job_id in self._conn.execute(
             jobs.update().where(*fenced, sa.not_(sa.and_(retry_held, created_held)))
-            .values(state=state, start_after=db_now()).returning(jobs.c.id)).first()
-        return done is not None
+            .values(state=state, start_after=db_now()).returning(jobs.c.id)).scalars()]
 
-    def _fail(self, fenced: tuple[sa.ColumnElement[bool], ...], reason: str) -> bool:
+    def _fail(self, fenced: tuple[sa.ColumnElement[bool], ...], reason: str) -> list[str]:
         jobs = self._jobs
         output = sa.func.jsonb_build_object("reason", reason, "message", reason)
         failed = self._conn.execute(
             jobs.update().where(*fenced)
             .values(state=constant("failed"), completed_on=db_now(), output=output)
-            .returning(jobs.c.name, jobs.c.data, jobs.c.output, jobs.c.retry_limit,
-                       jobs.c.keep_until, jobs.c.start_after, jobs.c.dead_letter)).first()
-        if failed is None:
-            return False
-        if failed.dead_letter is not None and failed.dead_letter != failed.name:
-            # As pg-boss's own fail does: a copy of the failed job into its dead-letter queue.
-            self._conn.execute(jobs.insert().values(
-                name=failed.dead_letter, data=failed.data, output=failed.output,
-                retry_limit=failed.retry_limit,
-                keep_until=failed.keep_until + (failed.keep_until - failed.start_after)))
-        return True
+            .returning(jobs.c.id, jobs.c.name, jobs.c.data, jobs.c.output, jobs.c.retry_limit,
+                       jobs.c.keep_until, jobs.c.start_after, jobs.c.dead_letter)).all()
+        copies = [{"name": f.dead_letter, "data": f.data, "output": f.output,
+                   "retry_limit": f.retry_limit,
+                   "keep_until": f.keep_until + (f.keep_until - f.start_after)}
+                  for f in failed if f.dead_letter is not None and f.dead_letter != f.name]
+        if copies:
+            # As pg-boss's own fail does: a copy of each failed job into its dead-letter
+            # queue.
+            self._conn.execute(jobs.insert(), copies)
+        return [str(f.id) for f in failed]

@@ -10,7 +10,8 @@
   ``attempts + 1``. Procrastinate keeps no budget in the database: ``max_attempts`` comes
   from ``[kinds]`` (else ``default_max_attempts``).
 - **Fence**: (``status = 'doing'``, ``worker_id``, ``attempts``) and the owner still gone,
-  checked under a row lock in the transaction that then calls Procrastinate's function.
+  checked under a row lock in the statement that then calls Procrastinate's function on
+  each row still as decided (one statement per batch, over the batch's snapshots).
 - **Resume**: ``procrastinate_retry_job_v2(id, NULL, ...)``: ``todo``, runnable now,
   ``attempts + 1``, a ``deferred_for_retry`` event from its own trigger.
 - **Terminalize**: ``procrastinate_finish_job_v1(id, 'failed', false)``: ``failed``,
@@ -31,16 +32,16 @@ from pydantic.dataclasses import dataclass as pydantic_dataclass
 from sqlalchemy.engine import Connection
 
 from reconciler.core.kinds import KindPolicy, KindRules
-from reconciler.core.ports import Candidate, Fence, PlannedChange
+from reconciler.core.ports import Candidate, Fence, JobKey
 from reconciler.core.vocabulary import Disposition, JobStatus
 from reconciler.errors import ConfigError
 from reconciler.file_tables import SourceSettings
 from reconciler.sources.base import ForeignFence, ForeignSource
+from reconciler.sources.batches import Batch, unnest
 from reconciler.sources.common import (
     StepFacts,
     candidate,
     constant,
-    is_wedged,
     require_columns,
     require_functions,
     require_postgresql,
@@ -172,36 +173,45 @@ class ProcrastinateSource(ForeignSource):
 
     # -- applying ------------------------------------------------------------ #
 
-    def _apply_one(self, change: PlannedChange) -> tuple[bool, int | None]:
-        jobs = self._jobs
-        job_id = change.decision.job_id
-        fence = self._fence(change, ProcrastinateFence)
-        worker_id, attempts = fence.worker_id, fence.attempts
-        still = self._still_stalled(change) if is_wedged(change) else self._owner_gone()
+    def _swap(self, batch: Batch) -> dict[JobKey, int | None]:
+        jobs, workers = self._jobs, self._workers
+        fences = [self._fence(change, ProcrastinateFence) for change in batch.changes]
+        seen = unnest("seen", [
+            ("id", sa.BigInteger(), [change.decision.job_id for change in batch.changes]),
+            ("worker_id", sa.BigInteger(), [fence.worker_id for fence in fences]),
+            ("attempts", sa.Integer(), [fence.attempts for fence in fences])])
+        still = (self._owner_gone() if batch.wedged_after_seconds is None
+                 else self._still_stalled(batch.wedged_after_seconds))
+        # Every row still as decided, locked in id order; rows whose fence no longer holds
+        # are not returned.
         fenced = (
             sa.select(jobs.c.id)
-            .select_from(jobs.outerjoin(self._workers, self._workers.c.id == jobs.c.worker_id))
-            .where(jobs.c.id == job_id, jobs.c.status == constant("doing"),
-                   jobs.c.worker_id.is_not_distinct_from(worker_id),
-                   jobs.c.attempts == attempts, still)
-            .with_for_update(of=jobs)
-        )
-        if self._conn.execute(fenced).first() is None:
-            return False, None
-        # The row is locked and still as decided: Procrastinate's own function does the rest.
+            .select_from(jobs.join(seen, seen.c.id == jobs.c.id)
+                         .outerjoin(workers, workers.c.id == jobs.c.worker_id))
+            .where(jobs.c.status == constant("doing"),
+                   jobs.c.worker_id.is_not_distinct_from(seen.c.worker_id),
+                   jobs.c.attempts == seen.c.attempts, still)
+            .order_by(jobs.c.id).with_for_update(of=jobs).subquery("fenced"))
+        # Procrastinate's own function, once per locked row, in the same statement.
+        if batch.disposition is Disposition.RESUME:
+            call = sa.func.procrastinate_retry_job_v2(fenced.c.id, sa.null(), sa.null(),
+                                                      sa.null(), sa.null())
+        else:
+            call = sa.func.procrastinate_finish_job_v1(fenced.c.id, constant("failed"), False)
         with self._search_path():
-            if change.decision.disposition is Disposition.RESUME:
-                call = sa.func.procrastinate_retry_job_v2(job_id, sa.null(), sa.null(),
-                                                          sa.null(), sa.null())
-            else:
-                call = sa.func.procrastinate_finish_job_v1(job_id, constant("failed"), False)
-            self._conn.execute(sa.select(call))
+            swapped = [row.id for row in self._conn.execute(sa.select(fenced.c.id,
+                                                                      call.label("done")))]
+        if not swapped:
+            return {}
         # Read back what its function wrote: a job with an abort requested is failed, not
         # retried, and keeps its attempts.
-        after = self._conn.execute(sa.select(jobs.c.attempts).where(jobs.c.id == job_id)
-                                   ).scalar_one()
-        self._fence_ledger(job_id, attempts + 1)
-        return True, int(after)
+        after = {row.id: row.attempts for row in self._conn.execute(
+            sa.select(jobs.c.id, jobs.c.attempts).where(jobs.c.id.in_(swapped)))}
+        before = {change.decision.job_id: fence.attempts
+                  for change, fence in zip(batch.changes, fences, strict=True)}
+        for job_id in swapped:
+            self._fence_ledger(job_id, before[job_id] + 1)
+        return {job_id: int(after[job_id]) for job_id in swapped}
 
     @contextmanager
     def _search_path(self) -> Iterator[None]:

@@ -16,7 +16,9 @@ and PostgreSQL.
   ``table`` when the job's task keeps them, else one step named after the kind.
 - **Fence**: status, and each mapped column of (``owner_column``, ``attempts_column``,
   ``generation_column``, ``lease_expires_column``, ``activity_column``) as read, and the
-  rule's time predicate, all in the UPDATE's WHERE clause.
+  rule's time predicate, all in the UPDATE's WHERE clause: on PostgreSQL one UPDATE per
+  batch over the snapshots as rows of the table's own type (``jsonb_populate_recordset``),
+  on SQLite one per change.
 - **Resume**: ``status = queued``, ``resume_column`` = the step to start at,
   ``generation_column + 1``, ``reason_column`` = our reason code.
 - **Terminalize**: ``status = failed``, ``generation_column + 1``, ``reason_column``.
@@ -31,17 +33,19 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Connection
 
 from reconciler.core.kinds import KindPolicy, KindRules
-from reconciler.core.ports import Candidate, Fence, PlannedChange
+from reconciler.core.ports import Candidate, Fence, JobKey, PlannedChange
 from reconciler.core.vocabulary import Disposition, JobStatus
 from reconciler.sources.base import ForeignFence, ForeignSource
+from reconciler.sources.batches import Batch
 from reconciler.sources.common import (
     StepFacts,
     StepRows,
@@ -250,40 +254,108 @@ class TableSource(ForeignSource):
 
     # -- applying ------------------------------------------------------------ #
 
+    def _swap(self, batch: Batch) -> dict[JobKey, int | None]:
+        if self._conn.dialect.name != "postgresql":
+            # SQLite runs in process: a statement per change costs no round trip.
+            return super()._swap(batch)
+        self._utc()
+        by_lease: dict[float | None, list[PlannedChange]] = {}
+        for change in batch.changes:
+            by_lease.setdefault(self._fence(change, TableFence).max_run_seconds,
+                                []).append(change)
+        changed: dict[JobKey, int | None] = {}
+        for max_run, changes in by_lease.items():
+            changed.update(self._swap_set(batch, max_run, changes))
+        return changed
+
+    def _swap_set(self, batch: Batch, max_run: float | None,
+                  changes: Sequence[PlannedChange]) -> dict[JobKey, int | None]:
+        """One ``UPDATE ... FROM jsonb_populate_recordset(NULL::<table>, :rows)`` for the
+        changes of one kind's lease (PostgreSQL): the snapshots as rows of the table's own
+        type, so each fenced column compares with its own type, whatever the user's."""
+        names = self._columns
+        key_name = names["id_column"]
+        resume = batch.disposition is Disposition.RESUME and self._has("resume_column")
+        rows = []
+        for change in changes:
+            row = {names[key]: value for key, value in self._fence(change, TableFence).columns}
+            row[key_name] = change.decision.job_id
+            if resume:
+                row[names["resume_column"]] = change.decision.resume_step_index or 0
+            rows.append(row)
+        row_type = self._conn.dialect.identifier_preparer.format_table(self._table)
+        # Sent as text: the values are the row's as read (datetimes included), each parsed
+        # back by its column's own type.
+        snapshots = sa.cast(sa.literal(json.dumps(rows, default=str), sa.Text()), JSONB)
+        seen = (sa.func.jsonb_populate_recordset(sa.literal_column(f"NULL::{row_type}"),
+                                                 snapshots)
+                .table_valued(*{name for row in rows for name in row}).alias("seen"))
+        where = [self._key_column() == seen.c[key_name],
+                 self._col("status_column") == constant(self._config.processing)]
+        where += [self._col(key).is_not_distinct_from(seen.c[names[key]])
+                  for key in self._fence_keys()]
+        where.append(self._still(batch, max_run))
+        values = self._swap_values(batch)
+        if resume:
+            values[names["resume_column"]] = seen.c[names["resume_column"]]
+        done = {str(key) for key in self._conn.execute(
+            self._table.update().where(*where).values(values)
+            .returning(self._key_column())).scalars()}
+        changed: dict[JobKey, int | None] = {}
+        for change in changes:
+            if str(change.decision.job_id) in done:
+                changed[change.decision.job_id] = self._swapped(change)
+        return changed
+
+    def _still(self, batch: Batch, max_run: float | None) -> sa.ColumnElement[bool]:
+        """The rule's time predicate, repeated in the swap."""
+        if batch.wedged_after_seconds is not None:
+            return self._still_stalled(batch.wedged_after_seconds)
+        run_limit = sa.null() if max_run is None else sa.literal(float(max_run), sa.Float())
+        return sa.func.coalesce(self._lease_over_by(run_limit) >= 0, False)
+
+    def _swap_values(self, batch: Batch) -> dict[str, Any]:
+        """What a swap writes besides the resume step: status, reason, generation."""
+        values: dict[str, Any] = {}
+        if batch.disposition is Disposition.RESUME:
+            values[self._columns["status_column"]] = constant(self._config.queued)
+        else:
+            values[self._columns["status_column"]] = constant(self._config.failed)
+        if self._has("reason_column"):
+            values[self._columns["reason_column"]] = constant(batch.reason)
+        if self._has("generation_column"):
+            values[self._columns["generation_column"]] = self._col("generation_column") + 1
+        return values
+
+    def _swapped(self, change: PlannedChange) -> int | None:
+        """After a change swapped in: its ledger fenced; the generation after."""
+        snapshot = dict(self._fence(change, TableFence).columns)
+        if not self._has("plan_column") and self._has("attempts_column"):
+            self._fence_ledger(change.decision.job_id, int(snapshot["attempts_column"] or 0) + 1)
+        if self._has("generation_column"):
+            return int(snapshot["generation_column"] or 0) + 1
+        if self._has("attempts_column"):
+            return int(snapshot["attempts_column"] or 0)
+        return None
+
     def _apply_one(self, change: PlannedChange) -> tuple[bool, int | None]:
         self._utc()
         decision = change.decision
         fence = self._fence(change, TableFence)
-        snapshot, max_run = dict(fence.columns), fence.max_run_seconds
         where = [self._key_column() == decision.job_id,
                  self._col("status_column") == constant(self._config.processing)]
-        where += [self._col(key).is_not_distinct_from(value) for key, value in snapshot.items()]
-        if is_wedged(change):
-            where.append(self._still_stalled(change))
-        else:
-            run_limit = sa.null() if max_run is None else sa.literal(float(max_run), sa.Float())
-            where.append(sa.func.coalesce(self._lease_over_by(run_limit) >= 0, False))
-        values: dict[str, Any] = {}
-        if decision.disposition is Disposition.RESUME:
-            values[self._columns["status_column"]] = constant(self._config.queued)
-            if self._has("resume_column"):
-                values[self._columns["resume_column"]] = decision.resume_step_index or 0
-        else:
-            values[self._columns["status_column"]] = constant(self._config.failed)
-        if self._has("reason_column"):
-            values[self._columns["reason_column"]] = constant(reason_text(change))
-        generation = None
-        if self._has("generation_column"):
-            values[self._columns["generation_column"]] = self._col("generation_column") + 1
-            generation = int(snapshot["generation_column"] or 0) + 1
-        elif self._has("attempts_column"):
-            generation = int(snapshot["attempts_column"] or 0)
+        where += [self._col(key).is_not_distinct_from(value) for key, value in fence.columns]
+        batch = Batch(decision.disposition, reason_text(change),
+                      change.thresholds.wedged_after_seconds if is_wedged(change) else None,
+                      (change,))
+        where.append(self._still(batch, fence.max_run_seconds))
+        values = self._swap_values(batch)
+        if decision.disposition is Disposition.RESUME and self._has("resume_column"):
+            values[self._columns["resume_column"]] = decision.resume_step_index or 0
         done = self._conn.execute(self._table.update().where(*where).values(values))
         if done.rowcount != 1:
             return False, None
-        if not self._has("plan_column") and self._has("attempts_column"):
-            self._fence_ledger(decision.job_id, int(snapshot["attempts_column"] or 0) + 1)
-        return True, generation
+        return True, self._swapped(change)
 
 
 def _step_rows(raw: Any) -> StepRows | None:

@@ -502,3 +502,32 @@ def test_a_dry_run_applies_the_mass_staleness_brake_as_the_pass_right_after_does
     assert {(d.job_id, d.disposition, d.reason) for d in preview.decisions} == held
     assert {(d.job_id, d.disposition, d.reason) for d in real.decisions} == held
     assert all(source.status(job) == "running" for job in jobs)
+
+
+@pytest.mark.parametrize("race", [r for r in RACES if r.change is not Interference.RECLAIM],
+                         ids=lambda r: f"{r.change}-{r.situation}")
+def test_a_lost_fence_costs_only_its_own_job_in_a_batch(
+    source: SourceFixture, race: Race
+) -> None:
+    """Two jobs decided alike and swapped in one batch: the one a concurrent change beat
+    is recorded fence_lost and left as that change left it; the other is applied. (A
+    reclaim is another pass, which would take both.)"""
+    require(source, race.situation, race.change)
+    beaten, kept = source.make(race.situation), source.make(race.situation)
+    after_change: list[object] = []
+
+    def concurrent_change() -> None:
+        in_another_thread(lambda: source.interfere(beaten, race.change))
+        after_change.append(source.snapshot(beaten))
+
+    interrupted = source.run_interrupted_pass(concurrent_change)
+
+    reason = race.reason
+    if race.situation in TERMINALIZED:
+        reason = terminalized(source, race.situation).reason
+    assert {d.job_id: (d.disposition, d.reason) for d in interrupted.report.decisions} == {
+        beaten.key: (SKIP, Reason.FENCE_LOST), kept.key: (race.disposition, reason)}
+    assert source.snapshot(beaten) == after_change[0]
+    assert source.status(beaten) == race.outcome
+    assert source.status(kept) != "running"
+
