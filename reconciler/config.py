@@ -30,11 +30,13 @@ from reconciler.core.kinds import KIND_KEYS, KindRule, KindRules
 from reconciler.core.vocabulary import EffectKind
 from reconciler.errors import ConfigError
 from reconciler.settings import Settings, describe_validation_error, warn_unknown_variables
+from reconciler.source_configs import CeleryConfig, DjangoTasksConfig, celery_config
 
 CONFIG_ENV = "RECONCILER_CONFIG"
 """The environment variable naming the config file when ``--config`` is not given."""
 
-SOURCE_KINDS = ("native", "procrastinate", "graphile-worker", "pg-boss", "table")
+SOURCE_KINDS = ("native", "procrastinate", "graphile-worker", "pg-boss", "table", "django-tasks",
+                "celery")
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 
@@ -110,7 +112,7 @@ class TableConfig:
 
 
 SourceConfig = (NativeConfig | ProcrastinateConfig | GraphileWorkerConfig | PgBossConfig
-                | TableConfig)
+                | TableConfig | DjangoTasksConfig | CeleryConfig)
 
 _TABLE_REQUIRED = ("table", "id_column", "status_column", "processing", "queued", "failed")
 _SOURCE_KEYS: dict[str, tuple[str, ...]] = {
@@ -119,6 +121,8 @@ _SOURCE_KEYS: dict[str, tuple[str, ...]] = {
     "graphile-worker": ("kind", "schema"),
     "pg-boss": ("kind", "schema"),
     "table": ("kind", *(f.name for f in fields(TableConfig))),
+    "django-tasks": ("kind", "table", "backend_name"),
+    "celery": ("kind", "broker_url", "result_table", "result_serializer"),
 }
 
 
@@ -304,7 +308,7 @@ def parse_source(table: Mapping[str, Any] | None, settings: Settings,
                               f"not {_type_name(value)} (got {value!r})")
     values = {k: v for k, v in table.items() if k != "kind"}
     for key, value in values.items():
-        names_sql = key in {"schema", "table"} or key.endswith("_column")
+        names_sql = key in {"schema", "table", "result_table"} or key.endswith("_column")
         if names_sql and not _IDENTIFIER.match(value):
             raise ConfigError(f"{name}: [source] {key} must be a plain SQL name (letters, "
                               f"digits, '_', at most 63; got {value!r})")
@@ -313,11 +317,15 @@ def parse_source(table: Mapping[str, Any] | None, settings: Settings,
     if kind == "procrastinate":
         return ProcrastinateConfig(schema=values.get("schema"),
                                    session_timeout_seconds=settings.session_timeout_seconds)
-    if kind == "graphile-worker":
-        return GraphileWorkerConfig(**values)
-    if kind == "pg-boss":
-        return PgBossConfig(**values)
-    return _table_config(values, name)
+    if kind == "celery":
+        return celery_config(values, settings, name)
+    if kind == "table":
+        return _table_config(values, name)
+    plain: dict[str, type[GraphileWorkerConfig | PgBossConfig | DjangoTasksConfig]] = {
+        "graphile-worker": GraphileWorkerConfig, "pg-boss": PgBossConfig,
+        "django-tasks": DjangoTasksConfig}
+    return plain[kind](**values)
+
 
 
 def _table_config(values: dict[str, Any], name: str) -> TableConfig:

@@ -20,13 +20,16 @@ from reconciler.config import (
     TableConfig,
 )
 from reconciler.core.kinds import KindRules
+from reconciler.source_configs import DjangoTasksConfig
 from reconciler.sources.base import ForeignSource
+from reconciler.sources.django_tasks import DjangoTasksSource
 from reconciler.sources.graphile_worker import GraphileWorkerSource
 from reconciler.sources.pgboss import PgBossSource
 from reconciler.sources.procrastinate import ProcrastinateSource
 from reconciler.sources.table import TableSource
 
 __all__ = [
+    "DjangoTasksSource",
     "ForeignSource",
     "GraphileWorkerSource",
     "PgBossSource",
@@ -51,4 +54,6 @@ def open_foreign_source(connection: Connection, config: SourceConfig, kinds: Kin
         return PgBossSource(connection, config, kinds, lock=lock)
     if isinstance(config, TableConfig):
         return TableSource(connection, config, kinds, lock=lock)
+    if isinstance(config, DjangoTasksConfig):
+        return DjangoTasksSource(connection, config, kinds, lock=lock)
     raise ValueError(f"source kind {config.kind!r} is not a foreign source")

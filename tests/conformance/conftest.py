@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conformance.django_tasks import DJANGO_TASKS
 from tests.conformance.fixtures import RegisteredSource, SourceFixture
 from tests.conformance.native import NATIVE
 from tests.conformance.systems import GRAPHILE_WORKER, PG_BOSS, PROCRASTINATE
@@ -31,9 +32,13 @@ from tests.sources.conftest import (  # noqa: F401 - fixtures, found by name
     procrastinate_schema,
     sources_db,
 )
+from tests.sources.django_tasks_support import (  # noqa: F401 - fixtures, found by name
+    django_sqlite_template,
+    django_tasks_schema,
+)
 
 SOURCES: tuple[RegisteredSource, ...] = (NATIVE, TABLE, PROCRASTINATE, GRAPHILE_WORKER,
-                                         PG_BOSS)
+                                         PG_BOSS, DJANGO_TASKS)
 
 
 CASES = [(registered, engine) for registered in SOURCES for engine in ENGINES
