@@ -38,13 +38,13 @@ from tests.conformance.systems import _common_gaps, _every, _specs
 from tests.helpers import rows_of
 from tests.sources.django_tasks_support import (
     LEDGER,
+    LONG_AGO_SECONDS,
     DjangoDatabase,
     DjangoTasksFactory,
     open_django_db,
     record_steps,
     set_ledger,
 )
-from tests.sources.factories import LONG_AGO_SECONDS
 
 OUTCOMES: dict[str, Outcome] = {"queued": "runnable", "running": "running",
                                 "failed": "failed", "completed": "completed"}

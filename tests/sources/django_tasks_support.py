@@ -37,9 +37,13 @@ from reconciler.storage.engines import create_engine
 from tests.conftest import REPO_ROOT
 from tests.helpers import fresh_database
 from tests.sources.conftest import SourcesDatabase, clear_ledger, unavailable
-from tests.sources.factories import LONG_AGO_SECONDS, StepSpec
 
 TABLE = "django_tasks_database_dbtaskresult"
+LONG_AGO_SECONDS = 6 * 3600  # beyond every lease these tests use, as in factories.py
+StepSpec = tuple[str, str, str | None]
+"""(step name, effect kind, state: "succeeded" | "started" | "failed" | None), as in
+factories.py (not imported: tests/sources/conftest.py imports this module, and factories.py
+imports that)."""
 DATE_MAX = "9999-01-01 00:00:00"
 LEDGER = cast(sa.Table, StepLedgerEntry.__table__)
 STATUSES = {"READY": "queued", "RUNNING": "running", "FAILED": "failed",
