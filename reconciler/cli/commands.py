@@ -69,9 +69,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", parents=[common],
                                help="crash real workers and watch the reconciler recover them")
     demo.add_argument("--keep", action="store_true", help="keep the demo's database file")
-    demo.add_argument("--source", choices=("native", "procrastinate"), default="native",
+    demo.add_argument("--source", choices=("native", "procrastinate", "django-tasks"),
+                      default="native",
                       help="native: this project's workers on SQLite; procrastinate: a real "
-                      "Procrastinate worker on a throwaway PostgreSQL")
+                      "Procrastinate worker on a throwaway PostgreSQL; django-tasks: a real "
+                      "django-tasks-db worker on SQLite")
 
     run_once = commands.add_parser("pass", parents=[common], help="run one bounded pass now")
     run_once.add_argument("--dry-run", action="store_true", help="decide, write nothing")
@@ -344,6 +346,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
         )
 
         return run_procrastinate_demo()
+    if args.source == "django-tasks":
+        from reconciler.cli.demo_django_tasks_run import (  # noqa: PLC0415 - optional peer
+            run_django_tasks_demo,
+        )
+
+        return run_django_tasks_demo()
     from reconciler.cli.demo import run_demo  # noqa: PLC0415 - keeps other commands light
 
     return run_demo(keep=args.keep)
