@@ -20,8 +20,9 @@ from reconciler.config import (
     TableConfig,
 )
 from reconciler.core.kinds import KindRules
-from reconciler.source_configs import DjangoTasksConfig
+from reconciler.source_configs import CeleryConfig, DjangoTasksConfig
 from reconciler.sources.base import ForeignSource
+from reconciler.sources.celery import CelerySource
 from reconciler.sources.django_tasks import DjangoTasksSource
 from reconciler.sources.graphile_worker import GraphileWorkerSource
 from reconciler.sources.pgboss import PgBossSource
@@ -29,6 +30,7 @@ from reconciler.sources.procrastinate import ProcrastinateSource
 from reconciler.sources.table import TableSource
 
 __all__ = [
+    "CelerySource",
     "DjangoTasksSource",
     "ForeignSource",
     "GraphileWorkerSource",
@@ -56,4 +58,6 @@ def open_foreign_source(connection: Connection, config: SourceConfig, kinds: Kin
         return TableSource(connection, config, kinds, lock=lock)
     if isinstance(config, DjangoTasksConfig):
         return DjangoTasksSource(connection, config, kinds, lock=lock)
+    if isinstance(config, CeleryConfig):
+        return CelerySource(connection, config, kinds, lock=lock)
     raise ValueError(f"source kind {config.kind!r} is not a foreign source")
