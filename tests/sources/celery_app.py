@@ -3,8 +3,9 @@
 Broker: ``SOURCES_BROKER_URL`` (the tests' own redis-server); results: Celery's database
 backend on ``SOURCES_DATABASE_URL`` (the reconciler's database), with ``task_track_started``
 and ``result_extended`` as the celery source needs. ``SOURCES_ACKS_LATE=1`` turns on
-``task_acks_late``. Tasks write marker files (``<id>-started-<attempt>``,
-``<id>-done-<attempt>``; the attempt is ``retries + 1``) and sleep ``hang[attempt - 1]``
+``task_acks_late``; ``SOURCES_VISIBILITY_TIMEOUT`` is the broker's redelivery delay. Tasks
+write marker files (``<id>-started-<attempt>``, ``<id>-done-<attempt>``; the attempt is
+``retries + 1``) and sleep ``hang[attempt - 1]``
 seconds (default: the first attempt, an hour). ``ledger.charge`` records its three steps
 through the step ledger.
 """
@@ -26,6 +27,9 @@ app.conf.update(
     result_serializer="json", accept_content=["json"], worker_prefetch_multiplier=1,
     task_acks_late=os.environ.get("SOURCES_ACKS_LATE") == "1",
     broker_connection_retry_on_startup=True, worker_hijack_root_logger=False,
+    # How long the broker keeps an unacknowledged message before putting it back.
+    broker_transport_options={"visibility_timeout": float(
+        os.environ.get("SOURCES_VISIBILITY_TIMEOUT", "3600"))},
 )
 
 
