@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conformance.celery import CELERY
 from tests.conformance.django_tasks import DJANGO_TASKS
 from tests.conformance.fixtures import RegisteredSource, SourceFixture
 from tests.conformance.native import NATIVE
@@ -20,6 +21,11 @@ from tests.conformance.table import TABLE
 from tests.conftest import ENGINES, PostgresForTests
 from tests.helpers import fresh_database
 from tests.pg_server import INSTALL_HINT
+from tests.sources.celery_support import (  # noqa: F401 - fixtures, found by name
+    celery_live_worker,
+    redis_server,
+    redis_url,
+)
 
 # The real systems' session fixtures (their schemas installed once, emptied per test).
 from tests.sources.conftest import (  # noqa: F401 - fixtures, found by name
@@ -38,7 +44,7 @@ from tests.sources.django_tasks_support import (  # noqa: F401 - fixtures, found
 )
 
 SOURCES: tuple[RegisteredSource, ...] = (NATIVE, TABLE, PROCRASTINATE, GRAPHILE_WORKER,
-                                         PG_BOSS, DJANGO_TASKS)
+                                         PG_BOSS, DJANGO_TASKS, CELERY)
 
 
 CASES = [(registered, engine) for registered in SOURCES for engine in ENGINES

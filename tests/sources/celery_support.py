@@ -158,3 +158,38 @@ def celery_project(request: pytest.FixtureRequest, tmp_path: Path, redis_url: st
     db.execute("TRUNCATE celery_taskmeta")
     clear_ledger(db)
     yield CeleryProject(redis_url, db.url, db.engine)
+
+
+LIVE_WORKER = "live@conformance"
+
+
+@pytest.fixture(scope="session")
+def celery_live_worker(redis_server: str, tmp_path_factory: pytest.TempPathFactory
+                       ) -> Iterator[str]:
+    """One real Celery worker for the session, answering ping as ``live@conformance`` and
+    consuming only a queue of its own (it runs none of the conformance suite's tasks)."""
+    folder = tmp_path_factory.mktemp("celery-live")
+    argv = [sys.executable, "-m", "celery", "-A", "tests.sources.celery_app", "worker",
+            "--pool=solo", f"--hostname={LIVE_WORKER}", "--without-mingle",
+            "--without-gossip", "-Q", "conformance-live", "--loglevel=WARNING"]
+    import os  # noqa: PLC0415
+
+    log = (folder / "worker.log").open("ab")
+    process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                               env={**os.environ, "SOURCES_BROKER_URL": redis_server,
+                                    "SOURCES_MARKERS": str(folder)},
+                               cwd=Path(__file__).parents[2])
+    from reconciler.sources.celery_broker import CeleryBroker  # noqa: PLC0415
+
+    broker = CeleryBroker(redis_server)
+    deadline = time.monotonic() + 60
+    while broker.answering([LIVE_WORKER]) != {LIVE_WORKER}:
+        if time.monotonic() > deadline or process.poll() is not None:
+            process.kill()
+            pytest.fail("the live Celery worker never answered ping", pytrace=False)
+    try:
+        yield LIVE_WORKER
+    finally:
+        process.kill()
+        process.wait(timeout=10)
+        log.close()
