@@ -19,6 +19,7 @@ import pytest
 from reconciler.core.kinds import KindRule, KindRules
 from reconciler.core.vocabulary import Disposition, EffectKind, Reason
 from reconciler.source_configs import CeleryConfig
+from reconciler.sources.celery_broker import CeleryBroker
 from tests.sources.celery_support import CeleryProject, worker_argv
 from tests.sources.support import (
     Markers,
@@ -55,9 +56,8 @@ def start_worker(processes: Processes, project: CeleryProject, markers: Markers,
 def kill_worker(worker: Process) -> None:
     """SIGKILL the whole worker, its pool processes first (a node lost, an OOM kill of the
     container): nothing of it is left to record an end."""
-    children = Path(f"/proc/{worker.pid}/task/{worker.pid}/children")
-    for child in children.read_text().split() if children.exists() else []:
-        os.kill(int(child), signal.SIGKILL)
+    for pid in _tree(worker)[:-1]:
+        os.kill(pid, signal.SIGKILL)
     worker.kill()
 
 
@@ -92,6 +92,7 @@ class TestKilledWorker:
                    process=first)
         kill_worker(first)
         killed_at = time.monotonic()
+        held = CeleryBroker(celery_project.broker_url).unacked([result.id])
         outcome = recover(celery_project, result.id, first)
         decided_after = time.monotonic() - killed_at
         assert (outcome.disposition, outcome.reason) == (Disposition.RESUME,
@@ -103,6 +104,7 @@ class TestKilledWorker:
         record_finding("celery", "killed_worker_recovered", job_id=result.id,
                        engine=celery_project.engine.dialect.name,
                        decided_seconds_after_kill=round(decided_after, 2),
+                       acks_late=False, broker_held_the_message=bool(held),
                        retries=result.retries, worker_alive=second.alive())
 
     def test_effectful_task_fails_at_once_for_the_caller_and_never_runs_again(
@@ -146,6 +148,26 @@ class TestBrokerRedelivery:
     """task_acks_late: the killed worker's message stays unacknowledged in Redis, and the
     broker would run it again after visibility_timeout by itself."""
 
+    def test_without_the_reconciler_the_broker_runs_it_again_by_itself(
+            self, celery_project: CeleryProject, processes: Processes,
+            markers: Markers) -> None:
+        """The control: kombu puts the killed run's message back after visibility_timeout
+        and a worker runs the task a second time (why the source must take it out)."""
+        late = {"SOURCES_ACKS_LATE": "1", "SOURCES_VISIBILITY_TIMEOUT": "2"}
+        result = send(celery_project, "effect.work", hang=[3.0])
+        first = start_worker(processes, celery_project, markers, "worker-a", **late)
+        wait_until(lambda: markers.has(f"{result.id}-started-1"), "the task to start",
+                   process=first)
+        (markers.folder / f"{result.id}-started-1").unlink()
+        kill_worker(first)
+        start_worker(processes, celery_project, markers, "worker-b", **late)
+        wait_until(lambda: markers.has(f"{result.id}-done-1"), "the broker's redelivery",
+                   process=first)
+        record_finding("celery", "acks_late_redelivered_without_reconciler",
+                       job_id=result.id, engine=celery_project.engine.dialect.name,
+                       ran_again=markers.has(f"{result.id}-started-1"))
+        assert markers.has(f"{result.id}-started-1")
+
     def test_a_failed_effectful_task_is_taken_out_of_the_broker(
             self, celery_project: CeleryProject, processes: Processes,
             markers: Markers) -> None:
@@ -155,8 +177,15 @@ class TestBrokerRedelivery:
         wait_until(lambda: markers.has(f"{result.id}-started-1"), "the task to start",
                    process=first)
         kill_worker(first)
+        broker = CeleryBroker(celery_project.broker_url)
+        held = broker.unacked([result.id])
+        assert held, "with task_acks_late the broker keeps the killed run's message"
         outcome = recover(celery_project, result.id, first)
         assert outcome.reason is Reason.WORKER_DIED_MID_STEP
+        assert broker.unacked([result.id]) == {}
+        record_finding("celery", "acks_late_killed_worker", job_id=result.id,
+                       engine=celery_project.engine.dialect.name, broker_held_the_message=True,
+                       held_after_terminalize=False)
         second = start_worker(processes, celery_project, markers, "worker-b", **late)
         # Past the visibility timeout, with a worker polling the queue all along: the
         # broker would have put the message back by now.
@@ -234,3 +263,40 @@ class TestLiveWorkers:
         while time.monotonic() < deadline:
             assert reconcile_once(celery_project.engine, unreachable, KINDS) == []
         assert celery_project.status(result.id) == "STARTED"
+
+
+class TestLateWriter:
+    """The whole worker SIGSTOPped past the timeout, its task failed, then SIGCONTed."""
+
+    def test_a_late_worker_overwrites_the_failure(
+            self, celery_project: CeleryProject, processes: Processes,
+            markers: Markers) -> None:
+        """Celery's database backend refuses only to overwrite a SUCCESS: the old run's
+        success replaces our FAILURE (the caller's get() had raised already)."""
+        result = send(celery_project, "effect.work", hang=[4.0])
+        old = start_worker(processes, celery_project, markers, "worker-old")
+        wait_until(lambda: markers.has(f"{result.id}-started-1"), "the task to start",
+                   process=old)
+        stopped = _tree(old)
+        for pid in stopped:
+            os.kill(pid, signal.SIGSTOP)
+        outcome = recover(celery_project, result.id, old)
+        assert outcome.reason is Reason.WORKER_DIED_MID_STEP
+        with pytest.raises(Exception, match="worker_died_mid_step"):
+            result.get(timeout=5)
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
+        wait_until(lambda: celery_project.status(result.id) != "FAILURE",
+                   "the old worker's late write", process=old)
+        after = celery_project.status(result.id)
+        record_finding("celery", "late_writer", job_id=result.id,
+                       engine=celery_project.engine.dialect.name, status_after=after,
+                       markers=sorted(markers.of(result.id)))
+        assert after == "SUCCESS"
+
+
+def _tree(worker: Process) -> list[int]:
+    """The worker's pool processes, then the worker itself."""
+    children = Path(f"/proc/{worker.pid}/task/{worker.pid}/children")
+    return [*(int(c) for c in (children.read_text().split() if children.exists() else [])),
+            worker.pid]
