@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import os
@@ -341,23 +342,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     return code
 
 
+FOREIGN_DEMOS = {"procrastinate": ("demo_procrastinate", "run_procrastinate_demo"),
+                 "django-tasks": ("demo_django_tasks_run", "run_django_tasks_demo"),
+                 "celery": ("demo_celery_run", "run_celery_demo")}
+"""Each real system's demo, imported only when asked for (its system is an optional peer)."""
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
-    if args.source == "procrastinate":
-        from reconciler.cli.demo_procrastinate import (  # noqa: PLC0415 - optional peer
-            run_procrastinate_demo,
-        )
-
-        return run_procrastinate_demo()
-    if args.source == "django-tasks":
-        from reconciler.cli.demo_django_tasks_run import (  # noqa: PLC0415 - optional peer
-            run_django_tasks_demo,
-        )
-
-        return run_django_tasks_demo()
-    if args.source == "celery":
-        from reconciler.cli.demo_celery_run import run_celery_demo  # noqa: PLC0415 - optional
-
-        return run_celery_demo()
+    if args.source in FOREIGN_DEMOS:
+        module, function = FOREIGN_DEMOS[args.source]
+        return int(getattr(importlib.import_module(f"reconciler.cli.{module}"), function)())
     from reconciler.cli.demo import run_demo  # noqa: PLC0415 - keeps other commands light
 
     return run_demo(keep=args.keep)
