@@ -28,6 +28,7 @@ PostgreSQL.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -55,6 +56,10 @@ from reconciler.storage.clock import db_now
 
 COLUMNS = ("task_id", "status", "result", "date_done", "traceback", "name", "args", "kwargs",
            "worker", "retries", "queue")
+log = logging.getLogger("reconciler.sources.celery")
+_WARNED: set[str] = set()
+"""Result tables already reported for rows lacking ``result_extended`` (once a process)."""
+
 EXCEPTION_MODULE, EXCEPTION_TYPE = "billiard.exceptions", "WorkerLostError"
 """What a recovered task's result names: Celery's own exception for a worker lost
 mid-task, importable wherever Celery is (billiard is its dependency)."""
@@ -103,6 +108,7 @@ class CelerySource(ForeignSource):
         self._broker = broker or CeleryBroker(config.broker_url)
         self._rows = sa.table(config.result_table, *(sa.column(c) for c in COLUMNS))
         self._judged: _Judgement | None = None
+        self._checked = False
         self._utc_set = False
 
     def check_schema(self) -> None:
@@ -161,7 +167,27 @@ class CelerySource(ForeignSource):
         self._judged = _Judgement(gone, unacked)
         return self._judged
 
+    def _report_unextended(self) -> None:
+        """STARTED rows without a name were written without ``result_extended``: left
+        alone, and said once a process, naming the setting (not which tasks)."""
+        table = self._config.result_table
+        if table in _WARNED:
+            return
+        rows = self._rows
+        count = self._conn.execute(sa.select(sa.func.count()).where(
+            rows.c.status == constant("STARTED"), rows.c.name.is_(None))).scalar_one()
+        if count:
+            _WARNED.add(table)
+            log.warning("event=celery_rows_skipped count=%d missing_setting=result_extended "
+                        "detail=%s", count, json.dumps(
+                            "STARTED rows without a task name are left alone: set "
+                            "result_extended = True (and task_track_started = True) in the "
+                            "Celery app"))
+
     def _running(self, policies: Mapping[str, KindPolicy]) -> sa.Select[Any]:
+        if not self._checked:
+            self._checked = True
+            self._report_unextended()
         rows = self._rows
         gone = self._judge().gone if policies else {}
         over: sa.ColumnElement[Any] = sa.literal(-1.0, sa.Float())
