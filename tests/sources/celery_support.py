@@ -9,6 +9,7 @@ own models (its database backend would create the same on first use).
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import socket
@@ -27,6 +28,7 @@ from sqlalchemy.engine import Engine
 
 from tests.helpers import fresh_database
 from tests.sources.conftest import SourcesDatabase, clear_ledger, unavailable
+from tests.sources.support import Process
 
 REDIS_HINT = "redis-server is needed for the Celery tests: apt-get install -y redis-server"
 
@@ -125,11 +127,26 @@ class CeleryProject:
         return None if found is None else dict(found)
 
 
-def worker_argv(name: str, pool: str = "prefork") -> list[str]:
-    """One Celery worker, one process of work, its own hostname."""
+def worker_argv(name: str, pool: str = "prefork", queues: str = "celery") -> list[str]:
+    """One Celery worker, one process of work, its own hostname, these queues."""
     return [sys.executable, "-m", "celery", "-A", "tests.sources.celery_app", "worker",
-            f"--pool={pool}", "--concurrency=1", f"--hostname={name}@tests",
+            f"--pool={pool}", "--concurrency=1", f"--hostname={name}@tests", "-Q", queues,
             "--without-mingle", "--without-gossip", "--loglevel=INFO"]
+
+
+def worker_tree(worker: Process) -> list[int]:
+    """The worker's pool processes, then the worker itself."""
+    children = Path(f"/proc/{worker.pid}/task/{worker.pid}/children")
+    return [*(int(c) for c in (children.read_text().split() if children.exists() else [])),
+            worker.pid]
+
+
+def kill_worker(worker: Process) -> None:
+    """SIGKILL the whole worker, its pool processes first (a node lost, an OOM kill of the
+    container): nothing of it is left to record an end."""
+    for pid in worker_tree(worker)[:-1]:
+        os.kill(pid, signal.SIGKILL)
+    worker.kill()
 
 
 def _celery_tables(engine: Engine) -> None:
@@ -172,8 +189,6 @@ def celery_live_worker(redis_server: str, tmp_path_factory: pytest.TempPathFacto
     argv = [sys.executable, "-m", "celery", "-A", "tests.sources.celery_app", "worker",
             "--pool=solo", f"--hostname={LIVE_WORKER}", "--without-mingle",
             "--without-gossip", "-Q", "conformance-live", "--loglevel=WARNING"]
-    import os  # noqa: PLC0415
-
     log = (folder / "worker.log").open("ab")
     process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                env={**os.environ, "SOURCES_BROKER_URL": redis_server,

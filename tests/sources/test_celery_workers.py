@@ -20,7 +20,12 @@ from reconciler.core.kinds import KindRule, KindRules
 from reconciler.core.vocabulary import Disposition, EffectKind, Reason
 from reconciler.source_configs import CeleryConfig
 from reconciler.sources.celery_broker import CeleryBroker
-from tests.sources.celery_support import CeleryProject, worker_argv
+from tests.sources.celery_support import (
+    CeleryProject,
+    kill_worker,
+    worker_argv,
+    worker_tree,
+)
 from tests.sources.support import (
     Markers,
     Outcome,
@@ -51,14 +56,6 @@ def start_worker(processes: Processes, project: CeleryProject, markers: Markers,
     return processes.start(name, worker_argv(name, pool),
                            {**project.env(markers.folder), **env},
                            cwd=Path(__file__).parents[2])
-
-
-def kill_worker(worker: Process) -> None:
-    """SIGKILL the whole worker, its pool processes first (a node lost, an OOM kill of the
-    container): nothing of it is left to record an end."""
-    for pid in _tree(worker)[:-1]:
-        os.kill(pid, signal.SIGKILL)
-    worker.kill()
 
 
 def recover(project: CeleryProject, task_id: str, worker: Process,
@@ -279,7 +276,7 @@ class TestLateWriter:
         old = start_worker(processes, celery_project, markers, "worker-old")
         wait_until(lambda: markers.has(f"{result.id}-started-1"), "the task to start",
                    process=old)
-        stopped = _tree(old)
+        stopped = worker_tree(old)
         for pid in stopped:
             os.kill(pid, signal.SIGSTOP)
         outcome = recover(celery_project, result.id, old)
@@ -296,35 +293,3 @@ class TestLateWriter:
                        markers=sorted(markers.of(result.id)))
         assert after == "SUCCESS"
 
-
-def _tree(worker: Process) -> list[int]:
-    """The worker's pool processes, then the worker itself."""
-    children = Path(f"/proc/{worker.pid}/task/{worker.pid}/children")
-    return [*(int(c) for c in (children.read_text().split() if children.exists() else [])),
-            worker.pid]
-
-
-def test_rows_written_without_result_extended_are_left_alone_and_said_once(
-        celery_project: CeleryProject, caplog: pytest.LogCaptureFixture) -> None:
-    """A STARTED row without a task name (the app lacks result_extended): no decision, the
-    row as it was, and one warning naming the missing setting."""
-    import json  # noqa: PLC0415
-
-    import sqlalchemy as sa  # noqa: PLC0415
-    from celery.backends.database.models import Task as TaskRow  # noqa: PLC0415
-
-    from reconciler.sources import celery as celery_source  # noqa: PLC0415
-
-    celery_source._WARNED.clear()
-    with celery_project.engine.begin() as conn:
-        conn.execute(sa.insert(TaskRow.__table__).values(
-            task_id="plain-1", status="STARTED",
-            result=json.dumps({"pid": 1, "hostname": "gone@tests"}).encode()))
-    before = celery_project.row("plain-1")
-    with caplog.at_level("WARNING", logger="reconciler.sources.celery"):
-        for _ in range(2):
-            assert reconcile_once(celery_project.engine, config(celery_project), KINDS) == []
-    assert celery_project.row("plain-1") == before
-    warnings = [r.getMessage() for r in caplog.records]
-    assert len(warnings) == 1
-    assert "missing_setting=result_extended" in warnings[0]
