@@ -293,3 +293,29 @@ class TestLateWriter:
                        markers=sorted(markers.of(result.id)))
         assert after == "SUCCESS"
 
+
+
+def test_rows_written_without_result_extended_are_left_alone_and_said_once(
+        celery_project: CeleryProject, caplog: pytest.LogCaptureFixture) -> None:
+    """A STARTED row without a task name (the app lacks result_extended): no decision, the
+    row as it was, and one warning naming the missing setting."""
+    import json  # noqa: PLC0415
+
+    import sqlalchemy as sa  # noqa: PLC0415
+    from celery.backends.database.models import Task as TaskRow  # noqa: PLC0415
+
+    from reconciler.sources import celery as celery_source  # noqa: PLC0415
+
+    celery_source._WARNED.clear()
+    with celery_project.engine.begin() as conn:
+        conn.execute(sa.insert(TaskRow.__table__).values(
+            task_id="plain-1", status="STARTED",
+            result=json.dumps({"pid": 1, "hostname": "gone@tests"}).encode()))
+    before = celery_project.row("plain-1")
+    with caplog.at_level("WARNING", logger="reconciler.sources.celery"):
+        for _ in range(2):
+            assert reconcile_once(celery_project.engine, config(celery_project), KINDS) == []
+    assert celery_project.row("plain-1") == before
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1
+    assert "missing_setting=result_extended" in warnings[0]
