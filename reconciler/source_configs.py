@@ -42,11 +42,18 @@ def celery_config(values: dict[str, Any], settings: Settings, name: str) -> Cele
     if "broker_url" not in values:
         raise ConfigError(f"{name}: [source] kind 'celery' needs broker_url (the app's broker: "
                           "liveness is its workers' answer to ping)")
+    if not values["broker_url"].startswith(REDIS_SCHEMES):
+        raise ConfigError(f"{name}: [source] broker_url must be a Redis URL (redis://...): "
+                          "only Redis lets the reconciler see and take back a message the "
+                          f"broker would run again (got {values['broker_url'].split(':')[0]}:)")
     if values.get("result_serializer", "json") not in CELERY_SERIALIZERS:
         raise ConfigError(f"{name}: [source] result_serializer must be one of "
                           f"{', '.join(CELERY_SERIALIZERS)} (got {values['result_serializer']!r})")
     return CeleryConfig(**values, session_timeout_seconds=settings.session_timeout_seconds)
 
+
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+"""The brokers the celery source supports: Redis (see docs/sources.md, Celery)."""
 
 CELERY_SERIALIZERS = ("json",)
 """The result serializers whose rows the celery source reads (args, kwargs, result): never

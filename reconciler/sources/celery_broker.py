@@ -24,6 +24,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from reconciler.errors import ConfigError
+from reconciler.source_configs import REDIS_SCHEMES
 
 SILENT_KEY = "reconciler:celery:silent"
 """Hash: worker hostname -> when the reconciler first found it silent (broker seconds)."""
@@ -49,7 +50,7 @@ class CeleryBroker:
             except ImportError:
                 raise ConfigError("source celery needs the redis package: pip install "
                                   "'celery[redis]'") from None
-            if not self.broker_url.startswith(("redis://", "rediss://", "unix://")):
+            if not self.broker_url.startswith(REDIS_SCHEMES):
                 raise ConfigError("source celery: broker_url must be a Redis URL (redis://...);"
                                   " other brokers are not supported")
             self._redis = redis.Redis.from_url(self.broker_url, socket_timeout=5,

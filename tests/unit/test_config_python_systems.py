@@ -53,6 +53,8 @@ def test_celery_takes_the_session_timeout_setting(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("text", "names"), [
     ('[source]\nkind = "celery"\n', ["broker_url", "celery"]),
+    ('[source]\nkind = "celery"\nbroker_url = "amqp://guest@rabbit//"\n',
+     ["broker_url", "Redis", "amqp:"]),
     ('[source]\nkind = "celery"\nbroker_url = "redis://r"\nresult_serializer = "pickle"\n',
      ["result_serializer", "json", "pickle"]),
     ('[source]\nkind = "celery"\nbroker_url = "redis://r"\nresult_table = "a b"\n',
