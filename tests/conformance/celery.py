@@ -182,6 +182,8 @@ def open_celery(request: pytest.FixtureRequest) -> Iterator[CeleryFixture]:
     Celery's table emptied; the session's Redis emptied and its live worker answering."""
     live = request.getfixturevalue("celery_live_worker")
     broker_url = request.getfixturevalue("redis_url")
+    # Emptied for the test: the live worker still answers (ping is a broadcast, not a key).
+    assert CeleryBroker(broker_url).answering([live]) == {live}
     if request.param[1] == "sqlite":
         engine = create_engine(fresh_database(request.getfixturevalue("tmp_path")))
         _celery_tables(engine)
