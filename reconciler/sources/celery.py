@@ -94,6 +94,7 @@ class _Judgement:
 
     gone: dict[str, float]
     unacked: dict[str, str]
+    reachable: bool
 
 
 class CelerySource(ForeignSource):
@@ -163,8 +164,10 @@ class CelerySource(ForeignSource):
                     over = min(over, seen.get(row.task_id, 0.0) - max_run)
                 if over >= 0:
                     gone[row.task_id] = over
-            unacked = self._broker.unacked(gone)
-        self._judged = _Judgement(gone, unacked)
+            # Every running task's, not only the gone ones': a wedged task is failed under a
+            # live worker, whose later death must not hand its message back either.
+            unacked = self._broker.unacked(r.task_id for r in rows)
+        self._judged = _Judgement(gone, unacked, answering is not None)
         return self._judged
 
     def _report_unextended(self) -> None:
@@ -232,6 +235,8 @@ class CelerySource(ForeignSource):
         where = [rows.c.task_id == task_id, rows.c.status == constant("STARTED"),
                  rows.c.worker.is_not_distinct_from(seen.worker),
                  rows.c.retries.is_not_distinct_from(seen.retries)]
+        if not self._judge().reachable:
+            return False, None  # no broker answer decides nothing, nor takes anything back
         if is_wedged(change):
             where.append(self._still_stalled(change))
         elif task_id not in self._judge().gone:

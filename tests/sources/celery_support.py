@@ -113,6 +113,15 @@ class CeleryProject:
                         result_serializer="json", accept_content=["json"])
         return app
 
+    def restore_unacked(self, visibility_timeout: float) -> None:
+        """kombu's own redelivery, now: what any worker's poll loop does every tenth poll
+        (``QoS.restore_visible``: unacknowledged messages older than the timeout go back
+        on their queues). Called by a test so it need not wait for a worker's turn."""
+        app = self.caller()
+        app.conf.broker_transport_options = {"visibility_timeout": visibility_timeout}
+        with app.connection_for_write() as connection:
+            connection.default_channel.qos.restore_visible(num=100)
+
     def status(self, task_id: str) -> str | None:
         """The result row's status (None: no row)."""
         row = self.row(task_id)

@@ -37,6 +37,7 @@ from tests.sources.support import (
 )
 
 TIMEOUT_SECONDS = 2.0
+VISIBILITY_SECONDS = 2.0  # the broker's redelivery delay under task_acks_late
 KINDS = KindRules([KindRule("idem.*", effect=EffectKind.IDEMPOTENT)],
                   stale_after_seconds=0.5, wedged_after_seconds=3600.0, max_attempts=3)
 
@@ -150,7 +151,7 @@ class TestBrokerRedelivery:
             markers: Markers) -> None:
         """The control: kombu puts the killed run's message back after visibility_timeout
         and a worker runs the task a second time (why the source must take it out)."""
-        late = {"SOURCES_ACKS_LATE": "1", "SOURCES_VISIBILITY_TIMEOUT": "2"}
+        late = {"SOURCES_ACKS_LATE": "1", "SOURCES_VISIBILITY_TIMEOUT": str(VISIBILITY_SECONDS)}
         result = send(celery_project, "effect.work", hang=[3.0])
         first = start_worker(processes, celery_project, markers, "worker-a", **late)
         wait_until(lambda: markers.has(f"{result.id}-started-1"), "the task to start",
@@ -158,10 +159,10 @@ class TestBrokerRedelivery:
         (markers.folder / f"{result.id}-started-1").unlink()
         kill_worker(first)
         start_worker(processes, celery_project, markers, "worker-b", **late)
-        # kombu restores messages older than visibility_timeout from its poll loop, every
-        # tenth poll: bounded, on a loaded machine, well above the 2 s timeout.
+        time.sleep(VISIBILITY_SECONDS)  # the message is older than the timeout
+        celery_project.restore_unacked(VISIBILITY_SECONDS)
         wait_until(lambda: markers.has(f"{result.id}-done-1"), "the broker's redelivery",
-                   timeout=90, process=first)
+                   process=first)
         record_finding("celery", "acks_late_redelivered_without_reconciler",
                        job_id=result.id, engine=celery_project.engine.dialect.name,
                        ran_again=markers.has(f"{result.id}-started-1"))
@@ -170,7 +171,7 @@ class TestBrokerRedelivery:
     def test_a_failed_effectful_task_is_taken_out_of_the_broker(
             self, celery_project: CeleryProject, processes: Processes,
             markers: Markers) -> None:
-        late = {"SOURCES_ACKS_LATE": "1", "SOURCES_VISIBILITY_TIMEOUT": "2"}
+        late = {"SOURCES_ACKS_LATE": "1", "SOURCES_VISIBILITY_TIMEOUT": str(VISIBILITY_SECONDS)}
         result = send(celery_project, "effect.work")
         first = start_worker(processes, celery_project, markers, "worker-a", **late)
         wait_until(lambda: markers.has(f"{result.id}-started-1"), "the task to start",
@@ -186,9 +187,8 @@ class TestBrokerRedelivery:
                        engine=celery_project.engine.dialect.name, broker_held_the_message=True,
                        held_after_terminalize=False)
         second = start_worker(processes, celery_project, markers, "worker-b", **late)
-        # Past the visibility timeout, with a worker polling the queue all along: the
-        # broker would have put the message back by now.
-        later = send(celery_project, "idem.work", hang=[4.0])
+        celery_project.restore_unacked(VISIBILITY_SECONDS)  # nothing left to put back
+        later = send(celery_project, "idem.work", hang=[2.0])
         assert later.get(timeout=30) == "done on attempt 1"
         assert markers.of(result.id) == {"started-1"}
         assert celery_project.status(result.id) == "FAILURE"
@@ -197,7 +197,7 @@ class TestBrokerRedelivery:
     def test_a_resumed_task_runs_once_more_not_twice(
             self, celery_project: CeleryProject, processes: Processes,
             markers: Markers) -> None:
-        late = {"SOURCES_ACKS_LATE": "1", "SOURCES_VISIBILITY_TIMEOUT": "2"}
+        late = {"SOURCES_ACKS_LATE": "1", "SOURCES_VISIBILITY_TIMEOUT": str(VISIBILITY_SECONDS)}
         result = send(celery_project, "idem.work")
         first = start_worker(processes, celery_project, markers, "worker-a", **late)
         wait_until(lambda: markers.has(f"{result.id}-started-1"), "the task to start",
@@ -205,8 +205,9 @@ class TestBrokerRedelivery:
         kill_worker(first)
         recover(celery_project, result.id, first)
         start_worker(processes, celery_project, markers, "worker-b", **late)
+        celery_project.restore_unacked(VISIBILITY_SECONDS)  # nothing left to put back
         assert result.get(timeout=30) == "done on attempt 2"
-        later = send(celery_project, "idem.work", hang=[4.0])
+        later = send(celery_project, "idem.work", hang=[2.0])
         assert later.get(timeout=30) == "done on attempt 1"
         assert markers.of(result.id) == {"started-1", "started-2", "done-2"}
 
