@@ -327,7 +327,6 @@ def parse_source(table: Mapping[str, Any] | None, settings: Settings,
     return plain[kind](**values)
 
 
-
 def _table_config(values: dict[str, Any], name: str) -> TableConfig:
     for key in _TABLE_REQUIRED:
         if key not in values:
