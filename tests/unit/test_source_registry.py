@@ -107,6 +107,10 @@ def test_config_parsing_reads_the_registry(tmp_path: Path, entry: object) -> Non
      "0b5f5c3e-4d5e-4b8a-9a51-2d1b9e4c7a10"),
     ("table", "7", 7),
     ("table", "job-7", "job-7"),
+    ("django-tasks", "0b5f5c3e-4d5e-4b8a-9a51-2d1b9e4c7a10",
+     "0b5f5c3e-4d5e-4b8a-9a51-2d1b9e4c7a10"),
+    ("celery", "0b5f5c3e-4d5e-4b8a-9a51-2d1b9e4c7a10",
+     "0b5f5c3e-4d5e-4b8a-9a51-2d1b9e4c7a10"),
 ])
 def test_job_ids_as_each_source_spells_them(kind: str, text: str, expected: object) -> None:
     """The command line parses a job id by the source's key type."""
