@@ -31,6 +31,8 @@ from reconciler.file_tables import KindSettings, SourceSettings, describe_table_
 from reconciler.settings import Settings, load_settings, type_name
 from reconciler.sources.registry import (
     SOURCES,
+    CeleryConfig,
+    DjangoTasksConfig,
     GraphileWorkerConfig,
     NativeConfig,
     PgBossConfig,
@@ -41,9 +43,9 @@ from reconciler.sources.registry import (
 )
 
 __all__ = [
-    "CONFIG_ENV", "Config", "ConfigError", "GraphileWorkerConfig", "NativeConfig",
-    "PgBossConfig", "ProcrastinateConfig", "SourceConfig", "TableConfig", "load_config",
-    "parse_kinds", "parse_source",
+    "CONFIG_ENV", "CeleryConfig", "Config", "ConfigError", "DjangoTasksConfig",
+    "GraphileWorkerConfig", "NativeConfig", "PgBossConfig", "ProcrastinateConfig",
+    "SourceConfig", "TableConfig", "load_config", "parse_kinds", "parse_source",
 ]
 
 CONFIG_ENV = "RECONCILER_CONFIG"

@@ -121,9 +121,13 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", parents=[common],
                                help="crash real workers and watch the reconciler recover them")
     demo.add_argument("--keep", action="store_true", help="keep the demo's database file")
-    demo.add_argument("--source", choices=("native", "procrastinate"), default="native",
+    demo.add_argument("--source",
+                      choices=("native", "procrastinate", "django-tasks", "celery"),
+                      default="native",
                       help="native: this project's workers on SQLite; procrastinate: a real "
-                      "Procrastinate worker on a throwaway PostgreSQL")
+                      "Procrastinate worker on a throwaway PostgreSQL; django-tasks: a real "
+                      "django-tasks-db worker on SQLite; celery: real Celery workers and a "
+                      "throwaway redis-server")
 
     run_once = commands.add_parser("pass", parents=[common], help="run one bounded pass now")
     run_once.add_argument("--dry-run", action="store_true", help="decide, write nothing")

@@ -7,6 +7,7 @@ parts from the composition root and prints what it found.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import os
@@ -242,13 +243,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     return code
 
 
-def cmd_demo(args: argparse.Namespace) -> int:
-    if args.source == "procrastinate":
-        from reconciler.cli.demo_procrastinate import (  # noqa: PLC0415 - optional peer
-            run_procrastinate_demo,
-        )
+FOREIGN_DEMOS = {"procrastinate": ("demo_procrastinate", "run_procrastinate_demo"),
+                 "django-tasks": ("demo_django_tasks_run", "run_django_tasks_demo"),
+                 "celery": ("demo_celery_run", "run_celery_demo")}
+"""Each real system's demo, imported only when asked for (its system is an optional peer)."""
 
-        return run_procrastinate_demo()
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    if args.source in FOREIGN_DEMOS:
+        module, function = FOREIGN_DEMOS[args.source]
+        return int(getattr(importlib.import_module(f"reconciler.cli.{module}"), function)())
     from reconciler.cli.demo import run_demo  # noqa: PLC0415 - keeps other commands light
 
     return run_demo(keep=args.keep)

@@ -3,9 +3,10 @@
 One module per system, each holding its ``[source]`` config model and a class implementing
 the job-source port on one SQLAlchemy connection (the pass's transaction; the foreign
 tables live in the reconciler's database): ``procrastinate``, ``graphile_worker``,
-``pgboss`` and the mapped home-grown ``table``. The native source (this project's
-``job_runs``) lives in ``reconciler.storage``. ``reconciler.sources.registry`` lists every
-source once: adding one is a module, an entry there and a conformance fixture.
+``pgboss``, ``django_tasks``, ``celery`` and the mapped home-grown ``table``. The native
+source (this project's ``job_runs``) lives in ``reconciler.storage``.
+``reconciler.sources.registry`` lists every source once: adding one is a module, an entry
+there and a conformance fixture.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from sqlalchemy.engine import Connection
 from reconciler.core.kinds import KindRules
 from reconciler.file_tables import SourceSettings
 from reconciler.sources.base import ForeignSource
+from reconciler.sources.celery import CelerySource
+from reconciler.sources.django_tasks import DjangoTasksSource
 from reconciler.sources.graphile_worker import GraphileWorkerSource
 from reconciler.sources.pgboss import PgBossSource
 from reconciler.sources.procrastinate import ProcrastinateSource
@@ -22,6 +25,8 @@ from reconciler.sources.registry import entry_of, is_native
 from reconciler.sources.table import TableSource
 
 __all__ = [
+    "CelerySource",
+    "DjangoTasksSource",
     "ForeignSource",
     "GraphileWorkerSource",
     "PgBossSource",

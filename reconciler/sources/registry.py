@@ -47,6 +47,8 @@ from reconciler.core.kinds import KindRules
 from reconciler.core.ports import JobSource
 from reconciler.core.vocabulary import JobKey, OperatorAction
 from reconciler.file_tables import SourceSettings
+from reconciler.sources.celery import CeleryConfig, CelerySource
+from reconciler.sources.django_tasks import DjangoTasksConfig, DjangoTasksSource
 from reconciler.sources.graphile_worker import GraphileWorkerConfig, GraphileWorkerSource
 from reconciler.sources.pgboss import PgBossConfig, PgBossSource
 from reconciler.sources.procrastinate import ProcrastinateConfig, ProcrastinateSource
@@ -56,9 +58,9 @@ from reconciler.storage.native_kinds import kinded_native
 from reconciler.storage.native_source import NativeSource
 
 __all__ = [
-    "REGISTRY", "SOURCES", "Capabilities", "GraphileWorkerConfig", "NativeConfig",
-    "PgBossConfig", "ProcrastinateConfig", "SourceEntry", "TableConfig", "entry_for",
-    "entry_of", "integer_keyed", "is_native",
+    "REGISTRY", "SOURCES", "Capabilities", "CeleryConfig", "DjangoTasksConfig",
+    "GraphileWorkerConfig", "NativeConfig", "PgBossConfig", "ProcrastinateConfig",
+    "SourceEntry", "TableConfig", "entry_for", "entry_of", "integer_keyed", "is_native",
 ]
 
 MAX_INTEGER_KEY = 2**63 - 1
@@ -155,6 +157,17 @@ REGISTRY: tuple[SourceEntry, ...] = (
                                           actions=_NO_ACTIONS)),
     SourceEntry(config=TableConfig, open=TableSource, job_key="either", engines=EVERY_ENGINE,
                 capabilities=Capabilities(heartbeat=False, error_field=True,
+                                          actions=_NO_ACTIONS)),
+    # Task ids are UUIDs; the backend keeps no heartbeat (a lease is max_run_seconds), and
+    # our reason is the failed result's exception (its traceback's last line).
+    SourceEntry(config=DjangoTasksConfig, open=DjangoTasksSource, job_key="text",
+                engines=EVERY_ENGINE,
+                capabilities=Capabilities(heartbeat=False, error_field=True,
+                                          actions=_NO_ACTIONS)),
+    # Liveness is its workers' answer to Celery's control ping over the broker; our reason
+    # is the failed result's exception. On both engines its database result backend runs.
+    SourceEntry(config=CeleryConfig, open=CelerySource, job_key="text", engines=EVERY_ENGINE,
+                capabilities=Capabilities(heartbeat=True, error_field=True,
                                           actions=_NO_ACTIONS)),
 )
 

@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 
 from reconciler.sources.registry import entry_for
+from tests.conformance.celery import CELERY
+from tests.conformance.django_tasks import DJANGO_TASKS
 from tests.conformance.fixtures import RegisteredSource, SourceFixture
 from tests.conformance.native import NATIVE
 from tests.conformance.systems import GRAPHILE_WORKER, PG_BOSS, PROCRASTINATE
@@ -23,6 +25,11 @@ from tests.conformance.table import TABLE
 from tests.conftest import ENGINES, PostgresForTests
 from tests.helpers import fresh_database
 from tests.pg_server import INSTALL_HINT
+from tests.sources.celery_support import (  # noqa: F401 - fixtures, found by name
+    celery_live_worker,
+    redis_server,
+    redis_url,
+)
 
 # The real systems' session fixtures (their schemas installed once, emptied per test).
 from tests.sources.conftest import (  # noqa: F401 - fixtures, found by name
@@ -35,9 +42,13 @@ from tests.sources.conftest import (  # noqa: F401 - fixtures, found by name
     procrastinate_schema,
     sources_db,
 )
+from tests.sources.django_tasks_support import (  # noqa: F401 - fixtures, found by name
+    django_sqlite_template,
+    django_tasks_schema,
+)
 
 SOURCES: tuple[RegisteredSource, ...] = (NATIVE, TABLE, PROCRASTINATE, GRAPHILE_WORKER,
-                                         PG_BOSS)
+                                         PG_BOSS, DJANGO_TASKS, CELERY)
 
 
 CASES = [(registered, engine) for registered in SOURCES for engine in ENGINES

@@ -248,3 +248,16 @@ def reconciler_engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterato
     db: SourcesDatabase = request.getfixturevalue("sources_db")
     clear_ledger(db)
     yield db.engine
+
+
+# The Django project's fixtures (tests/sources/django_tasks_support.py), found by name.
+from tests.sources.celery_support import (  # noqa: E402, F401 - it imports this module
+    celery_project,
+    redis_server,
+    redis_url,
+)
+from tests.sources.django_tasks_support import (  # noqa: E402, F401 - it imports this module
+    django_db,
+    django_sqlite_template,
+    django_tasks_schema,
+)

@@ -211,7 +211,7 @@ class TestRefusals:
         ("batch_size = 0\n", ["batch_size", "reconciler.toml"]),
         ("source = 'table'\n", ["source", "must be a table"]),
         ("[source]\nschema = 'x'\n", ["[source]", "kind"]),
-        ("[source]\nkind = 'celery'\n", ["celery", "native"]),
+        ("[source]\nkind = 'rq'\n", ["rq", "native"]),
         ("[source]\nkind = 'pg-boss'\ntable = 'x'\n", ["table", "pg-boss"]),
         ("[source]\nkind = 'pg-boss'\nschema = 3\n", ["schema", "an integer"]),
         ("[source]\nkind = 'pg-boss'\nschema = 'a b'\n", ["schema", "plain SQL name"]),
@@ -338,11 +338,12 @@ class TestDocsExamples:
     """Every copy-paste reconciler.toml in docs/sources.md loads as written."""
 
     def test_each_toml_block_loads(self, tmp_path: Path) -> None:
-        """Four sources, four blocks; each is accepted and names its kind."""
+        """Six sources, six blocks; each is accepted and names its kind."""
         text = (Path(__file__).resolve().parents[2] / "docs" / "sources.md").read_text()
         blocks = [b.split("```", 1)[0] for b in text.split("```toml\n")[1:]]
         kinds = [load_config(write(tmp_path, block)).source.kind for block in blocks]
-        assert kinds == ["procrastinate", "graphile-worker", "pg-boss", "table"]
+        assert kinds == ["procrastinate", "graphile-worker", "pg-boss", "django-tasks",
+                         "celery", "table"]
 
 
 class TestKindBounds:

@@ -20,10 +20,12 @@ NATIVE_MODULE = "reconciler.storage.native_source"
 # The demo's --source picks a demo (this project's workers or a real Procrastinate one),
 # not the configured source.
 DEMO_CHOICE = ("reconciler.cli.arguments", "reconciler.cli.commands")
+# The Celery demo runs the package that shares the source's name (``python -m celery``).
+PACKAGE_NAMED = ("reconciler.cli.demo_celery_run",)
 
 
 def allowed_modules() -> set[str]:
-    found = {"reconciler.sources.registry", NATIVE_MODULE, *DEMO_CHOICE}
+    found = {"reconciler.sources.registry", NATIVE_MODULE, *DEMO_CHOICE, *PACKAGE_NAMED}
     for entry in REGISTRY:
         found.add(entry.config.__module__)
         found.add(getattr(entry.open, "__module__", ""))
@@ -105,6 +107,10 @@ def test_config_parsing_reads_the_registry(tmp_path: Path, entry: object) -> Non
      "0b5f5c3e-4d5e-4b8a-9a51-2d1b9e4c7a10"),
     ("table", "7", 7),
     ("table", "job-7", "job-7"),
+    ("django-tasks", "0b5f5c3e-4d5e-4b8a-9a51-2d1b9e4c7a10",
+     "0b5f5c3e-4d5e-4b8a-9a51-2d1b9e4c7a10"),
+    ("celery", "0b5f5c3e-4d5e-4b8a-9a51-2d1b9e4c7a10",
+     "0b5f5c3e-4d5e-4b8a-9a51-2d1b9e4c7a10"),
 ])
 def test_job_ids_as_each_source_spells_them(kind: str, text: str, expected: object) -> None:
     """The command line parses a job id by the source's key type."""
@@ -154,10 +160,19 @@ def test_a_fence_snapshot_is_the_sources_own_frozen_dataclass() -> None:
     """Each foreign fence is a frozen, slotted dataclass; the ledger part is a field."""
     import dataclasses  # noqa: PLC0415
 
-    from reconciler.sources import base, graphile_worker, pgboss, procrastinate, table  # noqa: PLC0415
+    from reconciler.sources import (  # noqa: PLC0415
+        base,
+        celery,
+        django_tasks,
+        graphile_worker,
+        pgboss,
+        procrastinate,
+        table,
+    )
 
     for fence in (graphile_worker.GraphileWorkerFence, pgboss.PgBossFence,
-                  procrastinate.ProcrastinateFence, table.TableFence):
+                  procrastinate.ProcrastinateFence, table.TableFence,
+                  django_tasks.DjangoTasksFence, celery.CeleryFence):
         assert issubclass(fence, base.ForeignFence)
         assert fence.__dataclass_params__.frozen  # type: ignore[attr-defined]
         assert "__slots__" in vars(fence)

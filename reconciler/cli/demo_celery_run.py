@@ -1,0 +1,186 @@
+"""``reconciler demo --source celery``: real Celery workers are SIGKILLed mid-task, and one
+pass recovers their tasks the Celery way.
+
+A throwaway redis-server (started here on a free port, stopped at the end) is the broker;
+a fresh SQLite file holds the reconciler's tables and Celery's database result backend.
+Two tasks are sent through Celery, each taken by a prefork worker, and both workers are
+killed whole. Once they have been silent to Celery's ping past ``session_timeout_seconds``,
+a pass (configured as ``[source] kind = "celery"`` would configure it) moves the idempotent
+task to ``RETRY`` and re-publishes it, and fails the effectful one; a new worker finishes
+the first (the caller's ``AsyncResult.get()`` returns), and the second's ``get()`` raises
+``WorkerLostError`` at once.
+
+Without redis-server or Celery (``pip install 'celery[redis]'``) it says so in one line and
+exits 2.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+from reconciler.cli.demo_procrastinate import MissingPrerequisiteError
+from reconciler.config import CeleryConfig, Config
+from reconciler.core.kinds import KindRule, KindRules
+from reconciler.core.passes import run_pass
+from reconciler.core.vocabulary import EffectKind
+from reconciler.errors import ConfigError
+from reconciler.settings import Settings
+from reconciler.wiring import assemble_cli, migrate
+
+SESSION_TIMEOUT_SECONDS = 2.0
+KINDS = KindRules([KindRule("reports.*", effect=EffectKind.IDEMPOTENT)],
+                  stale_after_seconds=1.0, wedged_after_seconds=3600.0, max_attempts=3)
+
+
+def _say(text: str) -> None:
+    print(text, flush=True)
+
+
+def run_celery_demo() -> int:
+    """The demo; 0 when the killed workers' tasks were recovered as the table says."""
+    missing = [p for p in ("celery", "redis") if importlib.util.find_spec(p) is None]
+    if missing:
+        raise MissingPrerequisiteError(
+            f"the Celery demo needs {', '.join(missing)}: pip install 'celery[redis]'")
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise MissingPrerequisiteError(
+            "the Celery demo needs redis-server (its broker): apt-get install redis-server")
+    folder = Path(tempfile.mkdtemp(prefix="reconciler-demo-celery-"))
+    try:
+        with _redis(binary, folder) as broker_url:
+            return _demo(folder / "demo.db", broker_url)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextmanager
+def _redis(binary: str, folder: Path) -> Iterator[str]:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save",
+                               "", "--appendonly", "no", "--dir", str(folder)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        import redis  # noqa: PLC0415 - optional, checked above
+
+        client = redis.Redis.from_url(f"redis://127.0.0.1:{port}/0")
+        _wait(lambda: _answers(client), "redis-server to start", timeout=20)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+def _answers(client: Any) -> bool:
+    try:
+        return bool(client.ping())
+    except Exception:
+        return False
+
+
+def _demo(path: Path, broker_url: str) -> int:
+    url = f"sqlite:///{path}"
+    env = {**os.environ, "DEMO_BROKER_URL": broker_url, "DEMO_DATABASE_URL": url}
+    os.environ.update(DEMO_BROKER_URL=broker_url, DEMO_DATABASE_URL=url)
+    from celery.backends.database.models import TaskExtended  # noqa: PLC0415
+
+    from reconciler.cli.demo_celery_app import app  # noqa: PLC0415 - reads the env above
+
+    settings = Settings(database_url=url, session_timeout_seconds=SESSION_TIMEOUT_SECONDS,
+                        session_heartbeat_seconds=0.5, stale_after_seconds=1.0)
+    config = Config(settings=settings, kinds=KINDS, source=CeleryConfig(
+        broker_url=broker_url, session_timeout_seconds=SESSION_TIMEOUT_SECONDS))
+    engine = sa.create_engine(url)
+    try:
+        TaskExtended.metadata.create_all(engine)  # Celery's own result tables
+        migrate(config)  # the reconciler's tables; Celery's are there to check
+        _say(f"redis-server at {broker_url}; Celery's result tables and the reconciler's "
+             "in one SQLite file")
+        render = app.send_task("reports.render", queue="reports")
+        charge = app.send_task("payments.charge", queue="payments")
+        _say(f"sent {render.id} (reports.render, configured idempotent) and {charge.id} "
+             "(payments.charge, effectful by default)")
+        workers = [_worker(env, "demo-1", "reports"), _worker(env, "demo-2", "payments")]
+        second: subprocess.Popen[bytes] | None = None
+        try:
+            _wait(lambda: {render.state, charge.state} == {"STARTED"},
+                  "the workers to start both tasks")
+            for worker in workers:
+                _kill_tree(worker)
+            _say("both Celery workers SIGKILLed mid-task: both rows stay STARTED")
+            if not _pass_until_decided(config, {render.id, charge.id}):
+                return 1
+            second = _worker(env, "demo-3", "reports,payments")
+            _say(f"a new worker finished {render.id}: AsyncResult.get() = "
+                 f"{render.get(timeout=60)!r}")
+            try:
+                charge.get(timeout=5)
+            except Exception as failed:
+                _say(f"{charge.id}: AsyncResult.get() raised at once: "
+                     f"{type(failed).__name__}({str(failed).split(' ', 1)[0]!r} ...)")
+                return 0 if type(failed).__name__ == "WorkerLostError" else 1
+            _say(f"{charge.id} returned: the effectful task ran again")
+            return 1
+        finally:
+            for process in (*workers, second):
+                if process is not None and process.poll() is None:
+                    _kill_tree(process)
+    finally:
+        engine.dispose()
+
+
+def _worker(env: dict[str, str], name: str, queues: str) -> subprocess.Popen[bytes]:
+    argv = [sys.executable, "-m", "celery", "-A", "reconciler.cli.demo_celery_app", "worker",
+            "--pool=prefork", "--concurrency=1", f"--hostname={name}@demo", "-Q", queues,
+            "--without-mingle", "--without-gossip", "--loglevel=WARNING"]
+    return subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+
+
+def _kill_tree(process: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the worker's pool processes, then the worker: nothing of it records an end."""
+    children = Path(f"/proc/{process.pid}/task/{process.pid}/children")
+    for child in children.read_text().split() if children.exists() else []:
+        os.kill(int(child), signal.SIGKILL)
+    process.kill()
+    process.wait(timeout=10)
+
+
+def _pass_until_decided(config: Config, tasks: set[str]) -> bool:
+    started = time.monotonic()
+    decided: set[str] = set()
+    with assemble_cli(config) as cli:
+        while time.monotonic() - started < 30 and decided != tasks:
+            report = run_pass(cli.passes, cli.pass_config("demo"))
+            for d in report.decisions:
+                _say(f"pass {report.pass_id}, {time.monotonic() - started:.1f} s after the "
+                     f"kill (silent to ping past {SESSION_TIMEOUT_SECONDS:g} s): task "
+                     f"{d.job_id}: {d.disposition.value} ({d.reason.value})")
+                decided.add(str(d.job_id))
+    if decided != tasks:
+        _say("no pass decided both tasks within 30 s")
+    return decided == tasks
+
+
+def _wait(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise ConfigError(f"demo: timed out waiting for {what}")
+        time.sleep(0.1)

@@ -1,0 +1,152 @@
+"""``reconciler demo --source django-tasks``: a real django-tasks-db worker is SIGKILLed
+mid-task, and one pass recovers its tasks the Django way.
+
+On a fresh SQLite file (removed at the end): the reconciler's tables, then Django's own
+``migrate`` (the django-tasks-db backend's table beside them), two tasks enqueued through
+Django's own API, one ``db_worker`` that takes both and is killed. Once the tasks' declared
+``max_run_seconds`` has passed (the backend keeps no heartbeat), a pass (configured as a
+config file with ``[source] kind = "django-tasks"`` would configure it) makes the idempotent
+task ``READY`` again and fails the effectful one; a new ``db_worker`` then finishes the
+first, and Django's own result API reads the second's failure.
+
+Without Django and the django-tasks packages (``pip install django django-tasks
+django-tasks-db``) it says so in one line and exits 2.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from reconciler.cli.demo_procrastinate import MissingPrerequisiteError
+from reconciler.config import Config, DjangoTasksConfig
+from reconciler.core.kinds import KindRule, KindRules
+from reconciler.core.passes import run_pass
+from reconciler.core.vocabulary import EffectKind
+from reconciler.errors import ConfigError
+from reconciler.settings import Settings
+from reconciler.wiring import assemble_cli, migrate
+
+MAX_RUN_SECONDS = 2.0
+TASKS = "reconciler.cli.demo_django_tasks"
+KINDS = KindRules([KindRule(f"{TASKS}.*", max_run_seconds=MAX_RUN_SECONDS),
+                   KindRule(f"{TASKS}.render_report", effect=EffectKind.IDEMPOTENT)],
+                  stale_after_seconds=1.0, wedged_after_seconds=3600.0, max_attempts=3)
+SETTINGS_MODULE = "reconciler.cli.demo_django_settings"
+
+
+def _say(text: str) -> None:
+    print(text, flush=True)
+
+
+def run_django_tasks_demo() -> int:
+    """The demo; 0 when the killed worker's tasks were recovered as the table says."""
+    missing = [p for p in ("django", "django_tasks", "django_tasks_db")
+               if importlib.util.find_spec(p) is None]
+    if missing:
+        raise MissingPrerequisiteError(
+            f"the Django tasks demo needs {', '.join(missing)}: pip install 'django>=5.2,<6' "
+            "django-tasks django-tasks-db")
+    folder = Path(tempfile.mkdtemp(prefix="reconciler-demo-django-"))
+    try:
+        return _demo(folder / "project.db")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _demo(path: Path) -> int:
+    url = f"sqlite:///{path}"
+    os.environ.update(DEMO_DJANGO_DB=str(path), DJANGO_SETTINGS_MODULE=SETTINGS_MODULE)
+    import django  # noqa: PLC0415 - optional, checked above
+    from django.core.management import call_command  # noqa: PLC0415
+
+    settings = Settings(database_url=url, stale_after_seconds=1.0)
+    config = Config(settings=settings, kinds=KINDS, source=DjangoTasksConfig())
+    django.setup()
+    try:
+        call_command("migrate", verbosity=0)
+        migrate(config)  # the reconciler's tables; the backend's table is there to check
+        _say("Django's migrate and the reconciler's tables are in one SQLite file")
+        from django_tasks import default_task_backend  # noqa: PLC0415
+
+        from reconciler.cli import demo_django_tasks  # noqa: PLC0415 - needs django.setup()
+
+        render = demo_django_tasks.render_report.enqueue().id
+        charge = demo_django_tasks.charge_card.enqueue().id
+        _say(f"enqueued {render} (render_report, configured idempotent) and {charge} "
+             "(charge_card, effectful by default)")
+
+        def status(task_id: str) -> str:
+            return str(default_task_backend.get_result(task_id).status)
+
+        argv = [sys.executable, "-m", "django", "db_worker", "--queue-name", "*",
+                "--interval", "0.1", "--no-startup-delay", "--no-reload", "-v0"]
+        # A db_worker runs one task at a time: two workers, one task each, both killed.
+        first = [subprocess.Popen(argv, env=os.environ.copy(), stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL) for _ in range(2)]
+        second: subprocess.Popen[bytes] | None = None
+        try:
+            _wait(lambda: {status(render), status(charge)} == {"RUNNING"},
+                  "the workers to take both tasks")
+            for worker in first:
+                worker.send_signal(signal.SIGKILL)
+                worker.wait(timeout=10)
+            _say("both db_workers SIGKILLed mid-task: both tasks stay RUNNING in Django")
+            if not _pass_until_decided(config, {render, charge}):
+                return 1
+            second = subprocess.Popen(argv, env=os.environ.copy(), stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.DEVNULL)
+            _wait(lambda: status(render) == "SUCCESSFUL",
+                  "a new db_worker to finish the resumed task")
+            failed = default_task_backend.get_result(charge)
+            error = failed.errors[-1]
+            _say(f"a new db_worker finished {render}: SUCCESSFUL "
+                 f"({default_task_backend.get_result(render).return_value!r})")
+            _say(f"{charge} stays {failed.status}; Django reads errors[-1].exception_class = "
+                 f"{error.exception_class.__name__}, "
+                 f"{error.traceback.strip().splitlines()[-1]!r}")
+            ok = status(render) == "SUCCESSFUL" and str(failed.status) == "FAILED"
+            return 0 if ok else 1
+        finally:
+            for process in (*first, second):
+                if process is not None and process.poll() is None:
+                    process.kill()
+                    process.wait(timeout=10)
+    finally:
+        from django.db import connections  # noqa: PLC0415 - optional, checked above
+
+        connections.close_all()
+
+
+def _pass_until_decided(config: Config, tasks: set[str]) -> bool:
+    """Passes until each task is decided (each once its own run time has passed)."""
+    started = time.monotonic()
+    decided: set[str] = set()
+    with assemble_cli(config) as cli:
+        while time.monotonic() - started < 30 and decided != tasks:
+            report = run_pass(cli.passes, cli.pass_config("demo"))
+            for d in report.decisions:
+                _say(f"pass {report.pass_id}, {time.monotonic() - started:.1f} s after the "
+                     f"kill (max_run_seconds {MAX_RUN_SECONDS:g} s from started_at): task "
+                     f"{d.job_id}: {d.disposition.value} ({d.reason.value})")
+                decided.add(str(d.job_id))
+            time.sleep(0.3)
+    if decided != tasks:
+        _say("no pass decided both tasks within 30 s")
+    return decided == tasks
+
+
+def _wait(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise ConfigError(f"demo: timed out waiting for {what}")
+        time.sleep(0.1)

@@ -1,0 +1,334 @@
+"""Celery (5.x) as a job source: its database result backend (``celery_taskmeta``, written
+with ``task_track_started`` and ``result_extended``) and its Redis broker, on SQLite and
+PostgreSQL.
+
+- **Running**: ``status = 'STARTED'``; the kind is the task ``name``. A row without a name
+  was written without ``result_extended`` and is left alone (it has no args, queue or
+  worker to judge or re-publish with).
+- **Owner liveness**: the row's ``worker`` answers Celery's control ping over the broker. A
+  worker that does not answer is remembered (in the broker, on its clock) and gone once it
+  has been silent ``session_timeout_seconds`` across passes; a broker that cannot be
+  reached decides nothing. A kind with ``max_run_seconds`` also needs that long since the
+  reconciler first saw its row ``STARTED`` (a solo, gevent or eventlet pool running
+  blocking code does not answer ping while it works).
+- **Attempts**: ``retries + 1``; the budget is the kind's ``max_attempts``.
+- **Fence**: (``status = 'STARTED'``, ``worker``, ``retries``) as read, in the UPDATE's WHERE
+  clause (on PostgreSQL the scan's ``FOR UPDATE SKIP LOCKED`` holds the row from then on).
+- **Resume**: the row in Celery's own ``RETRY`` shape (``result`` an exception naming our
+  reason, as its retry writes one), then the task re-published through Celery's
+  ``send_task`` with the same id, name, args, kwargs and queue and ``retries + 1``. Where
+  the broker still holds the message unacknowledged (``task_acks_late``, or a kill inside
+  the prefork ack window) it is taken out first, so the broker never runs it a second
+  time; if the broker put it back on its queue already, nothing is published.
+- **Terminalize**: ``FAILURE`` with ``date_done`` and ``WorkerLostError`` naming our
+  reason, so ``AsyncResult(id).get()`` raises at once; an unacknowledged message is taken
+  out of the broker and the task revoked on the live workers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import sqlalchemy as sa
+from pydantic import ConfigDict, model_validator
+from pydantic.dataclasses import dataclass as pydantic_dataclass
+from sqlalchemy.engine import Connection
+
+from reconciler.core.kinds import KindPolicy, KindRules
+from reconciler.core.ports import Candidate, Fence, PlannedChange
+from reconciler.core.vocabulary import Disposition, JobStatus, Reason
+from reconciler.errors import ConfigError
+from reconciler.file_tables import SourceSettings
+from reconciler.sources.base import ForeignFence, ForeignSource
+from reconciler.sources.celery_broker import REDIS_SCHEMES, CeleryBroker
+from reconciler.sources.common import (
+    StepFacts,
+    candidate,
+    constant,
+    is_wedged,
+    reason_text,
+    require_columns,
+)
+from reconciler.storage.clock import db_now
+
+COLUMNS = ("task_id", "status", "result", "date_done", "traceback", "name", "args", "kwargs",
+           "worker", "retries", "queue")
+log = logging.getLogger("reconciler.sources.celery")
+_WARNED: set[str] = set()
+"""Result tables already reported for rows lacking ``result_extended`` (once a process)."""
+
+EXCEPTION_MODULE, EXCEPTION_TYPE = "billiard.exceptions", "WorkerLostError"
+"""What a recovered task's result names: Celery's own exception for a worker lost
+mid-task, importable wherever Celery is (billiard is its dependency)."""
+
+CELERY_SERIALIZERS = ("json",)
+"""The result serializers whose rows the celery source reads (args, kwargs, result): never
+pickle, which would run code chosen by whoever can write the result table."""
+_STATUS_WORDS = {"PENDING": JobStatus.QUEUED, "RECEIVED": JobStatus.QUEUED,
+                 "RETRY": JobStatus.QUEUED, "STARTED": JobStatus.PROCESSING,
+                 "SUCCESS": JobStatus.COMPLETED, "FAILURE": JobStatus.FAILED,
+                 "REVOKED": JobStatus.CANCELLED}
+
+
+@pydantic_dataclass(frozen=True, slots=True, config=ConfigDict(extra="forbid"))
+class CeleryConfig(SourceSettings):
+    """``kind = "celery"``: Celery's database result backend, liveness over its broker."""
+
+    kind: ClassVar[str] = "celery"
+    from_settings: ClassVar[frozenset[str]] = frozenset({"session_timeout_seconds"})
+    sql_names: ClassVar[frozenset[str]] = frozenset({"result_table"})
+    broker_url: str
+    """The app's broker (Redis): liveness is its workers' answer to ping."""
+    result_table: str = "celery_taskmeta"
+    """``celery_taskmeta`` (Celery's own) or ``django_celery_results_taskresult``."""
+    result_serializer: str = "json"
+    session_timeout_seconds: float = 30.0
+    """A worker silent to ping this long, across passes, is gone (the
+    ``session_timeout_seconds`` setting)."""
+
+    @model_validator(mode="after")
+    def _supported(self) -> CeleryConfig:
+        # Only the scheme is named back: a broker URL may hold a password.
+        if not self.broker_url.startswith(REDIS_SCHEMES):
+            raise ValueError("broker_url must be a Redis URL (redis://...): only Redis lets "
+                             "the reconciler see and take back a message the broker would run "
+                             f"again (got {self.broker_url.split(':')[0]}:)")
+        if self.result_serializer not in CELERY_SERIALIZERS:
+            raise ValueError(f"result_serializer must be one of {', '.join(CELERY_SERIALIZERS)}"
+                             f" (got {self.result_serializer!r})")
+        return self
+
+
+def exception_result(reason: str) -> bytes:
+    """The ``result`` of a RETRY or FAILURE row, as Celery's JSON serializer writes an
+    exception (``prepare_exception``)."""
+    message = f"{reason} (stale-claim-reconciler: the worker running this task is gone)"
+    return json.dumps({"exc_type": EXCEPTION_TYPE, "exc_message": [message],
+                       "exc_module": EXCEPTION_MODULE}).encode()
+
+
+@dataclass(frozen=True, slots=True)
+class CeleryFence(ForeignFence):
+    """What a celery swap repeats, and what a resume re-publishes."""
+
+    worker: str | None
+    retries: int | None
+    name: str
+    args: bytes | None
+    kwargs: bytes | None
+    queue: str | None
+    unacked_tag: str | None
+    """The broker's delivery tag of the task's unacknowledged message, when it holds one."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Judgement:
+    """One pass's view of the broker: tasks whose owner is gone (seconds past), held
+    messages."""
+
+    gone: dict[str, float]
+    unacked: dict[str, str]
+    reachable: bool
+
+
+class CelerySource(ForeignSource):
+    """Celery's result rows, judged by its workers' answers to ping."""
+
+    source_name = CeleryConfig.kind
+
+    def __init__(self, connection: Connection, config: CeleryConfig, kinds: KindRules, *,
+                 lock: bool = True, broker: CeleryBroker | None = None) -> None:
+        super().__init__(connection, kinds, lock=lock)
+        self._config = config
+        self._broker = broker or CeleryBroker(config.broker_url)
+        self._rows = sa.table(config.result_table, *(sa.column(c) for c in COLUMNS))
+        self._judged: _Judgement | None = None
+        self._checked = False
+        self._utc_set = False
+
+    def check_schema(self) -> None:
+        """Celery's extended result table, and the packages to reach its broker."""
+        if self._config.result_table == "django_celery_results_taskresult":
+            raise ConfigError("source celery: result_table 'django_celery_results_taskresult'"
+                              " is not supported yet (use Celery's database backend, "
+                              "celery_taskmeta)")
+        require_columns(self._conn, self.source_name, self._config.result_table, None,
+                        {c: c for c in COLUMNS})
+        self._broker.check()
+
+    # -- SQL pieces ---------------------------------------------------------- #
+
+    def _utc(self) -> None:
+        # Celery writes naive UTC: on PostgreSQL, write date_done in UTC whatever the role's
+        # TimeZone.
+        if self._conn.dialect.name == "postgresql" and not self._utc_set:
+            self._conn.execute(sa.select(sa.func.set_config("TimeZone", "UTC", True)))
+            self._utc_set = True
+
+    def _kind_column(self) -> sa.ColumnElement[Any]:
+        return self._rows.c.name
+
+    def _key_column(self) -> sa.ColumnElement[Any]:
+        return self._rows.c.task_id
+
+    def _lock_target(self) -> Any:
+        return self._rows
+
+    def _started(self) -> list[sa.ColumnElement[bool]]:
+        return [self._rows.c.status == constant("STARTED"), self._rows.c.name.is_not(None)]
+
+    def _judge(self) -> _Judgement:
+        """Ping the workers of the STARTED rows once per transaction; remember silences."""
+        if self._judged is not None:
+            return self._judged
+        rows = self._conn.execute(sa.select(self._rows.c.task_id, self._rows.c.name,
+                                            self._rows.c.worker).where(*self._started())).all()
+        gone: dict[str, float] = {}
+        unacked: dict[str, str] = {}
+        hosts = {r.worker for r in rows if r.worker}
+        answering = self._broker.answering(hosts) if rows else set()
+        if rows and answering is not None:
+            silent = self._broker.silence(hosts - answering)
+            seen = self._broker.first_seen([r.task_id for r in rows])
+            timeout = self._config.session_timeout_seconds
+            for row in rows:
+                over = silent.get(row.worker, -1.0) - timeout if row.worker else -1.0
+                max_run = self._kinds.resolve(row.name).max_run_seconds
+                if max_run is not None:
+                    over = min(over, seen.get(row.task_id, 0.0) - max_run)
+                if over >= 0:
+                    gone[row.task_id] = over
+            # Every running task's, not only the gone ones': a wedged task is failed under a
+            # live worker, whose later death must not hand its message back either.
+            unacked = self._broker.unacked(r.task_id for r in rows)
+        self._judged = _Judgement(gone, unacked, answering is not None)
+        return self._judged
+
+    def _report_unextended(self) -> None:
+        """STARTED rows without a name were written without ``result_extended``: left
+        alone, and said once a process, naming the setting (not which tasks)."""
+        table = self._config.result_table
+        if table in _WARNED:
+            return
+        rows = self._rows
+        count = self._conn.execute(sa.select(sa.func.count()).where(
+            rows.c.status == constant("STARTED"), rows.c.name.is_(None))).scalar_one()
+        if count:
+            _WARNED.add(table)
+            log.warning("event=celery_rows_skipped count=%d missing_setting=result_extended "
+                        "detail=%s", count, json.dumps(
+                            "STARTED rows without a task name are left alone: set "
+                            "result_extended = True (and task_track_started = True) in the "
+                            "Celery app"))
+
+    def _running(self, policies: Mapping[str, KindPolicy]) -> sa.Select[Any]:
+        if not self._checked:
+            self._checked = True
+            self._report_unextended()
+        rows = self._rows
+        gone = self._judge().gone if policies else {}
+        over: sa.ColumnElement[Any] = sa.literal(-1.0, sa.Float())
+        if gone:
+            over = sa.case({k: sa.literal(v, sa.Float()) for k, v in gone.items()},
+                           value=rows.c.task_id, else_=sa.literal(-1.0, sa.Float()))
+        return sa.select(
+            rows.c.task_id.label("job_id"), rows.c.name.label("job_kind"), rows.c.worker,
+            rows.c.retries, rows.c.args, rows.c.kwargs, rows.c.queue,
+            over.label("lease_expired_seconds"),
+        ).where(*self._started())
+
+    def _expired(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[bool]:
+        gone = self._judge().gone
+        return self._rows.c.task_id.in_(sorted(gone)) if gone else sa.false()
+
+    def _candidate(self, row: sa.Row[Any], policy: KindPolicy, steps: StepFacts | None,
+                   position: bool) -> Candidate:
+        judged = self._judge()
+        retries = None if row.retries is None else int(row.retries)
+        over = judged.gone.get(row.job_id)
+        snapshot = CeleryFence(row.worker, retries, row.job_kind, row.args, row.kwargs,
+                               row.queue, judged.unacked.get(row.job_id))
+        attempts = (retries or 0) + 1
+        return candidate(
+            job_id=str(row.job_id), kind=row.job_kind, policy=policy,
+            fence=Fence(attempts, snapshot), attempt_count=attempts,
+            max_attempts=policy.max_attempts, lease_live=over is None,
+            lease_expired_seconds=over, steps=steps, session_gone=over is not None,
+            position=position,
+        )
+
+    # -- for operators ------------------------------------------------------ #
+
+    def status_words(self) -> Mapping[str, JobStatus]:
+        """Celery's task states in this project's words."""
+        return _STATUS_WORDS
+
+    def listing(self) -> sa.Select[Any]:
+        """Every result row (Celery writes one once a worker starts or ends a task)."""
+        rows = self._rows
+        # Only a traceback the reconciler wrote names a reason: the task's own never shows.
+        ours = sa.case(*((rows.c.traceback == failure_traceback(r.value), r.value)
+                         for r in Reason), else_=sa.null())
+        return sa.select(
+            rows.c.task_id.label("job_id"), rows.c.name.label("job_kind"),
+            rows.c.status.label("source_status"),
+            (sa.func.coalesce(rows.c.retries, 0) + 1).label("attempts"),
+            sa.null().label("max_attempts"), ours.label("reason"),
+            sa.null().label("created_at"),
+            sa.type_coerce(rows.c.date_done, sa.DateTime()).label("updated_at"))
+
+    # -- applying ------------------------------------------------------------ #
+
+    def _apply_one(self, change: PlannedChange) -> tuple[bool, int | None]:
+        self._utc()
+        rows = self._rows
+        decision = change.decision
+        seen = self._fence(change, CeleryFence)
+        task_id = str(decision.job_id)
+        where = [rows.c.task_id == task_id, rows.c.status == constant("STARTED"),
+                 rows.c.worker.is_not_distinct_from(seen.worker),
+                 rows.c.retries.is_not_distinct_from(seen.retries)]
+        if not self._judge().reachable:
+            return False, None  # no broker answer decides nothing, nor takes anything back
+        if is_wedged(change):
+            where.append(self._still_stalled(change.thresholds.wedged_after_seconds))
+        elif task_id not in self._judge().gone:
+            return False, None  # its worker answered since: not gone any more
+        resume = decision.disposition is Disposition.RESUME
+        reason = reason_text(change)
+        values: dict[str, Any] = {
+            "status": constant("RETRY" if resume else "FAILURE"),
+            "result": exception_result(reason),
+            "traceback": failure_traceback(reason),
+            "date_done": sa.null() if resume else db_now()}
+        if self._conn.execute(rows.update().where(*where).values(values)).rowcount != 1:
+            return False, None
+        attempts = (seen.retries or 0) + 1
+        self._fence_ledger(task_id, attempts + 1)
+        # The broker must not run it again by itself: take its held message out.
+        held_back = seen.unacked_tag is not None and not self._broker.take_unacked(
+            seen.unacked_tag)
+        if resume and not held_back:
+            self._broker.publish(task_id, seen.name, args=_decoded(seen.args, []),
+                                 kwargs=_decoded(seen.kwargs, {}), queue=seen.queue,
+                                 retries=attempts)
+        elif not resume:
+            self._broker.revoke(task_id)
+        return True, attempts
+
+
+def failure_traceback(reason: str) -> str:
+    """The ``traceback`` of a RETRY or FAILURE row the reconciler wrote."""
+    return f"{EXCEPTION_MODULE}.{EXCEPTION_TYPE}: {reason}\n"
+
+
+def _decoded(raw: bytes | str | None, default: Any) -> Any:
+    """``args`` / ``kwargs`` as the JSON result serializer stored them."""
+    if raw is None:
+        return default
+    text = raw if isinstance(raw, str) else bytes(raw).decode()
+    return json.loads(text)

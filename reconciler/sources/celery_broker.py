@@ -1,0 +1,165 @@
+"""What the celery source asks of the app's broker (Redis): liveness, memory, redelivery.
+
+- **Liveness**: Celery's own control ``ping`` to the workers named by ``STARTED`` rows; a
+  broker that cannot be reached answers nothing, and nothing is decided.
+- **Memory across passes**: a ``STARTED`` row has no timestamp and a silent worker is not
+  yet a dead one, so the reconciler keeps, in the broker itself and on its clock (Redis
+  ``TIME``), when it first found each worker silent and first saw each task ``STARTED``.
+  Every replica and every one-shot ``reconciler pass`` reads the same memory.
+- **Redelivery**: kombu's Redis transport keeps a delivered, unacknowledged message in the
+  ``unacked`` hash and puts it back on its queue after ``visibility_timeout``. Taking it out
+  (``HDEL``, atomic) is what keeps the broker from running the task again after the
+  reconciler decided it.
+- **Re-publishing** through Celery's own ``send_task`` (same id, name, args, kwargs and
+  queue), and Celery's own ``revoke`` for the live workers.
+
+Celery and redis are imported when the source is used, not with the package.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from reconciler.errors import ConfigError
+
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+"""The brokers the celery source supports: Redis (see docs/sources.md, Celery)."""
+SILENT_KEY = "reconciler:celery:silent"
+"""Hash: worker hostname -> when the reconciler first found it silent (broker seconds)."""
+FIRST_SEEN_KEY = "reconciler:celery:first-seen"
+"""Hash: task id -> when the reconciler first saw its row STARTED (broker seconds)."""
+UNACKED_KEY = "unacked"
+UNACKED_INDEX_KEY = "unacked_index"
+PING_TIMEOUT_SECONDS = 1.0
+
+
+class CeleryBroker:
+    """The app's broker, as the celery source uses it."""
+
+    def __init__(self, broker_url: str) -> None:
+        self.broker_url = broker_url
+        self._app: Any = None
+        self._redis: Any = None
+
+    def _client(self) -> Any:
+        if self._redis is None:
+            try:
+                import redis  # noqa: PLC0415 - only the celery source needs it
+            except ImportError:
+                raise ConfigError("source celery needs the redis package: pip install "
+                                  "'celery[redis]'") from None
+            if not self.broker_url.startswith(REDIS_SCHEMES):
+                raise ConfigError("source celery: broker_url must be a Redis URL (redis://...);"
+                                  " other brokers are not supported")
+            self._redis = redis.Redis.from_url(self.broker_url, socket_timeout=5,
+                                               socket_connect_timeout=5)
+        return self._redis
+
+    def app(self) -> Any:
+        """A Celery app on the broker, knowing no task code (it only pings and publishes)."""
+        if self._app is None:
+            try:
+                from celery import Celery  # noqa: PLC0415 - only the celery source needs it
+            except ImportError:
+                raise ConfigError("source celery needs the celery package: pip install "
+                                  "'celery[redis]'") from None
+            app = Celery("stale-claim-reconciler", broker=self.broker_url,
+                         set_as_current=False)
+            app.conf.update(broker_connection_retry=False, broker_connection_max_retries=0,
+                            broker_connection_timeout=5, task_serializer="json")
+            self._app = app
+        return self._app
+
+    def check(self) -> None:
+        """The packages are there and the URL is a Redis one (not that it answers now)."""
+        self._client()
+        self.app()
+
+    def now(self) -> float:
+        """The broker's clock, in seconds."""
+        seconds, micros = self._client().time()
+        return float(seconds) + float(micros) / 1e6
+
+    def answering(self, hostnames: Iterable[str]) -> set[str] | None:
+        """The workers among ``hostnames`` that answer ping; None when the broker cannot be
+        reached (then nothing is known)."""
+        names = sorted(set(hostnames))
+        if not names:
+            return set()
+        try:
+            replies = self.app().control.ping(destination=names, timeout=PING_TIMEOUT_SECONDS)
+        except Exception:
+            return None
+        return {host for reply in replies for host in reply}
+
+    def silence(self, silent: Iterable[str]) -> dict[str, float]:
+        """Record when each silent worker was first found silent, forget the others (those
+        that answered, and those no running task names any more); seconds of silence of
+        each silent worker."""
+        client, now = self._client(), self.now()
+        silent = sorted(set(silent))
+        known = {k.decode() if isinstance(k, bytes) else k for k in client.hkeys(SILENT_KEY)}
+        pipe = client.pipeline()
+        for host in known - set(silent):
+            pipe.hdel(SILENT_KEY, host)
+        for host in silent:
+            pipe.hsetnx(SILENT_KEY, host, repr(now))
+        pipe.execute()
+        since = client.hmget(SILENT_KEY, silent) if silent else []
+        return {host: now - float(first) for host, first in zip(silent, since, strict=True)
+                if first is not None}
+
+    def first_seen(self, task_ids: Sequence[str]) -> dict[str, float]:
+        """Seconds since the reconciler first saw each of these tasks ``STARTED``; tasks no
+        longer listed are forgotten."""
+        client, now = self._client(), self.now()
+        known = {k.decode() if isinstance(k, bytes) else k for k in client.hkeys(FIRST_SEEN_KEY)}
+        pipe = client.pipeline()
+        for gone in known - set(task_ids):
+            pipe.hdel(FIRST_SEEN_KEY, gone)
+        for task_id in task_ids:
+            pipe.hsetnx(FIRST_SEEN_KEY, task_id, repr(now))
+        pipe.execute()
+        seen = client.hmget(FIRST_SEEN_KEY, list(task_ids)) if task_ids else []
+        return {t: now - float(first) for t, first in zip(task_ids, seen, strict=True)
+                if first is not None}
+
+    def unacked(self, task_ids: Iterable[str]) -> dict[str, str]:
+        """Delivery tags of unacknowledged messages of these tasks (the broker would put
+        them back on their queue after ``visibility_timeout``), by task id."""
+        wanted = set(task_ids)
+        found: dict[str, str] = {}
+        if not wanted:
+            return found
+        for tag, raw in self._client().hscan_iter(UNACKED_KEY):
+            try:
+                message = json.loads(raw)[0]
+                task_id = message["headers"]["id"]
+            except (ValueError, KeyError, IndexError, TypeError):
+                continue
+            if task_id in wanted:
+                found[task_id] = tag.decode() if isinstance(tag, bytes) else str(tag)
+        return found
+
+    def take_unacked(self, tag: str) -> bool:
+        """Remove one unacknowledged message so the broker never redelivers it; False when
+        it was gone already (acknowledged, or restored to its queue)."""
+        removed = self._client().pipeline().zrem(UNACKED_INDEX_KEY, tag).hdel(
+            UNACKED_KEY, tag).execute()
+        return bool(removed[1])
+
+    def publish(self, task_id: str, name: str, *, args: list[Any], kwargs: dict[str, Any],
+                queue: str | None, retries: int) -> None:
+        """Celery's own ``send_task``: the same id, so the caller's AsyncResult completes."""
+        self.app().send_task(name, args=args, kwargs=kwargs, task_id=task_id, queue=queue,
+                             retries=retries)
+
+    def revoke(self, task_id: str) -> None:
+        """Celery's own revoke, to the live workers (a best effort: it reaches no one else)."""
+        # Revoking only helps (the message is out of the broker already): a failure is not
+        # a reason to undo the swap.
+        with contextlib.suppress(Exception):
+            self.app().control.revoke(task_id)

@@ -1,0 +1,257 @@
+"""Django's tasks framework with the database backend (django-tasks-db) as a job source, on
+SQLite and PostgreSQL (wherever the Django project's database is).
+
+- **Running**: ``status = 'RUNNING'`` in ``django_tasks_database_dbtaskresult`` (only the
+  rows of ``backend_name`` when the config names one); the kind is ``task_path``.
+- **Owner liveness**: the backend keeps none (no heartbeat; ``worker_ids`` names workers
+  that leave no trace of their own). The lease is ``started_at`` plus the kind's
+  ``max_run_seconds``; a kind without one is never reclaimed on time alone.
+- **Attempts**: the entries in ``worker_ids`` (each claim appends its worker's id; the
+  running claim is the last), so a running task has used ``len(worker_ids)`` attempts; the
+  budget is the kind's ``max_attempts``. A task's ``TaskContext.attempt`` is the same count.
+- **Fence**: (``status = 'RUNNING'``, ``started_at``, ``worker_ids``) as read, and the lease
+  still run out, in the UPDATE's WHERE clause (the row lock of the swap; on PostgreSQL the
+  scan's ``FOR UPDATE SKIP LOCKED`` holds it from the decision on).
+- **Resume**: ``READY``, as the backend's own ``enqueue`` leaves a task: its ``db_worker``
+  takes it again (``run_after`` is left as it is: its claim proved it due). ``started_at``
+  and ``worker_ids`` stay as the dead claim left them, so Django's result shows the last
+  attempt, and the next claim overwrites the one and appends to the other.
+- **Terminalize**: ``FAILED`` as the backend's own ``set_failed`` writes it: ``finished_at``,
+  ``return_value`` NULL, ``exception_class_path = 'builtins.RuntimeError'`` (importable in
+  every Django project, so ``TaskResult.errors[-1].exception_class`` resolves) and a
+  ``traceback`` whose last line names our reason code.
+
+The backend's worker writes a task's end by id only (``save(update_fields=...)``), unfenced:
+a worker paused past ``max_run_seconds`` that wakes up overwrites what the reconciler
+wrote. docs/sources.md's late-writer table says so.
+
+Ids are UUIDs: a native ``uuid`` on PostgreSQL, 32 hex digits on SQLite (Django's storage);
+the job key is the dashed text in both, as ``TaskResult.id`` spells it.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import sqlalchemy as sa
+from pydantic import ConfigDict
+from pydantic.dataclasses import dataclass as pydantic_dataclass
+from sqlalchemy.engine import Connection
+
+from reconciler.core.kinds import KindPolicy, KindRules
+from reconciler.core.ports import Candidate, Fence, PlannedChange
+from reconciler.core.vocabulary import Disposition, JobStatus, Reason
+from reconciler.file_tables import SourceSettings
+from reconciler.sources.base import ForeignFence, ForeignSource
+from reconciler.sources.common import (
+    StepFacts,
+    candidate,
+    constant,
+    is_wedged,
+    per_kind,
+    reason_text,
+    require_columns,
+)
+from reconciler.storage.clock import db_now, seconds_since
+
+EXCEPTION_CLASS_PATH = "builtins.RuntimeError"
+"""The exception a terminalized task's result names: a builtin, so every Django project
+resolves it without this project installed."""
+
+COLUMNS = ("id", "status", "task_path", "backend_name", "started_at", "finished_at",
+           "worker_ids", "return_value", "exception_class_path", "traceback", "enqueued_at")
+_STATUS_WORDS = {"READY": JobStatus.QUEUED, "RUNNING": JobStatus.PROCESSING,
+                 "SUCCESSFUL": JobStatus.COMPLETED, "FAILED": JobStatus.FAILED}
+
+
+@pydantic_dataclass(frozen=True, slots=True, config=ConfigDict(extra="forbid"))
+class DjangoTasksConfig(SourceSettings):
+    """``kind = "django-tasks"``: Django's tasks framework, database backend (django-tasks-db)."""
+
+    kind: ClassVar[str] = "django-tasks"
+    sql_names: ClassVar[frozenset[str]] = frozenset({"table"})
+    table: str = "django_tasks_database_dbtaskresult"
+    backend_name: str | None = None
+    """Only rows of this backend alias; None: every backend's rows."""
+
+
+def failure_traceback(reason: str) -> str:
+    """The ``traceback`` text of a task the reconciler failed: its last line, as Python's
+    own, says the exception and our reason code."""
+    return (f"The worker running this task stopped without recording an end; "
+            f"stale-claim-reconciler failed it.\n{EXCEPTION_CLASS_PATH.removeprefix('builtins.')}"
+            f": {reason}\n")
+
+
+@dataclass(frozen=True, slots=True)
+class DjangoTasksFence(ForeignFence):
+    """What a django-tasks swap repeats: the claim as read, and the lease it was judged by."""
+
+    started_at: Any
+    worker_ids: str
+    """``worker_ids`` as JSON text (PostgreSQL's ``jsonb::text`` is canonical)."""
+    max_run_seconds: float | None
+
+
+class DjangoTasksSource(ForeignSource):
+    """django-tasks-db's task results, leased by their kind's ``max_run_seconds``."""
+
+    source_name = DjangoTasksConfig.kind
+
+    def __init__(self, connection: Connection, config: DjangoTasksConfig, kinds: KindRules,
+                 *, lock: bool = True) -> None:
+        super().__init__(connection, kinds, lock=lock)
+        self._config = config
+        self._tasks = sa.table(config.table, sa.column("id", sa.Uuid()),
+                               *(sa.column(c) for c in COLUMNS[1:]))
+        self._utc_set = False
+
+    def check_schema(self) -> None:
+        """The backend's table and the columns this source reads and writes."""
+        require_columns(self._conn, self.source_name, self._config.table, None,
+                        {c: c for c in COLUMNS})
+
+    # -- SQL pieces ---------------------------------------------------------- #
+
+    def _utc(self) -> None:
+        # Django stores UTC; on PostgreSQL read and write timestamps in UTC for this
+        # transaction, whatever the role's TimeZone.
+        if self._conn.dialect.name == "postgresql" and not self._utc_set:
+            self._conn.execute(sa.select(sa.func.set_config("TimeZone", "UTC", True)))
+            self._utc_set = True
+
+    def _kind_column(self) -> sa.ColumnElement[Any]:
+        return self._tasks.c.task_path
+
+    def _key_column(self) -> sa.ColumnElement[Any]:
+        column = self._tasks.c.id
+        if self._conn.dialect.name == "postgresql":
+            return sa.cast(column, sa.Text())
+        # Django keeps 32 hex digits on SQLite: the dashed form, as TaskResult.id spells it.
+        raw = sa.cast(column, sa.Text())
+        parts = [sa.func.substr(raw, start, length)
+                 for start, length in ((1, 8), (9, 4), (13, 4), (17, 4), (21, 12))]
+        dashed: sa.ColumnElement[Any] = parts[0]
+        for part in parts[1:]:
+            dashed = dashed.op("||")(sa.literal("-")).op("||")(part)
+        return sa.func.lower(dashed)
+
+    def _lock_target(self) -> Any:
+        return self._tasks
+
+    def _lease_over(self, max_run: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
+        """Seconds past ``started_at + max_run`` (negative while it runs; NULL: no lease)."""
+        return seconds_since(self._tasks.c.started_at) - max_run
+
+    def _max_run(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[Any]:
+        return per_kind(self._kind_column(), {k: p.max_run_seconds for k, p in policies.items()})
+
+    def _running(self, policies: Mapping[str, KindPolicy]) -> sa.Select[Any]:
+        self._utc()
+        tasks = self._tasks
+        query = sa.select(
+            self._key_column().label("job_id"), tasks.c.task_path.label("job_kind"),
+            tasks.c.started_at, sa.cast(tasks.c.worker_ids, sa.Text()).label("worker_ids"),
+            self._lease_over(self._max_run(policies)).label("lease_expired_seconds"),
+        ).where(tasks.c.status == constant("RUNNING"))
+        if self._config.backend_name is not None:
+            query = query.where(tasks.c.backend_name == self._config.backend_name)
+        return query
+
+    def _expired(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[bool]:
+        return sa.func.coalesce(self._lease_over(self._max_run(policies)) >= 0, False)
+
+    def _wedge_guard(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[bool]:
+        # Only under a declared run time: a task with no lease at all is never reclaimed on
+        # time alone, not even as wedged.
+        return self._max_run(policies).is_not(None)
+
+    def _candidate(self, row: sa.Row[Any], policy: KindPolicy, steps: StepFacts | None,
+                   position: bool) -> Candidate:
+        over = row.lease_expired_seconds
+        attempts = _attempts(row.worker_ids)
+        snapshot = DjangoTasksFence(row.started_at, row.worker_ids, policy.max_run_seconds)
+        return candidate(
+            job_id=str(row.job_id), kind=row.job_kind, policy=policy,
+            fence=Fence(attempts, snapshot), attempt_count=attempts,
+            max_attempts=policy.max_attempts,
+            lease_live=over is None or float(over) < 0,
+            lease_expired_seconds=None if over is None or float(over) < 0 else float(over),
+            steps=steps, position=position,
+        )
+
+    # -- for operators ------------------------------------------------------ #
+
+    def status_words(self) -> Mapping[str, JobStatus]:
+        """Django's task result statuses in this project's words."""
+        return _STATUS_WORDS
+
+    def listing(self) -> sa.Select[Any]:
+        """Every task result of the backend (of ``backend_name`` when the config names one)."""
+        tasks = self._tasks
+        length = ("jsonb_array_length" if self._conn.dialect.name == "postgresql"
+                  else "json_array_length")
+        # Only a traceback the reconciler wrote names a reason: the task's own never shows.
+        ours = sa.case(*((tasks.c.traceback == failure_traceback(r.value), r.value)
+                         for r in Reason), else_=sa.null())
+
+        def when(column: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
+            return sa.type_coerce(column, sa.DateTime())
+
+        query = sa.select(
+            self._key_column().label("job_id"), tasks.c.task_path.label("job_kind"),
+            tasks.c.status.label("source_status"),
+            sa.func.coalesce(getattr(sa.func, length)(tasks.c.worker_ids), 0)
+            .label("attempts"),
+            sa.null().label("max_attempts"), ours.label("reason"),
+            when(tasks.c.enqueued_at).label("created_at"),
+            when(sa.func.coalesce(tasks.c.finished_at, tasks.c.started_at,
+                                  tasks.c.enqueued_at)).label("updated_at"))
+        if self._config.backend_name is not None:
+            query = query.where(tasks.c.backend_name == self._config.backend_name)
+        return query
+
+    # -- applying ------------------------------------------------------------ #
+
+    def _apply_one(self, change: PlannedChange) -> tuple[bool, int | None]:
+        self._utc()
+        tasks = self._tasks
+        decision = change.decision
+        seen = self._fence(change, DjangoTasksFence)
+        if is_wedged(change):
+            still = self._still_stalled(change.thresholds.wedged_after_seconds)
+        elif seen.max_run_seconds is None:
+            return False, None  # pragma: no cover - a task without a lease is never expired
+        else:
+            limit = sa.literal(float(seen.max_run_seconds), sa.Float())
+            still = sa.func.coalesce(self._lease_over(limit) >= 0, False)
+        where = [tasks.c.id == uuid.UUID(str(decision.job_id)),
+                 tasks.c.status == constant("RUNNING"),
+                 tasks.c.started_at == seen.started_at,
+                 sa.cast(tasks.c.worker_ids, sa.Text()) == seen.worker_ids, still]
+        if decision.disposition is Disposition.RESUME:
+            values: dict[str, Any] = {"status": constant("READY")}
+        else:
+            values = {"status": constant("FAILED"), "finished_at": db_now(),
+                      "return_value": sa.null(),
+                      "exception_class_path": EXCEPTION_CLASS_PATH,
+                      "traceback": failure_traceback(reason_text(change))}
+        done = self._conn.execute(tasks.update().where(*where).values(values))
+        if done.rowcount != 1:
+            return False, None
+        attempts = _attempts(seen.worker_ids)
+        self._fence_ledger(decision.job_id, attempts + 1)
+        return True, attempts
+
+
+def _attempts(worker_ids: str | None) -> int:
+    """Claims so far: the entries of ``worker_ids`` (JSON text)."""
+    try:
+        ids = json.loads(worker_ids or "[]")
+    except ValueError:
+        return 1
+    return len(ids) if isinstance(ids, list) and ids else 1

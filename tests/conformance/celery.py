@@ -1,0 +1,203 @@
+"""The ``celery`` source's fixture: Celery's own result table (created by its own models)
+and a real Redis broker, on SQLite and PostgreSQL.
+
+Result rows are written as a Celery worker writes them with ``task_track_started`` and
+``result_extended`` (``STARTED``, name, args, kwargs, worker, retries, queue, and its
+``{"pid", "hostname"}`` result), steps through the real step ledger. A live owner is a real
+Celery worker of the session that answers ping (``live@conformance``); a dead one is a
+hostname nobody answers for, whose silence the reconciler's memory in the broker is moved
+back to ``TIMING.lease_expired_seconds`` past the session timeout, the way passes over
+time would have recorded it.
+
+Declared gaps, beside those every ledger-backed system shares: recent activity does not
+protect a task whose worker is gone (as for Procrastinate: the owner's death is the lease).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from reconciler.core.ports import JobKey
+from reconciler.sources.celery import CeleryConfig
+from reconciler.sources.celery_broker import FIRST_SEEN_KEY, SILENT_KEY, CeleryBroker
+from reconciler.storage.clock import now_plus
+from reconciler.storage.engines import create_engine
+from tests.conformance.fixtures import (
+    TIMING,
+    Capability,
+    Interference,
+    Outcome,
+    RegisteredSource,
+    Situation,
+    SourceJob,
+    State,
+)
+from tests.conformance.foreign import ForeignFixture, clear_audit, kind_for
+from tests.conformance.systems import _common_gaps, _every, _specs
+from tests.helpers import fresh_database, rows_of
+from tests.sources.celery_support import _celery_tables
+from tests.sources.conftest import SourcesDatabase, clear_ledger
+from tests.sources.django_tasks_support import LEDGER, record_steps, set_ledger
+
+OUTCOMES: dict[str, Outcome] = {"STARTED": "running", "RETRY": "runnable",
+                                "FAILURE": "failed", "SUCCESS": "completed"}
+ROWS = sa.table("celery_taskmeta", *(sa.column(c) for c in (
+    "task_id", "status", "result", "date_done", "traceback", "name", "args", "kwargs",
+    "worker", "retries", "queue")))
+
+
+class CeleryFixture(ForeignFixture):
+    """Celery's result rows and broker as a source under test (see ``SourceFixture``)."""
+
+    source_name = "celery"
+    gaps: dict[Capability, str] = _common_gaps("celery") | {
+        **_every(State.RECENTLY_ACTIVE, "celery's lease is its worker's answer to ping: a "
+                 "worker gone is the lease run out, and then recent activity protects "
+                 "nothing"),
+    }
+
+    def __init__(self, engine: Engine, broker_url: str, live_worker: str) -> None:
+        super().__init__(engine, CeleryConfig(
+            broker_url=broker_url, session_timeout_seconds=TIMING.session_timeout_seconds))
+        self.broker = CeleryBroker(broker_url)
+        self.live_worker = live_worker
+        self._serial = itertools.count(1)
+
+    def key_of(self, text: str) -> JobKey:
+        return text
+
+    # -- making situations --------------------------------------------------------------------
+
+    def _started(self, kind: str, worker: str, retries: int = 0) -> str:
+        """A STARTED row as the worker's ``on_accepted`` store writes it."""
+        task_id = str(uuid.uuid4())
+        from celery.backends.database.models import TaskExtended  # noqa: PLC0415
+
+        # Celery's own table object: its id comes from Celery's sequence on PostgreSQL.
+        with self.engine.begin() as conn:
+            conn.execute(TaskExtended.__table__.insert().values(
+                task_id=task_id, status="STARTED", name=kind, args=b"[]", kwargs=b"{}",
+                worker=worker, retries=retries, queue="celery", date_done=None,
+                result=json.dumps({"pid": 1, "hostname": worker}).encode()))
+        return task_id
+
+    def _dead_worker(self, task_id: str, worker: str) -> None:
+        """The reconciler's memory: silent long since, first seen long since."""
+        client = self.broker._client()
+        long_ago = self.broker.now() - (TIMING.lease_seconds + TIMING.lease_expired_seconds)
+        client.hset(SILENT_KEY, worker, repr(long_ago))
+        client.hset(FIRST_SEEN_KEY, task_id, repr(long_ago))
+
+    def make(self, situation: Situation) -> SourceJob:
+        """A task started by a live or a dead worker, its steps recorded in the ledger."""
+        state, n = situation.state, situation.step
+        kind = kind_for(situation.effect, next(self._serial))
+        specs = _specs(situation)
+        if state in (State.LIVE, State.WEDGED):
+            task_id = self._started(kind, self.live_worker)
+            if state is State.WEDGED:
+                record_steps(self.engine, self.source_name, task_id, 1, specs,
+                             age=TIMING.wedged_after_seconds + 60)
+            return SourceJob(task_id, 1)
+        retries = 2 if state is State.OUT_OF_ATTEMPTS else 0
+        worker = f"dead-{uuid.uuid4().hex[:8]}@conformance"
+        task_id = self._started(kind, worker, retries)
+        self._dead_worker(task_id, worker)
+        record_steps(self.engine, self.source_name, task_id, retries + 1, specs)
+        if state is State.STEP_FAILED:
+            set_ledger(self.engine, self.source_name, task_id, step=n, failure_retryable=False)
+        return SourceJob(task_id, retries + 1)
+
+    def interfere(self, job: SourceJob, change: Interference) -> None:
+        """The slow worker's late write, or another replica and worker taking the task."""
+        key = str(job.key)
+        if change is Interference.LATE_PROGRESS:
+            set_ledger(self.engine, self.source_name, key, updated_at=now_plus(0))
+        elif change is Interference.LATE_HEARTBEAT:
+            # The worker answered ping: the reconciler forgets its silence.
+            self.broker._client().hdel(SILENT_KEY, self._row(key)["worker"])
+        elif change is Interference.LATE_COMPLETION:
+            self._update(key, status="SUCCESS", date_done=now_plus(0),
+                         result=json.dumps("late").encode())
+        elif change is Interference.RECLAIM:
+            recovered = self.run_pass()
+            assert [d.job_id for d in recovered.decisions] == [key]
+            assert self.status(job) == "runnable"
+            # A new worker takes the re-published task, then dies as well.
+            worker = f"dead-{uuid.uuid4().hex[:8]}@conformance"
+            self._update(key, status="STARTED", worker=worker,
+                         retries=int(self._row(key)["retries"]) + 1,
+                         result=json.dumps({"pid": 2, "hostname": worker}).encode())
+            self._dead_worker(key, worker)
+        else:  # pragma: no cover - every member is handled above
+            raise AssertionError(change)
+
+    def _update(self, key: str, **values: Any) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(ROWS.update().where(ROWS.c.task_id == key).values(**values))
+
+    # -- observing ----------------------------------------------------------------------------
+
+    def _row(self, key: str) -> dict[str, Any]:
+        [row] = rows_of(self.engine, ROWS, ROWS.c.task_id == key)
+        return {k: bytes(v) if isinstance(v, memoryview) else v for k, v in row.items()}
+
+    def status(self, job: SourceJob) -> Outcome:
+        return OUTCOMES[self._row(str(job.key))["status"]]
+
+    def reason(self, job: SourceJob) -> str | None:
+        """Our reason code, from the exception the reconciler stored."""
+        raw = self._row(str(job.key))["result"]
+        try:
+            message = json.loads(raw)["exc_message"][0]
+        except (TypeError, ValueError, KeyError, IndexError):
+            return None
+        return str(message).split(" ", 1)[0]
+
+    def resume_step(self, job: SourceJob) -> int | None:
+        return None
+
+    def generation(self, job: SourceJob) -> int | None:
+        return None
+
+    def snapshot(self, job: SourceJob) -> object:
+        """The task's row and its ledger rows."""
+        return (self._row(str(job.key)), rows_of(
+            self.engine, LEDGER, LEDGER.c.source_name == self.source_name,
+            LEDGER.c.job_key == str(job.key), order=LEDGER.c.step_index))
+
+
+@contextmanager
+def open_celery(request: pytest.FixtureRequest) -> Iterator[CeleryFixture]:
+    """On the test's engine: a fresh SQLite file, or the session's PostgreSQL database with
+    Celery's table emptied; the session's Redis emptied and its live worker answering."""
+    live = request.getfixturevalue("celery_live_worker")
+    broker_url = request.getfixturevalue("redis_url")
+    # Emptied for the test: the live worker still answers (ping is a broadcast, not a key).
+    assert CeleryBroker(broker_url).answering([live]) == {live}
+    if request.param[1] == "sqlite":
+        engine = create_engine(fresh_database(request.getfixturevalue("tmp_path")))
+        _celery_tables(engine)
+        try:
+            yield CeleryFixture(engine, broker_url, live)
+        finally:
+            engine.dispose()
+        return
+    db: SourcesDatabase = request.getfixturevalue("sources_db")
+    _celery_tables(db.engine)
+    db.execute("TRUNCATE celery_taskmeta")
+    clear_ledger(db)
+    clear_audit(db.engine)
+    yield CeleryFixture(db.engine, broker_url, live)
+
+
+CELERY = RegisteredSource("celery", ("sqlite", "postgresql"), open_celery, shared=True)

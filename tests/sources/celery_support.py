@@ -1,0 +1,219 @@
+"""A real Celery app (tests/sources/celery_app.py) over a real Redis, on both engines.
+
+``redis_url``: Debian's ``redis-server`` started once per session on a free port (no
+persistence), stopped at the end; emptied for each test. Without it the tests are skipped
+with the install line, or fail under CI=true; never a mock broker. ``celery_db``: the
+reconciler's database on each engine with Celery's own result tables created by Celery's
+own models (its database backend would create the same on first use).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from tests.helpers import fresh_database
+from tests.sources.conftest import SourcesDatabase, clear_ledger, unavailable
+from tests.sources.support import Process
+
+REDIS_HINT = "redis-server is needed for the Celery tests: apt-get install -y redis-server"
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[str]:
+    """A throwaway redis-server for the session; its URL."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        unavailable(REDIS_HINT)
+        return
+    try:
+        import celery  # noqa: F401, PLC0415 - only a presence check
+        import redis  # noqa: PLC0415
+    except ImportError:
+        unavailable("celery[redis] is not installed: pip install -e '.[test]'")
+        return
+    folder = Path(tempfile.mkdtemp(prefix="reconciler-redis-"))
+    port = _free_port()
+    process = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+         "--appendonly", "no", "--dir", str(folder)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"redis://127.0.0.1:{port}/0"
+    client = redis.Redis.from_url(url)
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            if time.monotonic() > deadline or process.poll() is not None:
+                process.kill()
+                pytest.fail("redis-server did not start", pytrace=False)
+            time.sleep(0.05)
+    try:
+        yield url
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def redis_url(redis_server: str) -> str:
+    """The session's Redis, emptied for this test."""
+    import redis  # noqa: PLC0415 - present: redis_server checked
+
+    redis.Redis.from_url(redis_server).flushall()
+    return redis_server
+
+
+@dataclass(frozen=True)
+class CeleryProject:
+    """The test app's broker and result database."""
+
+    broker_url: str
+    database_url: str
+    engine: Engine
+
+    def env(self, markers: Path, *, acks_late: bool = False) -> dict[str, str]:
+        return {"SOURCES_BROKER_URL": self.broker_url,
+                "SOURCES_DATABASE_URL": self.database_url, "SOURCES_MARKERS": str(markers),
+                "SOURCES_ACKS_LATE": "1" if acks_late else "0"}
+
+    def caller(self) -> Any:
+        """A Celery app as the caller's process has it: sends tasks, reads results."""
+        from celery import Celery  # noqa: PLC0415 - present: redis_server checked
+
+        app = Celery("caller", broker=self.broker_url, backend=f"db+{self.database_url}",
+                     set_as_current=False)
+        app.conf.update(result_extended=True, task_serializer="json",
+                        result_serializer="json", accept_content=["json"])
+        return app
+
+    def restore_unacked(self, visibility_timeout: float) -> None:
+        """kombu's own redelivery, now: what any worker's poll loop does every tenth poll
+        (``QoS.restore_visible``: unacknowledged messages older than the timeout go back
+        on their queues). Called by a test so it need not wait for a worker's turn."""
+        app = self.caller()
+        app.conf.broker_transport_options = {"visibility_timeout": visibility_timeout}
+        with app.connection_for_write() as connection:
+            connection.default_channel.qos.restore_visible(num=100)
+
+    def status(self, task_id: str) -> str | None:
+        """The result row's status (None: no row)."""
+        row = self.row(task_id)
+        return None if row is None else str(row["status"])
+
+    def row(self, task_id: str) -> dict[str, Any] | None:
+        with self.engine.connect() as conn:
+            found = conn.execute(sa.text(
+                "SELECT task_id, status, name, worker, retries, queue, date_done, result, "
+                "traceback FROM celery_taskmeta WHERE task_id = :id"), {"id": task_id}
+            ).mappings().first()
+        return None if found is None else dict(found)
+
+
+def worker_argv(name: str, pool: str = "prefork", queues: str = "celery") -> list[str]:
+    """One Celery worker, one process of work, its own hostname, these queues."""
+    return [sys.executable, "-m", "celery", "-A", "tests.sources.celery_app", "worker",
+            f"--pool={pool}", "--concurrency=1", f"--hostname={name}@tests", "-Q", queues,
+            "--without-mingle", "--without-gossip", "--loglevel=INFO"]
+
+
+def worker_tree(worker: Process) -> list[int]:
+    """The worker's pool processes, then the worker itself."""
+    children = Path(f"/proc/{worker.pid}/task/{worker.pid}/children")
+    return [*(int(c) for c in (children.read_text().split() if children.exists() else [])),
+            worker.pid]
+
+
+def kill_worker(worker: Process) -> None:
+    """SIGKILL the whole worker, its pool processes first (a node lost, an OOM kill of the
+    container): nothing of it is left to record an end."""
+    for pid in worker_tree(worker)[:-1]:
+        os.kill(pid, signal.SIGKILL)
+    worker.kill()
+
+
+def _celery_tables(engine: Engine) -> None:
+    from celery.backends.database.models import TaskExtended  # noqa: PLC0415
+
+    TaskExtended.metadata.create_all(engine)
+
+
+@pytest.fixture(params=("sqlite", "postgresql"))
+def celery_project(request: pytest.FixtureRequest, tmp_path: Path, redis_url: str
+                   ) -> Iterator[CeleryProject]:
+    """Celery's result tables beside the reconciler's, on each engine, empty."""
+    if request.param == "sqlite":
+        from reconciler.storage.engines import create_engine  # noqa: PLC0415
+
+        url = fresh_database(tmp_path)
+        engine = create_engine(url)
+        _celery_tables(engine)
+        try:
+            yield CeleryProject(redis_url, url, engine)
+        finally:
+            engine.dispose()
+        return
+    db: SourcesDatabase = request.getfixturevalue("sources_db")
+    _celery_tables(db.engine)
+    db.execute("TRUNCATE celery_taskmeta")
+    clear_ledger(db)
+    yield CeleryProject(redis_url, db.url, db.engine)
+
+
+LIVE_WORKER = "live@conformance"
+
+
+@pytest.fixture(scope="session")
+def celery_live_worker(redis_server: str, tmp_path_factory: pytest.TempPathFactory
+                       ) -> Iterator[str]:
+    """One real Celery worker for the session, answering ping as ``live@conformance`` and
+    consuming only a queue of its own (it runs none of the conformance suite's tasks)."""
+    folder = tmp_path_factory.mktemp("celery-live")
+    argv = [sys.executable, "-m", "celery", "-A", "tests.sources.celery_app", "worker",
+            "--pool=solo", f"--hostname={LIVE_WORKER}", "--without-mingle",
+            "--without-gossip", "-Q", "conformance-live", "--loglevel=WARNING"]
+    log = (folder / "worker.log").open("ab")
+    process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                               env={**os.environ, "SOURCES_BROKER_URL": redis_server,
+                                    "SOURCES_MARKERS": str(folder)},
+                               cwd=Path(__file__).parents[2])
+    from reconciler.sources.celery_broker import CeleryBroker  # noqa: PLC0415
+
+    broker = CeleryBroker(redis_server)
+    deadline = time.monotonic() + 60
+    while broker.answering([LIVE_WORKER]) != {LIVE_WORKER}:
+        if time.monotonic() > deadline or process.poll() is not None:
+            process.kill()
+            pytest.fail("the live Celery worker never answered ping", pytrace=False)
+    try:
+        yield LIVE_WORKER
+    finally:
+        process.kill()
+        process.wait(timeout=10)
+        log.close()

@@ -1,0 +1,28 @@
+"""Settings of the test project: one database named by ``SOURCES_DJANGO_DB`` (a SQLite
+file, ``sqlite:///PATH``, or a PostgreSQL URL), the database task backend."""
+
+from __future__ import annotations
+
+import os
+from urllib.parse import urlparse
+
+_url = os.environ.get("SOURCES_DJANGO_DB", "sqlite:///:memory:")
+
+if _url.startswith("sqlite:///"):
+    DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3",
+                             "NAME": _url.removeprefix("sqlite:///"),
+                             # The reconciler and the worker share the file.
+                             "OPTIONS": {"timeout": 30}}}
+else:
+    _parts = urlparse(_url)
+    DATABASES = {"default": {"ENGINE": "django.db.backends.postgresql",
+                             "NAME": _parts.path.lstrip("/"), "USER": _parts.username or "",
+                             "PASSWORD": _parts.password or "",
+                             "HOST": _parts.hostname or "", "PORT": str(_parts.port or "")}}
+
+INSTALLED_APPS = ["django_tasks", "django_tasks_db"]
+TASKS = {"default": {"BACKEND": "django_tasks_db.DatabaseBackend"}}
+USE_TZ = True
+SECRET_KEY = "tests-only"  # noqa: S105 - a throwaway project
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+LOGGING_CONFIG = None
