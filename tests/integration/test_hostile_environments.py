@@ -202,6 +202,15 @@ def test_a_frozen_postgresql_fails_passes_drops_readiness_and_leadership(
         assert any(" code=no_answer " in line or " code=unreachable " in line
                    for line in failed), failed
 
+        def stuck_again() -> bool:
+            """A pass is in flight, waiting on the frozen database: the scheduler skipped a
+            tick (an overrun) after the last failure. A SIGTERM that lands between one failed
+            pass and the next finds nothing stuck and exits 0, which is not under test here."""
+            lines = service.stderr_lines()
+            last = max(i for i, line in enumerate(lines) if "event=pass_failed" in line)
+            return any("event=pass_overrun" in line for line in lines[last + 1:])
+
+        wait_until(stuck_again, "a pass stuck again after the last failure", timeout=30)
         sent = time.monotonic()
         service.send(signal.SIGTERM)
         code = service.wait_exit(timeout=15)
