@@ -24,30 +24,24 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
 
+from reconciler.cli.demo_passes import pass_until_decided, say, wait
 from reconciler.cli.demo_procrastinate import MissingPrerequisiteError
 from reconciler.config import CeleryConfig, Config
 from reconciler.core.kinds import KindRule, KindRules
-from reconciler.core.passes import run_pass
 from reconciler.core.vocabulary import EffectKind
-from reconciler.errors import ConfigError
 from reconciler.settings import Settings
-from reconciler.wiring import assemble_cli, migrate
+from reconciler.wiring import migrate
 
 SESSION_TIMEOUT_SECONDS = 2.0
 KINDS = KindRules([KindRule("reports.*", effect=EffectKind.IDEMPOTENT)],
                   stale_after_seconds=1.0, wedged_after_seconds=3600.0, max_attempts=3)
-
-
-def _say(text: str) -> None:
-    print(text, flush=True)
 
 
 def run_celery_demo() -> int:
@@ -80,7 +74,7 @@ def _redis(binary: str, folder: Path) -> Iterator[str]:
         import redis  # noqa: PLC0415 - optional, checked above
 
         client = redis.Redis.from_url(f"redis://127.0.0.1:{port}/0")
-        _wait(lambda: _answers(client), "redis-server to start", timeout=20)
+        wait(lambda: _answers(client), "redis-server to start", timeout=20)
         yield f"redis://127.0.0.1:{port}/0"
     finally:
         server.terminate()
@@ -110,32 +104,33 @@ def _demo(path: Path, broker_url: str) -> int:
     try:
         TaskExtended.metadata.create_all(engine)  # Celery's own result tables
         migrate(config)  # the reconciler's tables; Celery's are there to check
-        _say(f"redis-server at {broker_url}; Celery's result tables and the reconciler's "
-             "in one SQLite file")
+        say(f"redis-server at {broker_url}; Celery's result tables and the reconciler's "
+            "in one SQLite file")
         render = app.send_task("reports.render", queue="reports")
         charge = app.send_task("payments.charge", queue="payments")
-        _say(f"sent {render.id} (reports.render, configured idempotent) and {charge.id} "
-             "(payments.charge, effectful by default)")
+        say(f"sent {render.id} (reports.render, configured idempotent) and {charge.id} "
+            "(payments.charge, effectful by default)")
         workers = [_worker(env, "demo-1", "reports"), _worker(env, "demo-2", "payments")]
         second: subprocess.Popen[bytes] | None = None
         try:
-            _wait(lambda: {render.state, charge.state} == {"STARTED"},
-                  "the workers to start both tasks")
+            wait(lambda: {render.state, charge.state} == {"STARTED"},
+                 "the workers to start both tasks")
             for worker in workers:
                 _kill_tree(worker)
-            _say("both Celery workers SIGKILLed mid-task: both rows stay STARTED")
-            if not _pass_until_decided(config, {render.id, charge.id}):
+            say("both Celery workers SIGKILLed mid-task: both rows stay STARTED")
+            if not pass_until_decided(config, {render.id, charge.id}, "silent to ping past "
+                                      f"{SESSION_TIMEOUT_SECONDS:g} s"):
                 return 1
             second = _worker(env, "demo-3", "reports,payments")
-            _say(f"a new worker finished {render.id}: AsyncResult.get() = "
-                 f"{render.get(timeout=60)!r}")
+            say(f"a new worker finished {render.id}: AsyncResult.get() = "
+                f"{render.get(timeout=60)!r}")
             try:
                 charge.get(timeout=5)
             except Exception as failed:
-                _say(f"{charge.id}: AsyncResult.get() raised at once: "
-                     f"{type(failed).__name__}({str(failed).split(' ', 1)[0]!r} ...)")
+                say(f"{charge.id}: AsyncResult.get() raised at once: "
+                    f"{type(failed).__name__}({str(failed).split(' ', 1)[0]!r} ...)")
                 return 0 if type(failed).__name__ == "WorkerLostError" else 1
-            _say(f"{charge.id} returned: the effectful task ran again")
+            say(f"{charge.id} returned: the effectful task ran again")
             return 1
         finally:
             for process in (*workers, second):
@@ -160,27 +155,3 @@ def _kill_tree(process: subprocess.Popen[bytes]) -> None:
         os.kill(int(child), signal.SIGKILL)
     process.kill()
     process.wait(timeout=10)
-
-
-def _pass_until_decided(config: Config, tasks: set[str]) -> bool:
-    started = time.monotonic()
-    decided: set[str] = set()
-    with assemble_cli(config) as cli:
-        while time.monotonic() - started < 30 and decided != tasks:
-            report = run_pass(cli.passes, cli.pass_config("demo"))
-            for d in report.decisions:
-                _say(f"pass {report.pass_id}, {time.monotonic() - started:.1f} s after the "
-                     f"kill (silent to ping past {SESSION_TIMEOUT_SECONDS:g} s): task "
-                     f"{d.job_id}: {d.disposition.value} ({d.reason.value})")
-                decided.add(str(d.job_id))
-    if decided != tasks:
-        _say("no pass decided both tasks within 30 s")
-    return decided == tasks
-
-
-def _wait(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise ConfigError(f"demo: timed out waiting for {what}")
-        time.sleep(0.1)

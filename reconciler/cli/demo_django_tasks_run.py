@@ -22,18 +22,15 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 
+from reconciler.cli.demo_passes import pass_until_decided, say, wait
 from reconciler.cli.demo_procrastinate import MissingPrerequisiteError
 from reconciler.config import Config, DjangoTasksConfig
 from reconciler.core.kinds import KindRule, KindRules
-from reconciler.core.passes import run_pass
 from reconciler.core.vocabulary import EffectKind
-from reconciler.errors import ConfigError
 from reconciler.settings import Settings
-from reconciler.wiring import assemble_cli, migrate
+from reconciler.wiring import migrate
 
 MAX_RUN_SECONDS = 2.0
 TASKS = "reconciler.cli.demo_django_tasks"
@@ -41,10 +38,6 @@ KINDS = KindRules([KindRule(f"{TASKS}.*", max_run_seconds=MAX_RUN_SECONDS),
                    KindRule(f"{TASKS}.render_report", effect=EffectKind.IDEMPOTENT)],
                   stale_after_seconds=1.0, wedged_after_seconds=3600.0, max_attempts=3)
 SETTINGS_MODULE = "reconciler.cli.demo_django_settings"
-
-
-def _say(text: str) -> None:
-    print(text, flush=True)
 
 
 def run_django_tasks_demo() -> int:
@@ -74,15 +67,15 @@ def _demo(path: Path) -> int:
     try:
         call_command("migrate", verbosity=0)
         migrate(config)  # the reconciler's tables; the backend's table is there to check
-        _say("Django's migrate and the reconciler's tables are in one SQLite file")
+        say("Django's migrate and the reconciler's tables are in one SQLite file")
         from django_tasks import default_task_backend  # noqa: PLC0415
 
         from reconciler.cli import demo_django_tasks  # noqa: PLC0415 - needs django.setup()
 
         render = demo_django_tasks.render_report.enqueue().id
         charge = demo_django_tasks.charge_card.enqueue().id
-        _say(f"enqueued {render} (render_report, configured idempotent) and {charge} "
-             "(charge_card, effectful by default)")
+        say(f"enqueued {render} (render_report, configured idempotent) and {charge} "
+            "(charge_card, effectful by default)")
 
         def status(task_id: str) -> str:
             return str(default_task_backend.get_result(task_id).status)
@@ -94,25 +87,26 @@ def _demo(path: Path) -> int:
                                   stderr=subprocess.DEVNULL) for _ in range(2)]
         second: subprocess.Popen[bytes] | None = None
         try:
-            _wait(lambda: {status(render), status(charge)} == {"RUNNING"},
-                  "the workers to take both tasks")
+            wait(lambda: {status(render), status(charge)} == {"RUNNING"},
+                 "the workers to take both tasks")
             for worker in first:
                 worker.send_signal(signal.SIGKILL)
                 worker.wait(timeout=10)
-            _say("both db_workers SIGKILLed mid-task: both tasks stay RUNNING in Django")
-            if not _pass_until_decided(config, {render, charge}):
+            say("both db_workers SIGKILLed mid-task: both tasks stay RUNNING in Django")
+            if not pass_until_decided(config, {render, charge}, "max_run_seconds "
+                                      f"{MAX_RUN_SECONDS:g} s from started_at"):
                 return 1
             second = subprocess.Popen(argv, env=os.environ.copy(), stdout=subprocess.DEVNULL,
                                       stderr=subprocess.DEVNULL)
-            _wait(lambda: status(render) == "SUCCESSFUL",
-                  "a new db_worker to finish the resumed task")
+            wait(lambda: status(render) == "SUCCESSFUL",
+                 "a new db_worker to finish the resumed task")
             failed = default_task_backend.get_result(charge)
             error = failed.errors[-1]
-            _say(f"a new db_worker finished {render}: SUCCESSFUL "
-                 f"({default_task_backend.get_result(render).return_value!r})")
-            _say(f"{charge} stays {failed.status}; Django reads errors[-1].exception_class = "
-                 f"{error.exception_class.__name__}, "
-                 f"{error.traceback.strip().splitlines()[-1]!r}")
+            say(f"a new db_worker finished {render}: SUCCESSFUL "
+                f"({default_task_backend.get_result(render).return_value!r})")
+            say(f"{charge} stays {failed.status}; Django reads errors[-1].exception_class = "
+                f"{error.exception_class.__name__}, "
+                f"{error.traceback.strip().splitlines()[-1]!r}")
             ok = status(render) == "SUCCESSFUL" and str(failed.status) == "FAILED"
             return 0 if ok else 1
         finally:
@@ -124,29 +118,3 @@ def _demo(path: Path) -> int:
         from django.db import connections  # noqa: PLC0415 - optional, checked above
 
         connections.close_all()
-
-
-def _pass_until_decided(config: Config, tasks: set[str]) -> bool:
-    """Passes until each task is decided (each once its own run time has passed)."""
-    started = time.monotonic()
-    decided: set[str] = set()
-    with assemble_cli(config) as cli:
-        while time.monotonic() - started < 30 and decided != tasks:
-            report = run_pass(cli.passes, cli.pass_config("demo"))
-            for d in report.decisions:
-                _say(f"pass {report.pass_id}, {time.monotonic() - started:.1f} s after the "
-                     f"kill (max_run_seconds {MAX_RUN_SECONDS:g} s from started_at): task "
-                     f"{d.job_id}: {d.disposition.value} ({d.reason.value})")
-                decided.add(str(d.job_id))
-            time.sleep(0.3)
-    if decided != tasks:
-        _say("no pass decided both tasks within 30 s")
-    return decided == tasks
-
-
-def _wait(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise ConfigError(f"demo: timed out waiting for {what}")
-        time.sleep(0.1)

@@ -32,6 +32,7 @@ from typing import Any
 import psycopg
 import sqlalchemy as sa
 
+from reconciler.cli.demo_passes import say, wait
 from reconciler.config import Config, ProcrastinateConfig
 from reconciler.core.kinds import KindRule, KindRules
 from reconciler.core.passes import run_pass
@@ -112,10 +113,6 @@ def throwaway_postgres(bin_dir: Path) -> Iterator[str]:
         shutil.rmtree(base, ignore_errors=True)
 
 
-def _say(text: str) -> None:
-    print(text, flush=True)
-
-
 def run_procrastinate_demo() -> int:
     """The demo; 0 when the killed worker's jobs were recovered as the table says."""
     try:
@@ -129,7 +126,7 @@ def run_procrastinate_demo() -> int:
         raise MissingPrerequisiteError(
             "the Procrastinate demo needs PostgreSQL's server binaries (initdb, pg_ctl): "
             "apt-get install postgresql, or set RECONCILER_PG_BIN")
-    _say(f"starting a throwaway PostgreSQL from {bin_dir} ...")
+    say(f"starting a throwaway PostgreSQL from {bin_dir} ...")
     with throwaway_postgres(bin_dir) as conninfo:
         parts = dict(p.split("=", 1) for p in conninfo.split())
         url = (f"postgresql+psycopg://postgres@/postgres?host={parts['host']}"
@@ -154,14 +151,14 @@ def _demo(engine: sa.Engine, url: str, conninfo: str, schema_sql: str) -> int:
     with psycopg.connect(conninfo, autocommit=True) as raw:
         raw.execute(schema_sql.encode())
     migrate(config)
-    _say("Procrastinate's schema and the reconciler's tables are in place")
+    say("Procrastinate's schema and the reconciler's tables are in place")
     with engine.begin() as conn:
         jobs = {task: int(conn.execute(sa.text(
             "SELECT unnest(procrastinate_defer_jobs_v1(ARRAY[ROW('default', :task, 0, NULL, "
             "NULL, '{}'::jsonb, NULL)::procrastinate_job_to_defer_v1]))"), {"task": task}
             ).scalar_one()) for task in ("reports.render", "payments.charge")}
-    _say(f"deferred job {jobs['reports.render']} (reports.render, configured idempotent) and "
-         f"job {jobs['payments.charge']} (payments.charge, effectful by default)")
+    say(f"deferred job {jobs['reports.render']} (reports.render, configured idempotent) and "
+        f"job {jobs['payments.charge']} (payments.charge, effectful by default)")
 
     def statuses() -> dict[str, str]:
         with engine.connect() as conn:
@@ -175,10 +172,10 @@ def _demo(engine: sa.Engine, url: str, conninfo: str, schema_sql: str) -> int:
                              stderr=subprocess.DEVNULL)
     second: subprocess.Popen[bytes] | None = None
     try:
-        _wait(lambda: set(statuses().values()) == {"doing"}, "the worker to take both jobs")
+        wait(lambda: set(statuses().values()) == {"doing"}, "the worker to take both jobs")
         first.send_signal(signal.SIGKILL)
         first.wait(timeout=10)
-        _say(f"worker {first.pid} SIGKILLed mid-task: both jobs stay 'doing' in Procrastinate")
+        say(f"worker {first.pid} SIGKILLed mid-task: both jobs stay 'doing' in Procrastinate")
         started = time.monotonic()
         report = None
         with assemble_cli(config) as cli:
@@ -188,26 +185,26 @@ def _demo(engine: sa.Engine, url: str, conninfo: str, schema_sql: str) -> int:
                     break
                 time.sleep(0.3)
         if report is None or not report.decisions:
-            _say("no pass decided anything within 30 s")
+            say("no pass decided anything within 30 s")
             return 1
-        _say(f"pass {report.pass_id}, {time.monotonic() - started:.1f} s after the kill "
-             f"(heartbeat silent past {SESSION_TIMEOUT_SECONDS:g} s):")
+        say(f"pass {report.pass_id}, {time.monotonic() - started:.1f} s after the kill "
+            f"(heartbeat silent past {SESSION_TIMEOUT_SECONDS:g} s):")
         for d in report.decisions:
-            _say(f"  job {d.job_id}: {d.disposition.value} ({d.reason.value})")
+            say(f"  job {d.job_id}: {d.disposition.value} ({d.reason.value})")
         second = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL,
                                   stderr=subprocess.DEVNULL)
-        _wait(lambda: statuses()["reports.render"] == "succeeded",
-              "a new Procrastinate worker to finish the resumed job")
+        wait(lambda: statuses()["reports.render"] == "succeeded",
+             "a new Procrastinate worker to finish the resumed job")
         final = statuses()
-        _say(f"a new Procrastinate worker finished job {jobs['reports.render']}: "
-             f"{final['reports.render']}; job {jobs['payments.charge']} stays "
-             f"{final['payments.charge']} (an effectful run of unknown progress is never "
-             "repeated)")
+        say(f"a new Procrastinate worker finished job {jobs['reports.render']}: "
+            f"{final['reports.render']}; job {jobs['payments.charge']} stays "
+            f"{final['payments.charge']} (an effectful run of unknown progress is never "
+            "repeated)")
         with engine.connect() as conn:
             audited = conn.execute(sa.text(
                 "SELECT count(*) FROM reconciliation_decisions WHERE job_source = "
                 "'procrastinate'")).scalar_one()
-        _say(f"audit: {audited} decisions recorded under job_source 'procrastinate'")
+        say(f"audit: {audited} decisions recorded under job_source 'procrastinate'")
         ok = final == {"reports.render": "succeeded", "payments.charge": "failed"}
         return 0 if ok else 1
     finally:
@@ -215,11 +212,3 @@ def _demo(engine: sa.Engine, url: str, conninfo: str, schema_sql: str) -> int:
             if process is not None and process.poll() is None:
                 process.kill()
                 process.wait(timeout=10)
-
-
-def _wait(condition: Any, what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise ConfigError(f"demo: timed out waiting for {what}")
-        time.sleep(0.1)

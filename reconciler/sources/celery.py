@@ -47,6 +47,7 @@ from reconciler.sources.base import ForeignFence, ForeignSource
 from reconciler.sources.celery_broker import REDIS_SCHEMES, CeleryBroker
 from reconciler.sources.common import (
     StepFacts,
+    UtcTimes,
     candidate,
     constant,
     is_wedged,
@@ -148,7 +149,8 @@ class CelerySource(ForeignSource):
         self._rows = sa.table(config.result_table, *(sa.column(c) for c in COLUMNS))
         self._judged: _Judgement | None = None
         self._checked = False
-        self._utc_set = False
+        # Celery writes naive UTC: write date_done so.
+        self._utc = UtcTimes(connection)
 
     def check_schema(self) -> None:
         """Celery's extended result table, and the packages to reach its broker."""
@@ -161,13 +163,6 @@ class CelerySource(ForeignSource):
         self._broker.check()
 
     # -- SQL pieces ---------------------------------------------------------- #
-
-    def _utc(self) -> None:
-        # Celery writes naive UTC: on PostgreSQL, write date_done in UTC whatever the role's
-        # TimeZone.
-        if self._conn.dialect.name == "postgresql" and not self._utc_set:
-            self._conn.execute(sa.select(sa.func.set_config("TimeZone", "UTC", True)))
-            self._utc_set = True
 
     def _kind_column(self) -> sa.ColumnElement[Any]:
         return self._rows.c.name

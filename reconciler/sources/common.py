@@ -205,6 +205,22 @@ def is_wedged(change: PlannedChange) -> bool:
     return change.decision.reason is Reason.WORKER_WEDGED
 
 
+class UtcTimes:
+    """Makes PostgreSQL read and write ``timestamp`` (without time zone) columns as UTC for
+    the rest of the connection's transaction, whatever the role's TimeZone: called before
+    the first time is read or written by a source whose system stores naive UTC. Set once
+    per transaction (a source lives for one); nothing to do on SQLite."""
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+        self._set = False
+
+    def __call__(self) -> None:
+        if self._conn.dialect.name == "postgresql" and not self._set:
+            self._conn.execute(sa.select(sa.func.set_config("TimeZone", "UTC", True)))
+            self._set = True
+
+
 def reason_text(change: PlannedChange) -> str:
     """Our reason code, as written into a foreign system's error field."""
     return change.decision.reason.value

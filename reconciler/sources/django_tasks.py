@@ -49,6 +49,7 @@ from reconciler.file_tables import SourceSettings
 from reconciler.sources.base import ForeignFence, ForeignSource
 from reconciler.sources.common import (
     StepFacts,
+    UtcTimes,
     candidate,
     constant,
     is_wedged,
@@ -108,7 +109,8 @@ class DjangoTasksSource(ForeignSource):
         self._config = config
         self._tasks = sa.table(config.table, sa.column("id", sa.Uuid()),
                                *(sa.column(c) for c in COLUMNS[1:]))
-        self._utc_set = False
+        # Django stores UTC: read and write its timestamps so.
+        self._utc = UtcTimes(connection)
 
     def check_schema(self) -> None:
         """The backend's table and the columns this source reads and writes."""
@@ -116,13 +118,6 @@ class DjangoTasksSource(ForeignSource):
                         {c: c for c in COLUMNS})
 
     # -- SQL pieces ---------------------------------------------------------- #
-
-    def _utc(self) -> None:
-        # Django stores UTC; on PostgreSQL read and write timestamps in UTC for this
-        # transaction, whatever the role's TimeZone.
-        if self._conn.dialect.name == "postgresql" and not self._utc_set:
-            self._conn.execute(sa.select(sa.func.set_config("TimeZone", "UTC", True)))
-            self._utc_set = True
 
     def _kind_column(self) -> sa.ColumnElement[Any]:
         return self._tasks.c.task_path

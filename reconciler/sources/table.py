@@ -49,6 +49,7 @@ from reconciler.sources.batches import Batch
 from reconciler.sources.common import (
     StepFacts,
     StepRows,
+    UtcTimes,
     candidate,
     constant,
     is_wedged,
@@ -91,7 +92,8 @@ class TableSource(ForeignSource):
         self._columns = config.mapped_columns()
         self._table = sa.table(config.table, *(sa.column(c) for c in self._columns.values()),
                                schema=config.schema)
-        self._utc_set = False
+        # A ``timestamp`` (without time zone) column is UTC: read it so before the first age.
+        self._utc = UtcTimes(connection)
         self.counts_attempts = self._has("attempts_column")
 
     def _col(self, key: str) -> sa.ColumnElement[Any]:
@@ -128,13 +130,6 @@ class TableSource(ForeignSource):
 
     def _lock_target(self) -> Any:
         return self._table
-
-    def _utc(self) -> None:
-        # A ``timestamp`` (without time zone) column is UTC: make PostgreSQL read it so, for
-        # this transaction, before the first age is computed.
-        if self._conn.dialect.name == "postgresql" and not self._utc_set:
-            self._conn.execute(sa.select(sa.func.set_config("TimeZone", "UTC", True)))
-            self._utc_set = True
 
     def _lease_over(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[Any]:
         """Seconds past the lease's end (negative while it runs); NULL with no lease."""

@@ -1,0 +1,47 @@
+"""What the real systems' demos share: their output, waiting on their workers, and passes
+until the killed workers' jobs are decided."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from reconciler.config import Config
+from reconciler.core.passes import run_pass
+from reconciler.errors import ConfigError
+from reconciler.wiring import assemble_cli
+
+
+def say(text: str) -> None:
+    """One line of the demo's story, shown at once (workers run beside it)."""
+    print(text, flush=True)
+
+
+def wait(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    """Poll ``condition`` until it holds; one ``ConfigError`` line naming ``what`` once
+    ``timeout`` seconds have passed without it."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise ConfigError(f"demo: timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def pass_until_decided(config: Config, tasks: set[str], due: str) -> bool:
+    """Passes, for up to 30 s, until each task is decided (each once it is due), saying each
+    decision with the seconds since the kill and ``due`` (what made it due); whether all
+    were."""
+    started = time.monotonic()
+    decided: set[str] = set()
+    with assemble_cli(config) as cli:
+        while time.monotonic() - started < 30 and decided != tasks:
+            report = run_pass(cli.passes, cli.pass_config("demo"))
+            for d in report.decisions:
+                say(f"pass {report.pass_id}, {time.monotonic() - started:.1f} s after the "
+                    f"kill ({due}): task {d.job_id}: {d.disposition.value} "
+                    f"({d.reason.value})")
+                decided.add(str(d.job_id))
+            time.sleep(0.3)
+    if decided != tasks:
+        say("no pass decided both tasks within 30 s")
+    return decided == tasks
