@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from tests.chaos.foreign.database import Database
+from tests.chaos.foreign.processes import die_with_parent
 from tests.chaos.foreign.systems import REPO_ROOT, JobSpec, JobState, SystemBase, UnavailableError
 
 MAX_ATTEMPTS = 4
@@ -147,7 +148,8 @@ class Celery(SystemBase):
         self.redis = subprocess.Popen(
             [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
              "--appendonly", "no", "--dir", str(self.redis_dir)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            preexec_fn=die_with_parent)  # noqa: PLW1509 - started from the main thread
         self.broker_url = f"redis://127.0.0.1:{port}/0"
         client = redis.Redis.from_url(self.broker_url)
         deadline = time.monotonic() + 20
