@@ -2,8 +2,9 @@
 inside their tasks, a replica killed, PostgreSQL restarted once; every count 0.
 
 The CI-sized version of ``python -m tests.chaos.foreign`` (README.md in this folder has the
-longer runs). Without PostgreSQL binaries, node or Procrastinate a system's run is skipped
-with the reason, except under ``CI=true``, where that fails.
+longer runs). Without PostgreSQL binaries, node, Procrastinate, Django's tasks packages,
+Celery or redis-server a system's run is skipped with the reason, except under
+``CI=true``, where that fails.
 """
 
 from __future__ import annotations

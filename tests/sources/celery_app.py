@@ -57,6 +57,11 @@ def idem_work(self: Task, hang: list[float] | None = None) -> str:
     return _work(self, hang)
 
 
+@app.task(name="pure.work", bind=True)
+def pure_work(self: Task, hang: list[float] | None = None) -> str:
+    return _work(self, hang)
+
+
 @app.task(name="effect.work", bind=True)
 def effect_work(self: Task, hang: list[float] | None = None) -> str:
     return _work(self, hang)

@@ -16,9 +16,10 @@ from pathlib import Path
 PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:
-    # In the child before exec: SIGKILL it when the harness dies, even by SIGKILL. The
-    # harness starts children from its main thread only (the signal follows that thread).
+def die_with_parent() -> None:
+    """In the child before exec: SIGKILL it when the harness dies, even by SIGKILL."""
+    # The harness starts children from its main thread only (the signal follows that
+    # thread).
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
@@ -60,7 +61,7 @@ class Children:
             popen = subprocess.Popen(
                 list(argv), stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env={**os.environ, **env}, cwd=cwd, start_new_session=True,
-                preexec_fn=_die_with_parent)  # noqa: PLW1509 - no threads start children
+                preexec_fn=die_with_parent)  # noqa: PLW1509 - no threads start children
         child = Child(role, slot, popen, log)
         self.started.append(child)
         return child

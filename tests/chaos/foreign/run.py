@@ -180,6 +180,7 @@ class ForeignRun:
             return ForeignResult(self.params, self.seed, self.stats, checks)
         finally:
             self.children.close()
+            self.system.close()
             if self.pg is not None:
                 self.pg.stop()
             if self.params.keep:
@@ -227,7 +228,8 @@ class ForeignRun:
         lines += ["", '[kinds."*"]']
         lines += [f"{key} = {_toml(value)}" for key, value in self.system.kind_rule().items()]
         for pattern, effect in self.params.effects:
-            lines += ["", f'[kinds."{pattern}"]', f'effect = "{effect}"']
+            lines += ["", f'[kinds."{self.system.kind_pattern(pattern)}"]',
+                      f'effect = "{effect}"']
         return "\n".join(lines) + "\n"
 
     # -- processes --------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """One adapter per real job system: how the chaos run sets it up, enqueues, starts a worker
-and reads its jobs. Adding a system (Django Tasks, Celery) is one more class here.
+and reads its jobs. Adding a system is one more class here (the Python ones whose workers
+are Django's ``db_worker`` and ``celery worker``: python_systems.py).
 
 Every adapter enqueues through the system's own functions (Procrastinate's
 ``procrastinate_defer_jobs_v1``, graphile-worker's ``add_job``, pg-boss's ``createQueue``
@@ -98,8 +99,25 @@ class System(Protocol):
     def states(self, db: Database, specs: Mapping[str, JobSpec]) -> dict[str, JobState]:
         """Every enqueued job's state, by id."""
 
+    def kind_pattern(self, pattern: str) -> str:
+        """The ``[kinds]`` pattern matching the jobs ``pattern`` names (``idem.*``) as the
+        system spells their kinds."""
 
-class Procrastinate:
+    def close(self) -> None:
+        """Stop what ``prepare`` started besides the database (a broker)."""
+
+
+class SystemBase:
+    """Kinds spelt as enqueued (``idem.work``), nothing to stop at the end."""
+
+    def kind_pattern(self, pattern: str) -> str:
+        return pattern
+
+    def close(self) -> None:
+        return None
+
+
+class Procrastinate(SystemBase):
     """Procrastinate 3.x: python workers heartbeating every 0.3 s (procrastinate_app.py)."""
 
     name = "procrastinate"
@@ -165,7 +183,7 @@ class Procrastinate:
                 for job, status, attempts, done in rows if job in specs}
 
 
-class _NodeSystem:
+class _NodeSystem(SystemBase):
     """A system whose workers are Node scripts of tests/sources/node, installed from npm."""
 
     script = ""
@@ -313,11 +331,18 @@ def install_node_modules() -> Path:
 
 
 def make_system(name: str, *, hang_max_seconds: float) -> System:
-    """The adapter for ``name``; node systems get a max run time well above every hang."""
+    """The adapter for ``name``; systems without liveness get a max run time well above
+    every hang."""
+    from tests.chaos.foreign import python_systems  # noqa: PLC0415 - it imports this module
+
     max_run = round(3 * hang_max_seconds + 3, 1)
     if name == "procrastinate":
         return Procrastinate()
+    if name == "django-tasks":
+        return python_systems.DjangoTasks(max_run)
+    if name == "celery":
+        return python_systems.Celery(max_run)
     return GraphileWorker(max_run) if name == "graphile-worker" else PgBoss(max_run)
 
 
-SYSTEMS = ("procrastinate", "graphile-worker", "pg-boss")
+SYSTEMS = ("procrastinate", "graphile-worker", "pg-boss", "django-tasks", "celery")

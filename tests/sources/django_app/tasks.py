@@ -43,6 +43,12 @@ def idem_work(context: TaskContext, hang: list[float] | None = None) -> str:
 
 
 @task(takes_context=True)
+def pure_work(context: TaskContext, hang: list[float] | None = None) -> str:
+    """No effect outside its result (the chaos runs' third kind)."""
+    return _work(context, hang)
+
+
+@task(takes_context=True)
 def effect_work(context: TaskContext, hang: list[float] | None = None) -> str:
     """Not safe to run twice (the default effect)."""
     return _work(context, hang)
