@@ -21,12 +21,9 @@ import os
 import statistics
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from benchmarks import foreign, parked
@@ -39,6 +36,7 @@ from benchmarks.harness import (
     Databases,
     Measurement,
     bench_config,
+    counting_statements,
     drain,
     store_on,
     timed,
@@ -97,21 +95,6 @@ def measure_quiet(dbs: Databases, jobs: int) -> Measurement:
                            {"live_running": Shape(jobs, 0).live, "samples": QUIET_PASSES})
 
 
-@contextmanager
-def _counting(engine: Engine) -> Iterator[list[str]]:
-    """Every statement sent to the database while the block runs."""
-    statements: list[str] = []
-
-    def count(*args: Any) -> None:
-        statements.append(str(args[2]))
-
-    sa.event.listen(engine, "before_cursor_execute", count)
-    try:
-        yield statements
-    finally:
-        sa.event.remove(engine, "before_cursor_execute", count)
-
-
 def measure_round_trips(dbs: Databases) -> list[Measurement]:
     """Statements one pass issues, per batch size: they must not grow with the batch."""
     out = []
@@ -120,7 +103,7 @@ def measure_round_trips(dbs: Databases) -> list[Measurement]:
         with dbs.fresh() as engine:
             _build(engine, shape)
             PROGRESS.phase(f"{dbs.engine_name}: statements of a pass of {batch_size}")
-            with _counting(engine) as statements:
+            with counting_statements(engine) as statements:
                 report = run_pass(store_on(engine), bench_config(batch_size))
         out.append(Measurement("round_trips_per_batch", dbs.engine_name, shape.jobs,
                                shape.stale, len(statements), "statements",

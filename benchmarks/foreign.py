@@ -28,16 +28,14 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import psycopg
-import sqlalchemy as sa
-from sqlalchemy.engine import Engine
 
 from benchmarks.foreign_systems import SYSTEMS, Size, System
+from benchmarks.harness import counting_statements
 from reconciler.config import load_config
 from reconciler.core.passes import PassConfig, run_pass
 from reconciler.storage.engines import UNLIMITED_TIMEOUTS, create_engine
@@ -47,21 +45,6 @@ from reconciler.wiring import assemble_cli, pass_config
 BATCH_SIZE = 500
 FULL = Size(jobs=1_000_000, running=10_000, orphans=1_000)
 SMOKE = Size(jobs=10_000, running=100, orphans=10)
-
-
-@contextmanager
-def _statements(engine: Engine) -> Iterator[list[str]]:
-    """Every statement the engine sends while the block runs."""
-    sent: list[str] = []
-
-    def count(*args: Any) -> None:
-        sent.append(str(args[2]))
-
-    sa.event.listen(engine, "before_cursor_execute", count)
-    try:
-        yield sent
-    finally:
-        sa.event.remove(engine, "before_cursor_execute", count)
 
 
 def _quiet_ms(store: Any, config: PassConfig, runs: int) -> list[float]:
@@ -126,7 +109,7 @@ def measure(name: str, size: Size, runs: int, emit: Callable[[dict[str, Any]], N
             raise RuntimeError(f"{name}'s own recovery took {peer_recovered} of "
                                f"{size.orphans} orphans")
         system.kill(conninfo, size)
-        with _statements(engine) as sent:
+        with counting_statements(engine) as sent:
             started = time.perf_counter()
             decided, acted, passes = _drain(store, pass_cfg)
             seconds = time.perf_counter() - started

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from reconciler.core.decisions import Thresholds
@@ -133,3 +134,18 @@ def drain(store: PassStore, batch_size: int, progress: Progress = PROGRESS,
         progress.advance(decided)
         if len(report.decisions) < batch_size:
             return decided, passes
+
+
+@contextmanager
+def counting_statements(engine: Engine) -> Iterator[list[str]]:
+    """Every statement sent to the database while the block runs."""
+    statements: list[str] = []
+
+    def count(*args: Any) -> None:
+        statements.append(str(args[2]))
+
+    sa.event.listen(engine, "before_cursor_execute", count)
+    try:
+        yield statements
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", count)
