@@ -15,7 +15,6 @@ import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -25,7 +24,7 @@ from tests.helpers import fresh_database
 from tests.pg_server import INSTALL_HINT
 from tests.sources.conftest import unavailable
 from tests.sources.django_tasks_support import DjangoDatabase, DjangoTasksFactory, worker_argv
-from tests.sources.support import Markers, Processes, wait_until
+from tests.sources.support import Markers, Process, Processes, wait_until
 from tests.sources.test_one_pass_cli import decided, reconciler_pass
 
 TASKS = "tests.sources.django_app.tasks"
@@ -59,6 +58,8 @@ def django6_db(request: pytest.FixtureRequest, tmp_path: Path,
 
 def test_a_django6_project(django6_db: DjangoDatabase, processes: Processes,
                            tmp_path: Path) -> None:
+    """Two workers killed mid-task, one pass: the idempotent task resumed and finished by
+    the next worker, the effectful one failed as Django 6 reads it, the live one as it was."""
     db = django6_db
     project = DjangoTasksFactory(db)
     markers = Markers(tmp_path / "markers")
@@ -84,7 +85,7 @@ max_run_seconds = 3600
     def enqueue(task: str) -> str:
         return db.manage("enqueue", task, "{}", markers=markers.folder).strip()
 
-    def start(name: str) -> Any:
+    def start(name: str) -> Process:
         return processes.start(name, worker_argv(db.python), env)
 
     idem, effect = enqueue("idem_work"), enqueue("effect_work")
@@ -106,6 +107,7 @@ max_run_seconds = 3600
                                effect: "worker_died_mid_step"}
     start("next")
     wait_until(lambda: project.status(idem) == "completed", "the next worker to finish it")
+    assert markers.of(idem) == {"started-1", "started-2", "done-2"}
     finished = json.loads(db.manage("result", idem))
     assert (finished["framework"], finished["status"], finished["attempts"],
             finished["return_value"]) == ("django.tasks", "SUCCESSFUL", 2, "done on attempt 2")
