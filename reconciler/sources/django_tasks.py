@@ -1,6 +1,10 @@
 """Django's tasks framework with the database backend (django-tasks-db) as a job source, on
 SQLite and PostgreSQL (wherever the Django project's database is).
 
+One shape for Django 5.2 with the django-tasks backport and for Django 6's own
+``django.tasks``: django-tasks-db keeps its app label, table, migrations and statuses on
+both (it imports whichever framework Django has), so nothing here depends on the version.
+
 - **Running**: ``status = 'RUNNING'`` in ``django_tasks_database_dbtaskresult`` (only the
   rows of ``backend_name`` when the config names one); the kind is ``task_path``.
 - **Owner liveness**: the backend keeps none (no heartbeat; ``worker_ids`` names workers

@@ -72,6 +72,8 @@ class DjangoDatabase:
     django_url: str
     """The same database as the test project's settings read it (``SOURCES_DJANGO_DB``)."""
     engine: Engine
+    python: str = sys.executable
+    """The interpreter of the project's processes: the suite's, or a venv's with Django 6."""
 
     @property
     def engine_name(self) -> str:
@@ -86,7 +88,7 @@ class DjangoDatabase:
     def manage(self, *args: str, markers: Path | None = None) -> str:
         """Run one command of the test project to its end; its output."""
         env = {**os.environ, **self.env(markers or Path("/nonexistent"))}
-        done = subprocess.run([sys.executable, "-m", "tests.sources.django_app.manage", *args],
+        done = subprocess.run([self.python, "-m", "tests.sources.django_app.manage", *args],
                               capture_output=True, text=True, timeout=120, env=env,
                               cwd=REPO_ROOT, check=False)
         if done.returncode != 0:
@@ -95,9 +97,9 @@ class DjangoDatabase:
         return done.stdout
 
 
-def worker_argv() -> list[str]:
+def worker_argv(python: str = sys.executable) -> list[str]:
     """The backend's own worker, polling every 0.1 s, every queue."""
-    return [sys.executable, "-m", "tests.sources.django_app.manage", "db_worker",
+    return [python, "-m", "tests.sources.django_app.manage", "db_worker",
             "--queue-name", "*", "--interval", "0.1", "--no-startup-delay", "--no-reload"]
 
 

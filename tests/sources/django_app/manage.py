@@ -19,14 +19,17 @@ from types import ModuleType
 
 def _result(task_id: str) -> dict[str, object]:
     sys.modules["reconciler"] = None  # type: ignore[assignment] - unimportable from here on
-    from django_tasks import default_task_backend  # noqa: PLC0415 - after django.setup()
+    from tests.sources.django_app.framework import (  # noqa: PLC0415 - after django.setup()
+        FRAMEWORK,
+        default_task_backend,
+    )
 
     result = default_task_backend.get_result(task_id)
     errors = [{"exception_class": f"{e.exception_class.__module__}."
                                   f"{e.exception_class.__qualname__}",
                "traceback": e.traceback} for e in result.errors]
     return_value = result.return_value if result.status == "SUCCESSFUL" else None
-    return {"status": str(result.status), "attempts": result.attempts,
+    return {"framework": FRAMEWORK, "status": str(result.status), "attempts": result.attempts,
             "errors": errors, "return_value": return_value,
             "finished": result.finished_at is not None}
 

@@ -4,6 +4,7 @@ file, ``sqlite:///PATH``, or a PostgreSQL URL), the database task backend."""
 from __future__ import annotations
 
 import os
+from importlib.util import find_spec
 from urllib.parse import urlparse
 
 _url = os.environ.get("SOURCES_DJANGO_DB", "sqlite:///:memory:")
@@ -20,7 +21,8 @@ else:
                              "PASSWORD": _parts.password or "",
                              "HOST": _parts.hostname or "", "PORT": str(_parts.port or "")}}
 
-INSTALLED_APPS = ["django_tasks", "django_tasks_db"]
+# Django 6 ships the framework itself; Django 5.2 needs the backport's app (framework.py).
+INSTALLED_APPS = [*(() if find_spec("django.tasks") else ("django_tasks",)), "django_tasks_db"]
 TASKS = {"default": {"BACKEND": "django_tasks_db.DatabaseBackend"}}
 USE_TZ = True
 SECRET_KEY = "tests-only"  # noqa: S105 - a throwaway project

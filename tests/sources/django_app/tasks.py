@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from django_tasks import TaskContext, task
+from tests.sources.django_app.framework import TaskContext, task
 
 
 def mark(name: str) -> None:
