@@ -199,10 +199,16 @@ def _decoded(raw: bytes | str | None, shape: ResultTable, empty: Any) -> Any:
     stored = json.loads(raw if isinstance(raw, str) else bytes(raw).decode())
     if shape.args_format is ArgsFormat.SERIALIZED:
         return stored
-    shown = stored
-    if not isinstance(shown, str) or len(shown) > ARGSREPR_MAXSIZE - _CUT_MARGIN:
+    if not isinstance(stored, str) or len(stored) > ARGSREPR_MAXSIZE - _CUT_MARGIN:
         raise ValueError("not a whole repr")
-    return ast.literal_eval(shown)
+    value = ast.literal_eval(stored)
+    # Celery's saferepr writes strings unescaped ('a\\b' as 'a\b'): only a repr that
+    # reads back to itself is the call's own arguments.
+    from celery.utils.saferepr import saferepr  # noqa: PLC0415 - only this source needs it
+
+    if saferepr(value, ARGSREPR_MAXSIZE) != stored:
+        raise ValueError("a repr that does not read back")
+    return value
 
 
 def exception_result(reason: str) -> str:
