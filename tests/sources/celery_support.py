@@ -259,6 +259,19 @@ def celery_live_worker(redis_server: str, tmp_path_factory: pytest.TempPathFacto
 
 
 @pytest.fixture(scope="session")
+def django_celery_sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SQLite file with the reconciler's tables and django-celery-results' migrations,
+    made once and copied for each test."""
+    from reconciler.storage.engines import create_engine  # noqa: PLC0415
+
+    url = fresh_database(tmp_path_factory.mktemp("django-celery-template"))
+    engine = create_engine(url)
+    CeleryProject("redis://unused", url, engine, url).migrate()
+    engine.dispose()
+    return Path(url.removeprefix("sqlite:///"))
+
+
+@pytest.fixture(scope="session")
 def django_celery_results_schema(sources_db: SourcesDatabase, redis_server: str) -> str:
     """django-celery-results' migrations, applied once into the session's PostgreSQL."""
     CeleryProject(redis_server, sources_db.url, sources_db.engine, sources_db.libpq).migrate()
@@ -278,12 +291,13 @@ def open_django_celery(request: pytest.FixtureRequest, engine_name: str, folder:
     if engine_name == "sqlite":
         from reconciler.storage.engines import create_engine  # noqa: PLC0415
 
-        url = fresh_database(folder)
+        template: Path = request.getfixturevalue("django_celery_sqlite_template")
+        path = folder / "project.db"
+        shutil.copyfile(template, path)
+        url = f"sqlite:///{path}"
         engine = create_engine(url)
-        project = CeleryProject(redis_url, url, engine, url)
-        project.migrate()
         try:
-            yield project
+            yield CeleryProject(redis_url, url, engine, url)
         finally:
             engine.dispose()
         return

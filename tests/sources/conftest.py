@@ -255,6 +255,7 @@ from tests.sources.celery_support import (  # noqa: E402, F401 - it imports this
     celery_project,
     django_celery_project,
     django_celery_results_schema,
+    django_celery_sqlite_template,
     redis_server,
     redis_url,
 )
