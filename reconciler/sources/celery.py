@@ -48,7 +48,6 @@ from reconciler.core.kinds import KindPolicy, KindRules
 from reconciler.core.ports import Candidate, Fence, PlannedChange
 from reconciler.core.vocabulary import Disposition, JobStatus, Reason
 from reconciler.file_tables import SourceSettings
-from reconciler.settings import type_name
 from reconciler.sources.base import ForeignFence, ForeignSource
 from reconciler.sources.celery_broker import REDIS_SCHEMES, CeleryBroker
 from reconciler.sources.celery_tables import (
@@ -117,7 +116,7 @@ class CeleryConfig(SourceSettings):
                 isinstance(v, str) and v and isinstance(k, str) and k
                 for k, v in value.items()):
             raise ValueError("must be a table of task name globs to queue names, each a "
-                             f"non-empty string (got {type_name(value)})")
+                             "non-empty string")
         return value
 
     @model_validator(mode="after")
