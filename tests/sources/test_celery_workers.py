@@ -433,3 +433,28 @@ effect = "idempotent"
             assert outcome.evidence["attempts_used"] == attempt
         start_worker(processes, project, markers, "worker-c")
         assert project.result(sent.id, 60)["value"] == "done on attempt 3"
+
+    def test_a_late_worker_overwrites_the_failure(
+            self, django_celery_project: CeleryProject, processes: Processes,
+            markers: Markers) -> None:
+        """django-celery-results saves every field of every write, unguarded: the stopped
+        run's success replaces our FAILURE (the caller's get() had raised already)."""
+        project = django_celery_project
+        sent = project.caller().send_task("effect.work", kwargs={"hang": [4.0]})
+        old = start_worker(processes, project, markers, "worker-old")
+        wait_until(lambda: markers.has(f"{sent.id}-started-1"), "the task to start",
+                   process=old)
+        stopped = worker_tree(old)
+        for pid in stopped:
+            os.kill(pid, signal.SIGSTOP)
+        outcome = recover(project, sent.id, old)
+        assert outcome.reason is Reason.WORKER_DIED_MID_STEP
+        assert project.result(sent.id, 5)["raised"].startswith(
+            "WorkerLostError: worker_died_mid_step")
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
+        wait_until(lambda: project.status(sent.id) != "FAILURE",
+                   "the old worker's late write", process=old)
+        record_finding("celery", "django_celery_results_late_writer", job_id=sent.id,
+                       engine=project.engine.dialect.name, status_after=project.status(sent.id))
+        assert project.status(sent.id) == "SUCCESS"
