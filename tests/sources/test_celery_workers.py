@@ -1,5 +1,6 @@
 """Real Celery workers over a real Redis, SIGKILLed mid-task, recovered by the celery source
-on SQLite and PostgreSQL (Celery's database result backend on the reconciler's database).
+on SQLite and PostgreSQL (Celery's database result backend on the reconciler's database;
+``TestDjangoCeleryResults``: django-celery-results' table in a Django project instead).
 
 The caller's own ``AsyncResult`` sees every recovery: a resumed task completes on a new
 worker of the app, a failed one raises at once. Workers answer ping through the broker; the
@@ -8,8 +9,11 @@ source judges one gone after 2 s of silence across passes.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -20,6 +24,7 @@ from reconciler.core.kinds import KindRule, KindRules
 from reconciler.core.vocabulary import Disposition, EffectKind, Reason
 from reconciler.sources.celery import CeleryConfig
 from reconciler.sources.celery_broker import CeleryBroker
+from tests.conftest import REPO_ROOT
 from tests.sources.celery_support import (
     CeleryProject,
     kill_worker,
@@ -389,6 +394,13 @@ effect = "idempotent"
         assert markers.of(effect) == {"started-1"}
         assert project.row(live) == before
         assert workers["q3"].alive()
+        listed = subprocess.run([sys.executable, "-m", "reconciler.cli", "jobs", "list",
+                                 "--config", str(toml), "--json"], capture_output=True,
+                                text=True, timeout=120, cwd=REPO_ROOT, check=True).stdout
+        assert {j["job_id"]: (j["status"], j["reason"]) for j in json.loads(listed)} == {
+            idem: ("completed", None), effect: ("failed", "worker_died_mid_step"),
+            live: ("processing", None)}
+        assert "w-q" not in listed  # no worker's hostname in a public view
         record_finding("celery", "django_celery_results_one_pass",
                        engine=project.engine.dialect.name, resumed=idem, failed=effect)
 
