@@ -170,7 +170,7 @@ class CelerySource(ForeignSource):
         self._broker = broker or CeleryBroker(config.broker_url)
         self._shape = shape_for(config.result_table)
         self._result = ResultRows(config.result_table, self._shape)
-        self._rows = self._result.table
+        self._rows = self._result.sql_table
         self._judged: _Judgement | None = None
         self._checked = False
         # Celery writes naive UTC: write date_done so.

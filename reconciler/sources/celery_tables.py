@@ -105,12 +105,12 @@ class ResultRows:
     """A result table's columns as SQL, by what they mean (``name`` is the task name
     whatever the table calls it); ``retries``, ``queue`` and ``created`` may be None."""
 
-    __slots__ = ("args", "created", "kwargs", "name", "queue", "retries", "shape", "table")
+    __slots__ = ("args", "created", "kwargs", "name", "queue", "retries", "shape", "sql_table")
 
     def __init__(self, table: str, shape: ResultTable) -> None:
         self.shape = shape
-        self.table = sa.table(table, *(sa.column(c) for c in shape.columns()))
-        c = self.table.c
+        self.sql_table = sa.table(table, *(sa.column(c) for c in shape.columns()))
+        c = self.sql_table.c
         self.name, self.args, self.kwargs = (c[shape.name_column], c[shape.args_column],
                                              c[shape.kwargs_column])
         self.retries = None if shape.retries_column is None else c[shape.retries_column]
@@ -121,7 +121,7 @@ class ResultRows:
         """``retries`` as stored; or, where the table keeps none, the reconciler's own
         applied resumes of the task (``resumed``) and the step ledger's newest attempt
         (``ledger_attempt``), read with the row."""
-        c = self.table.c
+        c = self.sql_table.c
         if self.retries is not None:
             return [self.retries.label("retries")]
         resumed = (sa.select(sa.func.count())
@@ -138,7 +138,7 @@ class ResultRows:
     def written(self, reason: str, *, resume: bool) -> dict[Any, Any]:
         """The values of a RETRY or FAILURE row the reconciler writes, as this table's
         backend writes its own."""
-        c = self.table.c
+        c = self.sql_table.c
         result = exception_result(reason)
         values: dict[Any, Any] = {
             c.status: constant("RETRY" if resume else "FAILURE"),
