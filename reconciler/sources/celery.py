@@ -1,8 +1,9 @@
-"""Celery (5.x) as a job source: its database result backend (``celery_taskmeta``, written
+"""Celery (5.x) as a job source: its result table (Celery's database backend's
+``celery_taskmeta``, or django-celery-results' ``django_celery_results_taskresult``; written
 with ``task_track_started`` and ``result_extended``) and its Redis broker, on SQLite and
-PostgreSQL.
+PostgreSQL. What differs between the two tables is their ``ResultTable`` (celery_tables).
 
-- **Running**: ``status = 'STARTED'``; the kind is the task ``name``. A row without a name
+- **Running**: ``status = 'STARTED'``; the kind is the task name. A row without a name
   was written without ``result_extended`` and is left alone (it has no args, queue or
   worker to judge or re-publish with).
 - **Owner liveness**: the row's ``worker`` answers Celery's control ping over the broker. A
@@ -11,12 +12,16 @@ PostgreSQL.
   reached decides nothing. A kind with ``max_run_seconds`` also needs that long since the
   reconciler first saw its row ``STARTED`` (a solo, gevent or eventlet pool running
   blocking code does not answer ping while it works).
-- **Attempts**: ``retries + 1``; the budget is the kind's ``max_attempts``.
-- **Fence**: (``status = 'STARTED'``, ``worker``, ``retries``) as read, in the UPDATE's WHERE
-  clause (on PostgreSQL the scan's ``FOR UPDATE SKIP LOCKED`` holds the row from then on).
+- **Attempts**: ``retries + 1``; the budget is the kind's ``max_attempts``. A table without
+  a retry count: one past the reconciler's own resumes of the task (or the step ledger's
+  attempt, when the task counted more).
+- **Fence**: (``status = 'STARTED'``, ``worker``, ``retries``) as read, and ``date_done`` as
+  read where every write stamps it, in the UPDATE's WHERE clause (on PostgreSQL the scan's
+  ``FOR UPDATE SKIP LOCKED`` holds the row from then on).
 - **Resume**: the row in Celery's own ``RETRY`` shape (``result`` an exception naming our
   reason, as its retry writes one), then the task re-published through Celery's
-  ``send_task`` with the same id, name, args, kwargs and queue and ``retries + 1``. Where
+  ``send_task`` with the same id, name, args, kwargs and queue and ``retries + 1``. Args
+  the table does not hold faithfully (a cut or custom repr) make the task unresumable. Where
   the broker still holds the message unacknowledged (``task_acks_late``, or a kill inside
   the prefork ack window) it is taken out first, so the broker never runs it a second
   time; if the broker put it back on its queue already, nothing is published.
@@ -30,21 +35,30 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, ClassVar
 
 import sqlalchemy as sa
-from pydantic import ConfigDict, model_validator
+from pydantic import ConfigDict, ValidationInfo, field_validator, model_validator
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 from sqlalchemy.engine import Connection
 
 from reconciler.core.kinds import KindPolicy, KindRules
 from reconciler.core.ports import Candidate, Fence, PlannedChange
 from reconciler.core.vocabulary import Disposition, JobStatus, Reason
-from reconciler.errors import ConfigError
 from reconciler.file_tables import SourceSettings
 from reconciler.sources.base import ForeignFence, ForeignSource
 from reconciler.sources.celery_broker import REDIS_SCHEMES, CeleryBroker
+from reconciler.sources.celery_tables import (
+    ResultRows,
+    attempt_of,
+    call_arguments,
+    failure_traceback,
+    queue_for,
+    retries_of,
+    shape_for,
+)
 from reconciler.sources.common import (
     StepFacts,
     UtcTimes,
@@ -54,17 +68,10 @@ from reconciler.sources.common import (
     reason_text,
     require_columns,
 )
-from reconciler.storage.clock import db_now
 
-COLUMNS = ("task_id", "status", "result", "date_done", "traceback", "name", "args", "kwargs",
-           "worker", "retries", "queue")
 log = logging.getLogger("reconciler.sources.celery")
 _WARNED: set[str] = set()
 """Result tables already reported for rows lacking ``result_extended`` (once a process)."""
-
-EXCEPTION_MODULE, EXCEPTION_TYPE = "billiard.exceptions", "WorkerLostError"
-"""What a recovered task's result names: Celery's own exception for a worker lost
-mid-task, importable wherever Celery is (billiard is its dependency)."""
 
 CELERY_SERIALIZERS = ("json",)
 """The result serializers whose rows the celery source reads (args, kwargs, result): never
@@ -73,6 +80,10 @@ _STATUS_WORDS = {"PENDING": JobStatus.QUEUED, "RECEIVED": JobStatus.QUEUED,
                  "RETRY": JobStatus.QUEUED, "STARTED": JobStatus.PROCESSING,
                  "SUCCESS": JobStatus.COMPLETED, "FAILURE": JobStatus.FAILED,
                  "REVOKED": JobStatus.CANCELLED}
+
+
+_PLAIN_TEXT = SourceSettings.__dict__["_plain_text"].__func__
+"""SourceSettings' check of every key, which CeleryConfig's own extends to a table."""
 
 
 @pydantic_dataclass(frozen=True, slots=True, config=ConfigDict(extra="forbid"))
@@ -87,9 +98,26 @@ class CeleryConfig(SourceSettings):
     result_table: str = "celery_taskmeta"
     """``celery_taskmeta`` (Celery's own) or ``django_celery_results_taskresult``."""
     result_serializer: str = "json"
+    task_default_queue: str = "celery"
+    task_routes: dict[str, str] = field(default_factory=dict)
+    """Task name glob -> queue, as the app's ``task_routes``: where a table that keeps no
+    queue (django-celery-results) has a task re-published; else ``task_default_queue``."""
     session_timeout_seconds: float = 30.0
     """A worker silent to ping this long, across passes, is gone (the
     ``session_timeout_seconds`` setting)."""
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _plain_text(cls, value: Any, info: ValidationInfo) -> Any:
+        # Replaces SourceSettings' check of the same name for the one key that is a table.
+        if info.field_name != "task_routes":
+            return _PLAIN_TEXT(cls, value, info)
+        if not isinstance(value, dict) or not all(
+                isinstance(v, str) and v and isinstance(k, str) and k
+                for k, v in value.items()):
+            raise ValueError("must be a table of task name globs to queue names, each a "
+                             "non-empty string")
+        return value
 
     @model_validator(mode="after")
     def _supported(self) -> CeleryConfig:
@@ -104,24 +132,18 @@ class CeleryConfig(SourceSettings):
         return self
 
 
-def exception_result(reason: str) -> bytes:
-    """The ``result`` of a RETRY or FAILURE row, as Celery's JSON serializer writes an
-    exception (``prepare_exception``)."""
-    message = f"{reason} (stale-claim-reconciler: the worker running this task is gone)"
-    return json.dumps({"exc_type": EXCEPTION_TYPE, "exc_message": [message],
-                       "exc_module": EXCEPTION_MODULE}).encode()
-
-
 @dataclass(frozen=True, slots=True)
 class CeleryFence(ForeignFence):
     """What a celery swap repeats, and what a resume re-publishes."""
 
     worker: str | None
     retries: int | None
+    stamped: datetime | str | None
+    """``date_done`` as read, where every write of the row stamps it (else None)."""
     name: str
-    args: bytes | None
-    kwargs: bytes | None
-    queue: str | None
+    arguments: tuple[list[Any], dict[str, Any]] | None
+    """args and kwargs as sent; None: the table does not hold them faithfully."""
+    queue: str
     unacked_tag: str | None
     """The broker's delivery tag of the task's unacknowledged message, when it holds one."""
 
@@ -146,26 +168,24 @@ class CelerySource(ForeignSource):
         super().__init__(connection, kinds, lock=lock)
         self._config = config
         self._broker = broker or CeleryBroker(config.broker_url)
-        self._rows = sa.table(config.result_table, *(sa.column(c) for c in COLUMNS))
+        self._shape = shape_for(config.result_table)
+        self._result = ResultRows(config.result_table, self._shape)
+        self._rows = self._result.sql_table
         self._judged: _Judgement | None = None
         self._checked = False
         # Celery writes naive UTC: write date_done so.
         self._utc = UtcTimes(connection)
 
     def check_schema(self) -> None:
-        """Celery's extended result table, and the packages to reach its broker."""
-        if self._config.result_table == "django_celery_results_taskresult":
-            raise ConfigError("source celery: result_table 'django_celery_results_taskresult'"
-                              " is not supported yet (use Celery's database backend, "
-                              "celery_taskmeta)")
+        """The extended result table, and the packages to reach its broker."""
         require_columns(self._conn, self.source_name, self._config.result_table, None,
-                        {c: c for c in COLUMNS})
+                        {c: c for c in self._shape.columns()})
         self._broker.check()
 
     # -- SQL pieces ---------------------------------------------------------- #
 
     def _kind_column(self) -> sa.ColumnElement[Any]:
-        return self._rows.c.name
+        return self._result.name
 
     def _key_column(self) -> sa.ColumnElement[Any]:
         return self._rows.c.task_id
@@ -174,13 +194,13 @@ class CelerySource(ForeignSource):
         return self._rows
 
     def _started(self) -> list[sa.ColumnElement[bool]]:
-        return [self._rows.c.status == constant("STARTED"), self._rows.c.name.is_not(None)]
+        return [self._rows.c.status == constant("STARTED"), self._result.name.is_not(None)]
 
     def _judge(self) -> _Judgement:
         """Ping the workers of the STARTED rows once per transaction; remember silences."""
         if self._judged is not None:
             return self._judged
-        rows = self._conn.execute(sa.select(self._rows.c.task_id, self._rows.c.name,
+        rows = self._conn.execute(sa.select(self._rows.c.task_id, self._result.name.label("name"),
                                             self._rows.c.worker).where(*self._started())).all()
         gone: dict[str, float] = {}
         unacked: dict[str, str] = {}
@@ -211,7 +231,7 @@ class CelerySource(ForeignSource):
             return
         rows = self._rows
         count = self._conn.execute(sa.select(sa.func.count()).where(
-            rows.c.status == constant("STARTED"), rows.c.name.is_(None))).scalar_one()
+            rows.c.status == constant("STARTED"), self._result.name.is_(None))).scalar_one()
         if count:
             _WARNED.add(table)
             log.warning("event=celery_rows_skipped count=%d missing_setting=result_extended "
@@ -224,15 +244,17 @@ class CelerySource(ForeignSource):
         if not self._checked:
             self._checked = True
             self._report_unextended()
-        rows = self._rows
+        rows, result = self._rows, self._result
         gone = self._judge().gone if policies else {}
         over: sa.ColumnElement[Any] = sa.literal(-1.0, sa.Float())
         if gone:
             over = sa.case({k: sa.literal(v, sa.Float()) for k, v in gone.items()},
                            value=rows.c.task_id, else_=sa.literal(-1.0, sa.Float()))
+        optional = [c.label(n) for n, c in (("queue", result.queue),) if c is not None]
         return sa.select(
-            rows.c.task_id.label("job_id"), rows.c.name.label("job_kind"), rows.c.worker,
-            rows.c.retries, rows.c.args, rows.c.kwargs, rows.c.queue,
+            rows.c.task_id.label("job_id"), result.name.label("job_kind"), rows.c.worker,
+            rows.c.date_done, result.args.label("args"), result.kwargs.label("kwargs"),
+            *optional, *result.attempt_columns(self.source_name),
             over.label("lease_expired_seconds"),
         ).where(*self._started())
 
@@ -242,18 +264,23 @@ class CelerySource(ForeignSource):
 
     def _candidate(self, row: sa.Row[Any], policy: KindPolicy, steps: StepFacts | None,
                    position: bool) -> Candidate:
-        judged = self._judge()
-        retries = None if row.retries is None else int(row.retries)
+        judged, shape = self._judge(), self._shape
         over = judged.gone.get(row.job_id)
-        snapshot = CeleryFence(row.worker, retries, row.job_kind, row.args, row.kwargs,
-                               row.queue, judged.unacked.get(row.job_id))
-        attempts = (retries or 0) + 1
+        arguments = call_arguments(row.args, row.kwargs, shape)
+        queue = (row.queue if shape.queue_column is not None else None) or queue_for(
+            row.job_kind, self._config.task_routes, self._config.task_default_queue)
+        snapshot = CeleryFence(row.worker, retries_of(row, shape),
+                               row.date_done if shape.stamps_every_write else None,
+                               row.job_kind, arguments, queue, judged.unacked.get(row.job_id))
+        attempts = attempt_of(row, shape)
         return candidate(
             job_id=str(row.job_id), kind=row.job_kind, policy=policy,
             fence=Fence(attempts, snapshot), attempt_count=attempts,
             max_attempts=policy.max_attempts, lease_live=over is None,
             lease_expired_seconds=over, steps=steps, session_gone=over is not None,
             position=position,
+            # Without its arguments the task cannot run again: no plan to resume.
+            own_plan=None if arguments is not None else (None, ()),
         )
 
     # -- for operators ------------------------------------------------------ #
@@ -264,16 +291,17 @@ class CelerySource(ForeignSource):
 
     def listing(self) -> sa.Select[Any]:
         """Every result row (Celery writes one once a worker starts or ends a task)."""
-        rows = self._rows
+        rows, result = self._rows, self._result
+        retries = sa.literal(0) if result.retries is None else sa.func.coalesce(result.retries, 0)
+        created = sa.null() if result.created is None else sa.type_coerce(result.created,
+                                                                         sa.DateTime())
         # Only a traceback the reconciler wrote names a reason: the task's own never shows.
         ours = sa.case(*((rows.c.traceback == failure_traceback(r.value), r.value)
                          for r in Reason), else_=sa.null())
         return sa.select(
-            rows.c.task_id.label("job_id"), rows.c.name.label("job_kind"),
-            rows.c.status.label("source_status"),
-            (sa.func.coalesce(rows.c.retries, 0) + 1).label("attempts"),
-            sa.null().label("max_attempts"), ours.label("reason"),
-            sa.null().label("created_at"),
+            rows.c.task_id.label("job_id"), result.name.label("job_kind"),
+            rows.c.status.label("source_status"), (retries + 1).label("attempts"),
+            sa.null().label("max_attempts"), ours.label("reason"), created.label("created_at"),
             sa.type_coerce(rows.c.date_done, sa.DateTime()).label("updated_at"))
 
     # -- applying ------------------------------------------------------------ #
@@ -285,8 +313,11 @@ class CelerySource(ForeignSource):
         seen = self._fence(change, CeleryFence)
         task_id = str(decision.job_id)
         where = [rows.c.task_id == task_id, rows.c.status == constant("STARTED"),
-                 rows.c.worker.is_not_distinct_from(seen.worker),
-                 rows.c.retries.is_not_distinct_from(seen.retries)]
+                 rows.c.worker.is_not_distinct_from(seen.worker)]
+        if self._result.retries is not None:
+            where.append(self._result.retries.is_not_distinct_from(seen.retries))
+        if self._shape.stamps_every_write:
+            where.append(rows.c.date_done == seen.stamped)
         if not self._judge().reachable:
             return False, None  # no broker answer decides nothing, nor takes anything back
         if is_wedged(change):
@@ -294,36 +325,20 @@ class CelerySource(ForeignSource):
         elif task_id not in self._judge().gone:
             return False, None  # its worker answered since: not gone any more
         resume = decision.disposition is Disposition.RESUME
-        reason = reason_text(change)
-        values: dict[str, Any] = {
-            "status": constant("RETRY" if resume else "FAILURE"),
-            "result": exception_result(reason),
-            "traceback": failure_traceback(reason),
-            "date_done": sa.null() if resume else db_now()}
+        if resume and seen.arguments is None:  # pragma: no cover - decided unresumable
+            return False, None
+        values = self._result.written(reason_text(change), resume=resume)
         if self._conn.execute(rows.update().where(*where).values(values)).rowcount != 1:
             return False, None
-        attempts = (seen.retries or 0) + 1
+        attempts = change.fence.generation or 1  # the attempt just ended, as read
         self._fence_ledger(task_id, attempts + 1)
         # The broker must not run it again by itself: take its held message out.
         held_back = seen.unacked_tag is not None and not self._broker.take_unacked(
             seen.unacked_tag)
-        if resume and not held_back:
-            self._broker.publish(task_id, seen.name, args=_decoded(seen.args, []),
-                                 kwargs=_decoded(seen.kwargs, {}), queue=seen.queue,
-                                 retries=attempts)
+        if resume and not held_back and seen.arguments is not None:
+            args, kwargs = seen.arguments
+            self._broker.publish(task_id, seen.name, args=args, kwargs=kwargs,
+                                 queue=seen.queue, retries=attempts)
         elif not resume:
             self._broker.revoke(task_id)
         return True, attempts
-
-
-def failure_traceback(reason: str) -> str:
-    """The ``traceback`` of a RETRY or FAILURE row the reconciler wrote."""
-    return f"{EXCEPTION_MODULE}.{EXCEPTION_TYPE}: {reason}\n"
-
-
-def _decoded(raw: bytes | str | None, default: Any) -> Any:
-    """``args`` / ``kwargs`` as the JSON result serializer stored them."""
-    if raw is None:
-        return default
-    text = raw if isinstance(raw, str) else bytes(raw).decode()
-    return json.loads(text)

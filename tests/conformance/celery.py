@@ -1,9 +1,12 @@
-"""The ``celery`` source's fixture: Celery's own result table (created by its own models)
-and a real Redis broker, on SQLite and PostgreSQL.
+"""The ``celery`` source's fixtures: Celery's own result table (created by its own models),
+and django-celery-results' (made by its own migrations), each with a real Redis broker, on
+SQLite and PostgreSQL.
 
 Result rows are written as a Celery worker writes them with ``task_track_started`` and
 ``result_extended`` (``STARTED``, name, args, kwargs, worker, retries, queue, and its
-``{"pid", "hostname"}`` result), steps through the real step ledger. A live owner is a real
+``{"pid", "hostname"}`` result; django-celery-results: no retries or queue, the arguments
+as their repr, every date stamped), steps through the real step ledger. The attempt of a
+django-celery-results task is the ledger's (the table keeps no retry count). A live owner is a real
 Celery worker of the session that answers ping (``live@conformance``); a dead one is a
 hostname nobody answers for, whose silence the reconciler's memory in the broker is moved
 back to ``TIMING.lease_expired_seconds`` past the session timeout, the way passes over
@@ -44,7 +47,7 @@ from tests.conformance.fixtures import (
 from tests.conformance.foreign import ForeignFixture, clear_audit, kind_for
 from tests.conformance.systems import _common_gaps, _every, _specs
 from tests.helpers import fresh_database, rows_of
-from tests.sources.celery_support import _celery_tables
+from tests.sources.celery_support import DJANGO_TABLE, _celery_tables, open_django_celery
 from tests.sources.conftest import SourcesDatabase, clear_ledger
 from tests.sources.django_tasks_support import LEDGER, record_steps, set_ledger
 
@@ -53,6 +56,10 @@ OUTCOMES: dict[str, Outcome] = {"STARTED": "running", "RETRY": "runnable",
 ROWS = sa.table("celery_taskmeta", *(sa.column(c) for c in (
     "task_id", "status", "result", "date_done", "traceback", "name", "args", "kwargs",
     "worker", "retries", "queue")))
+DJANGO_ROWS = sa.table(DJANGO_TABLE, *(sa.column(c) for c in (
+    "task_id", "status", "result", "date_done", "traceback", "task_name", "task_args",
+    "task_kwargs", "worker", "content_type", "content_encoding", "date_created",
+    "date_started", "meta", "periodic_task_name")))
 
 
 class CeleryFixture(ForeignFixture):
@@ -65,9 +72,13 @@ class CeleryFixture(ForeignFixture):
                  "nothing"),
     }
 
-    def __init__(self, engine: Engine, broker_url: str, live_worker: str) -> None:
+    def __init__(self, engine: Engine, broker_url: str, live_worker: str,
+                 table: str = "celery_taskmeta") -> None:
         super().__init__(engine, CeleryConfig(
-            broker_url=broker_url, session_timeout_seconds=TIMING.session_timeout_seconds))
+            broker_url=broker_url, result_table=table,
+            session_timeout_seconds=TIMING.session_timeout_seconds))
+        self.django = table == DJANGO_TABLE
+        self.rows = DJANGO_ROWS if self.django else ROWS
         self.broker = CeleryBroker(broker_url)
         self.live_worker = live_worker
         self._serial = itertools.count(1)
@@ -80,6 +91,18 @@ class CeleryFixture(ForeignFixture):
     def _started(self, kind: str, worker: str, retries: int = 0) -> str:
         """A STARTED row as the worker's ``on_accepted`` store writes it."""
         task_id = str(uuid.uuid4())
+        if self.django:
+            # As django-celery-results stores it: JSON of the message's argsrepr, dates
+            # from Django's clock (auto_now_add, auto_now) and the database's (Now()).
+            with self.engine.begin() as conn:
+                conn.execute(DJANGO_ROWS.insert().values(
+                    task_id=task_id, status="STARTED", task_name=kind,
+                    task_args=json.dumps("()"), task_kwargs=json.dumps("{}"), worker=worker,
+                    content_type="application/json", content_encoding="utf-8",
+                    result=json.dumps({"pid": 1, "hostname": worker}),
+                    meta=json.dumps({"children": []}), date_created=now_plus(0),
+                    date_started=now_plus(0), date_done=now_plus(0)))
+            return task_id
         from celery.backends.database.models import TaskExtended  # noqa: PLC0415
 
         # Celery's own table object: its id comes from Celery's sequence on PostgreSQL.
@@ -127,28 +150,36 @@ class CeleryFixture(ForeignFixture):
             self.broker._client().hdel(SILENT_KEY, self._row(key)["worker"])
         elif change is Interference.LATE_COMPLETION:
             self._update(key, status="SUCCESS", date_done=now_plus(0),
-                         result=json.dumps("late").encode())
+                         result=self._encoded(json.dumps("late")))
         elif change is Interference.RECLAIM:
             recovered = self.run_pass()
             assert [d.job_id for d in recovered.decisions] == [key]
             assert self.status(job) == "runnable"
             # A new worker takes the re-published task, then dies as well.
             worker = f"dead-{uuid.uuid4().hex[:8]}@conformance"
-            self._update(key, status="STARTED", worker=worker,
-                         retries=int(self._row(key)["retries"]) + 1,
-                         result=json.dumps({"pid": 2, "hostname": worker}).encode())
+            values: dict[str, Any] = {"status": "STARTED", "worker": worker, "result":
+                                      self._encoded(json.dumps({"pid": 2, "hostname": worker}))}
+            if self.django:
+                values |= {"date_done": now_plus(0), "date_started": now_plus(0)}
+            else:
+                values["retries"] = int(self._row(key)["retries"]) + 1
+            self._update(key, **values)
             self._dead_worker(key, worker)
         else:  # pragma: no cover - every member is handled above
             raise AssertionError(change)
 
+    def _encoded(self, text: str) -> str | bytes:
+        """A result as the table stores it: text (django-celery-results) or bytes."""
+        return text if self.django else text.encode()
+
     def _update(self, key: str, **values: Any) -> None:
         with self.engine.begin() as conn:
-            conn.execute(ROWS.update().where(ROWS.c.task_id == key).values(**values))
+            conn.execute(self.rows.update().where(self.rows.c.task_id == key).values(**values))
 
     # -- observing ----------------------------------------------------------------------------
 
     def _row(self, key: str) -> dict[str, Any]:
-        [row] = rows_of(self.engine, ROWS, ROWS.c.task_id == key)
+        [row] = rows_of(self.engine, self.rows, self.rows.c.task_id == key)
         return {k: bytes(v) if isinstance(v, memoryview) else v for k, v in row.items()}
 
     def status(self, job: SourceJob) -> Outcome:
@@ -201,3 +232,25 @@ def open_celery(request: pytest.FixtureRequest) -> Iterator[CeleryFixture]:
 
 
 CELERY = RegisteredSource("celery", ("sqlite", "postgresql"), open_celery, shared=True)
+
+
+@contextmanager
+def open_django_celery_fixture(request: pytest.FixtureRequest) -> Iterator[CeleryFixture]:
+    """django-celery-results' table on the test's engine (a migrated SQLite copy, or the
+    session's PostgreSQL database emptied), the session's Redis emptied, its live worker."""
+    live = request.getfixturevalue("celery_live_worker")
+    broker_url = request.getfixturevalue("redis_url")
+    assert CeleryBroker(broker_url).answering([live]) == {live}
+    engine_name = request.param[1]
+    projects = open_django_celery(request, engine_name, request.getfixturevalue("tmp_path"),
+                                  broker_url)
+    project = next(projects)
+    try:
+        yield CeleryFixture(project.engine, broker_url, live, DJANGO_TABLE)
+    finally:
+        projects.close()
+
+
+CELERY_DJANGO = RegisteredSource("celery", ("sqlite", "postgresql"), open_django_celery_fixture,
+                                 shared=True, label="celery-django-celery-results")
+"""The same source over django-celery-results' table."""

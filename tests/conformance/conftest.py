@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from reconciler.sources.registry import entry_for
-from tests.conformance.celery import CELERY
+from tests.conformance.celery import CELERY, CELERY_DJANGO
 from tests.conformance.django_tasks import DJANGO_TASKS
 from tests.conformance.fixtures import RegisteredSource, SourceFixture
 from tests.conformance.native import NATIVE
@@ -27,6 +27,8 @@ from tests.helpers import fresh_database
 from tests.pg_server import INSTALL_HINT
 from tests.sources.celery_support import (  # noqa: F401 - fixtures, found by name
     celery_live_worker,
+    django_celery_results_schema,
+    django_celery_sqlite_template,
     redis_server,
     redis_url,
 )
@@ -48,7 +50,7 @@ from tests.sources.django_tasks_support import (  # noqa: F401 - fixtures, found
 )
 
 SOURCES: tuple[RegisteredSource, ...] = (NATIVE, TABLE, PROCRASTINATE, GRAPHILE_WORKER,
-                                         PG_BOSS, DJANGO_TASKS, CELERY)
+                                         PG_BOSS, DJANGO_TASKS, CELERY, CELERY_DJANGO)
 
 
 CASES = [(registered, engine) for registered in SOURCES for engine in ENGINES
@@ -56,7 +58,7 @@ CASES = [(registered, engine) for registered in SOURCES for engine in ENGINES
 """Every source on every engine it runs on (no case for an engine a source never uses)."""
 
 
-@pytest.fixture(params=CASES, ids=lambda case: f"{case[0].name}-{case[1]}")
+@pytest.fixture(params=CASES, ids=lambda case: f"{case[0].label or case[0].name}-{case[1]}")
 def source(request: pytest.FixtureRequest, tmp_path: Path,
            postgres: PostgresForTests | None) -> Iterator[SourceFixture]:
     """The source under test: on a fresh migrated database of one engine, or (a real

@@ -254,3 +254,5 @@ class RegisteredSource:
     """False: ``open`` takes a fresh migrated database's URL. True: ``open`` takes the
     test's ``pytest.FixtureRequest`` and opens on a database shared by the session (a real
     system's schema, installed once), emptied for the test."""
+    label: str | None = None
+    """The cases' name where one source has several fixtures (else the source's name)."""

@@ -1,8 +1,10 @@
 """A real Celery app for the source tests (its workers run as processes of their own).
 
 Broker: ``SOURCES_BROKER_URL`` (the tests' own redis-server); results: Celery's database
-backend on ``SOURCES_DATABASE_URL`` (the reconciler's database), with ``task_track_started``
-and ``result_extended`` as the celery source needs. ``SOURCES_ACKS_LATE=1`` turns on
+backend on ``SOURCES_DATABASE_URL`` (the reconciler's database), or with
+``SOURCES_RESULTS=django-db`` django-celery-results in the Django project
+tests/sources/celery_django (the same database), with ``task_track_started`` and
+``result_extended`` as the celery source needs. ``SOURCES_ACKS_LATE=1`` turns on
 ``task_acks_late``; ``SOURCES_VISIBILITY_TIMEOUT`` is the broker's redelivery delay. Tasks
 write marker files (``<id>-started-<attempt>``, ``<id>-done-<attempt>``; the attempt is
 ``retries + 1``) and sleep ``hang[attempt - 1]``
@@ -20,8 +22,15 @@ from typing import Any
 from celery import Celery, Task
 
 _database = os.environ.get("SOURCES_DATABASE_URL", "sqlite://")
+_backend = f"db+{_database}"
+if os.environ.get("SOURCES_RESULTS") == "django-db":
+    import django
+
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.sources.celery_django.settings")
+    django.setup()
+    _backend = "django-db"
 app = Celery("sources-tests", broker=os.environ.get("SOURCES_BROKER_URL", "memory://"),
-             backend=f"db+{_database}")
+             backend=_backend)
 app.conf.update(
     task_track_started=True, result_extended=True, task_serializer="json",
     result_serializer="json", accept_content=["json"], worker_prefetch_multiplier=1,
@@ -60,6 +69,14 @@ def idem_work(self: Task, hang: list[float] | None = None) -> str:
 @app.task(name="pure.work", bind=True)
 def pure_work(self: Task, hang: list[float] | None = None) -> str:
     return _work(self, hang)
+
+
+@app.task(name="idem.echo", bind=True)
+def idem_echo(self: Task, *args: Any, hang: list[float] | None = None, **kwargs: Any
+              ) -> list[Any]:
+    """Gives back the arguments it ran with (a re-published task's must be the caller's)."""
+    _work(self, hang)
+    return [list(args), kwargs]
 
 
 @app.task(name="effect.work", bind=True)

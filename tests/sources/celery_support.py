@@ -2,13 +2,16 @@
 
 ``redis_url``: Debian's ``redis-server`` started once per session on a free port (no
 persistence), stopped at the end; emptied for each test. Without it the tests are skipped
-with the install line, or fail under CI=true; never a mock broker. ``celery_db``: the
+with the install line, or fail under CI=true; never a mock broker. ``celery_project``: the
 reconciler's database on each engine with Celery's own result tables created by Celery's
-own models (its database backend would create the same on first use).
+own models (its database backend would create the same on first use);
+``django_celery_project``: the same with django-celery-results' table instead, made by
+its own migrations in the Django project tests/sources/celery_django.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -90,25 +93,59 @@ def redis_url(redis_server: str) -> str:
     return redis_server
 
 
+DJANGO_TABLE = "django_celery_results_taskresult"
+DJANGO_MANAGE = [sys.executable, "-m", "tests.sources.celery_django.manage"]
+
+
 @dataclass(frozen=True)
 class CeleryProject:
-    """The test app's broker and result database."""
+    """The test app's broker and result database (``django_url``: its results kept by
+    django-celery-results, the database as Django's settings read it)."""
 
     broker_url: str
     database_url: str
     engine: Engine
+    django_url: str | None = None
+
+    @property
+    def table(self) -> str:
+        return "celery_taskmeta" if self.django_url is None else DJANGO_TABLE
 
     def env(self, markers: Path, *, acks_late: bool = False) -> dict[str, str]:
+        django = {} if self.django_url is None else {
+            "SOURCES_RESULTS": "django-db", "SOURCES_DJANGO_DB": self.django_url}
         return {"SOURCES_BROKER_URL": self.broker_url,
                 "SOURCES_DATABASE_URL": self.database_url, "SOURCES_MARKERS": str(markers),
-                "SOURCES_ACKS_LATE": "1" if acks_late else "0"}
+                "SOURCES_ACKS_LATE": "1" if acks_late else "0", **django}
+
+    def result(self, task_id: str, timeout: float) -> dict[str, Any]:
+        """What ``AsyncResult(task_id).get(timeout)`` gives the caller through
+        django-celery-results, in a process of the Django project: ``value`` or ``raised``."""
+        assert self.django_url is not None
+        done = subprocess.run([*DJANGO_MANAGE, "result", task_id, str(timeout)],
+                              capture_output=True, text=True, timeout=timeout + 60,
+                              env={**os.environ, **self.env(Path("/nonexistent"))},
+                              cwd=Path(__file__).parents[2], check=False)
+        if done.returncode != 0:
+            pytest.fail(f"result {task_id} failed: {done.stderr.strip()[-800:]}", pytrace=False)
+        found: dict[str, Any] = json.loads(done.stdout)
+        return found
+
+    def migrate(self) -> None:
+        """django-celery-results' own migrations, into the project's database."""
+        done = subprocess.run([*DJANGO_MANAGE, "migrate", "-v0"], capture_output=True,
+                              text=True, timeout=120, cwd=Path(__file__).parents[2],
+                              env={**os.environ, **self.env(Path("/nonexistent"))}, check=False)
+        if done.returncode != 0:
+            pytest.fail(f"migrate failed: {done.stderr.strip()[-800:]}", pytrace=False)
 
     def caller(self) -> Any:
-        """A Celery app as the caller's process has it: sends tasks, reads results."""
+        """A Celery app as the caller's process has it: sends tasks, reads results (only
+        sends, over django-celery-results: ``result`` reads them in a Django process)."""
         from celery import Celery  # noqa: PLC0415 - present: redis_server checked
 
-        app = Celery("caller", broker=self.broker_url, backend=f"db+{self.database_url}",
-                     set_as_current=False)
+        backend = f"db+{self.database_url}" if self.django_url is None else "disabled"
+        app = Celery("caller", broker=self.broker_url, backend=backend, set_as_current=False)
         app.conf.update(result_extended=True, task_serializer="json",
                         result_serializer="json", accept_content=["json"])
         return app
@@ -128,11 +165,13 @@ class CeleryProject:
         return None if row is None else str(row["status"])
 
     def row(self, task_id: str) -> dict[str, Any] | None:
+        columns = ("task_id, status, name, worker, retries, queue, date_done, result, traceback"
+                   if self.django_url is None else "task_id, status, task_name, worker, "
+                   "date_done, result, traceback")
         with self.engine.connect() as conn:
             found = conn.execute(sa.text(
-                "SELECT task_id, status, name, worker, retries, queue, date_done, result, "
-                "traceback FROM celery_taskmeta WHERE task_id = :id"), {"id": task_id}
-            ).mappings().first()
+                f"SELECT {columns} FROM {self.table} WHERE task_id = :id"),
+                {"id": task_id}).mappings().first()
         return None if found is None else dict(found)
 
 
@@ -217,3 +256,57 @@ def celery_live_worker(redis_server: str, tmp_path_factory: pytest.TempPathFacto
         process.kill()
         process.wait(timeout=10)
         log.close()
+
+
+@pytest.fixture(scope="session")
+def django_celery_sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SQLite file with the reconciler's tables and django-celery-results' migrations,
+    made once and copied for each test."""
+    from reconciler.storage.engines import create_engine  # noqa: PLC0415
+
+    url = fresh_database(tmp_path_factory.mktemp("django-celery-template"))
+    engine = create_engine(url)
+    CeleryProject("redis://unused", url, engine, url).migrate()
+    engine.dispose()
+    return Path(url.removeprefix("sqlite:///"))
+
+
+@pytest.fixture(scope="session")
+def django_celery_results_schema(sources_db: SourcesDatabase, redis_server: str) -> str:
+    """django-celery-results' migrations, applied once into the session's PostgreSQL."""
+    CeleryProject(redis_server, sources_db.url, sources_db.engine, sources_db.libpq).migrate()
+    return DJANGO_TABLE
+
+
+@pytest.fixture(params=("sqlite", "postgresql"))
+def django_celery_project(request: pytest.FixtureRequest, tmp_path: Path, redis_url: str
+                          ) -> Iterator[CeleryProject]:
+    """django-celery-results' table beside the reconciler's, on each engine, empty."""
+    yield from open_django_celery(request, request.param, tmp_path, redis_url)
+
+
+def open_django_celery(request: pytest.FixtureRequest, engine_name: str, folder: Path,
+                       redis_url: str) -> Iterator[CeleryProject]:
+    """A fresh SQLite file migrated, or the session's PostgreSQL database emptied."""
+    if engine_name == "sqlite":
+        from reconciler.storage.engines import create_engine  # noqa: PLC0415
+
+        template: Path = request.getfixturevalue("django_celery_sqlite_template")
+        path = folder / "project.db"
+        shutil.copyfile(template, path)
+        url = f"sqlite:///{path}"
+        engine = create_engine(url)
+        try:
+            yield CeleryProject(redis_url, url, engine, url)
+        finally:
+            engine.dispose()
+        return
+    db: SourcesDatabase = request.getfixturevalue("sources_db")
+    request.getfixturevalue("django_celery_results_schema")
+    db.execute(f"TRUNCATE {DJANGO_TABLE}")
+    clear_ledger(db)
+    with db.engine.begin() as conn:
+        # Attempts on this table are counted from the audit: each test starts with none.
+        conn.execute(sa.text("DELETE FROM reconciliation_decisions"))
+        conn.execute(sa.text("DELETE FROM reconciliation_passes"))
+    yield CeleryProject(redis_url, db.url, db.engine, db.libpq)

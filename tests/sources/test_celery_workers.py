@@ -1,5 +1,6 @@
 """Real Celery workers over a real Redis, SIGKILLed mid-task, recovered by the celery source
-on SQLite and PostgreSQL (Celery's database result backend on the reconciler's database).
+on SQLite and PostgreSQL (Celery's database result backend on the reconciler's database;
+``TestDjangoCeleryResults``: django-celery-results' table in a Django project instead).
 
 The caller's own ``AsyncResult`` sees every recovery: a resumed task completes on a new
 worker of the app, a failed one raises at once. Workers answer ping through the broker; the
@@ -8,8 +9,11 @@ source judges one gone after 2 s of silence across passes.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -20,6 +24,7 @@ from reconciler.core.kinds import KindRule, KindRules
 from reconciler.core.vocabulary import Disposition, EffectKind, Reason
 from reconciler.sources.celery import CeleryConfig
 from reconciler.sources.celery_broker import CeleryBroker
+from tests.conftest import REPO_ROOT
 from tests.sources.celery_support import (
     CeleryProject,
     kill_worker,
@@ -35,6 +40,7 @@ from tests.sources.support import (
     record_finding,
     wait_until,
 )
+from tests.sources.test_one_pass_cli import reconciler_pass
 
 TIMEOUT_SECONDS = 2.0
 VISIBILITY_SECONDS = 2.0  # the broker's redelivery delay under task_acks_late
@@ -49,7 +55,7 @@ def markers(tmp_path: Path) -> Markers:
 
 def config(project: CeleryProject, broker_url: str | None = None) -> CeleryConfig:
     return CeleryConfig(broker_url=broker_url or project.broker_url,
-                        session_timeout_seconds=TIMEOUT_SECONDS)
+                        result_table=project.table, session_timeout_seconds=TIMEOUT_SECONDS)
 
 
 def start_worker(processes: Processes, project: CeleryProject, markers: Markers, name: str,
@@ -320,3 +326,147 @@ def test_rows_written_without_result_extended_are_left_alone_and_said_once(
     warnings = [r.getMessage() for r in caplog.records]
     assert len(warnings) == 1
     assert "missing_setting=result_extended" in warnings[0]
+
+
+ECHO_ARGS = [1, "two", {"3": [4.5, None, True]}, "é 'quoted'"]
+ECHO_KWARGS = {"note": "ünïcode", "nested": {"k": [1, 2]}}
+
+
+class TestDjangoCeleryResults:
+    """The same Celery app with ``result_backend = "django-db"``: django-celery-results'
+    table (no retry count, no queue, the arguments as a repr) in a Django project, its
+    workers SIGKILLed mid-task, one ``reconciler pass --config`` as an operator runs it,
+    and what the caller's ``AsyncResult`` reads through django-celery-results after."""
+
+    def test_one_pass_resumes_fails_and_leaves_the_live_workers_task(
+            self, django_celery_project: CeleryProject, processes: Processes,
+            markers: Markers, tmp_path: Path) -> None:
+        project = django_celery_project
+        toml = tmp_path / "reconciler.toml"
+        toml.write_text(f"""
+database_url = "{project.database_url}"
+stale_after_seconds = 0.5
+session_timeout_seconds = 2
+session_heartbeat_seconds = 0.5
+
+[source]
+kind = "celery"
+broker_url = "{project.broker_url}"
+result_table = "django_celery_results_taskresult"
+task_routes = {{ "idem.*" = "q1" }}
+task_default_queue = "q2"
+
+[kinds."idem.*"]
+effect = "idempotent"
+""")
+        caller = project.caller()
+        started = {"q1": caller.send_task("idem.echo", args=ECHO_ARGS,
+                                          kwargs=ECHO_KWARGS, queue="q1"),
+                   "q2": caller.send_task("effect.work", queue="q2"),
+                   "q3": caller.send_task("idem.work", queue="q3")}
+        env = project.env(markers.folder)
+        workers = {q: processes.start(q, worker_argv(f"w-{q}", queues=q), env,
+                                      cwd=Path(__file__).parents[2])
+                   for q in ("q1", "q2", "q3")}
+        for queue, sent in started.items():
+            wait_until(lambda r=sent: markers.has(f"{r.id}-started-1"),
+                       f"the task on {queue}", process=workers[queue])
+        for queue in ("q1", "q2"):
+            kill_worker(workers[queue])
+        idem, effect, live = (started[q].id for q in ("q1", "q2", "q3"))
+        before = project.row(live)
+
+        assert reconciler_pass(toml)["decisions"] == []  # silence is measured across passes
+        time.sleep(TIMEOUT_SECONDS + 0.2)
+        report = reconciler_pass(toml)
+
+        assert {str(d["job_id"]): d["reason"] for d in report["decisions"]} == {
+            idem: "resumed_idempotent_step", effect: "worker_died_mid_step"}
+        assert project.status(idem) == "RETRY"
+        processes.start("next", worker_argv("next", queues="q1,q2"), env,
+                        cwd=Path(__file__).parents[2])
+        assert project.result(idem, 60) == {"value": [ECHO_ARGS, ECHO_KWARGS],
+                                            "state": "SUCCESS"}
+        failed = project.result(effect, 5)
+        assert failed["raised"].startswith("WorkerLostError: worker_died_mid_step")
+        assert failed["state"] == "FAILURE"
+        assert markers.of(idem) == {"started-1", "started-2", "done-2"}
+        assert markers.of(effect) == {"started-1"}
+        assert project.row(live) == before
+        assert workers["q3"].alive()
+        listed = subprocess.run([sys.executable, "-m", "reconciler.cli", "jobs", "list",
+                                 "--config", str(toml), "--json"], capture_output=True,
+                                text=True, timeout=120, cwd=REPO_ROOT, check=True).stdout
+        assert {j["job_id"]: (j["status"], j["reason"]) for j in json.loads(listed)} == {
+            idem: ("completed", None), effect: ("failed", "worker_died_mid_step"),
+            live: ("processing", None)}
+        assert "w-q" not in listed  # no worker's hostname in a public view
+        record_finding("celery", "django_celery_results_one_pass",
+                       engine=project.engine.dialect.name, resumed=idem, failed=effect)
+
+    @pytest.mark.parametrize("argument", ["x" * 2000, "C:\\new\\table"],
+                             ids=["cut-past-argsrepr_maxsize", "backslashes"])
+    def test_arguments_the_table_does_not_hold_make_the_task_unresumable(
+            self, django_celery_project: CeleryProject, processes: Processes,
+            markers: Markers, argument: str) -> None:
+        """The stored repr is cut past argsrepr_maxsize, or written unescaped (Celery's
+        saferepr): re-publishing it would run the task with other arguments, so the
+        idempotent task fails for the caller instead."""
+        project = django_celery_project
+        sent = project.caller().send_task("idem.echo", args=[argument])
+        first = start_worker(processes, project, markers, "worker-a")
+        wait_until(lambda: markers.has(f"{sent.id}-started-1"), "the task to start",
+                   process=first)
+        kill_worker(first)
+        outcome = recover(project, sent.id, first)
+        assert (outcome.disposition, outcome.reason) == (Disposition.TERMINALIZE,
+                                                         Reason.UNRESUMABLE_PLAN)
+        assert project.result(sent.id, 5)["raised"].startswith(
+            "WorkerLostError: unresumable_plan")
+        start_worker(processes, project, markers, "worker-b")
+        later = project.caller().send_task("idem.work", kwargs={"hang": []})
+        assert project.result(later.id, 30)["value"] == "done on attempt 1"
+        assert markers.of(sent.id) == {"started-1"}
+
+    def test_a_task_lost_twice_counts_its_attempts_from_the_audit(
+            self, django_celery_project: CeleryProject, processes: Processes,
+            markers: Markers) -> None:
+        """The table keeps no retry count: the second loss is the second attempt, and the
+        re-published run is told so (``request.retries``)."""
+        project = django_celery_project
+        sent = project.caller().send_task("idem.work", kwargs={"hang": [3600, 3600, 0]})
+        for attempt, name in ((1, "worker-a"), (2, "worker-b")):
+            worker = start_worker(processes, project, markers, name)
+            wait_until(lambda a=attempt: markers.has(f"{sent.id}-started-{a}"),
+                       f"attempt {attempt} to start", process=worker)
+            kill_worker(worker)
+            outcome = recover(project, sent.id, worker)
+            assert outcome.reason is Reason.RESUMED_IDEMPOTENT_STEP
+            assert outcome.evidence["attempts_used"] == attempt
+        start_worker(processes, project, markers, "worker-c")
+        assert project.result(sent.id, 60)["value"] == "done on attempt 3"
+
+    def test_a_late_worker_overwrites_the_failure(
+            self, django_celery_project: CeleryProject, processes: Processes,
+            markers: Markers) -> None:
+        """django-celery-results saves every field of every write, unguarded: the stopped
+        run's success replaces our FAILURE (the caller's get() had raised already)."""
+        project = django_celery_project
+        sent = project.caller().send_task("effect.work", kwargs={"hang": [4.0]})
+        old = start_worker(processes, project, markers, "worker-old")
+        wait_until(lambda: markers.has(f"{sent.id}-started-1"), "the task to start",
+                   process=old)
+        stopped = worker_tree(old)
+        for pid in stopped:
+            os.kill(pid, signal.SIGSTOP)
+        outcome = recover(project, sent.id, old)
+        assert outcome.reason is Reason.WORKER_DIED_MID_STEP
+        assert project.result(sent.id, 5)["raised"].startswith(
+            "WorkerLostError: worker_died_mid_step")
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
+        wait_until(lambda: project.status(sent.id) != "FAILURE",
+                   "the old worker's late write", process=old)
+        record_finding("celery", "django_celery_results_late_writer", job_id=sent.id,
+                       engine=project.engine.dialect.name, status_after=project.status(sent.id))
+        assert project.status(sent.id) == "SUCCESS"

@@ -52,6 +52,18 @@ def test_celery_takes_the_session_timeout_setting(tmp_path: Path) -> None:
     assert source == CeleryConfig(broker_url="redis://r:6379/0", session_timeout_seconds=45.0)
 
 
+def test_celery_over_django_celery_results_with_its_routes(tmp_path: Path) -> None:
+    """django-celery-results keeps no queue: the app's routes say where a task goes."""
+    source = load(tmp_path, '[source]\nkind = "celery"\nbroker_url = "redis://r"\n'
+                            'result_table = "django_celery_results_taskresult"\n'
+                            'task_default_queue = "default"\n'
+                            '[source.task_routes]\n"billing.*" = "billing"\n')
+    assert source == CeleryConfig(broker_url="redis://r",
+                                  result_table="django_celery_results_taskresult",
+                                  task_default_queue="default",
+                                  task_routes={"billing.*": "billing"})
+
+
 @pytest.mark.parametrize(("text", "names"), [
     ('[source]\nkind = "celery"\n', ["broker_url", "celery"]),
     ('[source]\nkind = "celery"\nbroker_url = "amqp://guest@rabbit//"\n',
@@ -60,6 +72,10 @@ def test_celery_takes_the_session_timeout_setting(tmp_path: Path) -> None:
      ["result_serializer", "json", "pickle"]),
     ('[source]\nkind = "celery"\nbroker_url = "redis://r"\nresult_table = "a b"\n',
      ["result_table", "plain SQL name"]),
+    ('[source]\nkind = "celery"\nbroker_url = "redis://r"\ntask_routes = "q"\n',
+     ["task_routes", "table of task name globs"]),
+    ('[source]\nkind = "celery"\nbroker_url = "redis://r"\ntask_routes = {"a.*" = 1}\n',
+     ["task_routes", "non-empty string"]),
     ('[source]\nkind = "django-tasks"\nschema = "x"\n', ["schema", "django-tasks"]),
     ('[source]\nkind = "django-tasks"\ntable = "x;y"\n', ["table", "plain SQL name"]),
     ('[source]\nkind = "django-tasks"\nbackend_name = 3\n', ["backend_name", "an integer"]),
