@@ -72,12 +72,20 @@ class SourceSettings:
     from_settings: ClassVar[frozenset[str]] = frozenset()
     sql_names: ClassVar[frozenset[str]] = frozenset({"schema"})
     """Keys naming SQL objects (besides every ``*_column``): plain SQL names only."""
+    string_tables: ClassVar[frozenset[str]] = frozenset()
+    """Keys whose value is a table of non-empty strings to non-empty strings."""
 
     @field_validator("*", mode="before")
     @classmethod
     def _plain_text(cls, value: Any, info: ValidationInfo) -> Any:
         name = info.field_name or ""
         if name in cls.from_settings or value is None:
+            return value
+        if name in cls.string_tables:
+            if not isinstance(value, dict) or not all(
+                    isinstance(k, str) and k and isinstance(v, str) and v
+                    for k, v in value.items()):
+                raise ValueError("must be a table of non-empty strings to non-empty strings")
             return value
         if not isinstance(value, str) or not value:
             raise ValueError(f"must be a non-empty string, not {type_name(value)}")

@@ -40,7 +40,7 @@ from datetime import datetime
 from typing import Any, ClassVar
 
 import sqlalchemy as sa
-from pydantic import ConfigDict, ValidationInfo, field_validator, model_validator
+from pydantic import ConfigDict, model_validator
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 from sqlalchemy.engine import Connection
 
@@ -82,10 +82,6 @@ _STATUS_WORDS = {"PENDING": JobStatus.QUEUED, "RECEIVED": JobStatus.QUEUED,
                  "REVOKED": JobStatus.CANCELLED}
 
 
-_PLAIN_TEXT = SourceSettings.__dict__["_plain_text"].__func__
-"""SourceSettings' check of every key, which CeleryConfig's own extends to a table."""
-
-
 @pydantic_dataclass(frozen=True, slots=True, config=ConfigDict(extra="forbid"))
 class CeleryConfig(SourceSettings):
     """``kind = "celery"``: Celery's database result backend, liveness over its broker."""
@@ -93,6 +89,7 @@ class CeleryConfig(SourceSettings):
     kind: ClassVar[str] = "celery"
     from_settings: ClassVar[frozenset[str]] = frozenset({"session_timeout_seconds"})
     sql_names: ClassVar[frozenset[str]] = frozenset({"result_table"})
+    string_tables: ClassVar[frozenset[str]] = frozenset({"task_routes"})
     broker_url: str
     """The app's broker (Redis): liveness is its workers' answer to ping."""
     result_table: str = "celery_taskmeta"
@@ -105,19 +102,6 @@ class CeleryConfig(SourceSettings):
     session_timeout_seconds: float = 30.0
     """A worker silent to ping this long, across passes, is gone (the
     ``session_timeout_seconds`` setting)."""
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def _plain_text(cls, value: Any, info: ValidationInfo) -> Any:
-        # Replaces SourceSettings' check of the same name for the one key that is a table.
-        if info.field_name != "task_routes":
-            return _PLAIN_TEXT(cls, value, info)
-        if not isinstance(value, dict) or not all(
-                isinstance(v, str) and v and isinstance(k, str) and k
-                for k, v in value.items()):
-            raise ValueError("must be a table of task name globs to queue names, each a "
-                             "non-empty string")
-        return value
 
     @model_validator(mode="after")
     def _supported(self) -> CeleryConfig:

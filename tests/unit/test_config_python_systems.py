@@ -73,7 +73,7 @@ def test_celery_over_django_celery_results_with_its_routes(tmp_path: Path) -> No
     ('[source]\nkind = "celery"\nbroker_url = "redis://r"\nresult_table = "a b"\n',
      ["result_table", "plain SQL name"]),
     ('[source]\nkind = "celery"\nbroker_url = "redis://r"\ntask_routes = "q"\n',
-     ["task_routes", "table of task name globs"]),
+     ["task_routes", "table of non-empty strings"]),
     ('[source]\nkind = "celery"\nbroker_url = "redis://r"\ntask_routes = {"a.*" = 1}\n',
      ["task_routes", "non-empty string"]),
     ('[source]\nkind = "django-tasks"\nschema = "x"\n', ["schema", "django-tasks"]),
