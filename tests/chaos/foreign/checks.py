@@ -41,6 +41,8 @@ class FaultLog:
     """Pids of the workers SIGSTOPped (and later continued)."""
     killed_at: dict[int, float] = field(default_factory=dict)
     """Epoch of each worker's SIGKILL, by pid."""
+    live_at_end: set[int] = field(default_factory=set)
+    """Pids of the workers still running after the drain."""
 
 
 @dataclass
@@ -80,11 +82,14 @@ def run_checks(db: Database, system: System, specs: Mapping[str, JobSpec],
     bad: dict[str, list[str]] = {name: [] for name in (
         "effect_started_twice", "jobs_not_terminal", "attempts_over_budget",
         "decisions_per_attempt_over_one")}
+    lost: list[str] = []
     for job, spec in specs.items():
         state = states.get(job)
         if _effect_started_twice(system, spec, decided[job], by_job[job]):
             bad["effect_started_twice"].append(job)
-        if state is None or state.status not in TERMINAL:
+        if _lost_after_acknowledgement(state, by_job[job], faults.live_at_end):
+            lost.append(job)
+        elif state is None or state.status not in TERMINAL:
             bad["jobs_not_terminal"].append(job)
         if _over_budget(system, spec, state, by_job[job]):
             bad["attempts_over_budget"].append(job)
@@ -106,9 +111,30 @@ def run_checks(db: Database, system: System, specs: Mapping[str, JobSpec],
         "late_finishes": sum(sum(c.values()) for c in late.values()),
         "late_writes": {fault: dict(c) for fault, c in late.items()},
         "late_write_examples": late_examples,
+        "lost_after_acknowledgement": len(lost),
+        "lost_after_acknowledgement_examples": lost[:EXAMPLES],
     }
     return Checks({name: len(jobs) for name, jobs in bad.items()}, facts,
                   {name: jobs[:EXAMPLES] for name, jobs in bad.items() if jobs})
+
+
+def _lost_after_acknowledgement(state: JobState | None, markers: Sequence[Marker],
+                                live_pids: set[int]) -> bool:
+    """A job the system itself lost after handing it to a worker, where no reconciler can
+    see it: its latest attempt was acknowledged (an ``accepted`` marker, Celery's: early
+    acknowledgement) by a worker that died before starting it, and no row says it runs.
+
+    Celery acknowledges before it writes the ``STARTED`` row: a worker that dies in between
+    (killed, or stopped by a result write that failed) leaves no message to redeliver and
+    no running row, whether the message was the first or one the reconciler re-published
+    (then the row stays ``RETRY``). Counted as a fact, not as a job left behind."""
+    accepted = [m for m in markers if m.event == "accepted"]
+    if not accepted or (state is not None and state.status in (*TERMINAL, "running")):
+        return False
+    latest = max(accepted, key=lambda m: (m.attempt, m.at))
+    started = {m.attempt for m in markers if m.event == "started"}
+    return (latest.attempt not in started and latest.attempt >= max(started, default=0)
+            and latest.pid is not None and latest.pid not in live_pids)
 
 
 def _effect_started_twice(system: System, spec: JobSpec, decisions: Sequence[AuditRow],

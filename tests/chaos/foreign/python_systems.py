@@ -213,7 +213,8 @@ class Celery(SystemBase):
     def worker_command(self, db: Database, markers: Path) -> tuple[list[str], dict[str, str]]:
         # A new name each start: a restarted worker must not answer for a dead one.
         name = f"chaos-{uuid.uuid4().hex[:8]}@chaos"
-        return [sys.executable, "-m", "celery", "-A", "tests.sources.celery_app", "worker",
+        return [sys.executable, "-m", "celery", "-A", "tests.chaos.foreign.celery_chaos_app",
+                "worker",
                 "--pool=solo", f"--hostname={name}", "--disable-prefetch",
                 "--without-mingle", "--without-gossip", "--loglevel=INFO"], {
             "SOURCES_BROKER_URL": self.broker_url, "SOURCES_DATABASE_URL": db.url,

@@ -175,6 +175,7 @@ class ForeignRun:
             self._fault_phase()
             self._drain()
             assert self.db is not None
+            self.stats.faults.live_at_end = {c.pid for c in self.children.live("worker")}
             checks = run_checks(self.db, self.system, self.specs, read_markers(self.markers),
                                 self.stats.faults)
             return ForeignResult(self.params, self.seed, self.stats, checks)
