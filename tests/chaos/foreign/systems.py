@@ -103,6 +103,10 @@ class System(Protocol):
         """The ``[kinds]`` pattern matching the jobs ``pattern`` names (``idem.*``) as the
         system spells their kinds."""
 
+    def whereabouts(self, db: Database, jobs: Sequence[str]) -> dict[str, str]:
+        """Where each of these unfinished jobs is, in the system's words (its row, its
+        broker's copies): for the report; empty where the job table says it all."""
+
     def close(self) -> None:
         """Stop what ``prepare`` started besides the database (a broker)."""
 
@@ -112,6 +116,9 @@ class SystemBase:
 
     def kind_pattern(self, pattern: str) -> str:
         return pattern
+
+    def whereabouts(self, db: Database, jobs: Sequence[str]) -> dict[str, str]:
+        return {}
 
     def close(self) -> None:
         return None
