@@ -1,11 +1,12 @@
-"""The foreign chaos checks' one excuse for a job left behind: Celery lost it after its
-worker acknowledged it (early acknowledgement), before any row said it ran. Only that,
-with the evidence of an ``accepted`` marker from a worker that died before starting it,
-is a fact rather than ``jobs_not_terminal``."""
+"""The foreign chaos checks' excuses for a job left behind, where its system lost it
+before any reconciler could see it: Celery's worker accepted it and died before starting
+it (an ``accepted`` marker), or no worker ever began it and no decision touched it. Each
+is counted lost only once Redis holds no copy of it either (``System.vanished``, read by
+the run); anything less is ``jobs_not_terminal``."""
 
 from __future__ import annotations
 
-from tests.chaos.foreign.checks import _lost_after_acknowledgement
+from tests.chaos.foreign.checks import AuditRow, _how_maybe_lost, _lost_after_acknowledgement
 from tests.chaos.foreign.processes import Marker
 from tests.chaos.foreign.systems import JobState
 
@@ -45,3 +46,12 @@ def test_anything_short_of_that_evidence_is_a_job_left_behind() -> None:
         JobState("running", 2, 4), [*first_run, marker("accepted", 2, DEAD, 9.0)], {ALIVE})
     # No accepted markers at all (every system but Celery).
     assert not _lost_after_acknowledgement(QUEUED, [marker("started", 1, DEAD, 1.0)], {ALIVE})
+
+
+def test_a_job_no_worker_began_and_no_decision_touched_may_have_been_lost_in_delivery(
+) -> None:
+    assert _how_maybe_lost(None, [], [], {ALIVE}) == "in_delivery"
+    decided = AuditRow(JOB, 5.0, "resume", "resumed_idempotent_step", 1)
+    # The reconciler resumed it: its re-publish is the reconciler's to answer for.
+    assert _how_maybe_lost(QUEUED, [], [decided], {ALIVE}) is None
+    assert _how_maybe_lost(QUEUED, [marker("started", 1, DEAD, 1.0)], [], {ALIVE}) is None

@@ -3,18 +3,19 @@ worker``): tests/sources/celery_app.py's app and tasks, acknowledging early (Cel
 default), with what a careful operator of a database result backend sets, and one more
 marker.
 
-- ``<job>-accepted-<attempt>`` on ``task_prerun``: the worker has acknowledged the message
-  (with early acknowledgement the solo pool acknowledges as it accepts the task, before
-  prerun) and has not yet written the task's ``STARTED`` row. A worker that dies between
-  the two has lost the task, by Celery's own at-most-once delivery: no message is left and
-  no ``STARTED`` row was written for the reconciler to find. The checks tell those apart.
+- ``<job>-accepted-<attempt>`` on ``task_prerun``: the worker has accepted the task (its
+  acknowledgement is scheduled: a solo worker sends it when the task returns, or as it
+  stops) and has not yet written the ``STARTED`` row. A worker that stops in between, on a
+  result write that failed, acknowledges the message on its way out: Celery has lost the
+  task, with no message and no running row for the reconciler to find. The checks tell
+  those apart.
 - Result writes retried through a PostgreSQL restart: the database backend retries a
-  failed write 3 times within about 0.1 s by default, then the worker stops
-  ("Unrecoverable error") with the message acknowledged and no ``STARTED`` row.
+  failed write 3 times within a fraction of a second by default, then the worker stops
+  ("Unrecoverable error") as above.
 - kombu's sweep that puts a message a killed worker held unacknowledged back on its queue
   runs every second, not every 100 s (kombu 5.7's ``unacked_restore_interval`` 10 s times
-  ``unacked_restore_throttle`` 10): such a message runs again once the visibility
-  timeout has passed, within the run.
+  ``unacked_restore_throttle`` 10): such a message runs again once the visibility timeout
+  has passed, within the run.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ app.conf.update(
 
 @task_prerun.connect
 def _accepted(task_id: str | None = None, task: Any = None, **_: Any) -> None:
-    """The message is acknowledged; the ``STARTED`` row is not written yet."""
+    """The task is accepted (its message's acknowledgement scheduled); the ``STARTED`` row
+    is not written yet."""
     if task_id is not None and task is not None:
         mark(f"{task_id}-accepted-{task.request.retries + 1}")

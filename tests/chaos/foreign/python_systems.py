@@ -231,6 +231,21 @@ class Celery(SystemBase):
         """Where each job is: ``<row status or no_row>/<sent or not_sent>/<its messages on
         the queue and unacknowledged>``, read from the result table and Redis before it
         stops."""
+        rows, queued, held = self._copies(db, jobs)
+        return {job: f"{rows.get(job, 'no_row')}/{'sent' if job in self.sent else 'not_sent'}"
+                     f"/queued {queued.count(job)} unacked {held.count(job)}" for job in jobs}
+
+    def vanished(self, db: Database, jobs: Sequence[str]) -> set[str]:
+        """Jobs the run's sender published of which Redis holds no message any more,
+        neither queued nor unacknowledged."""
+        _, queued, held = self._copies(db, jobs)
+        return {job for job in jobs if job in self.sent and job not in queued
+                and job not in held}
+
+    def _copies(self, db: Database, jobs: Sequence[str]
+                ) -> tuple[dict[str, str], list[str], list[str]]:
+        """The jobs' rows' statuses, and the task ids of the messages queued and held
+        unacknowledged in Redis."""
         import redis  # noqa: PLC0415 - optional (test extra)
 
         client = redis.Redis.from_url(self.broker_url)
@@ -238,8 +253,7 @@ class Celery(SystemBase):
         held = [json.loads(raw)[0]["headers"]["id"] for raw in client.hvals("unacked")]
         rows = dict(db.query("SELECT task_id, status FROM celery_taskmeta "
                              "WHERE task_id = ANY(%(jobs)s)", {"jobs": list(jobs)}))
-        return {job: f"{rows.get(job, 'no_row')}/{'sent' if job in self.sent else 'not_sent'}"
-                     f"/queued {queued.count(job)} unacked {held.count(job)}" for job in jobs}
+        return rows, queued, held
 
     def states(self, db: Database, specs: Mapping[str, JobSpec]) -> dict[str, JobState]:
         rows = {job: rest for job, *rest in db.query(
