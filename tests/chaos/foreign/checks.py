@@ -148,10 +148,11 @@ def _lost_after_acknowledgement(state: JobState | None, markers: Sequence[Marker
     worker that died before starting it, and no row says it runs. Lost once the system
     also holds no copy of it (``System.vanished``).
 
-    Celery acknowledges a message as its worker accepts the task, before it writes the
-    ``STARTED`` row: a worker that then stops (a result write that failed) leaves no message
-    to redeliver and no running row, whether the message was the first or one the
-    reconciler re-published (then the row stays ``RETRY``)."""
+    A Celery worker that accepted a task and stops before writing its ``STARTED`` row (a
+    result write that failed) acknowledges the message on its way out: no message to
+    redeliver and no running row, whether the message was the first or one the reconciler
+    re-published (then the row stays ``RETRY``). A SIGKILLed one leaves the message
+    unacknowledged in Redis, for kombu to put back: not lost."""
     accepted = [m for m in markers if m.event == "accepted"]
     if not accepted or (state is not None and state.status in (*TERMINAL, "running")):
         return False

@@ -87,7 +87,7 @@ class Marker:
     """``<job>-<event>-<attempt>``, written by the process ``pid`` at ``at`` (epoch)."""
 
     job: str
-    event: str  # "started" | "done" | "accepted" (Celery: acknowledged, not yet started)
+    event: str  # "started" | "done" | "accepted" (Celery: accepted, not yet started)
     attempt: int
     pid: int | None
     at: float
