@@ -41,6 +41,8 @@ class FaultLog:
     """Pids of the workers SIGSTOPped (and later continued)."""
     killed_at: dict[int, float] = field(default_factory=dict)
     """Epoch of each worker's SIGKILL, by pid."""
+    live_at_end: set[int] = field(default_factory=set)
+    """Pids of the workers still running after the drain."""
 
 
 @dataclass
@@ -80,14 +82,25 @@ def run_checks(db: Database, system: System, specs: Mapping[str, JobSpec],
     bad: dict[str, list[str]] = {name: [] for name in (
         "effect_started_twice", "jobs_not_terminal", "attempts_over_budget",
         "decisions_per_attempt_over_one")}
+    # A job left behind that its system may have lost where no reconciler could see it:
+    # counted as lost once the system confirms it holds no copy of it any more.
+    maybe_lost: dict[str, str] = {}
     for job, spec in specs.items():
         state = states.get(job)
         if _effect_started_twice(system, spec, decided[job], by_job[job]):
             bad["effect_started_twice"].append(job)
         if state is None or state.status not in TERMINAL:
-            bad["jobs_not_terminal"].append(job)
+            how = _how_maybe_lost(state, by_job[job], decided[job], faults.live_at_end)
+            if how is None:
+                bad["jobs_not_terminal"].append(job)
+            else:
+                maybe_lost[job] = how
         if _over_budget(system, spec, state, by_job[job]):
             bad["attempts_over_budget"].append(job)
+    vanished = system.vanished(db, list(maybe_lost)) if maybe_lost else set()
+    lost: dict[str, list[str]] = {"after_acknowledgement": [], "in_delivery": []}
+    for job, how in maybe_lost.items():
+        (lost[how] if job in vanished else bad["jobs_not_terminal"]).append(job)
     per_attempt = Counter((a.job, a.attempts_used) for a in acting)
     bad["decisions_per_attempt_over_one"] = sorted({job for (job, _), n in per_attempt.items()
                                                     if n > 1})
@@ -106,9 +119,47 @@ def run_checks(db: Database, system: System, specs: Mapping[str, JobSpec],
         "late_finishes": sum(sum(c.values()) for c in late.values()),
         "late_writes": {fault: dict(c) for fault, c in late.items()},
         "late_write_examples": late_examples,
+        "lost_by_the_system": {how: len(jobs) for how, jobs in lost.items()},
+        "lost_by_the_system_examples": {how: jobs[:EXAMPLES] for how, jobs in lost.items()
+                                        if jobs},
     }
     return Checks({name: len(jobs) for name, jobs in bad.items()}, facts,
                   {name: jobs[:EXAMPLES] for name, jobs in bad.items() if jobs})
+
+
+def _how_maybe_lost(state: JobState | None, markers: Sequence[Marker],
+                    decisions: Sequence[AuditRow], live_pids: set[int]) -> str | None:
+    """How the system may have lost this unfinished job where no reconciler could see it
+    (None: it cannot have). ``after_acknowledgement``: below. ``in_delivery``: no worker
+    ever began it and the reconciler never decided on it; a Celery worker killed after
+    Redis handed it the message (``BRPOP``) and before kombu recorded it unacknowledged
+    leaves no trace of it anywhere."""
+    if _lost_after_acknowledgement(state, markers, live_pids):
+        return "after_acknowledgement"
+    if not markers and not decisions:
+        return "in_delivery"
+    return None
+
+
+def _lost_after_acknowledgement(state: JobState | None, markers: Sequence[Marker],
+                                live_pids: set[int]) -> bool:
+    """A job its system may have lost after handing it to a worker, where no reconciler
+    can see it: its latest attempt was accepted (an ``accepted`` marker, Celery's) by a
+    worker that died before starting it, and no row says it runs. Lost once the system
+    also holds no copy of it (``System.vanished``).
+
+    A Celery worker that accepted a task and stops before writing its ``STARTED`` row (a
+    result write that failed) acknowledges the message on its way out: no message to
+    redeliver and no running row, whether the message was the first or one the reconciler
+    re-published (then the row stays ``RETRY``). A SIGKILLed one leaves the message
+    unacknowledged in Redis, for kombu to put back: not lost."""
+    accepted = [m for m in markers if m.event == "accepted"]
+    if not accepted or (state is not None and state.status in (*TERMINAL, "running")):
+        return False
+    latest = max(accepted, key=lambda m: (m.attempt, m.at))
+    started = {m.attempt for m in markers if m.event == "started"}
+    return (latest.attempt not in started and latest.attempt >= max(started, default=0)
+            and latest.pid is not None and latest.pid not in live_pids)
 
 
 def _effect_started_twice(system: System, spec: JobSpec, decisions: Sequence[AuditRow],

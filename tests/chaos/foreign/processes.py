@@ -87,7 +87,7 @@ class Marker:
     """``<job>-<event>-<attempt>``, written by the process ``pid`` at ``at`` (epoch)."""
 
     job: str
-    event: str  # "started" | "done"
+    event: str  # "started" | "done" | "accepted" (Celery: accepted, not yet started)
     attempt: int
     pid: int | None
     at: float
@@ -101,7 +101,7 @@ def read_markers(folder: Path) -> list[Marker]:
         if len(parts) != 3:
             continue
         job, event, attempt = parts
-        if event not in ("started", "done") or not attempt.isdigit():
+        if event not in ("started", "done", "accepted") or not attempt.isdigit():
             continue
         try:
             text, at = path.read_text(), path.stat().st_mtime

@@ -125,6 +125,8 @@ class Celery(SystemBase):
         self.broker_url = ""
         self.feeder: threading.Thread | None = None
         self.stopping = threading.Event()
+        self.sent: set[str] = set()
+        """Task ids the run's sender has published (``send_task`` returned)."""
 
     def prepare(self, db: Database) -> None:
         binary = shutil.which("redis-server")
@@ -209,11 +211,13 @@ class Celery(SystemBase):
                     return
                 app.send_task(spec.kind, kwargs={"hang": list(spec.hang)}, task_id=job,
                               producer=producer)
+                self.sent.add(job)
 
     def worker_command(self, db: Database, markers: Path) -> tuple[list[str], dict[str, str]]:
         # A new name each start: a restarted worker must not answer for a dead one.
         name = f"chaos-{uuid.uuid4().hex[:8]}@chaos"
-        return [sys.executable, "-m", "celery", "-A", "tests.sources.celery_app", "worker",
+        return [sys.executable, "-m", "celery", "-A", "tests.chaos.foreign.celery_chaos_app",
+                "worker",
                 "--pool=solo", f"--hostname={name}", "--disable-prefetch",
                 "--without-mingle", "--without-gossip", "--loglevel=INFO"], {
             "SOURCES_BROKER_URL": self.broker_url, "SOURCES_DATABASE_URL": db.url,
@@ -222,6 +226,34 @@ class Celery(SystemBase):
 
     def used_of(self, marker_attempt: int) -> int:
         return marker_attempt  # retries + 1
+
+    def whereabouts(self, db: Database, jobs: Sequence[str]) -> dict[str, str]:
+        """Where each job is: ``<row status or no_row>/<sent or not_sent>/<its messages on
+        the queue and unacknowledged>``, read from the result table and Redis before it
+        stops."""
+        rows, queued, held = self._copies(db, jobs)
+        return {job: f"{rows.get(job, 'no_row')}/{'sent' if job in self.sent else 'not_sent'}"
+                     f"/queued {queued.count(job)} unacked {held.count(job)}" for job in jobs}
+
+    def vanished(self, db: Database, jobs: Sequence[str]) -> set[str]:
+        """Jobs the run's sender published of which Redis holds no message any more,
+        neither queued nor unacknowledged."""
+        _, queued, held = self._copies(db, jobs)
+        return {job for job in jobs if job in self.sent and job not in queued
+                and job not in held}
+
+    def _copies(self, db: Database, jobs: Sequence[str]
+                ) -> tuple[dict[str, str], list[str], list[str]]:
+        """The jobs' rows' statuses, and the task ids of the messages queued and held
+        unacknowledged in Redis."""
+        import redis  # noqa: PLC0415 - optional (test extra)
+
+        client = redis.Redis.from_url(self.broker_url)
+        queued = [json.loads(raw)["headers"]["id"] for raw in client.lrange("celery", 0, -1)]
+        held = [json.loads(raw)[0]["headers"]["id"] for raw in client.hvals("unacked")]
+        rows = dict(db.query("SELECT task_id, status FROM celery_taskmeta "
+                             "WHERE task_id = ANY(%(jobs)s)", {"jobs": list(jobs)}))
+        return rows, queued, held
 
     def states(self, db: Database, specs: Mapping[str, JobSpec]) -> dict[str, JobState]:
         rows = {job: rest for job, *rest in db.query(

@@ -175,8 +175,13 @@ class ForeignRun:
             self._fault_phase()
             self._drain()
             assert self.db is not None
+            self.stats.faults.live_at_end = {c.pid for c in self.children.live("worker")}
             checks = run_checks(self.db, self.system, self.specs, read_markers(self.markers),
                                 self.stats.faults)
+            unfinished = checks.examples.get("jobs_not_terminal", [])
+            if unfinished:  # read before the system's broker stops
+                checks.facts["unfinished_whereabouts"] = self.system.whereabouts(self.db,
+                                                                                 unfinished)
             return ForeignResult(self.params, self.seed, self.stats, checks)
         finally:
             self.children.close()

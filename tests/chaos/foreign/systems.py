@@ -103,6 +103,15 @@ class System(Protocol):
         """The ``[kinds]`` pattern matching the jobs ``pattern`` names (``idem.*``) as the
         system spells their kinds."""
 
+    def whereabouts(self, db: Database, jobs: Sequence[str]) -> dict[str, str]:
+        """Where each of these unfinished jobs is, in the system's words (its row, its
+        broker's copies): for the report; empty where the job table says it all."""
+
+    def vanished(self, db: Database, jobs: Sequence[str]) -> set[str]:
+        """Of these unfinished jobs, those the system holds no copy of any more to run (a
+        broker's message neither queued nor held unacknowledged, once the run published
+        it): none for a system whose jobs live in its tables."""
+
     def close(self) -> None:
         """Stop what ``prepare`` started besides the database (a broker)."""
 
@@ -112,6 +121,12 @@ class SystemBase:
 
     def kind_pattern(self, pattern: str) -> str:
         return pattern
+
+    def whereabouts(self, db: Database, jobs: Sequence[str]) -> dict[str, str]:
+        return {}
+
+    def vanished(self, db: Database, jobs: Sequence[str]) -> set[str]:
+        return set()
 
     def close(self) -> None:
         return None
