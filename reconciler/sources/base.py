@@ -31,15 +31,17 @@ from reconciler.core.ports import (
     PlannedChange,
 )
 from reconciler.core.vocabulary import JobStatus
-from reconciler.sources.batches import Batch, batches
+from reconciler.sources.batches import Batch, batches, unnest
 from reconciler.sources.common import (
     FENCE_LEDGER,
     LEDGER,
+    AllKinds,
     StepFacts,
     acting,
+    by_kind,
+    key_in,
     ledger_facts,
     ledger_last_write,
-    per_kind,
     with_lost_attempts,
 )
 from reconciler.storage.clock import now_plus, seconds_since
@@ -71,6 +73,11 @@ class ForeignSource(ABC):
     """Whether the system counts a job's attempts (each run one more): the crash-loop
     count chains the audit's resumes on that counter."""
 
+    scans_all_kinds = False
+    """Whether the scans may judge every kind alike without reading the running kinds
+    first (``AllKinds``): its SQL reads policies only through ``by_kind`` and
+    ``_reconciled``, never by iterating over them."""
+
     def __init__(self, connection: Connection, kinds: KindRules, *, lock: bool = True) -> None:
         self._conn = connection
         self._kinds = kinds
@@ -79,6 +86,7 @@ class ForeignSource(ABC):
         # (the scans, and the brake's two counts, would each read the table again).
         self._running_kinds: dict[str, KindPolicy] | None = None
         self._ledger_fences: list[dict[str, Any]] = []
+        self._expired_count: int | None = None
 
     @property
     def connection(self) -> Connection:
@@ -166,6 +174,16 @@ class ForeignSource(ABC):
         keeps the default ``_swap``."""
         raise NotImplementedError(f"{type(self).__name__} swaps set-wise only")
 
+    def _scan_order(self) -> sa.ColumnElement[Any]:
+        """What the scans are ordered by: the key itself, or an expression of it in the same
+        order that no index serves (``id + 0``). PostgreSQL otherwise walks the key's index
+        in order with ``LIMIT``, expecting the many expired rows its default selectivity
+        for a lease predicate promises (a third of the running jobs): a walk of every
+        row's heap tuple when few or none are expired. Unordered by an index, it finds the
+        running rows by its cheapest path (a running-jobs index, else one sequential read,
+        as the system's own sweep does) and sorts the few it finds."""
+        return self._key_column()
+
     def _kind_catalogue(self) -> sa.Select[Any] | None:
         """Every kind a job can have, from a small table of the system's own (its queues
         or tasks), so reading the kinds costs no read of the job table; None: the system
@@ -193,7 +211,7 @@ class ForeignSource(ABC):
         key = self._key_column()
         expired = self._expired(policies)
         expired_scan = (self._running(policies).where(self._reconciled(policies), expired)
-                        .order_by(key).limit(limit))
+                        .order_by(self._scan_order()).limit(limit))
         if after is not None and after.position is not None:
             expired_scan = expired_scan.where(key > after.position[0])
         found = self._build(self._conn.execute(self._locked(expired_scan)).all(), policies,
@@ -203,7 +221,7 @@ class ForeignSource(ABC):
             wedged_scan = (self._running(policies)
                            .where(self._reconciled(policies), sa.not_(expired),
                                   self._stalled(policies))
-                           .order_by(key).limit(room))
+                           .order_by(self._scan_order()).limit(room))
             if after is not None and after.wedged is not None:
                 wedged_scan = wedged_scan.where(key > after.wedged[0])
             stalled = self._build(self._conn.execute(self._locked(wedged_scan)).all(),
@@ -235,11 +253,12 @@ class ForeignSource(ABC):
         holding = [change for change, ledger in zip(acting_changes, marks, strict=True)
                    if ledger is None
                    or ledger_now.get(str(change.decision.job_id)) == ledger.last_write]
+        self._expired_count = None  # the brake's count is of the jobs before these swaps
         changed: dict[JobKey, int | None] = {}
         for batch in batches(holding):
             changed.update(self._swap(batch))
         if self._ledger_fences:
-            self._conn.execute(FENCE_LEDGER, self._ledger_fences)
+            self._fence_ledgers(self._ledger_fences)
             self._ledger_fences = []
         self._after_apply(changed)
         return changed
@@ -248,6 +267,21 @@ class ForeignSource(ABC):
         """None: a foreign system's tables have no column of ours to park a job in, so its
         held or gated jobs are rescanned (and, already recorded, not recorded again)."""
         return 0
+
+    def _fence_ledgers(self, fences: Sequence[dict[str, Any]]) -> None:
+        """Each job's ledger moved past its attempt just ended: one statement over the
+        batch's keys on PostgreSQL (``unnest``), one execution per job on SQLite."""
+        if self._conn.dialect.name != "postgresql":
+            self._conn.execute(FENCE_LEDGER, list(fences))
+            return
+        moved = unnest("moved", [("job_key", sa.String(), [f["key"] for f in fences]),
+                                 ("attempt", sa.BigInteger(), [f["attempt"] for f in fences])])
+        self._conn.execute(
+            LEDGER.update()
+            .where(LEDGER.c.source_name == self.source_name,
+                   LEDGER.c.job_key == moved.c.job_key,
+                   LEDGER.c.attempt_number < moved.c.attempt)
+            .values(attempt_number=moved.c.attempt))
 
     def stale_backlog(self) -> tuple[int, float | None]:
         """How many running jobs of reconciled kinds are expired, and the oldest expiry age."""
@@ -267,16 +301,25 @@ class ForeignSource(ABC):
             if k is not None)
 
     def running_count(self) -> int:
-        """Running jobs of reconciled kinds."""
+        """Running jobs of reconciled kinds. The expired ones are counted in the same read
+        (kept for ``stale_count``): the brake asks for both, and each count would
+        otherwise read the running jobs again."""
         policies = self._policies()
         if not policies:
             return 0
-        running = self._running(policies).where(self._reconciled(policies)).subquery()
-        return int(self._conn.execute(sa.select(sa.func.count()).select_from(running))
-                   .scalar_one())
+        running = (self._running(policies).where(self._reconciled(policies))
+                   .add_columns(self._expired(policies).label("expired")).subquery())
+        count, expired = self._conn.execute(sa.select(
+            sa.func.count(),
+            sa.func.count().filter(running.c.expired.is_(True)))).one()
+        self._expired_count = int(expired)
+        return int(count)
 
     def stale_count(self, limit: int) -> int:
-        """Expired running jobs of reconciled kinds, up to ``limit``."""
+        """Expired running jobs of reconciled kinds, up to ``limit`` (as counted by
+        ``running_count`` in this transaction, when it was)."""
+        if self._expired_count is not None:
+            return min(self._expired_count, limit)
         policies = self._policies()
         if not policies:
             return 0
@@ -292,9 +335,14 @@ class ForeignSource(ABC):
             self, changed: Mapping[JobKey, int | None]) -> None:
         """A hook after the swaps (graphile-worker wakes its workers here)."""
 
-    def _policies(self, *, reconciled_only: bool = True) -> dict[str, KindPolicy]:
+    def _policies(self, *, reconciled_only: bool = True) -> Mapping[str, KindPolicy]:
         """The policies of the kinds running now (few: task or queue names), read once per
-        source (one pass's transaction)."""
+        source (one pass's transaction); every kind unread (``AllKinds``) where the source
+        allows it and ``[kinds]`` set the scans' keys alike for every kind."""
+        if self.scans_all_kinds and self._kind_catalogue() is None:
+            every = AllKinds.of(self._kinds)
+            if every is not None:
+                return every if every.alike.reconcile or not reconciled_only else {}
         if self._running_kinds is None:
             catalogue = self._kind_catalogue()
             if catalogue is None:
@@ -306,13 +354,15 @@ class ForeignSource(ABC):
                 if p.reconcile or not reconciled_only}
 
     def _reconciled(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[bool]:
+        if isinstance(policies, AllKinds):
+            return sa.true()
         return self._kind_column().in_(sorted(policies))
 
     def _stalled(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[bool]:
         """No activity (the job's own, else recorded steps) for the kind's
         ``wedged_after_seconds``."""
-        wedged = per_kind(self._kind_column(), {k: p.thresholds.wedged_after_seconds
-                                                for k, p in policies.items()})
+        wedged = by_kind(self._kind_column(), policies,
+                         lambda p: p.thresholds.wedged_after_seconds)
         return sa.and_(self._wedge_guard(policies), self._silent_for(wedged))
 
     def _may_be_wedged(self, policies: Mapping[str, KindPolicy]) -> bool:
@@ -323,7 +373,8 @@ class ForeignSource(ABC):
         always scanned."""
         if self._activity() is not None:
             return True
-        shortest = min(p.thresholds.wedged_after_seconds for p in policies.values())
+        shortest = min(p.thresholds.wedged_after_seconds for p in (
+            [policies.alike] if isinstance(policies, AllKinds) else policies.values()))
         return self._conn.execute(
             sa.select(sa.literal(1)).select_from(LEDGER)
             .where(LEDGER.c.source_name == self.source_name,
@@ -365,23 +416,12 @@ class ForeignSource(ABC):
                 self._candidate(r, policies[r.job_kind], None, position) for r in rows],
                 counted=self.counts_attempts)
         keys = [r.job_id for r in rows]
-        steps = ledger_facts(self._conn, self.source_name, keys)
-        seen = self._ledger_writes(keys)
+        steps, seen = ledger_facts(self._conn, self.source_name, keys)
         # The fence carries the job's last ledger write as read, so the swap repeats it.
         return with_lost_attempts(self._conn, self.source_name, [
             _with_ledger(self._candidate(r, policies[r.job_kind], steps.get(str(r.job_id)),
                                          position), LedgerMark(seen.get(str(r.job_id))))
             for r in rows], counted=self.counts_attempts)
-
-    def _ledger_writes(self, keys: Sequence[JobKey]) -> dict[str, Any]:
-        """The newest ledger write of each job that has one, by key text."""
-        texts = sorted({str(k) for k in keys})
-        if not texts:
-            return {}
-        return {key: last for key, last in self._conn.execute(
-            sa.select(LEDGER.c.job_key, sa.func.max(LEDGER.c.updated_at))
-            .where(LEDGER.c.source_name == self.source_name, LEDGER.c.job_key.in_(texts))
-            .group_by(LEDGER.c.job_key))}
 
     def _ledger_now(self, changes: Sequence[PlannedChange]) -> dict[str, Any]:
         """The newest ledger write of each job about to change (absent: none), in one read
@@ -391,7 +431,8 @@ class ForeignSource(ABC):
         if not keys:
             return {}
         rows = (sa.select(LEDGER.c.job_key, LEDGER.c.updated_at)
-                .where(LEDGER.c.source_name == self.source_name, LEDGER.c.job_key.in_(keys)))
+                .where(LEDGER.c.source_name == self.source_name,
+                       key_in(self._conn, LEDGER.c.job_key, keys)))
         if self._conn.dialect.name == "postgresql":
             rows = rows.with_for_update()
         newest: dict[str, Any] = {}

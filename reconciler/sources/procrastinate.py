@@ -29,6 +29,7 @@ from typing import Any, ClassVar
 import sqlalchemy as sa
 from pydantic import ConfigDict
 from pydantic.dataclasses import dataclass as pydantic_dataclass
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Connection
 
 from reconciler.core.kinds import KindPolicy, KindRules
@@ -82,6 +83,7 @@ class ProcrastinateSource(ForeignSource):
     """Procrastinate's jobs, judged by its workers' heartbeats."""
 
     source_name = ProcrastinateConfig.kind
+    scans_all_kinds = True
 
     def __init__(self, connection: Connection, config: ProcrastinateConfig, kinds: KindRules,
                  *, lock: bool = True) -> None:
@@ -124,6 +126,11 @@ class ProcrastinateSource(ForeignSource):
 
     def _lock_target(self) -> Any:
         return self._jobs
+
+    def _scan_order(self) -> sa.ColumnElement[Any]:
+        # Not the order of its (id, lock) index of waiting and running jobs: a quiet scan
+        # reads the running rows by its running-jobs indexes instead of walking them all.
+        return self._jobs.c.id + sa.literal_column("0")
 
     def _running(self, policies: Mapping[str, KindPolicy]) -> sa.Select[Any]:
         jobs, workers = self._jobs, self._workers
@@ -206,7 +213,9 @@ class ProcrastinateSource(ForeignSource):
         # Read back what its function wrote: a job with an abort requested is failed, not
         # retried, and keeps its attempts.
         after = {row.id: row.attempts for row in self._conn.execute(
-            sa.select(jobs.c.id, jobs.c.attempts).where(jobs.c.id.in_(swapped)))}
+            sa.select(jobs.c.id, jobs.c.attempts)
+            .where(jobs.c.id == sa.any_(sa.cast(sa.literal(swapped, ARRAY(sa.BigInteger())),
+                                                ARRAY(sa.BigInteger())))))}
         before = {change.decision.job_id: fence.attempts
                   for change, fence in zip(batch.changes, fences, strict=True)}
         for job_id in swapped:
@@ -221,11 +230,12 @@ class ProcrastinateSource(ForeignSource):
         if schema is None:
             yield
             return
-        previous = self._conn.execute(sa.select(sa.func.current_setting("search_path"))
-                                      ).scalar_one()
-        quoted = self._conn.dialect.identifier_preparer.quote_identifier(schema)
-        self._conn.execute(sa.select(sa.func.set_config("search_path",
-                                                        f"{quoted}, {previous}", True)))
+        first = f"{self._conn.dialect.identifier_preparer.quote_identifier(schema)}, "
+        # Read and set in one statement: the path set is ours, then the previous one.
+        path = self._conn.execute(sa.select(sa.func.set_config(
+            "search_path", sa.literal(first) + sa.func.current_setting("search_path"), True))
+        ).scalar_one()
+        previous = str(path)[len(first):]
         try:
             yield
         finally:

@@ -50,10 +50,10 @@ from reconciler.sources.common import (
     StepFacts,
     StepRows,
     UtcTimes,
+    by_kind,
     candidate,
     constant,
     is_wedged,
-    per_kind,
     reason_text,
     require_columns,
 )
@@ -84,6 +84,7 @@ class TableSource(ForeignSource):
     """A mapped home-grown job table."""
 
     source_name = TableConfig.kind
+    scans_all_kinds = True
 
     def __init__(self, connection: Connection, config: TableConfig, kinds: KindRules, *,
                  lock: bool = True) -> None:
@@ -131,10 +132,17 @@ class TableSource(ForeignSource):
     def _lock_target(self) -> Any:
         return self._table
 
+    def _scan_order(self) -> sa.ColumnElement[Any]:
+        if self._conn.dialect.name != "postgresql":
+            return self._key_column()
+        # The key in its own type and order (whatever that type is), but not its index's:
+        # a quiet scan reads the processing rows by the status index, not the whole key.
+        return sa.func.coalesce(self._key_column(), self._key_column())
+
     def _lease_over(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[Any]:
         """Seconds past the lease's end (negative while it runs); NULL with no lease."""
-        return self._lease_over_by(per_kind(self._kind_column(), {
-            k: p.max_run_seconds for k, p in policies.items()}))
+        return self._lease_over_by(by_kind(self._kind_column(), policies,
+                                           lambda p: p.max_run_seconds))
 
     def _lease_over_by(self, max_run: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
         by_activity: sa.ColumnElement[Any] = sa.null()
