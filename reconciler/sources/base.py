@@ -31,19 +31,18 @@ from reconciler.core.ports import (
     PlannedChange,
 )
 from reconciler.core.vocabulary import JobStatus
-from reconciler.sources.batches import Batch, batches, unnest
+from reconciler.sources.batches import Batch, batches
 from reconciler.sources.common import (
-    FENCE_LEDGER,
     LEDGER,
     AllKinds,
     StepFacts,
     acting,
     by_kind,
-    key_in,
     ledger_facts,
     ledger_last_write,
     with_lost_attempts,
 )
+from reconciler.sources.ledger_fences import fence_ledgers, ledger_now
 from reconciler.storage.clock import now_plus, seconds_since
 
 
@@ -74,9 +73,8 @@ class ForeignSource(ABC):
     count chains the audit's resumes on that counter."""
 
     scans_all_kinds = False
-    """Whether the scans may judge every kind alike without reading the running kinds
-    first (``AllKinds``): its SQL reads policies only through ``by_kind`` and
-    ``_reconciled``, never by iterating over them."""
+    """Whether the scans may judge every kind alike unread (``AllKinds``): its SQL reads
+    policies only through ``by_kind`` and ``_reconciled``, never iterating over them."""
 
     def __init__(self, connection: Connection, kinds: KindRules, *, lock: bool = True) -> None:
         self._conn = connection
@@ -85,7 +83,7 @@ class ForeignSource(ABC):
         # A source lives for one pass's transaction: the kinds running are read once in it
         # (the scans, and the brake's two counts, would each read the table again).
         self._running_kinds: dict[str, KindPolicy] | None = None
-        self._ledger_fences: list[dict[str, Any]] = []
+        self._ledger_fences: list[tuple[str, int]] = []
         self._expired_count: int | None = None
 
     @property
@@ -175,13 +173,12 @@ class ForeignSource(ABC):
         raise NotImplementedError(f"{type(self).__name__} swaps set-wise only")
 
     def _scan_order(self) -> sa.ColumnElement[Any]:
-        """What the scans are ordered by: the key itself, or an expression of it in the same
-        order that no index serves (``id + 0``). PostgreSQL otherwise walks the key's index
-        in order with ``LIMIT``, expecting the many expired rows its default selectivity
-        for a lease predicate promises (a third of the running jobs): a walk of every
-        row's heap tuple when few or none are expired. Unordered by an index, it finds the
-        running rows by its cheapest path (a running-jobs index, else one sequential read,
-        as the system's own sweep does) and sorts the few it finds."""
+        """The scans' order: the key, or an expression of it in the same order that no
+        index serves (``id + 0``). Else PostgreSQL walks the key's index under ``LIMIT``,
+        expecting a third of the running rows expired (its guess for a lease predicate):
+        every row's heap tuple read when none is. Not so ordered, it reads the running
+        rows by its cheapest path (a running-jobs index, else one sequential read, as the
+        system's own sweep does) and sorts the few it finds."""
         return self._key_column()
 
     def _kind_catalogue(self) -> sa.Select[Any] | None:
@@ -247,19 +244,19 @@ class ForeignSource(ABC):
         ``Batch`` (disposition, reason, rule); the jobs changed."""
         acting_changes = acting(changes)
         marks = [self._fence(change, ForeignFence).ledger for change in acting_changes]
-        ledger_now = self._ledger_now([change for change, mark in zip(acting_changes, marks,
-                                                                      strict=True) if mark])
+        read = ledger_now(self._conn, self.source_name, sorted({
+            str(change.decision.job_id)
+            for change, mark in zip(acting_changes, marks, strict=True) if mark}))
         # A step recorded since the decision: it no longer holds, and the job is left out.
         holding = [change for change, ledger in zip(acting_changes, marks, strict=True)
                    if ledger is None
-                   or ledger_now.get(str(change.decision.job_id)) == ledger.last_write]
+                   or read.get(str(change.decision.job_id)) == ledger.last_write]
         self._expired_count = None  # the brake's count is of the jobs before these swaps
         changed: dict[JobKey, int | None] = {}
         for batch in batches(holding):
             changed.update(self._swap(batch))
-        if self._ledger_fences:
-            self._fence_ledgers(self._ledger_fences)
-            self._ledger_fences = []
+        fence_ledgers(self._conn, self.source_name, self._ledger_fences)
+        self._ledger_fences = []
         self._after_apply(changed)
         return changed
 
@@ -267,21 +264,6 @@ class ForeignSource(ABC):
         """None: a foreign system's tables have no column of ours to park a job in, so its
         held or gated jobs are rescanned (and, already recorded, not recorded again)."""
         return 0
-
-    def _fence_ledgers(self, fences: Sequence[dict[str, Any]]) -> None:
-        """Each job's ledger moved past its attempt just ended: one statement over the
-        batch's keys on PostgreSQL (``unnest``), one execution per job on SQLite."""
-        if self._conn.dialect.name != "postgresql":
-            self._conn.execute(FENCE_LEDGER, list(fences))
-            return
-        moved = unnest("moved", [("job_key", sa.String(), [f["key"] for f in fences]),
-                                 ("attempt", sa.BigInteger(), [f["attempt"] for f in fences])])
-        self._conn.execute(
-            LEDGER.update()
-            .where(LEDGER.c.source_name == self.source_name,
-                   LEDGER.c.job_key == moved.c.job_key,
-                   LEDGER.c.attempt_number < moved.c.attempt)
-            .values(attempt_number=moved.c.attempt))
 
     def stale_backlog(self) -> tuple[int, float | None]:
         """How many running jobs of reconciled kinds are expired, and the oldest expiry age."""
@@ -301,9 +283,8 @@ class ForeignSource(ABC):
             if k is not None)
 
     def running_count(self) -> int:
-        """Running jobs of reconciled kinds. The expired ones are counted in the same read
-        (kept for ``stale_count``): the brake asks for both, and each count would
-        otherwise read the running jobs again."""
+        """Running jobs of reconciled kinds; the expired ones counted in the same read
+        for ``stale_count`` (the brake asks for both: one read of the jobs, not two)."""
         policies = self._policies()
         if not policies:
             return 0
@@ -423,28 +404,10 @@ class ForeignSource(ABC):
                                          position), LedgerMark(seen.get(str(r.job_id))))
             for r in rows], counted=self.counts_attempts)
 
-    def _ledger_now(self, changes: Sequence[PlannedChange]) -> dict[str, Any]:
-        """The newest ledger write of each job about to change (absent: none), in one read
-        for the batch; the rows stay locked (on PostgreSQL) until the pass commits, by when
-        the swaps have fenced their attempts out."""
-        keys = sorted({str(change.decision.job_id) for change in changes})
-        if not keys:
-            return {}
-        rows = (sa.select(LEDGER.c.job_key, LEDGER.c.updated_at)
-                .where(LEDGER.c.source_name == self.source_name,
-                       key_in(self._conn, LEDGER.c.job_key, keys)))
-        if self._conn.dialect.name == "postgresql":
-            rows = rows.with_for_update()
-        newest: dict[str, Any] = {}
-        for key, updated_at in self._conn.execute(rows):
-            newest[key] = max(newest.get(key, updated_at), updated_at)
-        return newest
-
     def _fence_ledger(self, job_id: JobKey, next_attempt: int) -> None:
         """Move the job's ledger past the attempt just ended, so its late writes record
         nothing; written for the whole batch at the end of ``apply``."""
-        self._ledger_fences.append({"source": self.source_name, "key": str(job_id),
-                                    "attempt": next_attempt})
+        self._ledger_fences.append((str(job_id), next_attempt))
 
 
 def _with_ledger(candidate: Candidate, mark: LedgerMark) -> Candidate:

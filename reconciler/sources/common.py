@@ -34,14 +34,6 @@ from reconciler.storage.sql import decisions
 
 LEDGER: sa.Table = cast(sa.Table, StepLedgerEntry.__table__)
 
-FENCE_LEDGER = (LEDGER.update()
-                 .where(LEDGER.c.source_name == sa.bindparam("source"),
-                        LEDGER.c.job_key == sa.bindparam("key"),
-                        LEDGER.c.attempt_number < sa.bindparam("attempt"))
-                 .values(attempt_number=sa.bindparam("attempt")))
-"""Moves a job's ledger past the attempt just ended (its late writes record nothing);
-executed once per batch with every job's parameters."""
-
 StepRows = tuple[tuple[int, str, bool | None], ...]
 
 
