@@ -19,8 +19,8 @@
   ``failed``, ``attempts + 1``, a ``failed`` event. Procrastinate has no error column: our
   reason is in the audit trail only.
 
-Its functions update one job per call (a lookup, a lock and a plpgsql call each, five
-times the cost of the whole batch's one ``UPDATE`` at a thousand jobs); the batch's
+Its functions update one job per call (a lookup, a lock and a plpgsql call each: three to
+five times the time of the batch's one ``UPDATE``, measured at a thousand jobs); that
 ``UPDATE`` writes the same columns, and its triggers record the same events.
 ``check_schema`` requires the two functions: the schema version whose writes these are.
 """
