@@ -33,15 +33,16 @@ from reconciler.core.ports import (
 from reconciler.core.vocabulary import JobStatus
 from reconciler.sources.batches import Batch, batches
 from reconciler.sources.common import (
-    FENCE_LEDGER,
     LEDGER,
+    AllKinds,
     StepFacts,
     acting,
+    by_kind,
     ledger_facts,
     ledger_last_write,
-    per_kind,
     with_lost_attempts,
 )
+from reconciler.sources.ledger_fences import fence_ledgers, ledger_now
 from reconciler.storage.clock import now_plus, seconds_since
 
 
@@ -71,6 +72,10 @@ class ForeignSource(ABC):
     """Whether the system counts a job's attempts (each run one more): the crash-loop
     count chains the audit's resumes on that counter."""
 
+    scans_all_kinds = False
+    """Whether the scans may judge every kind alike unread (``AllKinds``): its SQL reads
+    policies only through ``by_kind`` and ``_reconciled``, never iterating over them."""
+
     def __init__(self, connection: Connection, kinds: KindRules, *, lock: bool = True) -> None:
         self._conn = connection
         self._kinds = kinds
@@ -78,7 +83,8 @@ class ForeignSource(ABC):
         # A source lives for one pass's transaction: the kinds running are read once in it
         # (the scans, and the brake's two counts, would each read the table again).
         self._running_kinds: dict[str, KindPolicy] | None = None
-        self._ledger_fences: list[dict[str, Any]] = []
+        self._ledger_fences: list[tuple[str, int]] = []
+        self._expired_count: int | None = None
 
     @property
     def connection(self) -> Connection:
@@ -166,6 +172,15 @@ class ForeignSource(ABC):
         keeps the default ``_swap``."""
         raise NotImplementedError(f"{type(self).__name__} swaps set-wise only")
 
+    def _scan_order(self) -> sa.ColumnElement[Any]:
+        """The scans' order: the key, or an expression of it in the same order that no
+        index serves (``id + 0``). Else PostgreSQL walks the key's index under ``LIMIT``,
+        expecting a third of the running rows expired (its guess for a lease predicate):
+        every row's heap tuple read when none is. Not so ordered, it reads the running
+        rows by its cheapest path (a running-jobs index, else one sequential read, as the
+        system's own sweep does) and sorts the few it finds."""
+        return self._key_column()
+
     def _kind_catalogue(self) -> sa.Select[Any] | None:
         """Every kind a job can have, from a small table of the system's own (its queues
         or tasks), so reading the kinds costs no read of the job table; None: the system
@@ -193,7 +208,7 @@ class ForeignSource(ABC):
         key = self._key_column()
         expired = self._expired(policies)
         expired_scan = (self._running(policies).where(self._reconciled(policies), expired)
-                        .order_by(key).limit(limit))
+                        .order_by(self._scan_order()).limit(limit))
         if after is not None and after.position is not None:
             expired_scan = expired_scan.where(key > after.position[0])
         found = self._build(self._conn.execute(self._locked(expired_scan)).all(), policies,
@@ -203,7 +218,7 @@ class ForeignSource(ABC):
             wedged_scan = (self._running(policies)
                            .where(self._reconciled(policies), sa.not_(expired),
                                   self._stalled(policies))
-                           .order_by(key).limit(room))
+                           .order_by(self._scan_order()).limit(room))
             if after is not None and after.wedged is not None:
                 wedged_scan = wedged_scan.where(key > after.wedged[0])
             stalled = self._build(self._conn.execute(self._locked(wedged_scan)).all(),
@@ -229,18 +244,19 @@ class ForeignSource(ABC):
         ``Batch`` (disposition, reason, rule); the jobs changed."""
         acting_changes = acting(changes)
         marks = [self._fence(change, ForeignFence).ledger for change in acting_changes]
-        ledger_now = self._ledger_now([change for change, mark in zip(acting_changes, marks,
-                                                                      strict=True) if mark])
+        read = ledger_now(self._conn, self.source_name, sorted({
+            str(change.decision.job_id)
+            for change, mark in zip(acting_changes, marks, strict=True) if mark}))
         # A step recorded since the decision: it no longer holds, and the job is left out.
         holding = [change for change, ledger in zip(acting_changes, marks, strict=True)
                    if ledger is None
-                   or ledger_now.get(str(change.decision.job_id)) == ledger.last_write]
+                   or read.get(str(change.decision.job_id)) == ledger.last_write]
+        self._expired_count = None  # the brake's count is of the jobs before these swaps
         changed: dict[JobKey, int | None] = {}
         for batch in batches(holding):
             changed.update(self._swap(batch))
-        if self._ledger_fences:
-            self._conn.execute(FENCE_LEDGER, self._ledger_fences)
-            self._ledger_fences = []
+        fence_ledgers(self._conn, self.source_name, self._ledger_fences)
+        self._ledger_fences = []
         self._after_apply(changed)
         return changed
 
@@ -267,16 +283,24 @@ class ForeignSource(ABC):
             if k is not None)
 
     def running_count(self) -> int:
-        """Running jobs of reconciled kinds."""
+        """Running jobs of reconciled kinds; the expired ones counted in the same read
+        for ``stale_count`` (the brake asks for both: one read of the jobs, not two)."""
         policies = self._policies()
         if not policies:
             return 0
-        running = self._running(policies).where(self._reconciled(policies)).subquery()
-        return int(self._conn.execute(sa.select(sa.func.count()).select_from(running))
-                   .scalar_one())
+        running = (self._running(policies).where(self._reconciled(policies))
+                   .add_columns(self._expired(policies).label("expired")).subquery())
+        count, expired = self._conn.execute(sa.select(
+            sa.func.count(),
+            sa.func.count().filter(running.c.expired.is_(True)))).one()
+        self._expired_count = int(expired)
+        return int(count)
 
     def stale_count(self, limit: int) -> int:
-        """Expired running jobs of reconciled kinds, up to ``limit``."""
+        """Expired running jobs of reconciled kinds, up to ``limit`` (as counted by
+        ``running_count`` in this transaction, when it was)."""
+        if self._expired_count is not None:
+            return min(self._expired_count, limit)
         policies = self._policies()
         if not policies:
             return 0
@@ -292,9 +316,14 @@ class ForeignSource(ABC):
             self, changed: Mapping[JobKey, int | None]) -> None:
         """A hook after the swaps (graphile-worker wakes its workers here)."""
 
-    def _policies(self, *, reconciled_only: bool = True) -> dict[str, KindPolicy]:
+    def _policies(self, *, reconciled_only: bool = True) -> Mapping[str, KindPolicy]:
         """The policies of the kinds running now (few: task or queue names), read once per
-        source (one pass's transaction)."""
+        source (one pass's transaction); every kind unread (``AllKinds``) where the source
+        allows it and ``[kinds]`` set the scans' keys alike for every kind."""
+        if self.scans_all_kinds and self._kind_catalogue() is None:
+            every = AllKinds.of(self._kinds)
+            if every is not None:
+                return every if every.alike.reconcile or not reconciled_only else {}
         if self._running_kinds is None:
             catalogue = self._kind_catalogue()
             if catalogue is None:
@@ -306,13 +335,15 @@ class ForeignSource(ABC):
                 if p.reconcile or not reconciled_only}
 
     def _reconciled(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[bool]:
+        if isinstance(policies, AllKinds):
+            return sa.true()
         return self._kind_column().in_(sorted(policies))
 
     def _stalled(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[bool]:
         """No activity (the job's own, else recorded steps) for the kind's
         ``wedged_after_seconds``."""
-        wedged = per_kind(self._kind_column(), {k: p.thresholds.wedged_after_seconds
-                                                for k, p in policies.items()})
+        wedged = by_kind(self._kind_column(), policies,
+                         lambda p: p.thresholds.wedged_after_seconds)
         return sa.and_(self._wedge_guard(policies), self._silent_for(wedged))
 
     def _may_be_wedged(self, policies: Mapping[str, KindPolicy]) -> bool:
@@ -323,7 +354,8 @@ class ForeignSource(ABC):
         always scanned."""
         if self._activity() is not None:
             return True
-        shortest = min(p.thresholds.wedged_after_seconds for p in policies.values())
+        shortest = min(p.thresholds.wedged_after_seconds for p in (
+            [policies.alike] if isinstance(policies, AllKinds) else policies.values()))
         return self._conn.execute(
             sa.select(sa.literal(1)).select_from(LEDGER)
             .where(LEDGER.c.source_name == self.source_name,
@@ -365,45 +397,17 @@ class ForeignSource(ABC):
                 self._candidate(r, policies[r.job_kind], None, position) for r in rows],
                 counted=self.counts_attempts)
         keys = [r.job_id for r in rows]
-        steps = ledger_facts(self._conn, self.source_name, keys)
-        seen = self._ledger_writes(keys)
+        steps, seen = ledger_facts(self._conn, self.source_name, keys)
         # The fence carries the job's last ledger write as read, so the swap repeats it.
         return with_lost_attempts(self._conn, self.source_name, [
             _with_ledger(self._candidate(r, policies[r.job_kind], steps.get(str(r.job_id)),
                                          position), LedgerMark(seen.get(str(r.job_id))))
             for r in rows], counted=self.counts_attempts)
 
-    def _ledger_writes(self, keys: Sequence[JobKey]) -> dict[str, Any]:
-        """The newest ledger write of each job that has one, by key text."""
-        texts = sorted({str(k) for k in keys})
-        if not texts:
-            return {}
-        return {key: last for key, last in self._conn.execute(
-            sa.select(LEDGER.c.job_key, sa.func.max(LEDGER.c.updated_at))
-            .where(LEDGER.c.source_name == self.source_name, LEDGER.c.job_key.in_(texts))
-            .group_by(LEDGER.c.job_key))}
-
-    def _ledger_now(self, changes: Sequence[PlannedChange]) -> dict[str, Any]:
-        """The newest ledger write of each job about to change (absent: none), in one read
-        for the batch; the rows stay locked (on PostgreSQL) until the pass commits, by when
-        the swaps have fenced their attempts out."""
-        keys = sorted({str(change.decision.job_id) for change in changes})
-        if not keys:
-            return {}
-        rows = (sa.select(LEDGER.c.job_key, LEDGER.c.updated_at)
-                .where(LEDGER.c.source_name == self.source_name, LEDGER.c.job_key.in_(keys)))
-        if self._conn.dialect.name == "postgresql":
-            rows = rows.with_for_update()
-        newest: dict[str, Any] = {}
-        for key, updated_at in self._conn.execute(rows):
-            newest[key] = max(newest.get(key, updated_at), updated_at)
-        return newest
-
     def _fence_ledger(self, job_id: JobKey, next_attempt: int) -> None:
         """Move the job's ledger past the attempt just ended, so its late writes record
         nothing; written for the whole batch at the end of ``apply``."""
-        self._ledger_fences.append({"source": self.source_name, "key": str(job_id),
-                                    "attempt": next_attempt})
+        self._ledger_fences.append((str(job_id), next_attempt))
 
 
 def _with_ledger(candidate: Candidate, mark: LedgerMark) -> Candidate:

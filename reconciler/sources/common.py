@@ -14,16 +14,17 @@ job, one indexed query per batch (``with_lost_attempts``).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
 import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Connection
 
 from models import StepLedgerEntry
 from reconciler.core.evidence import PlanStep
-from reconciler.core.kinds import KindPolicy
+from reconciler.core.kinds import KindPolicy, KindRules
 from reconciler.core.policy import reclaimed_attempt_outcome
 from reconciler.core.ports import Candidate, Cursor, Fence, JobKey, PlannedChange
 from reconciler.core.vocabulary import AttemptOutcome, Disposition, Reason, StepState
@@ -32,14 +33,6 @@ from reconciler.storage.clock import seconds_since
 from reconciler.storage.sql import decisions
 
 LEDGER: sa.Table = cast(sa.Table, StepLedgerEntry.__table__)
-
-FENCE_LEDGER = (LEDGER.update()
-                 .where(LEDGER.c.source_name == sa.bindparam("source"),
-                        LEDGER.c.job_key == sa.bindparam("key"),
-                        LEDGER.c.attempt_number < sa.bindparam("attempt"))
-                 .values(attempt_number=sa.bindparam("attempt")))
-"""Moves a job's ledger past the attempt just ended (its late writes record nothing);
-executed once per batch with every job's parameters."""
 
 StepRows = tuple[tuple[int, str, bool | None], ...]
 
@@ -66,22 +59,35 @@ def one_step(policy: KindPolicy) -> StepFacts:
                      ((0, StepState.STARTED.value, None),), None)
 
 
+def key_in(conn: Connection, column: sa.ColumnElement[Any], texts: Sequence[str]
+           ) -> sa.ColumnElement[bool]:
+    """``column`` is one of ``texts``: ``= ANY`` of one bound array on PostgreSQL (a
+    batch's keys as one parameter, not one each), ``IN`` elsewhere."""
+    if conn.dialect.name != "postgresql":
+        return column.in_(texts)
+    return column == sa.any_(sa.cast(sa.literal(list(texts), ARRAY(sa.String())),
+                                     ARRAY(sa.String())))
+
+
 def ledger_facts(conn: Connection, source_name: str, keys: Iterable[JobKey]
-                 ) -> dict[str, StepFacts]:
-    """The step ledger's records of these jobs, by job key text; jobs without any are absent."""
+                 ) -> tuple[dict[str, StepFacts], dict[str, Any]]:
+    """The step ledger's records of these jobs, and each one's newest write, by job key
+    text, in one read; jobs without any are absent from both."""
     texts = sorted({str(k) for k in keys})
     if not texts:
-        return {}
+        return {}, {}
     rows = conn.execute(
         sa.select(LEDGER.c.job_key, LEDGER.c.step_index, LEDGER.c.step_name,
                   LEDGER.c.effect_kind, LEDGER.c.step_state, LEDGER.c.failure_retryable,
-                  seconds_since(LEDGER.c.updated_at).label("age"))
-        .where(LEDGER.c.source_name == source_name, LEDGER.c.job_key.in_(texts))
+                  seconds_since(LEDGER.c.updated_at).label("age"), LEDGER.c.updated_at)
+        .where(LEDGER.c.source_name == source_name, key_in(conn, LEDGER.c.job_key, texts))
         .order_by(LEDGER.c.job_key, LEDGER.c.step_index)
     ).all()
     grouped: dict[str, list[Any]] = {}
+    newest: dict[str, Any] = {}
     for row in rows:
         grouped.setdefault(row.job_key, []).append(row)
+        newest[row.job_key] = max(newest.get(row.job_key, row.updated_at), row.updated_at)
     facts: dict[str, StepFacts] = {}
     for key, steps in grouped.items():
         try:
@@ -95,7 +101,7 @@ def ledger_facts(conn: Connection, source_name: str, keys: Iterable[JobKey]
                   for r in steps if r.step_state is not None),
             min(ages) if ages else None,
         )
-    return facts
+    return facts, newest
 
 
 def ledger_last_write(source_name: str, key: sa.ColumnElement[Any]) -> sa.ScalarSelect[Any]:
@@ -103,6 +109,54 @@ def ledger_last_write(source_name: str, key: sa.ColumnElement[Any]) -> sa.Scalar
     return (sa.select(sa.func.max(LEDGER.c.updated_at))
             .where(LEDGER.c.source_name == source_name, LEDGER.c.job_key == key)
             .scalar_subquery())
+
+
+SCAN_KEYS = ("reconcile", "max_run_seconds", "wedged_after_seconds")
+"""The ``[kinds]`` keys a foreign scan's SQL reads (the rest are judged in Python)."""
+
+
+class AllKinds(Mapping[str, KindPolicy]):
+    """Every kind, each resolved when asked, for a source whose ``[kinds]`` give every
+    kind the same ``SCAN_KEYS`` (``alike``): its scans need no list of the running kinds
+    first, which on a system without a catalogue of kinds is one more read of its job
+    table. Iterates over no kind: SQL reads ``alike`` (``by_kind``), never a list."""
+
+    def __init__(self, rules: KindRules, alike: KindPolicy) -> None:
+        self._rules = rules
+        self.alike = alike
+
+    @classmethod
+    def of(cls, rules: KindRules) -> AllKinds | None:
+        """Every kind, when no table but ``[kinds."*"]`` sets a ``SCAN_KEYS`` key (else
+        None: the kinds must be read to tell them apart)."""
+        if any(rule.pattern != "*" and any(getattr(rule, key) is not None for key in SCAN_KEYS)
+               for rule in rules.rules):
+            return None
+        return cls(rules, rules.resolve("*"))
+
+    def __getitem__(self, kind: str) -> KindPolicy:
+        return self._rules.resolve(kind)
+
+    def __contains__(self, kind: object) -> bool:
+        return isinstance(kind, str)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+    def __bool__(self) -> bool:
+        return True
+
+
+def by_kind(kind_column: sa.ColumnElement[Any], policies: Mapping[str, KindPolicy],
+            value: Callable[[KindPolicy], float | None]) -> sa.ColumnElement[Any]:
+    """A policy's value in SQL: one for every kind (``AllKinds``), else ``per_kind``."""
+    if isinstance(policies, AllKinds):
+        alike = value(policies.alike)
+        return sa.null() if alike is None else sa.literal(float(alike), sa.Float())
+    return per_kind(kind_column, {kind: value(p) for kind, p in policies.items()})
 
 
 def per_kind(kind_column: sa.ColumnElement[Any], values: Mapping[str, float | None],
@@ -184,7 +238,8 @@ def with_lost_attempts(conn: Connection, source_name: str, found: list[Candidate
     for job_id, reason, evidence in conn.execute(
             sa.select(decisions.c.job_id, decisions.c.decision_reason,
                       decisions.c.decision_evidence)
-            .where(decisions.c.job_source == source_name, decisions.c.job_id.in_(texts),
+            .where(decisions.c.job_source == source_name,
+                   key_in(conn, decisions.c.job_id, texts),
                    decisions.c.disposition == Disposition.RESUME.value,
                    decisions.c.shadow_mode.is_(False))
             .order_by(decisions.c.job_id, decisions.c.decision_id.desc())):

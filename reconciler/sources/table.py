@@ -50,10 +50,10 @@ from reconciler.sources.common import (
     StepFacts,
     StepRows,
     UtcTimes,
+    by_kind,
     candidate,
     constant,
     is_wedged,
-    per_kind,
     reason_text,
     require_columns,
 )
@@ -64,7 +64,7 @@ from reconciler.sources.table_checks import (
     unreadable_time,
 )
 from reconciler.sources.table_config import TableConfig
-from reconciler.storage.clock import seconds_since
+from reconciler.storage.clock import db_now, now_plus, seconds_since
 
 UNREADABLE_STEPS = "unreadable_step_results"
 """The ``error_code`` of step results that are not a JSON object of index -> state: the job
@@ -84,6 +84,7 @@ class TableSource(ForeignSource):
     """A mapped home-grown job table."""
 
     source_name = TableConfig.kind
+    scans_all_kinds = True
 
     def __init__(self, connection: Connection, config: TableConfig, kinds: KindRules, *,
                  lock: bool = True) -> None:
@@ -131,10 +132,17 @@ class TableSource(ForeignSource):
     def _lock_target(self) -> Any:
         return self._table
 
+    def _scan_order(self) -> sa.ColumnElement[Any]:
+        if self._conn.dialect.name != "postgresql":
+            return self._key_column()
+        # The key in its own type and order (whatever that type is), but not its index's:
+        # a quiet scan reads the processing rows by the status index, not the whole key.
+        return sa.func.coalesce(self._key_column(), self._key_column())
+
     def _lease_over(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[Any]:
         """Seconds past the lease's end (negative while it runs); NULL with no lease."""
-        return self._lease_over_by(per_kind(self._kind_column(), {
-            k: p.max_run_seconds for k, p in policies.items()}))
+        return self._lease_over_by(by_kind(self._kind_column(), policies,
+                                           lambda p: p.max_run_seconds))
 
     def _lease_over_by(self, max_run: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
         by_activity: sa.ColumnElement[Any] = sa.null()
@@ -161,9 +169,24 @@ class TableSource(ForeignSource):
             self._col("status_column") == constant(self._config.processing))
 
     def _expired(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[bool]:
+        if self._conn.dialect.name == "postgresql":
+            return sa.func.coalesce(self._ended(policies), False)
         # An unreadable time is a candidate too: judged reconcile_error, never left unseen.
         return sa.or_(sa.func.coalesce(self._lease_over(policies) >= 0, False),
                       *(test for _, test in self._unreadable_times()))
+
+    def _ended(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[Any]:
+        """``_lease_over >= 0`` as comparisons of times (PostgreSQL): a scan's filter on
+        every running row, where the seconds as a number cost a numeric EXTRACT each."""
+        by_activity: sa.ColumnElement[Any] = sa.null()
+        if self._has("activity_column"):
+            max_run = by_kind(self._kind_column(), policies, lambda p: p.max_run_seconds)
+            by_activity = (self._col("activity_column")
+                           <= now_plus(-sa.cast(max_run, sa.Float())))
+        if not self._has("lease_expires_column"):
+            return by_activity
+        lease = self._col("lease_expires_column")
+        return sa.case((lease.is_not(None), lease <= db_now()), else_=by_activity)
 
     def _wedge_guard(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[bool]:
         # Only under a known live lease: a job with no lease at all is never reclaimed on

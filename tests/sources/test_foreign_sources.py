@@ -7,6 +7,8 @@ system's own functions; the source is judged with the real decision table
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import sqlalchemy as sa
 
@@ -123,6 +125,57 @@ class TestLeftAlone:
         job = system.died("idem.report")
         assert run(system, dry_run=True)[job].disposition is Disposition.RESUME
         assert system.status(job) == "running"
+
+
+JOB_TABLES = {"procrastinate": "procrastinate_jobs", "graphile-worker": "_private_jobs",
+              "pg-boss": "job"}
+
+
+def every_kind(**keys: object) -> KindRules:
+    """``[kinds."*"]`` only: every kind judged alike, so the kinds need not be read."""
+    return KindRules([KindRule("*", **keys)],  # type: ignore[arg-type]
+                     stale_after_seconds=60.0, wedged_after_seconds=3600.0, max_attempts=3)
+
+
+class TestEveryKindAlike:
+    """With ``[kinds]`` setting the scan's keys only under ``"*"``, no list of the running
+    kinds is read first, and each job is still judged by its own kind."""
+
+    def test_dead_jobs_of_any_kind_are_decided_by_their_kind(self,
+                                                             system: SystemFactory) -> None:
+        """An idempotent rule for every kind resumes both; the live job is left alone."""
+        first, second = system.died("report.daily"), system.died("mail.send")
+        live = system.live("report.daily")
+        outcomes = run(system, every_kind(effect=EffectKind.IDEMPOTENT))
+        assert {job: o.disposition for job, o in outcomes.items()} == {
+            first: Disposition.RESUME, second: Disposition.RESUME}
+        assert (system.status(first), system.status(second), system.status(live)) == (
+            "queued", "queued", "running")
+
+    def test_reconcile_false_for_every_kind_touches_nothing(self,
+                                                             system: SystemFactory) -> None:
+        """``[kinds."*"] reconcile = false``: a dead job stays as it is."""
+        job = system.died("report.daily")
+        assert run(system, every_kind(reconcile=False)) == {}
+        assert system.status(job) == "running"
+
+    def test_a_quiet_pass_reads_the_job_table_once(self, system: SystemFactory) -> None:
+        """Nothing to recover: one statement of the pass names the job table."""
+        system.live("report.daily")
+        schema = str(system.config.schema)
+        table = re.compile(rf"\b{re.escape(schema)}\.{JOB_TABLES[system.source_name]}\b")
+        sent: list[str] = []
+
+        def count(*args: object) -> None:
+            sent.append(str(args[2]))
+
+        sa.event.listen(system.db.engine, "before_cursor_execute", count)
+        try:
+            assert run(system, every_kind(effect=EffectKind.IDEMPOTENT)) == {}
+        finally:
+            sa.event.remove(system.db.engine, "before_cursor_execute", count)
+        reads = [s for s in sent if table.search(s)]
+        assert len(reads) == 1, reads
 
 
 class TestFence:
@@ -282,3 +335,26 @@ def age_ledger(system: SystemFactory, seconds: float) -> None:
     with system.db.engine.begin() as conn:
         conn.execute(sa.text("UPDATE step_ledger_entries SET updated_at = updated_at - "
                              "make_interval(secs => :s)"), {"s": seconds})
+
+
+def test_procrastinate_job_with_an_abort_requested_is_failed_not_retried(
+        procrastinate_db: SourcesDatabase, procrastinate_schema: str) -> None:
+    """As Procrastinate's own retry does: a dead job whose abort was requested is resumed
+    as failed, its attempts kept, with its own ``failed`` event; a job beside it in the
+    same batch is retried as usual."""
+    system = ProcrastinateFactory(procrastinate_db, procrastinate_schema)
+    aborting, plain = system.died("idem.report"), system.died("idem.report")
+    with procrastinate_db.engine.begin() as conn:  # as its own cancel(abort=True) asks
+        conn.execute(sa.text("SELECT set_config('search_path', :p, true)"),
+                     {"p": f"{procrastinate_schema}, public"})
+        conn.execute(sa.text("SELECT procrastinate_cancel_job_v1(:id, true, false)"),
+                     {"id": aborting})
+    finished = system.row(aborting)["attempts"]  # type: ignore[index]
+    outcomes = run(system)
+    assert all(outcomes[job].applied for job in (aborting, plain))
+    row = system.row(aborting)
+    assert row is not None
+    assert (row["status"], row["attempts"]) == ("failed", finished)
+    assert system.events(aborting)[-1] == "failed"
+    assert system.status(plain) == "queued"
+    assert system.events(plain)[-1] == "deferred_for_retry"
