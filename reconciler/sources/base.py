@@ -173,13 +173,13 @@ class ForeignSource(ABC):
         raise NotImplementedError(f"{type(self).__name__} swaps set-wise only")
 
     def _scan_order(self) -> sa.ColumnElement[Any]:
-        """The scans' order: the key, or an expression of it in the same order that no
-        index serves (``id + 0``). Else PostgreSQL walks the key's index under ``LIMIT``,
-        expecting a third of the running rows expired (its guess for a lease predicate):
-        every row's heap tuple read when none is. Not so ordered, it reads the running
-        rows by its cheapest path (a running-jobs index, else one sequential read, as the
-        system's own sweep does) and sorts the few it finds."""
-        return self._key_column()
+        """The scans' order: on PostgreSQL the key in its own order but not its index's
+        (``coalesce(id, id)``). Else PostgreSQL walks the key's index under ``LIMIT``,
+        expecting a third of the running rows expired, every heap tuple read when none is;
+        so ordered, it reads the running rows by its cheapest path and sorts the few."""
+        if self._conn.dialect.name != "postgresql":
+            return self._key_column()
+        return sa.func.coalesce(self._key_column(), self._key_column())
 
     def _kind_catalogue(self) -> sa.Select[Any] | None:
         """Every kind a job can have, from a small table of the system's own (its queues

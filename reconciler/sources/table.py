@@ -132,13 +132,6 @@ class TableSource(ForeignSource):
     def _lock_target(self) -> Any:
         return self._table
 
-    def _scan_order(self) -> sa.ColumnElement[Any]:
-        if self._conn.dialect.name != "postgresql":
-            return self._key_column()
-        # The key in its own type and order (whatever that type is), but not its index's:
-        # a quiet scan reads the processing rows by the status index, not the whole key.
-        return sa.func.coalesce(self._key_column(), self._key_column())
-
     def _lease_over(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[Any]:
         """Seconds past the lease's end (negative while it runs); NULL with no lease."""
         return self._lease_over_by(by_kind(self._kind_column(), policies,
