@@ -11,11 +11,18 @@ import logging
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from reconciler import failpoints
 from reconciler.core.brake import BrakeLimits, apply_brake, brake, count_limit
 from reconciler.core.decisions import Decision, Thresholds, decide
-from reconciler.core.evidence import Evidence, EvidenceError, build_steps, parse_plan
+from reconciler.core.evidence import (
+    Evidence,
+    EvidenceError,
+    build_steps,
+    parse_plan,
+    round_age,
+)
 from reconciler.core.kinds import KindRules
 from reconciler.core.policy import PARKING_REASONS
 from reconciler.core.ports import (
@@ -101,6 +108,68 @@ def plan_change(row: Candidate, thresholds: Thresholds) -> PlannedChange:
         )
 
 
+def plan_changes(rows: Sequence[Candidate], config: PassConfig) -> list[PlannedChange]:
+    """``plan_change`` for a batch, each row under its kind's thresholds, deciding once per
+    distinct shape of facts.
+
+    A batch holds a few shapes (plan, step states, attempts, flags) repeated many times:
+    the table runs, and the evidence is built, for the first row of each shape; the other
+    rows take its decision and its evidence with their own job id, fence and ages.
+    ``_shape`` names every fact a rule reads (activity age only as the two comparisons the
+    rules make), and tests/unit/test_plan_batch.py checks over the evidence space that the
+    result equals ``plan_change`` row by row.
+    """
+    thresholds_of: dict[str, Thresholds] = {}
+    decided: dict[tuple[Any, ...], PlannedChange] = {}
+    planned: list[PlannedChange] = []
+    for row in rows:
+        thresholds = thresholds_of.get(row.job_kind)
+        if thresholds is None:
+            thresholds = thresholds_of[row.job_kind] = config.thresholds_for(row.job_kind)
+        try:
+            shape = _shape(row, thresholds)
+            first = decided.get(shape)
+        except (TypeError, ValueError):  # a fact the table cannot compare or hash
+            planned.append(plan_change(row, thresholds))
+            continue
+        if first is None:
+            change = plan_change(row, thresholds)
+            # An error may come from the row's own ages, outside the shape: never shared.
+            if change.decision.reason is not Reason.RECONCILE_ERROR:
+                decided[shape] = change
+        else:
+            change = _like(first, row)
+        planned.append(change)
+    return planned
+
+
+def _shape(row: Candidate, thresholds: Thresholds) -> tuple[Any, ...]:
+    """Every fact of a candidate that ``plan_change`` reads, but its job id, fence and ages;
+    the activity age as the two comparisons rules 2 and 4 make."""
+    age = row.activity_age_seconds
+    return (row.plan, row.step_rows, row.attempt_count, row.max_attempts, row.operator_hold,
+            row.lease_live, row.session_gone, row.lost_attempts_in_a_row,
+            row.completion_recoverable, row.unreadable, thresholds,
+            None if age is None
+            else (age < thresholds.stale_after_seconds,
+                  age >= thresholds.wedged_after_seconds))
+
+
+def _like(first: PlannedChange, row: Candidate) -> PlannedChange:
+    """``first``'s decision and evidence for a row of the same shape: its own job id, fence
+    and ages (the only facts of the evidence outside the shape)."""
+    d = first.decision
+    evidence = first.evidence.copy()  # the keys in the same order
+    try:
+        evidence["lease_expired_seconds"] = round_age(row.lease_expired_seconds)
+        evidence["activity_age_seconds"] = round_age(row.activity_age_seconds)
+    except (TypeError, ValueError):  # an age that cannot be rounded: the row's own error
+        return plan_change(row, first.thresholds)
+    return PlannedChange(Decision(row.job_id, d.disposition, d.reason, d.resume_step_index,
+                                  d.rule_number),
+                         row.fence, first.thresholds, evidence)
+
+
 def outcomes(planned: Sequence[PlannedChange], applied: Mapping[JobKey, int | None]
              ) -> list[RecordedDecision]:
     """What each planned change became: as decided, or skip ``fence_lost`` when its
@@ -149,7 +218,7 @@ def run_pass(
     if dry_run:
         with store.pass_transaction(dry_run=True) as tx:
             rows = tx.jobs.candidates(config.batch_size, config.thresholds, after)
-            planned = [plan_change(r, config.thresholds_for(r.job_kind)) for r in rows]
+            planned = plan_changes(rows, config)
             braked = False
             if config.brake is not None and planned:
                 # The brake as the pass would apply it; its state is read, never kept.
@@ -175,7 +244,7 @@ def run_pass(
                 tx.lease.keep_brake(None)
             pass_id = tx.audit.record_quiet_pass(config.instance, PassOutcome.OK)
             return PassReport(pass_id, PassOutcome.OK, shadow=config.shadow)
-        planned = [plan_change(r, config.thresholds_for(r.job_kind)) for r in rows]
+        planned = plan_changes(rows, config)
         braked = False
         if config.brake is not None:
             planned, braked = brake_planned(tx, config.brake, planned)
