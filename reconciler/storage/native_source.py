@@ -244,8 +244,9 @@ class NativeSource:
         history: dict[int, list[tuple[int, str | None, str | None]]] = defaultdict(list)
         unstaged: set[tuple[int, int]] = set()
         ids = {"batch_ids": batch_ids(self.postgres, list(step_rows))}
+        # Fetched whole: row by row, psycopg's fetchone costs about 4 us a job.
         for tag, job_id, number, state, extra, _newest in self.conn.execute(
-                self.sql.records, ids):
+                self.sql.records, ids).all():
             if tag == STEP:
                 step_rows[job_id].append((number, state, _RETRYABLE[extra]))
             elif tag == ATTEMPT:
