@@ -149,7 +149,8 @@ def _shape(row: Candidate, thresholds: Thresholds) -> tuple[Any, ...]:
     age = row.activity_age_seconds
     return (row.plan, row.step_rows, row.attempt_count, row.max_attempts, row.operator_hold,
             row.lease_live, row.session_gone, row.lost_attempts_in_a_row,
-            row.completion_recoverable, row.unreadable, thresholds,
+            # The kind stands for its thresholds (one per kind in a batch), hashed faster.
+            row.completion_recoverable, row.unreadable, row.job_kind,
             None if age is None
             else (age < thresholds.stale_after_seconds,
                   age >= thresholds.wedged_after_seconds))

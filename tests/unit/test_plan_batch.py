@@ -53,6 +53,7 @@ STEP_ROWS = st.lists(
               st.sampled_from([None, True, False])),
     max_size=4,
 ).map(tuple)
+KINDS = st.sampled_from(["plain", "fast.report"])  # the second has thresholds of its own
 UNREADABLE = st.sampled_from([(), (("error_code", "unreadable_column"), ("column", "args"))])
 
 
@@ -60,7 +61,7 @@ UNREADABLE = st.sampled_from([(), (("error_code", "unreadable_column"), ("column
 def shapes(draw: st.DrawFn) -> Candidate:
     """A candidate of any shape: every fact the table reads drawn from a small domain."""
     return Candidate(
-        job_id=0, job_kind=draw(st.sampled_from(["plain", "fast.report"])), fence=Fence(1),
+        job_id=0, job_kind=draw(KINDS), fence=Fence(1),
         attempt_count=draw(st.integers(0, 4)), max_attempts=draw(st.integers(0, 4)),
         operator_hold=draw(st.booleans()), lease_live=draw(st.booleans()),
         lease_expired_seconds=None, activity_age_seconds=None,
@@ -72,8 +73,8 @@ def shapes(draw: st.DrawFn) -> Candidate:
 
 @st.composite
 def batches(draw: st.DrawFn) -> list[Candidate]:
-    """Up to 40 rows drawn from up to four shapes, each row with its own job id, fence and
-    ages (some ages that cannot be compared or rounded); a row in four has one fact of its
+    """Up to 40 rows drawn from up to four shapes, each row with its own job id, kind, fence
+    and ages (some ages that cannot be compared or rounded); a row in four has one fact of its
     shape changed, so rows differing in one fact only meet in a batch."""
     bases = draw(st.lists(shapes(), min_size=1, max_size=4))
     odd_age = st.sampled_from(["soon", b"x"])
@@ -82,7 +83,7 @@ def batches(draw: st.DrawFn) -> list[Candidate]:
         expired = draw(st.one_of(AGES, odd_age) if draw(st.integers(0, 20)) == 0 else AGES)
         idle = draw(st.one_of(AGES, odd_age) if draw(st.integers(0, 20)) == 0 else AGES)
         row = dataclasses.replace(
-            draw(st.sampled_from(bases)), job_id=job_id,
+            draw(st.sampled_from(bases)), job_id=job_id, job_kind=draw(KINDS),
             fence=Fence(draw(st.integers(1, 3))), position=Cursor((job_id, job_id)),
             lease_expired_seconds=expired, activity_age_seconds=idle)
         if draw(st.integers(0, 3)) == 0:
@@ -92,7 +93,7 @@ def batches(draw: st.DrawFn) -> list[Candidate]:
     return rows
 
 
-SHAPE_FACTS = ("job_kind", "attempt_count", "max_attempts", "operator_hold", "lease_live",
+SHAPE_FACTS = ("attempt_count", "max_attempts", "operator_hold", "lease_live",
                "plan", "step_rows", "session_gone", "lost_attempts_in_a_row",
                "completion_recoverable", "unreadable")
 
