@@ -33,7 +33,7 @@ PARTS = (
     ("expire_gone_owners", "worker session sweep"),
     ("start_pass", "pass row"),
     ("candidates", "candidate scan and step records (rows built)"),
-    ("plan_change", "evidence and decision table, per job"),
+    ("plan_changes", "evidence and decision table, once per shape"),
     ("_swap", "compare-and-swap UPDATE (rows encoded)"),
     ("close_attempts", "attempt closing UPDATE (rows encoded)"),
     ("finish_pass", "audit INSERT and pass counts (rows encoded)"),
@@ -66,7 +66,7 @@ def _timers() -> Iterator[dict[str, float]]:
         wrap(NativeSource, name, name)
     wrap(SqlAudit, "start_pass", "start_pass")
     wrap(SqlAudit, "finish_pass", "finish_pass")
-    wrap(passes, "plan_change", "plan_change")
+    wrap(passes, "plan_changes", "plan_changes")
     original_transaction = SqlPassStore.pass_transaction
 
     @contextmanager

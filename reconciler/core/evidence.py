@@ -129,8 +129,8 @@ class Evidence:
             "operator_hold": self.operator_hold,
             "lease_live": self.lease_live,
             "session_gone": self.session_gone,
-            "lease_expired_seconds": _round(self.lease_expired_seconds),
-            "activity_age_seconds": _round(self.activity_age_seconds),
+            "lease_expired_seconds": round_age(self.lease_expired_seconds),
+            "activity_age_seconds": round_age(self.activity_age_seconds),
             "plan_readable": self.plan is not None,
             "plan_length": plan_length,
             "step_states": states,
@@ -141,7 +141,8 @@ class Evidence:
         }
 
 
-def _round(value: float | None) -> float | None:
+def round_age(value: float | None) -> float | None:
+    """An age as the evidence records it: to the millisecond."""
     return None if value is None else round(value, 3)
 
 

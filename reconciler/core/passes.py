@@ -7,15 +7,24 @@ pass and every decision in the audit log, all in one unit of work.
 
 from __future__ import annotations
 
+import gc
 import logging
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from reconciler import failpoints
 from reconciler.core.brake import BrakeLimits, apply_brake, brake, count_limit
 from reconciler.core.decisions import Decision, Thresholds, decide
-from reconciler.core.evidence import Evidence, EvidenceError, build_steps, parse_plan
+from reconciler.core.evidence import (
+    Evidence,
+    EvidenceError,
+    build_steps,
+    parse_plan,
+    round_age,
+)
 from reconciler.core.kinds import KindRules
 from reconciler.core.policy import PARKING_REASONS
 from reconciler.core.ports import (
@@ -101,6 +110,69 @@ def plan_change(row: Candidate, thresholds: Thresholds) -> PlannedChange:
         )
 
 
+def plan_changes(rows: Sequence[Candidate], config: PassConfig) -> list[PlannedChange]:
+    """``plan_change`` for a batch, each row under its kind's thresholds, deciding once per
+    distinct shape of facts.
+
+    A batch holds a few shapes (plan, step states, attempts, flags) repeated many times:
+    the table runs, and the evidence is built, for the first row of each shape; the other
+    rows take its decision and its evidence with their own job id, fence and ages.
+    ``_shape`` names every fact a rule reads (activity age only as the two comparisons the
+    rules make), and tests/unit/test_plan_batch.py checks over the evidence space that the
+    result equals ``plan_change`` row by row.
+    """
+    thresholds_of: dict[str, Thresholds] = {}
+    decided: dict[tuple[Any, ...], PlannedChange] = {}
+    planned: list[PlannedChange] = []
+    for row in rows:
+        thresholds = thresholds_of.get(row.job_kind)
+        if thresholds is None:
+            thresholds = thresholds_of[row.job_kind] = config.thresholds_for(row.job_kind)
+        try:
+            shape = _shape(row, thresholds)
+            first = decided.get(shape)
+        except (TypeError, ValueError):  # a fact the table cannot compare or hash
+            planned.append(plan_change(row, thresholds))
+            continue
+        if first is None:
+            change = plan_change(row, thresholds)
+            # An error may come from the row's own ages, outside the shape: never shared.
+            if change.decision.reason is not Reason.RECONCILE_ERROR:
+                decided[shape] = change
+        else:
+            change = _like(first, row)
+        planned.append(change)
+    return planned
+
+
+def _shape(row: Candidate, thresholds: Thresholds) -> tuple[Any, ...]:
+    """Every fact of a candidate that ``plan_change`` reads, but its job id, fence and ages;
+    the activity age as the two comparisons rules 2 and 4 make."""
+    age = row.activity_age_seconds
+    return (row.plan, row.step_rows, row.attempt_count, row.max_attempts, row.operator_hold,
+            row.lease_live, row.session_gone, row.lost_attempts_in_a_row,
+            # The kind stands for its thresholds (one per kind in a batch), hashed faster.
+            row.completion_recoverable, row.unreadable, row.job_kind,
+            None if age is None
+            else (age < thresholds.stale_after_seconds,
+                  age >= thresholds.wedged_after_seconds))
+
+
+def _like(first: PlannedChange, row: Candidate) -> PlannedChange:
+    """``first``'s decision and evidence for a row of the same shape: its own job id, fence
+    and ages (the only facts of the evidence outside the shape)."""
+    d = first.decision
+    evidence = first.evidence.copy()  # the keys in the same order
+    try:
+        evidence["lease_expired_seconds"] = round_age(row.lease_expired_seconds)
+        evidence["activity_age_seconds"] = round_age(row.activity_age_seconds)
+    except (TypeError, ValueError):  # an age that cannot be rounded: the row's own error
+        return plan_change(row, first.thresholds)
+    return PlannedChange(Decision(row.job_id, d.disposition, d.reason, d.resume_step_index,
+                                  d.rule_number),
+                         row.fence, first.thresholds, evidence)
+
+
 def outcomes(planned: Sequence[PlannedChange], applied: Mapping[JobKey, int | None]
              ) -> list[RecordedDecision]:
     """What each planned change became: as decided, or skip ``fence_lost`` when its
@@ -146,10 +218,37 @@ def run_pass(
     The pass row, every decision and every change commit together, so a crash mid-pass
     leaves nothing half-applied and nothing applied without its record.
     """
+    with _collections_deferred():
+        return _run_pass(store, config, dry_run=dry_run, after=after)
+
+
+@contextmanager
+def _collections_deferred() -> Iterator[None]:
+    """No cyclic garbage collection while a pass runs (when it was on, it is on again after).
+
+    A batch allocates some twenty containers a job (rows, candidates, decisions, the JSON
+    rows) that all live until the pass ends. Collections during the pass walk them and
+    promote them to the oldest generation, whose collection then walks every long-lived
+    object of the process: 15% of a pass's CPU time, measured (docs/benchmarks.md). Once
+    the pass returns, reference counting frees them and the collector has nothing left to
+    do; a cycle a pass made is collected by the next collection after it.
+    """
+    if not gc.isenabled():  # the process chose to collect by itself, or a pass in another
+        yield               # thread deferred collection already: leave it to them
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+def _run_pass(store: PassStore, config: PassConfig, *, dry_run: bool, after: Cursor | None
+              ) -> PassReport:
     if dry_run:
         with store.pass_transaction(dry_run=True) as tx:
             rows = tx.jobs.candidates(config.batch_size, config.thresholds, after)
-            planned = [plan_change(r, config.thresholds_for(r.job_kind)) for r in rows]
+            planned = plan_changes(rows, config)
             braked = False
             if config.brake is not None and planned:
                 # The brake as the pass would apply it; its state is read, never kept.
@@ -175,7 +274,7 @@ def run_pass(
                 tx.lease.keep_brake(None)
             pass_id = tx.audit.record_quiet_pass(config.instance, PassOutcome.OK)
             return PassReport(pass_id, PassOutcome.OK, shadow=config.shadow)
-        planned = [plan_change(r, config.thresholds_for(r.job_kind)) for r in rows]
+        planned = plan_changes(rows, config)
         braked = False
         if config.brake is not None:
             planned, braked = brake_planned(tx, config.brake, planned)

@@ -25,7 +25,7 @@ from reconciler.core.decisions import Thresholds
 from reconciler.core.kinds import KindPolicy, KindRules
 from reconciler.core.ports import Candidate, Cursor, JobSource
 from reconciler.storage.clock import db_now, now_plus, seconds_since
-from reconciler.storage.native_source import NativeSource, evidence_columns
+from reconciler.storage.native_source import NativeSource, evidence_columns, place_type
 from reconciler.storage.pass_store import SourceFactory, native_source
 from reconciler.storage.sql import IN_PROCESSING, SCANNED, as_float, for_update, jobs
 
@@ -53,11 +53,11 @@ class KindedNativeSource(NativeSource):
         if not policies or limit <= 0:
             return []
         reconciled = jobs.c.job_kind.in_(sorted(policies))
-        expired = (sa.select(*evidence_columns())
+        expired = (sa.select(*evidence_columns(self.postgres))
                    .where(SCANNED, reconciled, jobs.c.lease_expires_at <= db_now())
                    .order_by(jobs.c.lease_expires_at, jobs.c.job_id).limit(limit))
         if after is not None and after.position is not None:
-            expired = expired.where(_after(jobs.c.lease_expires_at, after.position))
+            expired = expired.where(_after(self.postgres, jobs.c.lease_expires_at, after.position))
         rows: list[Any] = list(self.conn.execute(
             for_update(self.postgres, expired, lock=self.lock)).all())
         if len(rows) < limit:
@@ -65,14 +65,14 @@ class KindedNativeSource(NativeSource):
                 {kind: sa.literal(-p.thresholds.wedged_after_seconds, sa.Float())
                  for kind, p in policies.items()},
                 value=jobs.c.job_kind)
-            wedged = (sa.select(*evidence_columns())
+            wedged = (sa.select(*evidence_columns(self.postgres))
                       .where(SCANNED, reconciled,
                              jobs.c.last_activity_at <= now_plus(wedged_after),
                              jobs.c.lease_expires_at > db_now())
                       .order_by(jobs.c.last_activity_at, jobs.c.job_id)
                       .limit(limit - len(rows)))
             if after is not None and after.wedged is not None:
-                wedged = wedged.where(_after(jobs.c.last_activity_at, after.wedged))
+                wedged = wedged.where(_after(self.postgres, jobs.c.last_activity_at, after.wedged))
             rows += self.conn.execute(for_update(self.postgres, wedged, lock=self.lock)).all()
         return self._with_steps(rows)
 
@@ -111,11 +111,12 @@ class KindedNativeSource(NativeSource):
                    .scalar_one())
 
 
-def _after(time_column: Any, place: tuple[Any, ...]) -> Any:
+def _after(postgres: bool, time_column: Any, place: tuple[Any, ...]) -> Any:
     """Rows after a cursor's (time, job id) in a scan ordered by ``time_column``, job id."""
     at, job_id = place
     return (sa.tuple_(time_column, jobs.c.job_id)
-            > sa.tuple_(sa.literal(at, time_column.type), sa.literal(job_id, sa.BigInteger())))
+            > sa.tuple_(sa.literal(at, place_type(postgres)),
+                        sa.literal(job_id, sa.BigInteger())))
 
 
 def kinded_native(kinds: KindRules) -> SourceFactory:

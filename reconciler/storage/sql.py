@@ -138,7 +138,8 @@ def _pg_unindexed(element: unindexed, compiler: Any, **kw: Any) -> str:
     return str(compiler.process(element.column, **kw))
 
 
-_encoder = json.JSONEncoder(separators=(",", ":"))
+# No cycle check: the rows are built here, flat lists and dicts, never self-referencing.
+_encoder = json.JSONEncoder(separators=(",", ":"), check_circular=False)
 
 
 def encode_rows(rows: list[dict[str, Any]]) -> str:

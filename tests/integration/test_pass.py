@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -31,6 +31,7 @@ from models import (
     StepRun,
 )
 from reconciler.core.decisions import Thresholds
+from reconciler.core.kinds import KindRule, KindRules
 from reconciler.core.passes import (
     PassConfig,
     PassReport,
@@ -44,6 +45,7 @@ from reconciler.core.vocabulary import Disposition, PassOutcome, Reason
 from reconciler.sidecar.service import LEADER_LEASE_NAME
 from reconciler.storage.clock import db_now, seconds_since
 from reconciler.storage.engines import is_postgresql, read_only
+from reconciler.storage.native_kinds import kinded_native
 from reconciler.storage.sql_store import SqlStore
 from reconciler.worker import Claim, JobClient, LeaseLost, Step
 
@@ -917,10 +919,12 @@ def test_dry_run_decides_but_writes_nothing(
         (d.job_id, d.disposition, d.reason) for d in expected}
 
 
+@pytest.mark.parametrize("kinded", [False, True], ids=["plain", "kinds"])
 def test_batch_is_bounded_and_paging_by_cursor_reaches_every_expired_job(
-    client: JobClient, engine: Engine, store: SqlStore
+    client: JobClient, engine: Engine, store: SqlStore, kinded: bool
 ) -> None:
-    """With 7 expired jobs and batch 3, each page has at most 3; the cursor reaches all of them."""
+    """With 7 expired jobs and batch 3, each page has at most 3; the cursor reaches all of them
+    (also through the scans a ``[kinds]`` table builds)."""
     expired = [crash(client, engine, [IDEMPOTENT, EFFECTFUL], finish(0), wait=False)
                for _ in range(7)]
     alive = [crash(client, engine, [IDEMPOTENT], lease_seconds=30, wait=False)
@@ -929,6 +933,11 @@ def test_batch_is_bounded_and_paging_by_cursor_reaches_every_expired_job(
     # Activity younger than stale_after_seconds: every page skips, so nothing leaves the scan
     # and only the cursor can move the next pass on.
     paging = config(3, stale=30.0, wedged=60.0)
+    if kinded:  # a table with its own wedged time: the kinded source's scans
+        kinds = KindRules([KindRule("other.*", wedged_after_seconds=120.0)],
+                          stale_after_seconds=30.0, wedged_after_seconds=60.0, max_attempts=3)
+        store = SqlStore(engine, kinded_native(kinds))
+        paging = replace(paging, kinds=kinds)
 
     pages: list[list[int]] = []
     cursor = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -125,3 +126,25 @@ def test_a_brake_without_hold_costs_no_count(sidecar_engine: Engine, client: Job
         report = run_pass(store, no_hold)
     assert (len(report.decisions), report.braked) == (10, False)
     assert len(with_no_hold) == len(without), (without, with_no_hold)
+
+
+@pytest.mark.parametrize("collecting", [True, False], ids=["gc-on", "gc-off"])
+def test_a_pass_leaves_the_garbage_collector_as_it_found_it(
+    sidecar_engine: Engine, client: JobClient, collecting: bool
+) -> None:
+    """A pass defers cyclic collection while it runs (its batch's objects die with it) and
+    hands the process back its collector as it was, also after a pass that failed."""
+    make_stale(client, 5)
+    time.sleep(0.1)
+    store = SqlStore(sidecar_engine)
+    config = PassConfig(batch_size=10, thresholds=THRESHOLDS)
+    was = gc.isenabled()
+    (gc.enable if collecting else gc.disable)()
+    try:
+        assert len(run_pass(store, config).decisions) == 5
+        assert gc.isenabled() is collecting
+        with pytest.raises(sa.exc.SQLAlchemyError):
+            run_pass(SqlStore(create_engine("sqlite:////nonexistent/dir/x.db")), config)
+        assert gc.isenabled() is collecting
+    finally:
+        (gc.enable if was else gc.disable)()
