@@ -135,7 +135,7 @@ def test_integer_keyed_sources() -> None:
 
 
 HOOKS = frozenset({"__init__", "_steps_in_ledger", "_activity", "_wedge_guard",
-                   "_after_apply", "_kind_catalogue", "_swap", "_apply_one"})
+                   "_after_apply", "_kind_catalogue", "_swap", "_apply_one", "_scan_order"})
 """What ForeignSource declares for a subclass to replace, beside its abstract methods."""
 
 
