@@ -9,8 +9,8 @@ A sidecar runs beside the workers it must rescue, so a node that dies takes both
 1. R + 1 replicas start (``reconciler run``, the scenario's settings) and answer ``/readyz``.
 2. N jobs are queued; W worker processes (benchmarks/orphans.py) each register a session,
    heartbeat it, claim their share and say so.
-3. Every worker and the replica beside them (the one holding a lease: today, the one that
-   passes) are SIGKILLed at once; R replicas are left running.
+3. Every worker and the replica beside them (the one holding the chores' leader lease;
+   every replica passes) are SIGKILLed at once; R replicas are left running.
 4. The run waits until no job is ``processing``, printing progress every few seconds.
 
 When does an orphan's lease run out? A live worker renews its claims' leases; a dead one
@@ -32,7 +32,8 @@ does when it finds their session gone), decided by 1 and then by 2 replicas; job
 second from the first decision to the last, and two replicas' speedup over one measured
 in the same run (goal: 1.6). Beside it, what the replicas did, from their own logs:
 ``passes``, the median ``pass_ms``, ``batches_per_tick`` (a tick runs full batches back
-to back until its interval is up) and ``busy``, the share of the drain a replica spent
+to back, up to 20 or half its interval, and one that stops with its last batch full is
+followed by the next at once) and ``busy``, the share of the drain a replica spent
 passing: a rate with ``busy`` near 1 is the pass's own speed, one well under 1 is ticks
 waiting for the scheduler.
 """
@@ -500,9 +501,10 @@ def backlog_drain(dbs: Databases, plan: RecoveryPlan, replicas: int) -> Measurem
 def _replica_work(group: Children, replicas: list[Replica], span_seconds: float
                   ) -> dict[str, Any]:
     """What the replicas did, from their own log lines: passes that decided something,
-    their median length, batches per tick (a tick runs full batches back to back until
-    its interval is up) and ``busy``, the share of the drain's span a replica spent in
-    those passes (1.0: never idle). The pass rows cannot tell: a row starts after its scan."""
+    their median length, batches per tick (a tick runs full batches back to back, and the
+    next starts at once when one stops with backlog left) and ``busy``, the share of the
+    drain's span a replica spent in those passes (1.0: never idle). The pass rows cannot
+    tell: a row starts after its scan."""
     lengths: list[float] = []
     ticks: list[int] = []
     for replica in replicas:
