@@ -35,7 +35,9 @@ in the same run (goal: 1.6). Beside it, what the replicas did, from their own lo
 to back, up to 20 or half its interval, and one that stops with its last batch full is
 followed by the next at once) and ``busy``, the share of the drain a replica spent
 passing: a rate with ``busy`` near 1 is the pass's own speed, one well under 1 is ticks
-waiting for the scheduler.
+waiting for the scheduler. ``replica_cores``: the CPU a replica process used while the
+backlog drained, in cores (Linux), and ``load`` the machine's load average at the end:
+two replicas that each use less than before, with ``busy`` near 1, are waiting for CPU.
 """
 
 from __future__ import annotations
@@ -475,9 +477,11 @@ def backlog_drain(dbs: Databases, plan: RecoveryPlan, replicas: int) -> Measurem
             lease_end = conn.execute(sa.select(sa.func.max(JOBS.c.lease_expires_at))
                                      .where(JOBS.c.job_id <= b)).scalar_one()
         say(f"{what}: {replicas} replicas ready; {b} leases ran out")
+        cpu_from, watch_from = _cpu_seconds(running), time.monotonic()
         done = wait_until_decided(
             engine, what, b, plan.timeout_seconds,
             lambda: any(r.process.poll() is None for r in running), JOBS.c.job_id <= b)
+        cpu_to, watched = _cpu_seconds(running), time.monotonic() - watch_from
         # The audit keeps job ids as text (any source's ids): compare them as numbers here.
         decided = [d for d in _decisions(engine) if d[0] <= b]
         for replica in running:
@@ -491,11 +495,29 @@ def backlog_drain(dbs: Databases, plan: RecoveryPlan, replicas: int) -> Measurem
         "decided": len({j for j, _a, _i in decided}),
         "deciding_replicas": len({i for _j, _a, i in decided}),
         **work,
+        "replica_cores": (round((cpu_to - cpu_from) / watched / replicas, 2)
+                          if cpu_from is not None and cpu_to is not None else None),
+        "load": round(os.getloadavg()[0], 1),
     }
     if not done:
         extra["timed_out"] = True
     return Measurement("backlog_drain", dbs.engine_name, b * 2, b,
                        round(len(decided) / span) if span > 0 else 0, "jobs/s", extra)
+
+
+def _cpu_seconds(replicas: list[Replica]) -> float | None:
+    """The CPU seconds (user and system) the replicas have used so far, from Linux's
+    /proc; None elsewhere."""
+    total = 0.0
+    for replica in replicas:
+        try:
+            stat = Path(f"/proc/{replica.process.pid}/stat").read_text()
+        except OSError:
+            return None
+        # The fields after the command's closing parenthesis; utime and stime are 14 and 15.
+        fields = stat.rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
 
 
 def _replica_work(group: Children, replicas: list[Replica], span_seconds: float
