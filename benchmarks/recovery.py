@@ -9,8 +9,8 @@ A sidecar runs beside the workers it must rescue, so a node that dies takes both
 1. R + 1 replicas start (``reconciler run``, the scenario's settings) and answer ``/readyz``.
 2. N jobs are queued; W worker processes (benchmarks/orphans.py) each register a session,
    heartbeat it, claim their share and say so.
-3. Every worker and the replica beside them (the one holding a lease: today, the one that
-   passes) are SIGKILLed at once; R replicas are left running.
+3. Every worker and the replica beside them (the one holding the chores' leader lease;
+   every replica passes) are SIGKILLed at once; R replicas are left running.
 4. The run waits until no job is ``processing``, printing progress every few seconds.
 
 When does an orphan's lease run out? A live worker renews its claims' leases; a dead one
@@ -32,9 +32,12 @@ does when it finds their session gone), decided by 1 and then by 2 replicas; job
 second from the first decision to the last, and two replicas' speedup over one measured
 in the same run (goal: 1.6). Beside it, what the replicas did, from their own logs:
 ``passes``, the median ``pass_ms``, ``batches_per_tick`` (a tick runs full batches back
-to back until its interval is up) and ``busy``, the share of the drain a replica spent
+to back, up to 20 or half its interval, and one that stops with its last batch full is
+followed by the next at once) and ``busy``, the share of the drain a replica spent
 passing: a rate with ``busy`` near 1 is the pass's own speed, one well under 1 is ticks
-waiting for the scheduler.
+waiting for the scheduler. ``replica_cores``: the CPU a replica process used while the
+backlog drained, in cores (Linux), and ``load`` the machine's load average at the end:
+two replicas that each use less than before, with ``busy`` near 1, are waiting for CPU.
 """
 
 from __future__ import annotations
@@ -474,9 +477,11 @@ def backlog_drain(dbs: Databases, plan: RecoveryPlan, replicas: int) -> Measurem
             lease_end = conn.execute(sa.select(sa.func.max(JOBS.c.lease_expires_at))
                                      .where(JOBS.c.job_id <= b)).scalar_one()
         say(f"{what}: {replicas} replicas ready; {b} leases ran out")
+        cpu_from, watch_from = _cpu_seconds(running), time.monotonic()
         done = wait_until_decided(
             engine, what, b, plan.timeout_seconds,
             lambda: any(r.process.poll() is None for r in running), JOBS.c.job_id <= b)
+        cpu_to, watched = _cpu_seconds(running), time.monotonic() - watch_from
         # The audit keeps job ids as text (any source's ids): compare them as numbers here.
         decided = [d for d in _decisions(engine) if d[0] <= b]
         for replica in running:
@@ -490,6 +495,9 @@ def backlog_drain(dbs: Databases, plan: RecoveryPlan, replicas: int) -> Measurem
         "decided": len({j for j, _a, _i in decided}),
         "deciding_replicas": len({i for _j, _a, i in decided}),
         **work,
+        "replica_cores": (round((cpu_to - cpu_from) / watched / replicas, 2)
+                          if cpu_from is not None and cpu_to is not None else None),
+        "load": round(os.getloadavg()[0], 1),
     }
     if not done:
         extra["timed_out"] = True
@@ -497,12 +505,28 @@ def backlog_drain(dbs: Databases, plan: RecoveryPlan, replicas: int) -> Measurem
                        round(len(decided) / span) if span > 0 else 0, "jobs/s", extra)
 
 
+def _cpu_seconds(replicas: list[Replica]) -> float | None:
+    """The CPU seconds (user and system) the replicas have used so far, from Linux's
+    /proc; None elsewhere."""
+    total = 0.0
+    for replica in replicas:
+        try:
+            stat = Path(f"/proc/{replica.process.pid}/stat").read_text()
+        except OSError:
+            return None
+        # The fields after the command's closing parenthesis; utime and stime are 14 and 15.
+        fields = stat.rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
 def _replica_work(group: Children, replicas: list[Replica], span_seconds: float
                   ) -> dict[str, Any]:
     """What the replicas did, from their own log lines: passes that decided something,
-    their median length, batches per tick (a tick runs full batches back to back until
-    its interval is up) and ``busy``, the share of the drain's span a replica spent in
-    those passes (1.0: never idle). The pass rows cannot tell: a row starts after its scan."""
+    their median length, batches per tick (a tick runs full batches back to back, and the
+    next starts at once when one stops with backlog left) and ``busy``, the share of the
+    drain's span a replica spent in those passes (1.0: never idle). The pass rows cannot
+    tell: a row starts after its scan."""
     lengths: list[float] = []
     ticks: list[int] = []
     for replica in replicas:

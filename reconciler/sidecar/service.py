@@ -1,11 +1,13 @@
 """``reconciler run``: scheduled passes and chores, /metrics /healthz /readyz, signals.
 
 The scheduler only calls ``run_pass`` and the chores, logs and updates metrics. Every
-replica passes: a tick runs batches back to back while they come back full, so a mass
-outage drains in one interval, not one batch per interval. A tick never overlaps the next
-(``max_instances=1``), a paused process does not fire a burst on wake (``coalesce``), and
-a tick longer than the interval is reported. The leader lease only decides which replica
-runs the once-only chores (retention, artifact sweeps); correctness comes from each job's
+replica passes: a tick runs batches back to back while they come back full, and a tick
+that stops with its last batch full (backlog left) is followed by the next at once, not at
+the next fire, so a mass outage drains at the pass's own speed. A tick never overlaps the
+next (``max_instances=1``; the next is started only once the scheduler counts the last
+one finished), a paused process does not fire a burst on wake (``coalesce``), and a tick
+longer than the interval is reported. The leader lease only decides which replica runs
+the once-only chores (retention, artifact sweeps); correctness comes from each job's
 compare-and-swap.
 
 The service holds no engine and opens nothing: it takes its parts, assembled once by
@@ -25,7 +27,7 @@ from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler
 from typing import Any, Protocol
 
-from apscheduler.events import EVENT_JOB_MAX_INSTANCES, JobExecutionEvent
+from apscheduler.events import EVENT_JOB_EXECUTED, EVENT_JOB_MAX_INSTANCES, JobExecutionEvent
 from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
 
@@ -45,8 +47,17 @@ log = logging.getLogger("reconciler.sidecar.service")
 
 # The lease of the replica that runs the once-only chores.
 LEADER_LEASE_NAME = "reconciler"
+# The scheduler job that runs the ticks.
+TICK_CHORE = "pass"
 JITTER_FRACTION = 0.1
 HEALTH_CHECK_SECONDS = 5.0
+# A tick stops after this share of its interval, so it ends before its next fire and a
+# draining replica is not reported as overrunning; backlog left goes on in a tick started
+# at once.
+TICK_BUDGET_FRACTION = 0.5
+# And after this many batches: one tick_finished line and tick metric per 10,000 jobs at
+# the default batch size, however long the interval.
+TICK_MAX_BATCHES = 20
 
 class PassRunner(Protocol):
     """What runs one pass: ``core.passes.run_pass``'s shape."""
@@ -82,6 +93,8 @@ class Service:
         self.leading = False
         self.last_pass_finished: float | None = None
         self.last_pass_failure: tuple[DatabaseErrorCode, str] | None = None
+        self.backlog_left = False
+        """True when the last tick stopped at its budget with its last batch full."""
         self.stopping = threading.Event()
         self.stuck = False
         """True once a stop gave up on a thread still blocked in the database driver."""
@@ -94,7 +107,7 @@ class Service:
         interval = self.settings.interval_seconds
         lead_every = self.settings.leader_lease_seconds / 3
         return [
-            Chore("pass", interval, False, self.run_tick),
+            Chore(TICK_CHORE, interval, False, self.run_tick),
             # Renewed at start() already: the first scheduled renewal is one period later.
             Chore("leadership", lead_every, False, self.renew_leadership,
                   first_after_seconds=lead_every),
@@ -120,30 +133,47 @@ class Service:
     # -- the jobs the scheduler runs ---------------------------------------------------------
 
     def run_tick(self) -> list[PassReport]:
-        """Batches back to back while they come back full and make progress, within one
-        interval; each batch is its own pass (transaction and pass row). Never raises."""
-        deadline = time.monotonic() + self.settings.interval_seconds
+        """Batches back to back while they come back full and make progress, up to
+        ``TICK_MAX_BATCHES`` or half an interval; each batch is its own pass (transaction
+        and pass row). ``backlog_left`` says whether it stopped with work left, for
+        ``next_tick_at_once``. Never raises."""
+        deadline = time.monotonic() + self.settings.interval_seconds * TICK_BUDGET_FRACTION
         reports: list[PassReport] = []
+        self.backlog_left = False
         while True:
             report = self.run_one_pass()
             if report is None:
                 break
             reports.append(report)
-            # A full batch of skips with nowhere further to page would only repeat itself
-            # (a braked batch, a shadow pass, held jobs): the next tick tries again.
-            progressed = report.next_cursor is not None or (not report.shadow and any(
-                d.disposition is not Disposition.SKIP for d in report.decisions))
-            if (len(report.decisions) < self.config.batch_size or not progressed
-                    or self.stopping.is_set() or time.monotonic() >= deadline):
+            if not self._full_and_progressed(report) or self.stopping.is_set():
+                break
+            if len(reports) >= TICK_MAX_BATCHES or time.monotonic() >= deadline:
+                self.backlog_left = True
                 break
         if reports:
             self.metrics.observe_tick(len(reports))
             braked = any(r.braked for r in reports)
             self.metrics.observe_brake(braked)
             log.info("event=tick_finished instance=%s batches=%d decisions=%d braked=%d "
-                     "shadow=%d", self.instance, len(reports),
-                     sum(len(r.decisions) for r in reports), braked, self.config.shadow)
+                     "shadow=%d backlog_left=%d", self.instance, len(reports),
+                     sum(len(r.decisions) for r in reports), braked, self.config.shadow,
+                     self.backlog_left)
         return reports
+
+    def _full_and_progressed(self, report: PassReport) -> bool:
+        # A full batch of skips with nowhere further to page would only repeat itself
+        # (a braked batch, a shadow pass, held jobs): the next scheduled tick tries again.
+        progressed = report.next_cursor is not None or (not report.shadow and any(
+            d.disposition is not Disposition.SKIP for d in report.decisions))
+        return len(report.decisions) >= self.config.batch_size and progressed
+
+    def next_tick_at_once(self) -> None:
+        """After a tick that stopped with backlog left, the next one starts now instead of
+        at the next fire; after any other tick (a short or quiet batch, a failure, a stop)
+        the interval stands. Called once the scheduler counts the tick finished, so the
+        next one never overlaps it."""
+        if self.backlog_left and not self.stopping.is_set() and self.scheduler.running:
+            self.scheduler.modify_job(TICK_CHORE, next_run_time=datetime.now(UTC))
 
     def run_one_pass(self) -> PassReport | None:
         """One pass (one batch) with its logging and metrics; never raises."""
@@ -286,13 +316,18 @@ class Service:
     def observe_overrun(self, chore_name: str) -> None:
         """A scheduled run was skipped because the previous one still ran: counted and
         logged for the pass (a tick longer than the interval)."""
-        if chore_name == "pass":
+        if chore_name == TICK_CHORE:
             self.pass_overruns.inc()
             log.warning("event=pass_overrun instance=%s interval_seconds=%s", self.instance,
                         self.settings.interval_seconds)
 
     def _on_max_instances(self, event: JobExecutionEvent) -> None:
         self.observe_overrun(event.job_id)
+
+    def _on_executed(self, event: JobExecutionEvent) -> None:
+        # Dispatched by the executor after it has counted the run finished.
+        if event.job_id == TICK_CHORE:
+            self.next_tick_at_once()
 
     def start(self) -> None:
         """Start HTTP and the scheduler (non-blocking)."""
@@ -303,12 +338,15 @@ class Service:
         for chore in self.chores():
             self._schedule(chore)
         self.scheduler.add_listener(self._on_max_instances, EVENT_JOB_MAX_INSTANCES)
+        self.scheduler.add_listener(self._on_executed, EVENT_JOB_EXECUTED)
         self.scheduler.start()
         log.info("event=service_started instance=%s interval_seconds=%s", self.instance,
                  self.settings.interval_seconds)
 
     def stop(self) -> None:
         """Finish the pass in flight, give up leadership, stop serving."""
+        # The tick in flight ends after its batch, and no next one is started at once.
+        self.stopping.set()
         self.scheduler.shutdown(wait=True)
         self.metrics.is_leader.set(0)
         try:

@@ -838,6 +838,33 @@ def test_a_pass_longer_than_the_interval_is_reported_and_never_overlaps(
     assert reconciler.alive()
 
 
+def test_a_backlog_of_several_ticks_drains_without_waiting_for_the_interval(
+    db_url: str, engine: Engine, launcher: Launcher
+) -> None:
+    """1,000 stale jobs in batches of 10 are five ticks' worth (a tick stops at 20 batches):
+    with a 30 s interval the replica runs the five back to back, each started as the last
+    one stopped with a full batch, and the drain is over long before a second scheduled
+    tick could start. Then a tick that finds nothing left waits for the interval."""
+    insert_stale_jobs(engine, 1000)
+    reconciler = launcher.start(db_url, interval_seconds=30, batch_size=10,
+                                leader_lease_seconds=30, wait_ready=False)
+    started = time.monotonic()
+
+    def ticks() -> list[tuple[int, int, int]]:
+        lines = [dict(part.split("=", 1) for part in line.split() if "=" in part)
+                 for line in reconciler.stderr_lines() if "event=tick_finished" in line]
+        return [(int(t["batches"]), int(t["decisions"]), int(t["backlog_left"]))
+                for t in lines]
+
+    logged = wait_until(lambda: len(ticks()) >= 6 and ticks(), "six ticks", timeout=25)
+    assert time.monotonic() - started < 30
+    assert logged == [(20, 200, 1)] * 5 + [(1, 0, 0)]
+    assert not fetch(engine, sa.select(jobs.c.job_id).where(jobs.c.job_status == "processing"))
+    assert reconciler.metric("reconciler_pass_overruns_total") == 0.0
+    reconciler.send(signal.SIGTERM)
+    assert reconciler.wait_exit() == 0
+
+
 # --------------------------------------------------------------------------------------------
 # Retention
 # --------------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -22,12 +23,14 @@ from reconciler.core.ports import Cursor, PassUnit, RecordedDecision, RetentionR
 from reconciler.core.vocabulary import Disposition, PassOutcome, Reason
 from reconciler.errors import DatabaseUnavailableError, SchemaOutOfDateError
 from reconciler.settings import Settings
-from reconciler.sidecar.service import Service
+from reconciler.sidecar.service import TICK_CHORE, TICK_MAX_BATCHES, Service
 from reconciler.wiring import DatabaseCheck, SidecarParts
+from tests.helpers import wait_for
 
 BATCH = 3
 RESUMED = RecordedDecision(1, Disposition.RESUME, Reason.RESUMED_IDEMPOTENT_STEP, 0, 1, 2)
 HELD = RecordedDecision(2, Disposition.SKIP, Reason.OPERATOR_HOLD, None, 1, None)
+LATER = timedelta(hours=1)
 
 
 def report(*decisions: RecordedDecision, next_cursor: Cursor | None = None) -> PassReport:
@@ -150,6 +153,11 @@ def metric(service: Service, name: str) -> str:
     return next(line for line in lines if line.startswith(name + " "))
 
 
+def full() -> PassReport:
+    """A full batch that resumed every job in it."""
+    return report(*[RESUMED] * BATCH)
+
+
 class TestTick:
     """A tick runs batches back to back while they come back full and make progress."""
 
@@ -159,12 +167,23 @@ class TestTick:
         service = make_service(report(RESUMED, RESUMED, RESUMED),
                                report(RESUMED, RESUMED, RESUMED), report(RESUMED))
         assert len(service.run_tick()) == 3
+        assert not service.backlog_left
+
+    def test_a_tick_stops_at_its_batch_limit_with_the_backlog_left(
+            self, make_service: Any) -> None:
+        """Full batches beyond the limit are left to the next tick, and it says so."""
+        service = make_service(*[full() for _ in range(TICK_MAX_BATCHES + 1)], report())
+        assert len(service.run_tick()) == TICK_MAX_BATCHES
+        assert service.backlog_left
+        assert len(service.run_tick()) == 2
+        assert not service.backlog_left
 
     def test_a_full_batch_of_skips_with_nowhere_to_page_ends_the_tick(
             self, make_service: Any) -> None:
         """Held jobs filling a batch would only repeat: the next tick tries again."""
         service = make_service(report(HELD, HELD, HELD), report(HELD))
         assert len(service.run_tick()) == 1
+        assert not service.backlog_left
 
     def test_a_full_batch_of_skips_with_a_cursor_pages_on_from_it(
             self, make_service: Any) -> None:
@@ -180,6 +199,7 @@ class TestTick:
         service = make_service(report(RESUMED, RESUMED, RESUMED), report())
         service.stopping.set()
         assert len(service.run_tick()) == 1
+        assert not service.backlog_left
 
     def test_a_failed_pass_is_counted_recorded_and_never_raised(
             self, make_service: Any, recorder: Recorder) -> None:
@@ -198,6 +218,79 @@ class TestTick:
         assert recorder.calls == []
         assert metric(service, 'reconciler_pass_errors_total{code="unreachable"}').endswith(
             "1.0")
+
+
+class TestNextTick:
+    """A tick that stopped with backlog left is followed by the next at once; any other
+    keeps the interval (the scheduler is APScheduler's own, started paused)."""
+
+    @pytest.fixture
+    def paused(self) -> Iterator[list[Service]]:
+        """Services whose scheduler holds the pass an hour ahead; shut down at teardown."""
+        services: list[Service] = []
+        yield services
+        for service in services:
+            service.scheduler.shutdown(wait=False)
+
+    @staticmethod
+    def schedule_paused(service: Service, paused: list[Service]) -> None:
+        service.scheduler.add_job(service.run_tick, "interval", id=TICK_CHORE,
+                                  seconds=service.settings.interval_seconds,
+                                  next_run_time=datetime.now(UTC) + LATER)
+        service.scheduler.start(paused=True)
+        paused.append(service)
+
+    @staticmethod
+    def next_run(service: Service) -> datetime:
+        job = service.scheduler.get_job(TICK_CHORE)
+        assert job is not None
+        return job.next_run_time  # type: ignore[no-any-return]
+
+    def test_backlog_left_brings_the_next_tick_forward_to_now(
+            self, make_service: Any, paused: list[Service]) -> None:
+        service = make_service(*[full() for _ in range(TICK_MAX_BATCHES)])
+        self.schedule_paused(service, paused)
+        service.run_tick()
+        service.next_tick_at_once()
+        assert self.next_run(service) <= datetime.now(UTC)
+
+    @pytest.mark.parametrize("last", [
+        report(RESUMED), report(HELD, HELD, HELD), SchemaOutOfDateError("at 0005")],
+        ids=["short batch", "full batch of held jobs", "failed pass"])
+    def test_a_tick_that_ends_any_other_way_keeps_the_interval(
+            self, make_service: Any, paused: list[Service],
+            last: PassReport | Exception) -> None:
+        service = make_service(full(), last)
+        self.schedule_paused(service, paused)
+        service.run_tick()
+        service.next_tick_at_once()
+        assert self.next_run(service) > datetime.now(UTC) + LATER / 2
+
+    def test_a_stopping_service_starts_no_tick_at_once(
+            self, make_service: Any, paused: list[Service]) -> None:
+        service = make_service(*[full() for _ in range(TICK_MAX_BATCHES)])
+        self.schedule_paused(service, paused)
+        service.run_tick()
+        service.stopping.set()
+        service.next_tick_at_once()
+        assert self.next_run(service) > datetime.now(UTC) + LATER / 2
+
+    def test_a_backlog_of_several_ticks_runs_without_waiting_for_the_interval(
+            self, make_service: Any) -> None:
+        """The running service, interval 30 s: two and a half ticks' worth of full
+        batches run as three ticks, one after another, long before a second fire."""
+        batches = [full() for _ in range(2 * TICK_MAX_BATCHES + 5)]
+        service = make_service(*batches, report(), interval_seconds=30.0, metrics_port=0)
+        service.start()
+        try:
+            wait_for(lambda: not service._run_pass.outcomes, "every batch to run", 10.0)
+            wait_for(lambda: metric(service, "reconciler_tick_batches_count") == (
+                "reconciler_tick_batches_count 3.0"), "the third tick to finish", 10.0)
+        finally:
+            service.stop()
+        assert metric(service, "reconciler_tick_batches_sum").endswith(
+            f" {2 * TICK_MAX_BATCHES + 6}.0")
+        assert metric(service, "reconciler_pass_overruns_total").endswith(" 0.0")
 
 
 class TestReadiness:
