@@ -1,4 +1,5 @@
-"""Each foreign source at a million rows, beside the system's own stalled-job mechanism.
+"""Each foreign source at a million rows, beside the system's own stalled-job mechanism
+(Django's tasks and Celery have none: beside the sweep a team writes instead).
 
     python -m benchmarks.foreign --source procrastinate|graphile-worker|pg-boss|table|
                                           django-tasks|celery|all
