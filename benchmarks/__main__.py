@@ -5,7 +5,8 @@
     python -m benchmarks --smoke            # N = 10k on both engines, checks it runs
     python -m benchmarks --measure time_to_recovery [--smoke]   # benchmarks/recovery.py
     python -m benchmarks --measure parked [--smoke]   # held and gated jobs: benchmarks/parked.py
-    python -m benchmarks --source procrastinate|graphile-worker|pg-boss|table|all [--smoke]
+    python -m benchmarks --source procrastinate|graphile-worker|pg-boss|table|django-tasks|
+                                  celery|all [--smoke]
         # a foreign source at a million rows beside its system's own sweep:
         # benchmarks/foreign.py (--source native, the default: everything above)
 
@@ -29,7 +30,7 @@ from sqlalchemy.engine import Engine
 
 from benchmarks import foreign, parked
 from benchmarks.dataset import Shape, build, floor_update, restore_stale, writes_floor
-from benchmarks.foreign_systems import SYSTEMS
+from benchmarks.foreign_python import SYSTEMS
 from benchmarks.harness import (
     BATCH_SIZES,
     PROGRESS,

@@ -1,13 +1,16 @@
-"""Each foreign source at a million rows, beside the system's own stalled-job mechanism.
+"""Each foreign source at a million rows, beside the system's own stalled-job mechanism
+(Django's tasks and Celery have none: beside the sweep a team writes instead).
 
-    python -m benchmarks.foreign --source procrastinate|graphile-worker|pg-boss|table|all
+    python -m benchmarks.foreign --source procrastinate|graphile-worker|pg-boss|table|
+                                          django-tasks|celery|all
     python -m benchmarks.foreign --smoke      # 10k jobs per system: checks it runs
     python -m benchmarks.foreign --with-index # with the index docs/sources.md suggests
 
 For each system, on a throwaway PostgreSQL 15 (Debian's binaries, tests/pg_server.py), one
 database holds the reconciler's own tables and the system's schema, built by the system's
 own code and filled with ``--jobs`` jobs, ``--running`` of them claimed and ``--orphans``
-of those on an owner that dies (benchmarks/foreign_systems.py). In one run:
+of those on an owner that dies (benchmarks/foreign_systems.py, benchmarks/foreign_python.py).
+In one run:
 
 - ``quiet_pass``: median of ``--runs`` real passes through the configured source (the
   reconciler's ``run_pass``: pass record, scans, audit) with nothing to recover; its
@@ -15,6 +18,8 @@ of those on an owner that dies (benchmarks/foreign_systems.py). In one run:
 - ``recovery``: the orphans' owners die; the system's own recovery runs over them once
   (``peer_value``, jobs/s); they die again and the reconciler's passes recover them
   (``value``, jobs/s, every decision recorded), with the statements it sent per job.
+  Where death is a silence the reconciler must see across passes (Celery), one untimed
+  pass sees it first, and the timing starts ``session_timeout_seconds`` later.
 
 Ratios, not absolute times, carry over between machines: both sides run on the same rows
 of the same server, one after the other.
@@ -23,6 +28,7 @@ of the same server, one after the other.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -34,7 +40,8 @@ from typing import Any
 
 import psycopg
 
-from benchmarks.foreign_systems import SYSTEMS, Size, System
+from benchmarks.foreign_python import SYSTEMS
+from benchmarks.foreign_systems import Size, System
 from benchmarks.harness import counting_statements
 from reconciler.config import load_config
 from reconciler.core.passes import PassConfig, run_pass
@@ -78,7 +85,8 @@ def measure(name: str, size: Size, runs: int, emit: Callable[[dict[str, Any]], N
     from tests.pg_server import ThrowawayPostgres  # noqa: PLC0415 - the benchmark's server
 
     system: System = SYSTEMS[name]()
-    with ThrowawayPostgres() as server, tempfile.TemporaryDirectory() as tmp:
+    with ThrowawayPostgres() as server, tempfile.TemporaryDirectory() as tmp, \
+            contextlib.closing(system):
         server.create_database("bench")
         url, conninfo = server.url("bench"), f"{server.dsn} dbname=bench"
         engine = create_engine(url, timeouts=UNLIMITED_TIMEOUTS)
@@ -109,6 +117,10 @@ def measure(name: str, size: Size, runs: int, emit: Callable[[dict[str, Any]], N
             raise RuntimeError(f"{name}'s own recovery took {peer_recovered} of "
                                f"{size.orphans} orphans")
         system.kill(conninfo, size)
+        if system.silence_seconds:
+            if run_pass(store, pass_cfg).decisions:
+                raise RuntimeError("a pass decided before the owners' silence timed out")
+            time.sleep(system.silence_seconds)
         with counting_statements(engine) as sent:
             started = time.perf_counter()
             decided, acted, passes = _drain(store, pass_cfg)

@@ -53,6 +53,9 @@ class System(Protocol):
     user_index: str | None
     """The index docs/sources.md suggests a user add for the reconciler's scans (it never
     adds one itself); ``--with-index`` measures with it. None: the system's own suffice."""
+    silence_seconds: float
+    """How long after ``kill`` the reconciler must have seen the owners silent before they
+    are gone (Celery's ``session_timeout_seconds`` across passes); 0: at once."""
 
     def build(self, conninfo: str, size: Size) -> None:
         """Create the system's schema with its own code and fill it; orphans still alive."""
@@ -70,8 +73,22 @@ class System(Protocol):
         """Seconds of one run of the system's own recovery over the orphans; jobs it
         recovered."""
 
+    def close(self) -> None:
+        """Stop what ``build`` started beside the database (a broker, a worker)."""
 
-def _execute(conninfo: str, *statements: str, params: dict[str, Any] | None = None) -> None:
+
+class InDatabase:
+    """A system that is all in the database: its owners' liveness is rows, nothing runs
+    beside it."""
+
+    silence_seconds = 0.0
+
+    def close(self) -> None:
+        """Nothing to stop."""
+
+
+def execute(conninfo: str, *statements: str, params: dict[str, Any] | None = None) -> None:
+    """The statements in one transaction, each with ``params``."""
     with psycopg.connect(conninfo, autocommit=False) as conn:
         for statement in statements:
             conn.execute(statement, params)  # type: ignore[arg-type]
@@ -84,7 +101,9 @@ def vacuum(conninfo: str, tables: str) -> None:
         conn.execute(f"VACUUM ANALYZE {tables}")  # type: ignore[arg-type]
 
 
-def _bounds(size: Size) -> dict[str, int]:
+def bounds(size: Size) -> dict[str, int]:
+    """The builders' parameters: the size, where the waiting jobs end, how old a dead
+    claim is."""
     waiting_end = size.running + (size.jobs - size.running) // 2
     return {"jobs": size.jobs, "running": size.running, "orphans": size.orphans,
             "waiting_end": waiting_end, "dead": DEAD_SECONDS}
@@ -95,7 +114,7 @@ def _bounds(size: Size) -> dict[str, int]:
 # --------------------------------------------------------------------------- #
 
 
-class Procrastinate:
+class Procrastinate(InDatabase):
     """Procrastinate 3.x in schema ``procrastinate``."""
 
     name = "procrastinate"
@@ -111,7 +130,7 @@ class Procrastinate:
         return procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=options))
 
     def build(self, conninfo: str, size: Size) -> None:
-        _execute(conninfo, f"CREATE SCHEMA {self.schema}")
+        execute(conninfo, f"CREATE SCHEMA {self.schema}")
         app = self._app(conninfo)
 
         async def apply() -> None:
@@ -120,7 +139,7 @@ class Procrastinate:
 
         asyncio.run(apply())
         path = f"SET search_path = {self.schema}"
-        _execute(
+        execute(
             conninfo, path,
             "INSERT INTO procrastinate_workers (id, last_heartbeat) OVERRIDING SYSTEM VALUE "
             "VALUES (1, now()), (2, now())",
@@ -140,24 +159,24 @@ class Procrastinate:
                    AS e(type)""",
             "ALTER TABLE procrastinate_jobs ENABLE TRIGGER USER",
             "SELECT setval(pg_get_serial_sequence('procrastinate_jobs', 'id'), %(jobs)s)",
-            params=_bounds(size))
+            params=bounds(size))
         vacuum(conninfo, f"{self.schema}.procrastinate_jobs, {self.schema}.procrastinate_events,"
                          f" {self.schema}.procrastinate_workers")
 
     def kill(self, conninfo: str, size: Size) -> None:
-        _execute(conninfo, f"SET search_path = {self.schema}",
+        execute(conninfo, f"SET search_path = {self.schema}",
                  "UPDATE procrastinate_workers SET last_heartbeat = now() - interval '10 minutes'"
                  " WHERE id = 1",
                  "UPDATE procrastinate_jobs SET status = 'doing', attempts = 1, worker_id = 1 "
-                 "WHERE id <= %(orphans)s", params=_bounds(size))
+                 "WHERE id <= %(orphans)s", params=bounds(size))
 
     def keep_alive(self, conninfo: str) -> None:
-        _execute(conninfo, f"UPDATE {self.schema}.procrastinate_workers "
+        execute(conninfo, f"UPDATE {self.schema}.procrastinate_workers "
                            "SET last_heartbeat = now()")
 
     def _heartbeat(self, conninfo: str) -> None:
         """The live worker heartbeats, as it does every few seconds."""
-        _execute(conninfo, f"UPDATE {self.schema}.procrastinate_workers "
+        execute(conninfo, f"UPDATE {self.schema}.procrastinate_workers "
                            "SET last_heartbeat = now() WHERE id = 2")
 
     def peer_quiet(self, conninfo: str, runs: int) -> list[float]:
@@ -221,7 +240,8 @@ def node_modules() -> Path:
     return folder / "node_modules"
 
 
-def _libpq_url(conninfo: str) -> str:
+def libpq_url(conninfo: str) -> str:
+    """``postgresql://user@host:port/dbname`` for a libpq key-value string."""
     parts = dict(item.split("=", 1) for item in conninfo.split())
     return (f"postgresql://{parts.get('user', 'postgres')}@{parts.get('host', '127.0.0.1')}:"
             f"{parts.get('port', '5432')}/{parts.get('dbname', 'postgres')}")
@@ -231,7 +251,7 @@ def _node(script: Path, conninfo: str, *args: str) -> str:
     node = shutil.which("node")
     assert node is not None
     env = {**os.environ, "NODE_PATH": str(node_modules()),
-           "SOURCES_PG_CONNINFO": _libpq_url(conninfo), "PEER_PG_CONNINFO": _libpq_url(conninfo),
+           "SOURCES_PG_CONNINFO": libpq_url(conninfo), "PEER_PG_CONNINFO": libpq_url(conninfo),
            "SOURCES_MARKERS": tempfile.gettempdir()}
     done = subprocess.run([node, str(script), *args], capture_output=True, text=True,
                           env=env, timeout=3600, check=False)
@@ -240,7 +260,7 @@ def _node(script: Path, conninfo: str, *args: str) -> str:
     return done.stdout
 
 
-class NodeSystem:
+class NodeSystem(InDatabase):
     """What graphile-worker and pg-boss share: a migrate script and a timed Node sweep."""
 
     name: str
@@ -279,7 +299,7 @@ class GraphileWorker(NodeSystem):
 
     def build(self, conninfo: str, size: Size) -> None:
         self._migrate(conninfo)
-        _execute(
+        execute(
             conninfo, f"SET search_path = {self.schema}",
             "INSERT INTO _private_tasks (identifier) VALUES ('report')",
             """INSERT INTO _private_jobs (task_id, run_at, attempts, max_attempts, locked_at,
@@ -291,20 +311,20 @@ class GraphileWorker(NodeSystem):
                FROM generate_series(1, %(jobs)s::bigint) AS s(n), _private_tasks t""",
             # graphile-worker deletes a job when it completes: "finished" rows do not exist,
             # so the rest are all waiting (a larger backlog than the other systems carry).
-            params=_bounds(size))
+            params=bounds(size))
         vacuum(conninfo, f"{self.schema}._private_jobs")
 
     def kill(self, conninfo: str, size: Size) -> None:
-        _execute(conninfo,
+        execute(conninfo,
                  f"UPDATE {self.schema}._private_jobs SET attempts = 1, locked_by = 'pool-dead',"
                  " locked_at = now() - make_interval(secs => %(dead)s) WHERE id <= %(orphans)s",
-                 params=_bounds(size))
+                 params=bounds(size))
 
     def recovered_by_peer(self, conninfo: str, size: Size) -> int:
         with psycopg.connect(conninfo) as conn:
             row = conn.execute(f"SELECT count(*) FROM {self.schema}._private_jobs "  # type: ignore[arg-type]
                                "WHERE id <= %(orphans)s AND locked_at IS NULL",
-                               _bounds(size)).fetchone()
+                               bounds(size)).fetchone()
         assert row is not None
         return int(row[0])
 
@@ -321,7 +341,7 @@ class PgBoss(NodeSystem):
 
     def build(self, conninfo: str, size: Size) -> None:
         self._migrate(conninfo)
-        _execute(
+        execute(
             conninfo, f"SET search_path = {self.schema}",
             "SELECT create_queue('report', '{\"policy\": \"standard\"}')",
             """INSERT INTO job (name, state, retry_limit, retry_count, started_on, expire_in,
@@ -334,19 +354,19 @@ class PgBoss(NodeSystem):
                    interval '15 minutes',
                    CASE WHEN n > %(waiting_end)s THEN now() END, 'standard'
                FROM generate_series(1, %(jobs)s::bigint) AS s(n)""",
-            params=_bounds(size))
-        _execute(conninfo, f"CREATE TABLE {self.schema}.bench_orphans AS SELECT id FROM "
+            params=bounds(size))
+        execute(conninfo, f"CREATE TABLE {self.schema}.bench_orphans AS SELECT id FROM "
                            f"{self.schema}.job WHERE state = 'active' ORDER BY id "
-                           "LIMIT %(orphans)s", params=_bounds(size))
+                           "LIMIT %(orphans)s", params=bounds(size))
         vacuum(conninfo, f"{self.schema}.job")
 
     def kill(self, conninfo: str, size: Size) -> None:
         # pg-boss's expiry deletes and re-inserts a job it retries: the ids stay.
-        _execute(conninfo,
+        execute(conninfo,
                  f"UPDATE {self.schema}.job SET state = 'active', retry_count = 0, "
                  "started_on = now() - make_interval(secs => %(dead)s), completed_on = NULL, "
                  f"output = NULL WHERE id IN (SELECT id FROM {self.schema}.bench_orphans)",
-                 params=_bounds(size))
+                 params=bounds(size))
 
     def recovered_by_peer(self, conninfo: str, size: Size) -> int:
         with psycopg.connect(conninfo) as conn:
@@ -362,7 +382,31 @@ class PgBoss(NodeSystem):
 # --------------------------------------------------------------------------- #
 
 
-class HomeGrownTable:
+class OneStatementSweep(InDatabase):
+    """A system whose peer is the one ``UPDATE`` a team writes for want of its own."""
+
+    name: str
+    sweep: str
+    """The ``UPDATE`` that puts every expired claim back."""
+
+    def peer_quiet(self, conninfo: str, runs: int) -> list[float]:
+        samples = []
+        with psycopg.connect(conninfo, autocommit=True) as conn:
+            for _ in range(runs + 1):
+                started = time.perf_counter()
+                if conn.execute(self.sweep).rowcount:  # type: ignore[arg-type]
+                    raise RuntimeError(f"{self.name}'s quiet sweep found expired claims")
+                samples.append((time.perf_counter() - started) * 1000)
+        return samples[1:]
+
+    def peer_recover(self, conninfo: str, size: Size) -> tuple[float, int]:
+        with psycopg.connect(conninfo, autocommit=True) as conn:
+            started = time.perf_counter()
+            recovered = conn.execute(self.sweep).rowcount  # type: ignore[arg-type]
+            return time.perf_counter() - started, recovered
+
+
+class HomeGrownTable(OneStatementSweep):
     """A job table as teams write them: status, kind, lease, owner, attempts; indexed on
     status, as such a table's own claim query needs."""
 
@@ -379,7 +423,7 @@ class HomeGrownTable:
              "WHERE status = 'processing' AND lease_until < now()")
 
     def build(self, conninfo: str, size: Size) -> None:
-        _execute(
+        execute(
             conninfo, "CREATE SCHEMA app",
             """CREATE TABLE app.jobs (id bigint PRIMARY KEY, job_type text NOT NULL,
                    status text NOT NULL, status_reason text, lease_until timestamptz,
@@ -393,32 +437,17 @@ class HomeGrownTable:
                    CASE WHEN n > %(running)s AND n <= %(waiting_end)s THEN 0 ELSE 1 END
                FROM generate_series(1, %(jobs)s::bigint) AS s(n)""",
             "CREATE INDEX jobs_status_index ON app.jobs (status)",
-            params=_bounds(size))
+            params=bounds(size))
         vacuum(conninfo, "app.jobs")
 
     def keep_alive(self, conninfo: str) -> None:
         """Leases run an hour from the build."""
 
     def kill(self, conninfo: str, size: Size) -> None:
-        _execute(conninfo, "UPDATE app.jobs SET status = 'processing', attempts = 1, "
+        execute(conninfo, "UPDATE app.jobs SET status = 'processing', attempts = 1, "
                            "claimed_by = 'host-dead', lease_until = now() - interval '1 hour' "
-                           "WHERE id <= %(orphans)s", params=_bounds(size))
+                           "WHERE id <= %(orphans)s", params=bounds(size))
 
-    def peer_quiet(self, conninfo: str, runs: int) -> list[float]:
-        samples = []
-        with psycopg.connect(conninfo, autocommit=True) as conn:
-            for _ in range(runs + 1):
-                started = time.perf_counter()
-                if conn.execute(self.sweep).rowcount:  # type: ignore[arg-type]
-                    raise RuntimeError("the table's quiet sweep found expired leases")
-                samples.append((time.perf_counter() - started) * 1000)
-        return samples[1:]
-
-    def peer_recover(self, conninfo: str, size: Size) -> tuple[float, int]:
-        with psycopg.connect(conninfo, autocommit=True) as conn:
-            started = time.perf_counter()
-            recovered = conn.execute(self.sweep).rowcount  # type: ignore[arg-type]
-            return time.perf_counter() - started, recovered
 
 
 SYSTEMS: dict[str, type[System]] = {  # type: ignore[dict-item]
