@@ -15,7 +15,7 @@ both (it imports whichever framework Django has), so nothing here depends on the
   budget is the kind's ``max_attempts``. A task's ``TaskContext.attempt`` is the same count.
 - **Fence**: (``status = 'RUNNING'``, ``started_at``, ``worker_ids``) as read, and the lease
   still run out, in the WHERE clause of one UPDATE per batch over the batch's snapshots
-  (PostgreSQL: ``FROM unnest(...)``; SQLite: a row-value ``IN``); a row whose fence no
+  (PostgreSQL: ``FROM unnest(...)``; SQLite: one per row); a row whose fence no
   longer holds is not returned, and is left as it is. On PostgreSQL the scan's ``FOR UPDATE
   SKIP LOCKED`` holds the rows from the decision on.
 - **Resume**: ``READY``, as the backend's own ``enqueue`` leaves a task: its ``db_worker``
@@ -239,7 +239,8 @@ class DjangoTasksSource(ForeignSource):
 
     def _swap_set(self, batch: Batch, changes: Sequence[PlannedChange],
                   still: sa.ColumnElement[bool]) -> dict[JobKey, int | None]:
-        """One UPDATE for the changes of one lease: each row as its decision read it."""
+        """The changes of one lease swapped in, each row only as its decision read it: one
+        UPDATE on PostgreSQL, one per change on SQLite; the tasks changed, their attempts."""
         tasks = self._tasks
         fences = [self._fence(change, DjangoTasksFence) for change in changes]
         ids = [uuid.UUID(str(change.decision.job_id)) for change in changes]
@@ -249,11 +250,14 @@ class DjangoTasksSource(ForeignSource):
                 ("id", sa.Uuid(), ids),
                 ("started_at", sa.DateTime(timezone=True), [f.started_at for f in fences]),
                 ("worker_ids", sa.Text(), [f.worker_ids for f in fences])])
-            fenced = [tasks.c.id == seen.c.id, tasks.c.started_at == seen.c.started_at,
-                      worker_ids == seen.c.worker_ids]
+            statements = [(tasks.c.id == seen.c.id,
+                           tasks.c.started_at.is_not_distinct_from(seen.c.started_at),
+                           worker_ids.is_not_distinct_from(seen.c.worker_ids))]
         else:
-            fenced = [sa.tuple_(tasks.c.id, tasks.c.started_at, worker_ids).in_(
-                [(i, f.started_at, f.worker_ids) for i, f in zip(ids, fences, strict=True)])]
+            # SQLite runs in process: a statement per change costs no round trip.
+            statements = [(tasks.c.id == i, tasks.c.started_at.is_not_distinct_from(
+                               f.started_at), worker_ids.is_not_distinct_from(f.worker_ids))
+                          for i, f in zip(ids, fences, strict=True)]
         if batch.disposition is Disposition.RESUME:
             values: dict[str, Any] = {"status": constant("READY")}
         else:
@@ -261,9 +265,9 @@ class DjangoTasksSource(ForeignSource):
                       "return_value": sa.null(),
                       "exception_class_path": EXCEPTION_CLASS_PATH,
                       "traceback": failure_traceback(batch.reason)}
-        done = set(self._conn.execute(
+        done = {key for fenced in statements for key in self._conn.execute(
             tasks.update().where(tasks.c.status == constant("RUNNING"), *fenced, still)
-            .values(values).returning(self._key_column())).scalars())
+            .values(values).returning(self._key_column())).scalars()}
         changed: dict[JobKey, int | None] = {}
         for change, fence in zip(changes, fences, strict=True):
             if str(change.decision.job_id) in done:
