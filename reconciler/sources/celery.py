@@ -200,11 +200,13 @@ class CelerySource(ForeignSource):
         answering = self._broker.answering(hosts) if rows else set()
         if rows and answering is not None:
             silent = self._broker.silence(hosts - answering)
-            seen = self._broker.first_seen([r.task_id for r in rows])
+            max_runs = {r.task_id: self._kinds.resolve(r.name).max_run_seconds for r in rows}
+            # Only a kind with max_run_seconds is judged by when its task was first seen.
+            seen = self._broker.first_seen([t for t, m in max_runs.items() if m is not None])
             timeout = self._config.session_timeout_seconds
             for row in rows:
                 over = silent.get(row.worker, -1.0) - timeout if row.worker else -1.0
-                max_run = self._kinds.resolve(row.name).max_run_seconds
+                max_run = max_runs[row.task_id]
                 if max_run is not None:
                     over = min(over, seen.get(row.task_id, 0.0) - max_run)
                 if over >= 0:

@@ -120,7 +120,7 @@ class CeleryBroker:
         pipe = client.pipeline()
         for gone in known - set(task_ids):
             pipe.hdel(FIRST_SEEN_KEY, gone)
-        for task_id in task_ids:
+        for task_id in set(task_ids) - known:  # a known one's HSETNX would change nothing
             pipe.hsetnx(FIRST_SEEN_KEY, task_id, repr(now))
         pipe.execute()
         seen = client.hmget(FIRST_SEEN_KEY, list(task_ids)) if task_ids else []
