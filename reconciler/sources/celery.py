@@ -16,8 +16,11 @@ PostgreSQL. What differs between the two tables is their ``ResultTable`` (celery
   a retry count: one past the reconciler's own resumes of the task (or the step ledger's
   attempt, when the task counted more).
 - **Fence**: (``status = 'STARTED'``, ``worker``, ``retries``) as read, and ``date_done`` as
-  read where every write stamps it, in the UPDATE's WHERE clause (on PostgreSQL the scan's
-  ``FOR UPDATE SKIP LOCKED`` holds the row from then on).
+  read where every write stamps it, in the WHERE clause of one UPDATE per batch over the
+  batch's snapshots (PostgreSQL: ``FROM unnest(...)``; SQLite: one per row); a row whose
+  fence no longer holds is left as it is (on PostgreSQL the scan's ``FOR UPDATE SKIP
+  LOCKED`` holds the row from then on). The workers pinged come from one read of the
+  ``STARTED`` rows a pass, which also finds the rows without a name.
 - **Resume**: the row in Celery's own ``RETRY`` shape (``result`` an exception naming our
   reason, as its retry writes one), then the task re-published through Celery's
   ``send_task`` with the same id, name, args, kwargs and queue and ``retries + 1``. Args
@@ -34,7 +37,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, ClassVar
@@ -45,10 +48,11 @@ from pydantic.dataclasses import dataclass as pydantic_dataclass
 from sqlalchemy.engine import Connection
 
 from reconciler.core.kinds import KindPolicy, KindRules
-from reconciler.core.ports import Candidate, Fence, PlannedChange
+from reconciler.core.ports import Candidate, Fence, JobKey, PlannedChange
 from reconciler.core.vocabulary import Disposition, JobStatus, Reason
 from reconciler.file_tables import SourceSettings
 from reconciler.sources.base import ForeignFence, ForeignSource
+from reconciler.sources.batches import Batch, unnest
 from reconciler.sources.celery_broker import REDIS_SCHEMES, CeleryBroker
 from reconciler.sources.celery_tables import (
     ResultRows,
@@ -64,8 +68,6 @@ from reconciler.sources.common import (
     UtcTimes,
     candidate,
     constant,
-    is_wedged,
-    reason_text,
     require_columns,
 )
 
@@ -146,6 +148,7 @@ class CelerySource(ForeignSource):
     """Celery's result rows, judged by its workers' answers to ping."""
 
     source_name = CeleryConfig.kind
+    scans_all_kinds = True
 
     def __init__(self, connection: Connection, config: CeleryConfig, kinds: KindRules, *,
                  lock: bool = True, broker: CeleryBroker | None = None) -> None:
@@ -156,7 +159,6 @@ class CelerySource(ForeignSource):
         self._result = ResultRows(config.result_table, self._shape)
         self._rows = self._result.sql_table
         self._judged: _Judgement | None = None
-        self._checked = False
         # Celery writes naive UTC: write date_done so.
         self._utc = UtcTimes(connection)
 
@@ -181,22 +183,30 @@ class CelerySource(ForeignSource):
         return [self._rows.c.status == constant("STARTED"), self._result.name.is_not(None)]
 
     def _judge(self) -> _Judgement:
-        """Ping the workers of the STARTED rows once per transaction; remember silences."""
+        """Ping the workers of the STARTED rows once per transaction; remember silences.
+        The same read finds the rows written without ``result_extended``."""
         if self._judged is not None:
             return self._judged
-        rows = self._conn.execute(sa.select(self._rows.c.task_id, self._result.name.label("name"),
-                                            self._rows.c.worker).where(*self._started())).all()
+        started = self._conn.execute(
+            sa.select(self._rows.c.task_id, self._result.name.label("name"),
+                      self._rows.c.worker).where(self._rows.c.status == constant("STARTED"))
+        ).all()
+        rows = [r for r in started if r.name is not None]
+        if len(rows) < len(started):
+            self._report_unextended(len(started) - len(rows))
         gone: dict[str, float] = {}
         unacked: dict[str, str] = {}
         hosts = {r.worker for r in rows if r.worker}
         answering = self._broker.answering(hosts) if rows else set()
         if rows and answering is not None:
             silent = self._broker.silence(hosts - answering)
-            seen = self._broker.first_seen([r.task_id for r in rows])
+            max_runs = {r.task_id: self._kinds.resolve(r.name).max_run_seconds for r in rows}
+            # Only a kind with max_run_seconds is judged by when its task was first seen.
+            seen = self._broker.first_seen([t for t, m in max_runs.items() if m is not None])
             timeout = self._config.session_timeout_seconds
             for row in rows:
                 over = silent.get(row.worker, -1.0) - timeout if row.worker else -1.0
-                max_run = self._kinds.resolve(row.name).max_run_seconds
+                max_run = max_runs[row.task_id]
                 if max_run is not None:
                     over = min(over, seen.get(row.task_id, 0.0) - max_run)
                 if over >= 0:
@@ -207,27 +217,20 @@ class CelerySource(ForeignSource):
         self._judged = _Judgement(gone, unacked, answering is not None)
         return self._judged
 
-    def _report_unextended(self) -> None:
+    def _report_unextended(self, count: int) -> None:
         """STARTED rows without a name were written without ``result_extended``: left
         alone, and said once a process, naming the setting (not which tasks)."""
         table = self._config.result_table
         if table in _WARNED:
             return
-        rows = self._rows
-        count = self._conn.execute(sa.select(sa.func.count()).where(
-            rows.c.status == constant("STARTED"), self._result.name.is_(None))).scalar_one()
-        if count:
-            _WARNED.add(table)
-            log.warning("event=celery_rows_skipped count=%d missing_setting=result_extended "
-                        "detail=%s", count, json.dumps(
-                            "STARTED rows without a task name are left alone: set "
-                            "result_extended = True (and task_track_started = True) in the "
-                            "Celery app"))
+        _WARNED.add(table)
+        log.warning("event=celery_rows_skipped count=%d missing_setting=result_extended "
+                    "detail=%s", count, json.dumps(
+                        "STARTED rows without a task name are left alone: set "
+                        "result_extended = True (and task_track_started = True) in the "
+                        "Celery app"))
 
     def _running(self, policies: Mapping[str, KindPolicy]) -> sa.Select[Any]:
-        if not self._checked:
-            self._checked = True
-            self._report_unextended()
         rows, result = self._rows, self._result
         gone = self._judge().gone if policies else {}
         over: sa.ColumnElement[Any] = sa.literal(-1.0, sa.Float())
@@ -290,39 +293,76 @@ class CelerySource(ForeignSource):
 
     # -- applying ------------------------------------------------------------ #
 
-    def _apply_one(self, change: PlannedChange) -> tuple[bool, int | None]:
+    def _swap(self, batch: Batch) -> dict[JobKey, int | None]:
         self._utc()
+        judged = self._judge()
+        if not judged.reachable:
+            return {}  # no broker answer decides nothing, nor takes anything back
+        resume = batch.disposition is Disposition.RESUME
+        wedged = batch.wedged_after_seconds is not None
+        # An expired task whose worker answered since is not gone any more; a task without
+        # its arguments is never decided resumable.
+        held = [(change, self._fence(change, CeleryFence)) for change in batch.changes
+                if wedged or str(change.decision.job_id) in judged.gone]
+        held = [(c, f) for c, f in held if not (resume and f.arguments is None)]
+        changes, fences = [c for c, _ in held], [f for _, f in held]
         rows = self._rows
-        decision = change.decision
-        seen = self._fence(change, CeleryFence)
-        task_id = str(decision.job_id)
-        where = [rows.c.task_id == task_id, rows.c.status == constant("STARTED"),
-                 rows.c.worker.is_not_distinct_from(seen.worker)]
-        if self._result.retries is not None:
-            where.append(self._result.retries.is_not_distinct_from(seen.retries))
-        if self._shape.stamps_every_write:
-            where.append(rows.c.date_done == seen.stamped)
-        if not self._judge().reachable:
-            return False, None  # no broker answer decides nothing, nor takes anything back
-        if is_wedged(change):
-            where.append(self._still_stalled(change.thresholds.wedged_after_seconds))
-        elif task_id not in self._judge().gone:
-            return False, None  # its worker answered since: not gone any more
-        resume = decision.disposition is Disposition.RESUME
-        if resume and seen.arguments is None:  # pragma: no cover - decided unresumable
-            return False, None
-        values = self._result.written(reason_text(change), resume=resume)
-        if self._conn.execute(rows.update().where(*where).values(values)).rowcount != 1:
-            return False, None
-        attempts = change.fence.generation or 1  # the attempt just ended, as read
-        self._fence_ledger(task_id, attempts + 1)
-        # The broker must not run it again by itself: take its held message out.
+        still = ([self._still_stalled(batch.wedged_after_seconds)]
+                 if batch.wedged_after_seconds is not None else [])
+        values = self._result.written(batch.reason, resume=resume)
+        done = {task_id for fenced in self._fenced(changes, fences)
+                for task_id in self._conn.execute(
+                    rows.update().where(rows.c.status == constant("STARTED"), *fenced, *still)
+                    .values(values).returning(rows.c.task_id)).scalars()}
+        changed: dict[JobKey, int | None] = {}
+        for change, seen in zip(changes, fences, strict=True):
+            task_id = str(change.decision.job_id)
+            if task_id not in done:
+                continue
+            attempts = change.fence.generation or 1  # the attempt just ended, as read
+            self._fence_ledger(task_id, attempts + 1)
+            self._hand_over(task_id, seen, resume=resume, retries=attempts)
+            changed[change.decision.job_id] = attempts
+        return changed
+
+    def _fenced(self, changes: Sequence[PlannedChange], fences: Sequence[CeleryFence]
+                ) -> list[list[sa.ColumnElement[bool]]]:
+        """The WHERE clauses of the swap's statements, each row only as read: one statement
+        over the batch's snapshots on PostgreSQL, one per change on SQLite (in process, a
+        statement per change costs no round trip)."""
+        rows, result = self._rows, self._result
+        if not changes:
+            return []
+        if self._conn.dialect.name == "postgresql":
+            seen = unnest("seen", [
+                ("task_id", sa.Text(), [str(c.decision.job_id) for c in changes]),
+                ("worker", sa.Text(), [f.worker for f in fences]),
+                ("retries", sa.Integer(), [f.retries for f in fences]),
+                ("stamped", sa.DateTime(timezone=True), [f.stamped for f in fences])])
+            snapshots = [(rows.c.task_id == seen.c.task_id, seen.c.worker, seen.c.retries,
+                          seen.c.stamped)]
+        else:
+            snapshots = [(rows.c.task_id == str(c.decision.job_id), f.worker, f.retries,
+                          f.stamped) for c, f in zip(changes, fences, strict=True)]
+        statements = []
+        for key, worker, retries, stamped in snapshots:
+            where = [key, rows.c.worker.is_not_distinct_from(worker)]
+            if result.retries is not None:
+                where.append(result.retries.is_not_distinct_from(retries))
+            if self._shape.stamps_every_write:
+                where.append(rows.c.date_done.is_not_distinct_from(stamped))
+            statements.append(where)
+        return statements
+
+    def _hand_over(self, task_id: str, seen: CeleryFence, *, resume: bool,
+                   retries: int) -> None:
+        """After a row swapped in, before the pass commits: its held message taken out of
+        the broker, then the task re-published (resume) or revoked on the live workers."""
         held_back = seen.unacked_tag is not None and not self._broker.take_unacked(
             seen.unacked_tag)
         if resume and not held_back and seen.arguments is not None:
             args, kwargs = seen.arguments
             self._broker.publish(task_id, seen.name, args=args, kwargs=kwargs,
-                                 queue=seen.queue, retries=attempts)
+                                 queue=seen.queue, retries=retries)
         elif not resume:
             self._broker.revoke(task_id)
-        return True, attempts

@@ -4,7 +4,8 @@
   broker that cannot be reached answers nothing, and nothing is decided.
 - **Memory across passes**: a ``STARTED`` row has no timestamp and a silent worker is not
   yet a dead one, so the reconciler keeps, in the broker itself and on its clock (Redis
-  ``TIME``), when it first found each worker silent and first saw each task ``STARTED``.
+  ``TIME``), when it first found each worker silent and first saw each task ``STARTED``
+  (a task of a kind with ``max_run_seconds``: the only ones judged by it).
   Every replica and every one-shot ``reconciler pass`` reads the same memory.
 - **Redelivery**: kombu's Redis transport keeps a delivered, unacknowledged message in the
   ``unacked`` hash and puts it back on its queue after ``visibility_timeout``. Taking it out
@@ -120,7 +121,7 @@ class CeleryBroker:
         pipe = client.pipeline()
         for gone in known - set(task_ids):
             pipe.hdel(FIRST_SEEN_KEY, gone)
-        for task_id in task_ids:
+        for task_id in set(task_ids) - known:  # a known one's HSETNX would change nothing
             pipe.hsetnx(FIRST_SEEN_KEY, task_id, repr(now))
         pipe.execute()
         seen = client.hmget(FIRST_SEEN_KEY, list(task_ids)) if task_ids else []

@@ -14,8 +14,10 @@ both (it imports whichever framework Django has), so nothing here depends on the
   running claim is the last), so a running task has used ``len(worker_ids)`` attempts; the
   budget is the kind's ``max_attempts``. A task's ``TaskContext.attempt`` is the same count.
 - **Fence**: (``status = 'RUNNING'``, ``started_at``, ``worker_ids``) as read, and the lease
-  still run out, in the UPDATE's WHERE clause (the row lock of the swap; on PostgreSQL the
-  scan's ``FOR UPDATE SKIP LOCKED`` holds it from the decision on).
+  still run out, in the WHERE clause of one UPDATE per batch over the batch's snapshots
+  (PostgreSQL: ``FROM unnest(...)``; SQLite: one per row); a row whose fence no
+  longer holds is not returned, and is left as it is. On PostgreSQL the scan's ``FOR UPDATE
+  SKIP LOCKED`` holds the rows from the decision on.
 - **Resume**: ``READY``, as the backend's own ``enqueue`` leaves a task: its ``db_worker``
   takes it again (``run_after`` is left as it is: its claim proved it due). ``started_at``
   and ``worker_ids`` stay as the dead claim left them, so Django's result shows the last
@@ -37,7 +39,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -47,18 +49,17 @@ from pydantic.dataclasses import dataclass as pydantic_dataclass
 from sqlalchemy.engine import Connection
 
 from reconciler.core.kinds import KindPolicy, KindRules
-from reconciler.core.ports import Candidate, Fence, PlannedChange
+from reconciler.core.ports import Candidate, Fence, JobKey, PlannedChange
 from reconciler.core.vocabulary import Disposition, JobStatus, Reason
 from reconciler.file_tables import SourceSettings
 from reconciler.sources.base import ForeignFence, ForeignSource
+from reconciler.sources.batches import Batch, unnest
 from reconciler.sources.common import (
     StepFacts,
     UtcTimes,
+    by_kind,
     candidate,
     constant,
-    is_wedged,
-    per_kind,
-    reason_text,
     require_columns,
 )
 from reconciler.storage.clock import db_now, seconds_since
@@ -106,6 +107,7 @@ class DjangoTasksSource(ForeignSource):
     """django-tasks-db's task results, leased by their kind's ``max_run_seconds``."""
 
     source_name = DjangoTasksConfig.kind
+    scans_all_kinds = True
 
     def __init__(self, connection: Connection, config: DjangoTasksConfig, kinds: KindRules,
                  *, lock: bool = True) -> None:
@@ -147,7 +149,7 @@ class DjangoTasksSource(ForeignSource):
         return seconds_since(self._tasks.c.started_at) - max_run
 
     def _max_run(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[Any]:
-        return per_kind(self._kind_column(), {k: p.max_run_seconds for k, p in policies.items()})
+        return by_kind(self._kind_column(), policies, lambda p: p.max_run_seconds)
 
     def _running(self, policies: Mapping[str, KindPolicy]) -> sa.Select[Any]:
         self._utc()
@@ -216,35 +218,63 @@ class DjangoTasksSource(ForeignSource):
 
     # -- applying ------------------------------------------------------------ #
 
-    def _apply_one(self, change: PlannedChange) -> tuple[bool, int | None]:
+    def _swap(self, batch: Batch) -> dict[JobKey, int | None]:
         self._utc()
+        by_lease: dict[float | None, list[PlannedChange]] = {}
+        for change in batch.changes:
+            lease = self._fence(change, DjangoTasksFence).max_run_seconds
+            by_lease.setdefault(None if batch.wedged_after_seconds is not None else lease,
+                                []).append(change)
+        changed: dict[JobKey, int | None] = {}
+        for max_run, changes in by_lease.items():
+            if batch.wedged_after_seconds is not None:
+                still = self._still_stalled(batch.wedged_after_seconds)
+            elif max_run is None:  # pragma: no cover - a task without a lease never expires
+                continue
+            else:
+                limit = sa.literal(float(max_run), sa.Float())
+                still = sa.func.coalesce(self._lease_over(limit) >= 0, False)
+            changed.update(self._swap_set(batch, changes, still))
+        return changed
+
+    def _swap_set(self, batch: Batch, changes: Sequence[PlannedChange],
+                  still: sa.ColumnElement[bool]) -> dict[JobKey, int | None]:
+        """The changes of one lease swapped in, each row only as its decision read it: one
+        UPDATE on PostgreSQL, one per change on SQLite; the tasks changed, their attempts."""
         tasks = self._tasks
-        decision = change.decision
-        seen = self._fence(change, DjangoTasksFence)
-        if is_wedged(change):
-            still = self._still_stalled(change.thresholds.wedged_after_seconds)
-        elif seen.max_run_seconds is None:
-            return False, None  # pragma: no cover - a task without a lease is never expired
+        fences = [self._fence(change, DjangoTasksFence) for change in changes]
+        ids = [uuid.UUID(str(change.decision.job_id)) for change in changes]
+        worker_ids = sa.cast(tasks.c.worker_ids, sa.Text())
+        if self._conn.dialect.name == "postgresql":
+            seen = unnest("seen", [
+                ("id", sa.Uuid(), ids),
+                ("started_at", sa.DateTime(timezone=True), [f.started_at for f in fences]),
+                ("worker_ids", sa.Text(), [f.worker_ids for f in fences])])
+            statements = [(tasks.c.id == seen.c.id,
+                           tasks.c.started_at.is_not_distinct_from(seen.c.started_at),
+                           worker_ids.is_not_distinct_from(seen.c.worker_ids))]
         else:
-            limit = sa.literal(float(seen.max_run_seconds), sa.Float())
-            still = sa.func.coalesce(self._lease_over(limit) >= 0, False)
-        where = [tasks.c.id == uuid.UUID(str(decision.job_id)),
-                 tasks.c.status == constant("RUNNING"),
-                 tasks.c.started_at == seen.started_at,
-                 sa.cast(tasks.c.worker_ids, sa.Text()) == seen.worker_ids, still]
-        if decision.disposition is Disposition.RESUME:
+            # SQLite runs in process: a statement per change costs no round trip.
+            statements = [(tasks.c.id == i, tasks.c.started_at.is_not_distinct_from(
+                               f.started_at), worker_ids.is_not_distinct_from(f.worker_ids))
+                          for i, f in zip(ids, fences, strict=True)]
+        if batch.disposition is Disposition.RESUME:
             values: dict[str, Any] = {"status": constant("READY")}
         else:
             values = {"status": constant("FAILED"), "finished_at": db_now(),
                       "return_value": sa.null(),
                       "exception_class_path": EXCEPTION_CLASS_PATH,
-                      "traceback": failure_traceback(reason_text(change))}
-        done = self._conn.execute(tasks.update().where(*where).values(values))
-        if done.rowcount != 1:
-            return False, None
-        attempts = _attempts(seen.worker_ids)
-        self._fence_ledger(decision.job_id, attempts + 1)
-        return True, attempts
+                      "traceback": failure_traceback(batch.reason)}
+        done = {key for fenced in statements for key in self._conn.execute(
+            tasks.update().where(tasks.c.status == constant("RUNNING"), *fenced, still)
+            .values(values).returning(self._key_column())).scalars()}
+        changed: dict[JobKey, int | None] = {}
+        for change, fence in zip(changes, fences, strict=True):
+            if str(change.decision.job_id) in done:
+                attempts = _attempts(fence.worker_ids)
+                self._fence_ledger(change.decision.job_id, attempts + 1)
+                changed[change.decision.job_id] = attempts
+        return changed
 
 
 def _attempts(worker_ids: str | None) -> int:
