@@ -30,7 +30,13 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from tests.helpers import fresh_database
-from tests.sources.conftest import SourcesDatabase, clear_ledger, unavailable
+from tests.sources.conftest import (
+    SourcesDatabase,
+    clear_ledger,
+    empty_for_a_test,
+    sqlite_copy,
+    unavailable,
+)
 from tests.sources.support import Process
 
 REDIS_HINT = "redis-server is needed for the Celery tests: apt-get install -y redis-server"
@@ -289,24 +295,12 @@ def open_django_celery(request: pytest.FixtureRequest, engine_name: str, folder:
                        redis_url: str) -> Iterator[CeleryProject]:
     """A fresh SQLite file migrated, or the session's PostgreSQL database emptied."""
     if engine_name == "sqlite":
-        from reconciler.storage.engines import create_engine  # noqa: PLC0415
-
         template: Path = request.getfixturevalue("django_celery_sqlite_template")
-        path = folder / "project.db"
-        shutil.copyfile(template, path)
-        url = f"sqlite:///{path}"
-        engine = create_engine(url)
-        try:
+        with sqlite_copy(template, folder) as (url, engine):
             yield CeleryProject(redis_url, url, engine, url)
-        finally:
-            engine.dispose()
         return
     db: SourcesDatabase = request.getfixturevalue("sources_db")
     request.getfixturevalue("django_celery_results_schema")
-    db.execute(f"TRUNCATE {DJANGO_TABLE}")
-    clear_ledger(db)
-    with db.engine.begin() as conn:
-        # Attempts on this table are counted from the audit: each test starts with none.
-        conn.execute(sa.text("DELETE FROM reconciliation_decisions"))
-        conn.execute(sa.text("DELETE FROM reconciliation_passes"))
+    # Attempts on this table are counted from the audit: each test starts with none.
+    empty_for_a_test(db, DJANGO_TABLE)
     yield CeleryProject(redis_url, db.url, db.engine, db.libpq)

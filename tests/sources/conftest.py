@@ -20,6 +20,7 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -106,6 +107,30 @@ def clear_ledger(db: SourcesDatabase) -> None:
     """Forget every step ledger record (job ids restart with each test)."""
     with db.engine.begin() as conn:
         conn.execute(sa.delete(StepLedgerEntry.__table__))
+
+
+def empty_for_a_test(db: SourcesDatabase, table: str) -> None:
+    """The system's ``table`` truncated, the step ledger and the audit emptied: job ids
+    restart with each test, and attempts counted from the audit start at none."""
+    db.execute(f"TRUNCATE {table}")
+    clear_ledger(db)
+    with db.engine.begin() as conn:
+        conn.execute(sa.text("DELETE FROM reconciliation_decisions"))
+        conn.execute(sa.text("DELETE FROM reconciliation_passes"))
+
+
+@contextmanager
+def sqlite_copy(template: Path, folder: Path) -> Iterator[tuple[str, Engine]]:
+    """A copy of a migrated SQLite ``template`` in ``folder``: its URL and an engine on it,
+    disposed afterwards."""
+    path = folder / "project.db"
+    shutil.copyfile(template, path)
+    url = f"sqlite:///{path}"
+    engine = create_engine(url)
+    try:
+        yield url, engine
+    finally:
+        engine.dispose()
 
 
 # --------------------------------------------------------------------------- #

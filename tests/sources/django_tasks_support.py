@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import uuid
@@ -39,7 +38,12 @@ from reconciler.storage.clock import now_plus
 from reconciler.storage.engines import create_engine
 from tests.conftest import REPO_ROOT
 from tests.helpers import fresh_database
-from tests.sources.conftest import SourcesDatabase, clear_ledger, unavailable
+from tests.sources.conftest import (
+    SourcesDatabase,
+    empty_for_a_test,
+    sqlite_copy,
+    unavailable,
+)
 
 TABLE = "django_tasks_database_dbtaskresult"
 LONG_AGO_SECONDS = 6 * 3600  # beyond every lease these tests use, as in factories.py
@@ -135,22 +139,12 @@ def open_django_db(request: pytest.FixtureRequest, engine_name: str, folder: Pat
     """A copy of the SQLite template, or the session's PostgreSQL database emptied."""
     if engine_name == "sqlite":
         template: Path = request.getfixturevalue("django_sqlite_template")
-        path = folder / "project.db"
-        shutil.copyfile(template, path)
-        url = f"sqlite:///{path}"
-        engine = create_engine(url)
-        try:
+        with sqlite_copy(template, folder) as (url, engine):
             yield DjangoDatabase(url, url, engine)
-        finally:
-            engine.dispose()
         return
     db: SourcesDatabase = request.getfixturevalue("sources_db")
     request.getfixturevalue("django_tasks_schema")
-    db.execute(f"TRUNCATE {TABLE}")
-    clear_ledger(db)
-    with db.engine.begin() as conn:
-        conn.execute(sa.text("DELETE FROM reconciliation_decisions"))
-        conn.execute(sa.text("DELETE FROM reconciliation_passes"))
+    empty_for_a_test(db, TABLE)
     yield DjangoDatabase(db.url, db.libpq, db.engine)
 
 
