@@ -160,14 +160,15 @@ def cmd_jobs_explain(args: argparse.Namespace) -> int:
         job_key = config.source_entry.parse_job_key(args.job_id)
     except ValueError:
         raise NotFoundError(_no_job(config, args.job_id)) from None
-    planned = explain_by_kind(cli.passes, [job_key], cli.pass_config("cli-explain"))
+    planned, liveness = explain_by_kind(cli.passes, [job_key],
+                                        cli.pass_config("cli-explain"))
     if not planned:
         job = cli.jobs.get_job(job_key)
         if job is None:
             raise NotFoundError(_no_job(config, args.job_id))
         raise ActionRefusedError(f"job {args.job_id} is {job.job_status}, not processing: "
                                  "the reconciler only judges processing jobs")
-    view = explain_view(*planned[0], config.kinds)
+    view = explain_view(*planned[0], config.kinds, liveness)
     _emit(args, view, lambda: explain_lines(view))
     return 0
 

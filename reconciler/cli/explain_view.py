@@ -12,12 +12,14 @@ import json
 from typing import Any
 
 from reconciler.core.kinds import KIND_KEYS, KindRules
-from reconciler.core.ports import PlannedChange
+from reconciler.core.ports import LivenessUnknown, PlannedChange
 
 
-def explain_view(kind: str, change: PlannedChange, kinds: KindRules) -> dict[str, Any]:
+def explain_view(kind: str, change: PlannedChange, kinds: KindRules,
+                 liveness: LivenessUnknown | None = None) -> dict[str, Any]:
     """The ``jobs explain --json`` shape: the verdict (null for a kind not reconciled),
-    the kind's resolved rules with the pattern that set each, and the evidence."""
+    the kind's resolved rules with the pattern that set each, the evidence, and why the
+    owner's liveness is unknown now (``liveness_unknown``: a code, null when known)."""
     policy = kinds.resolve(kind)
     d = change.decision
     reconciled = policy.reconcile
@@ -40,6 +42,7 @@ def explain_view(kind: str, change: PlannedChange, kinds: KindRules) -> dict[str
         "resume_step_index": d.resume_step_index if reconciled else None,
         "kind_rules": {"matched": kinds.matching(kind), **values,
                        "set_by": kinds.set_by(kind)},
+        "liveness_unknown": None if liveness is None else liveness.code.value,
         # Through JSON and back: enum members become their plain values.
         "evidence": json.loads(json.dumps(change.evidence)),
     }
@@ -59,7 +62,12 @@ def explain_lines(view: dict[str, Any]) -> list[str]:
         if view["resume_step_index"] is not None:
             head += f" at step {view['resume_step_index']}"
     matched = ", ".join(f'"{p}"' for p in rules["matched"]) or "none (the defaults apply)"
-    lines = [head, f"  [kinds] patterns matched: {matched}"]
+    lines = [head]
+    if view["liveness_unknown"]:
+        lines.append(f"  liveness unknown ({view['liveness_unknown']}): its worker's silence "
+                     "proves nothing now, so it is treated as alive; only max_run_seconds "
+                     "can decide it until the liveness can be read and trusted again")
+    lines.append(f"  [kinds] patterns matched: {matched}")
     lines += [f"  {key}: {_plain(rules[key])} ({_source(rules['set_by'][key])})"
               for key in KIND_KEYS]
     lines.append("  evidence:")

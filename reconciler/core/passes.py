@@ -31,11 +31,14 @@ from reconciler.core.ports import (
     Candidate,
     Cursor,
     JobKey,
+    LivenessUnknown,
     PassStore,
     PassUnit,
     PlannedChange,
     RecordedDecision,
+    StuckWork,
 )
+from reconciler.core.stuck import held_back
 from reconciler.core.vocabulary import Disposition, PassOutcome, Reason
 
 log = logging.getLogger("reconciler.pass")
@@ -72,6 +75,11 @@ class PassReport:
     dry_run: bool = False
     shadow: bool = False
     braked: bool = False
+    liveness: LivenessUnknown | None = None
+    """Why the source's liveness evidence was not trusted (then the outcome is
+    ``liveness_unknown`` and nothing that depends on it was decided); None: trusted."""
+    held: StuckWork = field(default_factory=dict)
+    """The expired jobs this pass read and held back, by reason (the stale-claim gauges)."""
 
     def count(self, disposition: Disposition) -> int:
         """How many decisions of this disposition the pass made."""
@@ -199,15 +207,17 @@ def explain_jobs(store: PassStore, job_ids: Sequence[JobKey], config: PassConfig
     Unlike a pass it looks at jobs whatever their lease, so an operator can ask why a
     live job is left alone (``lease_live``) as well as what would happen to a stale one.
     """
-    return [change for _, change in explain_by_kind(store, job_ids, config)]
+    return [change for _, change in explain_by_kind(store, job_ids, config)[0]]
 
 
 def explain_by_kind(store: PassStore, job_ids: Sequence[JobKey], config: PassConfig
-                    ) -> list[tuple[str, PlannedChange]]:
-    """``explain_jobs``, each change with its job's kind (whose ``[kinds]`` rules apply)."""
+                    ) -> tuple[list[tuple[str, PlannedChange]], LivenessUnknown | None]:
+    """``explain_jobs``, each change with its job's kind (whose ``[kinds]`` rules apply),
+    and why the source's liveness is not trusted now (None: it is)."""
     with store.pass_transaction(dry_run=True) as tx:
-        return [(row.job_kind, plan_change(row, config.thresholds_for(row.job_kind)))
-                for row in tx.jobs.evidence_for(job_ids)]
+        explained = [(row.job_kind, plan_change(row, config.thresholds_for(row.job_kind)))
+                     for row in tx.jobs.evidence_for(job_ids)]
+        return explained, tx.jobs.liveness_unknown()
 
 
 def run_pass(
@@ -253,12 +263,14 @@ def _run_pass(store: PassStore, config: PassConfig, *, dry_run: bool, after: Cur
             if config.brake is not None and planned:
                 # The brake as the pass would apply it; its state is read, never kept.
                 planned, braked = brake_planned(tx, config.brake, planned, keep=False)
+            liveness = tx.jobs.liveness_unknown()
         previewed = tuple(
             RecordedDecision(p.decision.job_id, p.decision.disposition, p.decision.reason,
                              p.decision.resume_step_index, p.generation_before, None)
             for p in planned
         )
-        return PassReport(None, PassOutcome.OK, previewed, dry_run=True, braked=braked)
+        return PassReport(None, outcome_of(liveness), previewed, dry_run=True, braked=braked,
+                          liveness=liveness, held=held_back(planned))
 
     with store.pass_transaction(dry_run=False) as tx:
         # No leader gate: every replica passes. Candidates are locked with SKIP LOCKED on
@@ -267,22 +279,30 @@ def _run_pass(store: PassStore, config: PassConfig, *, dry_run: bool, after: Cur
         if not config.shadow:  # declaring owners gone expires their jobs' leases: a change
             tx.jobs.expire_gone_owners(config.session_timeout_seconds)
         rows = tx.jobs.candidates(config.batch_size, config.thresholds, after)
+        liveness = tx.jobs.liveness_unknown()
+        outcome = outcome_of(liveness)
         if not rows:
             # Nothing stale: the pass row is the whole record, written in one statement,
             # and any staleness event the brake remembered is over.
             if config.brake is not None:
                 tx.lease.keep_brake(None)
-            pass_id = tx.audit.record_quiet_pass(config.instance, PassOutcome.OK)
-            return PassReport(pass_id, PassOutcome.OK, shadow=config.shadow)
+            pass_id = tx.audit.record_quiet_pass(config.instance, outcome)
+            return PassReport(pass_id, outcome, shadow=config.shadow, liveness=liveness)
         planned = plan_changes(rows, config)
         braked = False
         if config.brake is not None:
             planned, braked = brake_planned(tx, config.brake, planned)
         failpoints.hit("between_decide_and_apply")
         pass_id, recorded = apply_and_record(tx, config.instance, planned,
-                                             shadow=config.shadow)
-    return PassReport(pass_id, PassOutcome.OK, tuple(recorded), next_cursor(rows, config),
-                      shadow=config.shadow, braked=braked)
+                                             shadow=config.shadow, outcome=outcome)
+    return PassReport(pass_id, outcome, tuple(recorded), next_cursor(rows, config),
+                      shadow=config.shadow, braked=braked, liveness=liveness,
+                      held=held_back(planned))
+
+
+def outcome_of(liveness: LivenessUnknown | None) -> PassOutcome:
+    """A pass's outcome: ``liveness_unknown`` when its source's liveness was not trusted."""
+    return PassOutcome.OK if liveness is None else PassOutcome.LIVENESS_UNKNOWN
 
 
 def brake_planned(tx: PassUnit, limits: BrakeLimits, planned: list[PlannedChange], *,
@@ -310,7 +330,8 @@ def brake_planned(tx: PassUnit, limits: BrakeLimits, planned: list[PlannedChange
 
 
 def apply_and_record(tx: PassUnit, instance: str, planned: Sequence[PlannedChange], *,
-                     shadow: bool = False) -> tuple[int, list[RecordedDecision]]:
+                     shadow: bool = False, outcome: PassOutcome = PassOutcome.OK
+                     ) -> tuple[int, list[RecordedDecision]]:
     """Start a pass record, compare-and-swap the non-skip changes through the source, and
     record every decision as it turned out; the pass id and the recorded decisions.
 
@@ -329,7 +350,7 @@ def apply_and_record(tx: PassUnit, instance: str, planned: Sequence[PlannedChang
         recorded = outcomes(planned, applied)
     tx.audit.finish_pass(pass_id, tx.jobs.source_name,
                          [(r, p.evidence) for r, p in zip(recorded, planned, strict=True)],
-                         shadow=shadow)
+                         shadow=shadow, outcome=outcome)
     if not shadow:  # parking writes a job row; shadow mode changes none
         parking = [p for p in planned if p.decision.disposition is Disposition.SKIP
                    and p.decision.reason in PARKING_REASONS]

@@ -25,12 +25,20 @@ from typing import Any, Protocol
 
 from reconciler.core.decisions import Decision, Thresholds
 from reconciler.core.evidence import PlanStep
-from reconciler.core.vocabulary import Disposition, JobKey, PassOutcome, Reason
+from reconciler.core.vocabulary import (
+    Disposition,
+    JobKey,
+    LivenessDoubt,
+    PassOutcome,
+    Reason,
+    StuckReason,
+)
 
 __all__ = [
     "AuditLog", "Candidate", "ClaimedJob", "Cursor", "Fence", "FenceSnapshot", "JobDetail",
-    "JobKey", "JobRetention", "JobSource", "Lease", "OperatorStore", "PassStore", "PassUnit",
-    "PlannedChange", "RecordedDecision", "RetentionReport", "SourceJobs",
+    "JobKey", "JobRetention", "JobSource", "Lease", "LivenessUnknown", "OperatorStore",
+    "PassStore", "PassUnit", "PlannedChange", "RecordedDecision", "RetentionReport",
+    "SourceJobs", "StuckCount", "StuckWork",
 ]
 
 
@@ -122,6 +130,29 @@ class PlannedChange:
 
 
 @dataclass(frozen=True, slots=True)
+class LivenessUnknown:
+    """A source could not read its owners' liveness, or has reason to doubt what it read:
+    nothing that depends on it is decided. ``where`` names what was asked (a broker's URL,
+    its password hidden), for the log line and ``/readyz``; never a metric label."""
+
+    code: LivenessDoubt
+    where: str
+
+
+@dataclass(frozen=True, slots=True)
+class StuckCount:
+    """Running jobs past their threshold held back for one reason: how many, and the
+    oldest one's seconds past it (None where the source cannot tell)."""
+
+    count: int
+    oldest_seconds: float | None = None
+
+
+StuckWork = dict[StuckReason, StuckCount]
+"""The stuck work of a source by what held it back; a reason not present counts none."""
+
+
+@dataclass(frozen=True, slots=True)
 class RecordedDecision:
     """A decision as it was applied (or not) and written to the audit trail."""
 
@@ -166,8 +197,14 @@ class JobSource(Protocol):
         them changes (each fenced on its generation); how many were parked. A source with
         nowhere to keep the mark parks none and rescans them, recorded once all the same."""
 
-    def stale_backlog(self) -> tuple[int, float | None]:
-        """How many running jobs have an expired lease, and the oldest expiry's age."""
+    def stuck_work(self) -> StuckWork:
+        """Running jobs past their threshold that no pass has acted on, by what the source
+        itself knows held them back (its holds and gates, rows it cannot judge, owners
+        whose liveness is unknown); the rest are ``awaiting_decision``."""
+
+    def liveness_unknown(self) -> LivenessUnknown | None:
+        """Why the owners' liveness read in this transaction is not trusted; None when it
+        was read and is trusted, or the source judges by time alone."""
 
     def running_count(self) -> int:
         """Every running job (for the mass-staleness brake)."""
@@ -191,9 +228,10 @@ class AuditLog(Protocol):
 
     def finish_pass(self, pass_id: int, source_name: str,
                     decisions: Sequence[tuple[RecordedDecision, dict[str, Any]]], *,
-                    shadow: bool = False) -> None:
-        """Record every decision with its evidence, and the pass's counts. A skip already
-        recorded for the same job, reason and generation is not recorded again."""
+                    shadow: bool = False, outcome: PassOutcome = PassOutcome.OK) -> None:
+        """Record every decision with its evidence, and the pass's counts and outcome. A
+        skip already recorded for the same job, reason and generation is not recorded
+        again."""
 
 
 class Lease(Protocol):
@@ -244,8 +282,8 @@ class PassStore(Protocol):
     def try_lead(self, lease_name: str, holder_id: str, ttl_seconds: float) -> int | None:
         """Acquire or renew the leader lease in its own transaction; the token or None."""
 
-    def stale_backlog(self) -> tuple[int, float | None]:
-        """The source's running jobs with an expired lease: how many, the oldest age."""
+    def stuck_work(self) -> StuckWork:
+        """The source's stuck work (``JobSource.stuck_work``), in a transaction of its own."""
 
     def delete_audit_before(self, days: float, limit: int) -> int:
         """Delete finished passes older than ``days`` with their decisions, at most

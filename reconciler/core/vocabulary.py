@@ -114,6 +114,41 @@ class PassOutcome(StrEnum):
     OK = "ok"
     ERROR = "error"
     NOT_LEADER = "not_leader"
+    LIVENESS_UNKNOWN = "liveness_unknown"
+    """The pass ran, but its source could not read its owners' liveness, or has reason to
+    doubt what it read: nothing that depends on liveness was decided."""
+
+
+class LivenessDoubt(StrEnum):
+    """Why a source's evidence of its owners' liveness was not trusted by a pass: the
+    ``code`` of a ``liveness_unknown`` pass, log line and metric."""
+
+    BROKER_UNREACHABLE = "broker_unreachable"
+    """The broker that carries the liveness signal did not answer."""
+    NO_WORKER_ANSWERS = "no_worker_answers"
+    """The broker answered, but no worker at all did: a wrong broker, or a fleet that is
+    down or cannot answer; silence proves nothing then."""
+    QUEUES_MISSING = "queues_missing"
+    """The broker holds none of the app's queues: not the app's broker (a wrong URL or
+    database number)."""
+
+
+class StuckReason(StrEnum):
+    """What held back a running job past its threshold that the last pass did not act on:
+    the ``reason`` label of the stale-claim gauges."""
+
+    AWAITING_DECISION = "awaiting_decision"
+    """Its lease expired (or its owner is gone); no pass has reached it yet."""
+    MASS_STALENESS_BRAKE = "mass_staleness_brake"
+    OPERATOR_HOLD = "operator_hold"
+    WAITING_ON_GATE = "waiting_on_gate"
+    RECONCILE_ERROR = "reconcile_error"
+    """Its evidence could not be read."""
+    UNDECIDABLE = "undecidable"
+    """The source cannot judge the row at all (a Celery row written without
+    ``result_extended``)."""
+    LIVENESS_UNKNOWN = "liveness_unknown"
+    """Its owner's liveness could not be read or was doubted (see ``LivenessDoubt``)."""
 
 
 class DatabaseErrorCode(StrEnum):

@@ -12,7 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from reconciler.core.ports import JobRetention, PassStore
+from reconciler.core.ports import JobRetention, PassStore, StuckWork
+from reconciler.core.stuck import stuck_work
 from reconciler.core.worker_ports import ArtifactRecords
 from reconciler.settings import Settings
 from reconciler.sidecar.artifact_sweep import sweep_artifacts
@@ -47,6 +48,9 @@ class Housekeeping:
 
     def __init__(self, settings: Settings, passes: PassStore, artifacts: ArtifactRecords,
                  job_retention: JobRetention, metrics: Metrics) -> None:
+        self.held: StuckWork = {}
+        """The expired jobs the last tick read and held back, by reason (set by the
+        service after each tick): what the source's own counts cannot tell."""
         self.settings = settings
         self.passes = passes
         self.artifacts = artifacts
@@ -67,14 +71,14 @@ class Housekeeping:
         ]
 
     def refresh_backlog(self) -> None:
-        """The stale backlog gauges."""
+        """The stale-claim gauges: the source's stuck work, with what the last tick held
+        back."""
         try:
-            count, oldest = self.passes.stale_backlog()
+            source = self.passes.stuck_work()
         except Exception as exc:
             log.warning("event=backlog_refresh_failed error=%s", type(exc).__name__)
             return
-        self.metrics.stale_claims.set(count)
-        self.metrics.oldest_stale_age.set(oldest or 0.0)
+        self.metrics.observe_stuck(stuck_work(source, self.held))
 
     def apply_retention(self) -> None:
         """Delete audit rows older than ``audit_retention_days``, a bounded chunk per run."""

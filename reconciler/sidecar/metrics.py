@@ -6,7 +6,15 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from reconciler.core.decisions import RULES
 from reconciler.core.passes import PassReport
-from reconciler.core.vocabulary import DatabaseErrorCode, Disposition, PassOutcome, Reason
+from reconciler.core.ports import LivenessUnknown, StuckCount, StuckWork
+from reconciler.core.vocabulary import (
+    DatabaseErrorCode,
+    Disposition,
+    LivenessDoubt,
+    PassOutcome,
+    Reason,
+    StuckReason,
+)
 
 PASS_DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
                          5.0, 10.0, 30.0)
@@ -44,11 +52,18 @@ class Metrics:
                                        registry=r)
         self.decisions = Counter("reconciler_decisions", "Decisions by disposition and reason",
                                  ["disposition", "reason"], registry=r)
-        self.stale_claims = Gauge("reconciler_stale_claims",
-                                  "Processing jobs whose lease has expired", registry=r)
-        self.oldest_stale_age = Gauge("reconciler_oldest_stale_claim_age_seconds",
-                                      "Seconds since the oldest expired lease expired",
-                                      registry=r)
+        self.stale_claims = Gauge(
+            "reconciler_stale_claims",
+            "Running jobs past their threshold that no pass acted on, by what held them back",
+            ["reason"], registry=r)
+        self.oldest_stale_age = Gauge(
+            "reconciler_oldest_stale_claim_age_seconds",
+            "Seconds the oldest of them is past its threshold (0 where the source cannot "
+            "tell)", ["reason"], registry=r)
+        self.liveness_unknown = Gauge(
+            "reconciler_liveness_unknown",
+            "1 while the source's liveness evidence cannot be read or is doubted, by why; "
+            "nothing that depends on it is decided meanwhile", ["code"], registry=r)
         self.last_success = Gauge("reconciler_last_successful_pass_timestamp_seconds",
                                   "Unix time of the last pass that finished ok", registry=r)
         self.is_leader = Gauge("reconciler_is_leader",
@@ -87,6 +102,8 @@ class Metrics:
             self.shadow_decisions.labels(disposition=disposition.value, reason=reason.value)
         for code in DatabaseErrorCode:
             self.pass_errors.labels(code=code.value)
+        self.observe_stuck({})
+        self.observe_liveness(None)
 
     def observe_pass(self, report: PassReport, seconds: float, now_unix: float, *,
                      shadow: bool = False) -> None:
@@ -94,12 +111,28 @@ class Metrics:
         nothing it only pretended to do moves ``reconciler_decisions_total`` or its alerts."""
         self.passes.labels(outcome=report.outcome.value).inc()
         self.pass_duration.observe(seconds)
-        if report.outcome is PassOutcome.OK:
+        # A pass whose source's liveness was doubted still ran to its end: its own alert
+        # (on ``reconciler_liveness_unknown``) says what it could not decide.
+        if report.outcome in (PassOutcome.OK, PassOutcome.LIVENESS_UNKNOWN):
             self.last_success.set(now_unix)
         counter = self.shadow_decisions if shadow else self.decisions
         for decision in report.decisions:
             counter.labels(disposition=decision.disposition.value,
                            reason=decision.reason.value).inc()
+
+    def observe_stuck(self, work: StuckWork) -> None:
+        """Set the stale-claim gauges, every reason (one not in ``work`` counts none)."""
+        for reason in StuckReason:
+            count = work.get(reason, StuckCount(0))
+            self.stale_claims.labels(reason=reason.value).set(count.count)
+            self.oldest_stale_age.labels(reason=reason.value).set(
+                count.oldest_seconds or 0.0 if count.count else 0.0)
+
+    def observe_liveness(self, unknown: LivenessUnknown | None) -> None:
+        """1 on the code of the current doubt about the source's liveness, 0 elsewhere."""
+        for code in LivenessDoubt:
+            self.liveness_unknown.labels(code=code.value).set(
+                int(unknown is not None and unknown.code is code))
 
     def observe_tick(self, batches: int) -> None:
         """Count one scheduled tick and the passes (batches) it ran."""

@@ -34,11 +34,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
 from reconciler.console.server import serve as serve_console
 from reconciler.core.passes import PassConfig, PassReport, run_pass
 from reconciler.core.ports import Cursor, PassStore
+from reconciler.core.stuck import merged
 from reconciler.core.vocabulary import DatabaseErrorCode, Disposition
 from reconciler.errors import ConfigError
 from reconciler.redaction import redact
 from reconciler.sidecar.chores import Chore, Housekeeping
 from reconciler.sidecar.http import HTTP_REQUEST_TIMEOUT_SECONDS, BoundedHTTPServer
+from reconciler.sidecar.liveness_watch import LivenessWatch
 from reconciler.sidecar.metrics import Metrics
 from reconciler.sidecar.probe import DatabaseProbe
 from reconciler.wiring import SidecarParts, database_answers, error_code, error_line
@@ -95,6 +97,7 @@ class Service:
         self.last_pass_failure: tuple[DatabaseErrorCode, str] | None = None
         self.backlog_left = False
         """True when the last tick stopped at its budget with its last batch full."""
+        self.liveness = LivenessWatch(self.metrics, self.instance)
         self.stopping = threading.Event()
         self.stuck = False
         """True once a stop gave up on a thread still blocked in the database driver."""
@@ -151,6 +154,7 @@ class Service:
                 self.backlog_left = True
                 break
         if reports:
+            self.housekeeping.held = merged(r.held for r in reports)
             self.metrics.observe_tick(len(reports))
             braked = any(r.braked for r in reports)
             self.metrics.observe_brake(braked)
@@ -195,6 +199,7 @@ class Service:
         self.metrics.observe_pass(report, elapsed, time.time(), shadow=report.shadow)
         self.last_pass_finished = time.monotonic()
         self.last_pass_failure = None
+        self.liveness.observe(report.liveness)
         log.info(
             "event=pass_finished instance=%s pass_id=%s outcome=%s candidates=%d resumed=%d "
             "terminalized=%d skipped=%d shadow=%d seconds=%.3f", self.instance, report.pass_id,
@@ -246,6 +251,8 @@ class Service:
             return False, f"the last pass failed ({code.value}): {line}"
         if self.last_pass_finished is None:
             return False, "no pass has finished yet"
+        if self.liveness.unknown is not None:
+            return False, self.liveness.why()
         age = time.monotonic() - self.last_pass_finished
         if age > 3 * self.settings.interval_seconds + 10:
             return False, f"last successful pass {age:.0f}s ago"

@@ -13,8 +13,6 @@ from __future__ import annotations
 import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
@@ -25,12 +23,13 @@ from reconciler.core.kinds import KindPolicy, KindRules
 from reconciler.core.ports import (
     Candidate,
     Cursor,
-    Fence,
-    FenceSnapshot,
     JobKey,
+    LivenessUnknown,
     PlannedChange,
+    StuckCount,
+    StuckWork,
 )
-from reconciler.core.vocabulary import JobStatus
+from reconciler.core.vocabulary import JobStatus, StuckReason
 from reconciler.sources.batches import Batch, batches
 from reconciler.sources.common import (
     LEDGER,
@@ -42,24 +41,14 @@ from reconciler.sources.common import (
     ledger_last_write,
     with_lost_attempts,
 )
-from reconciler.sources.ledger_fences import fence_ledgers, ledger_now
+from reconciler.sources.ledger_fences import (
+    ForeignFence,
+    LedgerMark,
+    fence_ledgers,
+    ledger_now,
+    with_ledger,
+)
 from reconciler.storage.clock import now_plus, seconds_since
-
-
-@dataclass(frozen=True, slots=True)
-class LedgerMark:
-    """A job's step ledger as its decision read it: the newest write (None: no records)."""
-
-    last_write: datetime | None
-
-
-@dataclass(frozen=True, slots=True)
-class ForeignFence(FenceSnapshot):
-    """The base of a foreign source's fence snapshot. ``ledger``: the step ledger as read,
-    which the swap checks is unchanged (None: the source's steps are not in the ledger)."""
-
-    ledger: LedgerMark | None = field(default=None, kw_only=True)
-
 
 SnapshotT = TypeVar("SnapshotT", bound=ForeignFence)
 
@@ -265,16 +254,23 @@ class ForeignSource(ABC):
         held or gated jobs are rescanned (and, already recorded, not recorded again)."""
         return 0
 
-    def stale_backlog(self) -> tuple[int, float | None]:
-        """How many running jobs of reconciled kinds are expired, and the oldest expiry age."""
+    def stuck_work(self) -> StuckWork:
+        """Running jobs of reconciled kinds whose owner is gone or whose lease ran out,
+        awaiting a decision, and the oldest expiry age (a foreign system keeps no hold or
+        gate of ours: the pass reports those it skipped)."""
         policies = self._policies()
         if not policies:
-            return 0, None
+            return {}
         expired = self._running(policies).where(self._reconciled(policies),
                                                 self._expired(policies)).subquery()
         count, oldest = self._conn.execute(
             sa.select(sa.func.count(), sa.func.max(expired.c.lease_expired_seconds))).one()
-        return int(count), None if oldest is None else float(oldest)
+        return {StuckReason.AWAITING_DECISION: StuckCount(
+            int(count), None if oldest is None else float(oldest))}
+
+    def liveness_unknown(self) -> LivenessUnknown | None:
+        """None: by default a source's liveness is in its own tables, read with its jobs."""
+        return None
 
     def running_kinds(self) -> list[str]:
         """The kinds of the running jobs, each once, sorted (whether reconciled or not)."""
@@ -400,7 +396,7 @@ class ForeignSource(ABC):
         steps, seen = ledger_facts(self._conn, self.source_name, keys)
         # The fence carries the job's last ledger write as read, so the swap repeats it.
         return with_lost_attempts(self._conn, self.source_name, [
-            _with_ledger(self._candidate(r, policies[r.job_kind], steps.get(str(r.job_id)),
+            with_ledger(self._candidate(r, policies[r.job_kind], steps.get(str(r.job_id)),
                                          position), LedgerMark(seen.get(str(r.job_id))))
             for r in rows], counted=self.counts_attempts)
 
@@ -409,12 +405,3 @@ class ForeignSource(ABC):
         nothing; written for the whole batch at the end of ``apply``."""
         self._ledger_fences.append((str(job_id), next_attempt))
 
-
-def _with_ledger(candidate: Candidate, mark: LedgerMark) -> Candidate:
-    """The candidate with the ledger as read composed into its fence snapshot."""
-    fence = candidate.fence
-    snapshot = fence.snapshot
-    if not isinstance(snapshot, ForeignFence):  # pragma: no cover - every foreign source's
-        raise TypeError(f"{type(snapshot).__name__} is not a foreign fence")
-    return dataclasses.replace(candidate, fence=Fence(
-        fence.generation, dataclasses.replace(snapshot, ledger=mark)))

@@ -48,12 +48,26 @@ from pydantic.dataclasses import dataclass as pydantic_dataclass
 from sqlalchemy.engine import Connection
 
 from reconciler.core.kinds import KindPolicy, KindRules
-from reconciler.core.ports import Candidate, Fence, JobKey, PlannedChange
-from reconciler.core.vocabulary import Disposition, JobStatus, Reason
+from reconciler.core.ports import (
+    Candidate,
+    Fence,
+    JobKey,
+    LivenessUnknown,
+    PlannedChange,
+    StuckCount,
+    StuckWork,
+)
+from reconciler.core.vocabulary import (
+    Disposition,
+    JobStatus,
+    Reason,
+    StuckReason,
+)
 from reconciler.file_tables import SourceSettings
-from reconciler.sources.base import ForeignFence, ForeignSource
+from reconciler.sources.base import ForeignSource
 from reconciler.sources.batches import Batch, unnest
 from reconciler.sources.celery_broker import REDIS_SCHEMES, CeleryBroker
+from reconciler.sources.celery_liveness import Judgement, Running, judge
 from reconciler.sources.celery_tables import (
     ResultRows,
     attempt_of,
@@ -70,6 +84,7 @@ from reconciler.sources.common import (
     constant,
     require_columns,
 )
+from reconciler.sources.ledger_fences import ForeignFence
 
 log = logging.getLogger("reconciler.sources.celery")
 _WARNED: set[str] = set()
@@ -134,16 +149,6 @@ class CeleryFence(ForeignFence):
     """The broker's delivery tag of the task's unacknowledged message, when it holds one."""
 
 
-@dataclass(frozen=True, slots=True)
-class _Judgement:
-    """One pass's view of the broker: tasks whose owner is gone (seconds past), held
-    messages."""
-
-    gone: dict[str, float]
-    unacked: dict[str, str]
-    reachable: bool
-
-
 class CelerySource(ForeignSource):
     """Celery's result rows, judged by its workers' answers to ping."""
 
@@ -158,7 +163,7 @@ class CelerySource(ForeignSource):
         self._shape = shape_for(config.result_table)
         self._result = ResultRows(config.result_table, self._shape)
         self._rows = self._result.sql_table
-        self._judged: _Judgement | None = None
+        self._judged: Judgement | None = None
         # Celery writes naive UTC: write date_done so.
         self._utc = UtcTimes(connection)
 
@@ -182,40 +187,47 @@ class CelerySource(ForeignSource):
     def _started(self) -> list[sa.ColumnElement[bool]]:
         return [self._rows.c.status == constant("STARTED"), self._result.name.is_not(None)]
 
-    def _judge(self) -> _Judgement:
-        """Ping the workers of the STARTED rows once per transaction; remember silences.
-        The same read finds the rows written without ``result_extended``."""
+    def _judge(self) -> Judgement:
+        """The broker's view of the STARTED rows, once per transaction (``judge``). The
+        same read finds the rows written without ``result_extended``."""
         if self._judged is not None:
             return self._judged
+        result = self._result
         started = self._conn.execute(
-            sa.select(self._rows.c.task_id, self._result.name.label("name"),
-                      self._rows.c.worker).where(self._rows.c.status == constant("STARTED"))
+            sa.select(self._rows.c.task_id, result.name.label("name"), self._rows.c.worker,
+                      *([result.queue.label("queue")] if result.queue is not None else []))
+            .where(self._rows.c.status == constant("STARTED"))
         ).all()
-        rows = [r for r in started if r.name is not None]
+        rows = [Running(r.task_id, r.name, r.worker, self._queue_of(r.name, r))
+                for r in started if r.name is not None]
         if len(rows) < len(started):
             self._report_unextended(len(started) - len(rows))
-        gone: dict[str, float] = {}
-        unacked: dict[str, str] = {}
-        hosts = {r.worker for r in rows if r.worker}
-        answering = self._broker.answering(hosts) if rows else set()
-        if rows and answering is not None:
-            silent = self._broker.silence(hosts - answering)
-            max_runs = {r.task_id: self._kinds.resolve(r.name).max_run_seconds for r in rows}
-            # Only a kind with max_run_seconds is judged by when its task was first seen.
-            seen = self._broker.first_seen([t for t, m in max_runs.items() if m is not None])
-            timeout = self._config.session_timeout_seconds
-            for row in rows:
-                over = silent.get(row.worker, -1.0) - timeout if row.worker else -1.0
-                max_run = max_runs[row.task_id]
-                if max_run is not None:
-                    over = min(over, seen.get(row.task_id, 0.0) - max_run)
-                if over >= 0:
-                    gone[row.task_id] = over
-            # Every running task's, not only the gone ones': a wedged task is failed under a
-            # live worker, whose later death must not hand its message back either.
-            unacked = self._broker.unacked(r.task_id for r in rows)
-        self._judged = _Judgement(gone, unacked, answering is not None)
+        self._judged = judge(self._broker, rows, self._kinds,
+                             self._config.session_timeout_seconds,
+                             unextended=len(started) - len(rows))
         return self._judged
+
+    def _queue_of(self, name: str, row: sa.Row[Any]) -> str:
+        """The queue a task was sent to: the row's (selected as ``queue`` where the table
+        keeps one), else where the app routes its name."""
+        queue = row.queue if self._result.queue is not None else None
+        return queue or queue_for(name, self._config.task_routes,
+                                  self._config.task_default_queue)
+
+    def liveness_unknown(self) -> LivenessUnknown | None:
+        """Why the broker's answers were not trusted this transaction (None: they were)."""
+        doubt = self._judge().doubt
+        return None if doubt is None else LivenessUnknown(doubt, self._broker.where())
+
+    def stuck_work(self) -> StuckWork:
+        """The expired tasks awaiting a decision, the rows written without
+        ``result_extended`` (never decided) and, while the broker's answers are doubted,
+        the running tasks whose worker's liveness is unknown."""
+        work = super().stuck_work()
+        judged = self._judge()
+        work[StuckReason.UNDECIDABLE] = StuckCount(judged.unextended)
+        work[StuckReason.LIVENESS_UNKNOWN] = StuckCount(judged.unknown)
+        return work
 
     def _report_unextended(self, count: int) -> None:
         """STARTED rows without a name were written without ``result_extended``: left
@@ -254,8 +266,7 @@ class CelerySource(ForeignSource):
         judged, shape = self._judge(), self._shape
         over = judged.gone.get(row.job_id)
         arguments = call_arguments(row.args, row.kwargs, shape)
-        queue = (row.queue if shape.queue_column is not None else None) or queue_for(
-            row.job_kind, self._config.task_routes, self._config.task_default_queue)
+        queue = self._queue_of(row.job_kind, row)
         snapshot = CeleryFence(row.worker, retries_of(row, shape),
                                row.date_done if shape.stamps_every_write else None,
                                row.job_kind, arguments, queue, judged.unacked.get(row.job_id))
@@ -296,8 +307,8 @@ class CelerySource(ForeignSource):
     def _swap(self, batch: Batch) -> dict[JobKey, int | None]:
         self._utc()
         judged = self._judge()
-        if not judged.reachable:
-            return {}  # no broker answer decides nothing, nor takes anything back
+        if not judged.may_swap:
+            return {}  # a broker that does not answer, or not the app's: nothing is written
         resume = batch.disposition is Disposition.RESUME
         wedged = batch.wedged_after_seconds is not None
         # An expired task whose worker answered since is not gone any more; a task without

@@ -1,7 +1,11 @@
 """What the celery source asks of the app's broker (Redis): liveness, memory, redelivery.
 
-- **Liveness**: Celery's own control ``ping`` to the workers named by ``STARTED`` rows; a
-  broker that cannot be reached answers nothing, and nothing is decided.
+- **Liveness**: Celery's own control ``ping`` to the workers named by ``STARTED`` rows.
+  Silence is evidence only on the app's own broker while it answers: a broker that cannot
+  be reached, one that holds none of the app's queues (kombu keeps its bindings in Redis:
+  a wrong URL or database number holds none), and one where no worker at all answers a
+  broadcast ping are each a doubt (``LivenessDoubt``), and nothing that depends on ping is
+  decided.
 - **Memory across passes**: a ``STARTED`` row has no timestamp and a silent worker is not
   yet a dead one, so the reconciler keeps, in the broker itself and on its clock (Redis
   ``TIME``), when it first found each worker silent and first saw each task ``STARTED``
@@ -22,9 +26,12 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from reconciler.core.vocabulary import LivenessDoubt
 from reconciler.errors import ConfigError
+from reconciler.redaction import redact
 
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 """The brokers the celery source supports: Redis (see docs/sources.md, Celery)."""
@@ -35,6 +42,19 @@ FIRST_SEEN_KEY = "reconciler:celery:first-seen"
 UNACKED_KEY = "unacked"
 UNACKED_INDEX_KEY = "unacked_index"
 PING_TIMEOUT_SECONDS = 1.0
+BINDINGS_MATCH = "*_kombu.binding.*"
+"""kombu's Redis transport keeps each exchange's bindings in a set named so (behind the
+app's ``global_keyprefix``, if any), members ``routing_key SEP pattern SEP queue``."""
+BINDING_SEPARATOR = "\x06\x16"
+
+
+@dataclass(frozen=True, slots=True)
+class Answers:
+    """What one look at the broker found: the workers that answered ping, or why the
+    silence of the others proves nothing (then ``answering`` is empty)."""
+
+    answering: frozenset[str]
+    doubt: LivenessDoubt | None = None
 
 
 class CeleryBroker:
@@ -84,17 +104,58 @@ class CeleryBroker:
         seconds, micros = self._client().time()
         return float(seconds) + float(micros) / 1e6
 
-    def answering(self, hostnames: Iterable[str]) -> set[str] | None:
-        """The workers among ``hostnames`` that answer ping; None when the broker cannot be
-        reached (then nothing is known)."""
-        names = sorted(set(hostnames))
-        if not names:
-            return set()
+    def where(self) -> str:
+        """The broker's URL with any password hidden, for log lines and ``/readyz``."""
+        return redact(self.broker_url)
+
+    def answers(self, hostnames: Iterable[str], queues: Iterable[str]) -> Answers:
+        """Ping the workers among ``hostnames``; whether their silence can be trusted.
+
+        Trusted only on a broker that answers, holds at least one of ``queues`` (the
+        queues the running tasks were sent to) and where some worker answers at all: with
+        none answering, the broker is not the app's or its whole fleet cannot answer now,
+        and silence is no evidence of death.
+        """
+        names, wanted = sorted(set(hostnames)), set(queues)
+        client, app = self._client(), self.app()  # a missing package is a ConfigError
         try:
-            replies = self.app().control.ping(destination=names, timeout=PING_TIMEOUT_SECONDS)
+            client.ping()
+            if wanted and not wanted & self._bound_queues(client):
+                return Answers(frozenset(), LivenessDoubt.QUEUES_MISSING)
+            replies = (app.control.ping(destination=names, timeout=PING_TIMEOUT_SECONDS)
+                       if names else [])
+            answering = frozenset(host for reply in replies for host in reply)
+            # Only when no named worker answered is anyone else asked (a second wait).
+            if not answering and not app.control.ping(timeout=PING_TIMEOUT_SECONDS):
+                return Answers(frozenset(), LivenessDoubt.NO_WORKER_ANSWERS)
         except Exception:
-            return None
-        return {host for reply in replies for host in reply}
+            return Answers(frozenset(), LivenessDoubt.BROKER_UNREACHABLE)
+        return Answers(answering)
+
+    def answers_at_all(self) -> Answers:
+        """Whether the broker answers (with no running task, nobody needs pinging)."""
+        client = self._client()
+        try:
+            client.ping()
+        except Exception:
+            return Answers(frozenset(), LivenessDoubt.BROKER_UNREACHABLE)
+        return Answers(frozenset())
+
+    @staticmethod
+    def _bound_queues(client: Any) -> set[str]:
+        """Every queue some exchange is bound to on this broker (a few keys: one set per
+        exchange)."""
+        queues: set[str] = set()
+        for key in client.scan_iter(match=BINDINGS_MATCH, count=100):
+            for member in client.smembers(key):
+                text = member.decode() if isinstance(member, bytes) else str(member)
+                queues.add(text.rsplit(BINDING_SEPARATOR, 1)[-1])
+        return queues
+
+    def forget_silences(self) -> None:
+        """Forget when each worker was first found silent: silence observed while it
+        proved nothing does not count towards a worker's death."""
+        self._client().delete(SILENT_KEY)
 
     def silence(self, silent: Iterable[str]) -> dict[str, float]:
         """Record when each silent worker was first found silent, forget the others (those

@@ -52,7 +52,7 @@ from reconciler.core.kinds import KindPolicy, KindRules
 from reconciler.core.ports import Candidate, Fence, JobKey, PlannedChange
 from reconciler.core.vocabulary import Disposition, JobStatus, Reason
 from reconciler.file_tables import SourceSettings
-from reconciler.sources.base import ForeignFence, ForeignSource
+from reconciler.sources.base import ForeignSource
 from reconciler.sources.batches import Batch, unnest
 from reconciler.sources.common import (
     StepFacts,
@@ -62,6 +62,7 @@ from reconciler.sources.common import (
     constant,
     require_columns,
 )
+from reconciler.sources.ledger_fences import ForeignFence
 from reconciler.storage.clock import db_now, seconds_since
 
 EXCEPTION_CLASS_PATH = "builtins.RuntimeError"

@@ -34,7 +34,7 @@ from reconciler.core.ports import Candidate, Fence, JobKey
 from reconciler.core.vocabulary import Disposition, JobStatus
 from reconciler.errors import ConfigError
 from reconciler.file_tables import SourceSettings
-from reconciler.sources.base import ForeignFence, ForeignSource
+from reconciler.sources.base import ForeignSource
 from reconciler.sources.batches import Batch, unnest
 from reconciler.sources.common import (
     StepFacts,
@@ -44,6 +44,7 @@ from reconciler.sources.common import (
     require_functions,
     require_postgresql,
 )
+from reconciler.sources.ledger_fences import ForeignFence
 from reconciler.storage.clock import db_now, now_plus, seconds_since
 
 _STATUS_WORDS = {"locked": JobStatus.PROCESSING, "queued": JobStatus.QUEUED,

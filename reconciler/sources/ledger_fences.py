@@ -8,14 +8,33 @@ nothing. Both are one statement per batch on PostgreSQL.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from reconciler.core.ports import Candidate, Fence, FenceSnapshot
 from reconciler.sources.batches import unnest
 from reconciler.sources.common import LEDGER, key_in
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerMark:
+    """A job's step ledger as its decision read it: the newest write (None: no records)."""
+
+    last_write: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class ForeignFence(FenceSnapshot):
+    """The base of a foreign source's fence snapshot. ``ledger``: the step ledger as read,
+    which the swap checks is unchanged (None: the source's steps are not in the ledger)."""
+
+    ledger: LedgerMark | None = field(default=None, kw_only=True)
 
 FENCE_LEDGER = (LEDGER.update()
                 .where(LEDGER.c.source_name == sa.bindparam("source"),
@@ -58,3 +77,13 @@ def fence_ledgers(conn: Connection, source_name: str, fences: Sequence[tuple[str
                         LEDGER.c.job_key == moved.c.job_key,
                         LEDGER.c.attempt_number < moved.c.attempt)
                  .values(attempt_number=moved.c.attempt))
+
+
+def with_ledger(candidate: Candidate, mark: LedgerMark) -> Candidate:
+    """The candidate with the ledger as read composed into its fence snapshot."""
+    fence = candidate.fence
+    snapshot = fence.snapshot
+    if not isinstance(snapshot, ForeignFence):  # pragma: no cover - every foreign source's
+        raise TypeError(f"{type(snapshot).__name__} is not a foreign fence")
+    return dataclasses.replace(candidate, fence=Fence(
+        fence.generation, dataclasses.replace(snapshot, ledger=mark)))

@@ -39,7 +39,7 @@ from reconciler.core.ports import Candidate, Fence, JobKey
 from reconciler.core.vocabulary import Disposition, JobStatus
 from reconciler.errors import ConfigError
 from reconciler.file_tables import SourceSettings
-from reconciler.sources.base import ForeignFence, ForeignSource
+from reconciler.sources.base import ForeignSource
 from reconciler.sources.batches import Batch, unnest
 from reconciler.sources.common import (
     StepFacts,
@@ -49,6 +49,7 @@ from reconciler.sources.common import (
     require_columns,
     require_postgresql,
 )
+from reconciler.sources.ledger_fences import ForeignFence
 from reconciler.storage.clock import db_now, now_plus, seconds_since
 
 JOB_STATES = ("created", "retry", "active", "completed", "cancelled", "failed")

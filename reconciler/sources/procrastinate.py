@@ -43,7 +43,7 @@ from reconciler.core.ports import Candidate, Fence, JobKey
 from reconciler.core.vocabulary import Disposition, JobStatus
 from reconciler.errors import ConfigError
 from reconciler.file_tables import SourceSettings
-from reconciler.sources.base import ForeignFence, ForeignSource
+from reconciler.sources.base import ForeignSource
 from reconciler.sources.batches import Batch, unnest
 from reconciler.sources.common import (
     StepFacts,
@@ -53,6 +53,7 @@ from reconciler.sources.common import (
     require_functions,
     require_postgresql,
 )
+from reconciler.sources.ledger_fences import ForeignFence
 from reconciler.storage.clock import now_plus, seconds_since
 
 _STATUS_WORDS = {"todo": JobStatus.QUEUED, "doing": JobStatus.PROCESSING,

@@ -44,7 +44,7 @@ from sqlalchemy.engine import Connection
 from reconciler.core.kinds import KindPolicy, KindRules
 from reconciler.core.ports import Candidate, Fence, JobKey, PlannedChange
 from reconciler.core.vocabulary import Disposition, JobStatus
-from reconciler.sources.base import ForeignFence, ForeignSource
+from reconciler.sources.base import ForeignSource
 from reconciler.sources.batches import Batch
 from reconciler.sources.common import (
     StepFacts,
@@ -57,6 +57,7 @@ from reconciler.sources.common import (
     reason_text,
     require_columns,
 )
+from reconciler.sources.ledger_fences import ForeignFence
 from reconciler.sources.table_checks import (
     TIME_KEYS,
     UNREADABLE_TIMESTAMP,

@@ -88,7 +88,7 @@ def _statements(postgres: bool) -> _Statements:
                 resumed_count=sa.bindparam("n_resumed"),
                 terminalized_count=sa.bindparam("n_terminalized"),
                 skipped_count=sa.bindparam("n_skipped"),
-                finished_at=db_now(), pass_outcome=PassOutcome.OK.value),
+                finished_at=db_now(), pass_outcome=sa.bindparam("outcome_value")),
         lead=_leadership_statement(postgres),
     )
 
@@ -154,9 +154,9 @@ class SqlAudit:
 
     def finish_pass(self, pass_id: int, source_name: str,
                     recorded: Sequence[tuple[RecordedDecision, dict[str, Any]]], *,
-                    shadow: bool = False) -> None:
+                    shadow: bool = False, outcome: PassOutcome = PassOutcome.OK) -> None:
         """Insert every decision in one statement (a skip already on record for the same
-        job, reason and generation is left out), then the pass's counts."""
+        job, reason and generation is left out), then the pass's counts and outcome."""
         if recorded:
             self.conn.execute(self.sql.record_decisions, {
                 "recording_pass_id": pass_id,
@@ -169,7 +169,7 @@ class SqlAudit:
             "finished_pass_id": pass_id, "n_candidates": len(recorded),
             "n_resumed": counts[Disposition.RESUME],
             "n_terminalized": counts[Disposition.TERMINALIZE],
-            "n_skipped": counts[Disposition.SKIP],
+            "n_skipped": counts[Disposition.SKIP], "outcome_value": outcome.value,
         })
 
 

@@ -23,11 +23,11 @@ from sqlalchemy.engine import Connection
 
 from reconciler.core.decisions import Thresholds
 from reconciler.core.kinds import KindPolicy, KindRules
-from reconciler.core.ports import Candidate, Cursor, JobSource
-from reconciler.storage.clock import db_now, now_plus, seconds_since
+from reconciler.core.ports import Candidate, Cursor, JobSource, StuckWork
+from reconciler.storage.clock import db_now, now_plus
 from reconciler.storage.native_source import NativeSource, evidence_columns, place_type
 from reconciler.storage.pass_store import SourceFactory, native_source
-from reconciler.storage.sql import IN_PROCESSING, SCANNED, as_float, for_update, jobs
+from reconciler.storage.sql import IN_PROCESSING, SCANNED, for_update, jobs
 
 
 class KindedNativeSource(NativeSource):
@@ -76,18 +76,13 @@ class KindedNativeSource(NativeSource):
             rows += self.conn.execute(for_update(self.postgres, wedged, lock=self.lock)).all()
         return self._with_steps(rows)
 
-    def stale_backlog(self) -> tuple[int, float | None]:
-        """Processing jobs of reconciled kinds with an expired lease; the oldest one's age."""
+    def stuck_work(self, *kinds: Any) -> StuckWork:
+        """As the native source's, of reconciled kinds only (the others are never touched,
+        so never stuck for the reconciler)."""
         policies = self._policies()
         if not policies:
-            return 0, None
-        row = self.conn.execute(
-            sa.select(sa.func.count(), sa.func.max(seconds_since(jobs.c.lease_expires_at)))
-            .where(SCANNED, jobs.c.job_kind.in_(sorted(policies)),
-                   jobs.c.lease_expires_at <= db_now())
-        ).one()
-        return int(row[0]), as_float(row[1])
-
+            return {}
+        return super().stuck_work(jobs.c.job_kind.in_(sorted(policies)), *kinds)
 
     def running_count(self) -> int:
         """Processing jobs of reconciled kinds: the brake weighs only jobs a pass could act

@@ -18,7 +18,16 @@ from sqlalchemy.engine import Connection
 
 from reconciler.core.decisions import Thresholds
 from reconciler.core.policy import lost_in_a_row, reclaimed_attempt_outcome
-from reconciler.core.ports import Candidate, Cursor, Fence, JobKey, PlannedChange
+from reconciler.core.ports import (
+    Candidate,
+    Cursor,
+    Fence,
+    JobKey,
+    LivenessUnknown,
+    PlannedChange,
+    StuckCount,
+    StuckWork,
+)
 from reconciler.core.vocabulary import (
     ArtifactState,
     AttemptOutcome,
@@ -26,6 +35,7 @@ from reconciler.core.vocabulary import (
     JobStatus,
     Reason,
     SessionEndReason,
+    StuckReason,
 )
 from reconciler.storage import transitions
 from reconciler.storage.clock import db_now, now_plus, seconds_since
@@ -338,10 +348,28 @@ class NativeSource:
         return int(self.conn.execute(sa.select(sa.func.count()).select_from(stale))
                    .scalar_one())
 
-    def stale_backlog(self) -> tuple[int, float | None]:
-        """How many processing jobs have an expired lease, and the oldest one's age."""
-        row = self.conn.execute(
-            sa.select(sa.func.count(), sa.func.max(seconds_since(jobs.c.lease_expires_at)))
-            .where(SCANNED, jobs.c.lease_expires_at <= db_now())
-        ).one()
-        return int(row[0]), as_float(row[1])
+    def stuck_work(self, *kinds: Any) -> StuckWork:
+        """Processing jobs with an expired lease (of reconciled kinds, where ``kinds``
+        filters them): held and parked ones by their hold or gate, the rest awaiting a
+        decision; each reason's oldest expiry. The scanned rows are read through the scans'
+        partial index, the held and parked ones (few) through theirs."""
+        expired = (jobs.c.lease_expires_at <= db_now(), *kinds)
+        age = sa.func.max(seconds_since(jobs.c.lease_expires_at))
+        count, oldest = self.conn.execute(
+            sa.select(sa.func.count(), age).where(SCANNED, *expired)).one()
+        work: StuckWork = {StuckReason.AWAITING_DECISION: StuckCount(int(count),
+                                                                     as_float(oldest)),
+                           StuckReason.OPERATOR_HOLD: StuckCount(0),
+                           StuckReason.WAITING_ON_GATE: StuckCount(0)}
+        held = sa.case((jobs.c.operator_hold, StuckReason.OPERATOR_HOLD.value),
+                       else_=StuckReason.WAITING_ON_GATE.value).label("reason")
+        for reason, n, oldest in self.conn.execute(
+                sa.select(held, sa.func.count(), age)
+                .where(IN_PROCESSING, sa.or_(jobs.c.operator_hold, jobs.c.reconcile_parked),
+                       *expired).group_by(held)):
+            work[StuckReason(reason)] = StuckCount(int(n), as_float(oldest))
+        return work
+
+    def liveness_unknown(self) -> LivenessUnknown | None:
+        """None: worker sessions and leases live in the same database as the jobs."""
+        return None

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from sqlalchemy.engine import Connection, Engine
 
-from reconciler.core.ports import JobSource
+from reconciler.core.ports import JobSource, StuckWork
 from reconciler.storage.audit import (
     SqlAudit,
     SqlLease,
@@ -96,10 +96,10 @@ class SqlPassStore:
         with self.engine.begin() as conn:
             return SqlLease(conn).take(lease_name, holder_id, ttl_seconds)
 
-    def stale_backlog(self) -> tuple[int, float | None]:
-        """How many running jobs of the source have an expired lease, and the oldest age."""
+    def stuck_work(self) -> StuckWork:
+        """The source's stuck work (``JobSource.stuck_work``), in a transaction of its own."""
         with self.pass_transaction(dry_run=True) as tx:
-            return tx.jobs.stale_backlog()
+            return tx.jobs.stuck_work()
 
     def delete_audit_before(self, days: float, limit: int) -> int:
         """Delete finished passes older than ``days`` with their decisions, at most ``limit``."""

@@ -8,6 +8,8 @@ tested against real databases in tests/integration).
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
@@ -19,8 +21,22 @@ from prometheus_client import generate_latest
 
 from reconciler.core.decisions import Thresholds
 from reconciler.core.passes import PassConfig, PassReport
-from reconciler.core.ports import Cursor, PassUnit, RecordedDecision, RetentionReport
-from reconciler.core.vocabulary import Disposition, PassOutcome, Reason
+from reconciler.core.ports import (
+    Cursor,
+    LivenessUnknown,
+    PassUnit,
+    RecordedDecision,
+    RetentionReport,
+    StuckCount,
+    StuckWork,
+)
+from reconciler.core.vocabulary import (
+    Disposition,
+    LivenessDoubt,
+    PassOutcome,
+    Reason,
+    StuckReason,
+)
 from reconciler.errors import DatabaseUnavailableError, SchemaOutOfDateError
 from reconciler.settings import Settings
 from reconciler.sidecar.service import TICK_CHORE, TICK_MAX_BATCHES, Service
@@ -57,8 +73,9 @@ class Recorder:
     def try_lead(self, lease_name: str, holder_id: str, ttl_seconds: float) -> int | None:
         return 1 if self.leader else None
 
-    def stale_backlog(self) -> tuple[int, float | None]:
-        return 4, 12.5
+    def stuck_work(self) -> StuckWork:
+        return {StuckReason.AWAITING_DECISION: StuckCount(4, 12.5),
+                StuckReason.UNDECIDABLE: StuckCount(2)}
 
     def delete_audit_before(self, days: float, limit: int) -> int:
         self.calls.append("delete_audit_before")
@@ -366,8 +383,27 @@ class TestOverrunsAndChores:
         service = make_service()
         recorder.leader = False
         service.run_chore("backlog")
-        assert metric(service, "reconciler_stale_claims").endswith("4.0")
-        assert metric(service, "reconciler_oldest_stale_claim_age_seconds").endswith("12.5")
+        stale = 'reconciler_stale_claims{reason="%s"}'
+        oldest = 'reconciler_oldest_stale_claim_age_seconds{reason="%s"}'
+        assert metric(service, stale % "awaiting_decision").endswith(" 4.0")
+        assert metric(service, oldest % "awaiting_decision").endswith(" 12.5")
+        assert metric(service, stale % "undecidable").endswith(" 2.0")
+        assert metric(service, stale % "mass_staleness_brake").endswith(" 0.0")
+
+    def test_jobs_the_last_tick_held_back_are_counted_by_why(
+            self, make_service: Any) -> None:
+        """Expired jobs the last tick braked are stuck for the brake, not awaiting."""
+        braked = dataclasses.replace(report(*[
+            RecordedDecision(i, Disposition.SKIP, Reason.MASS_STALENESS_BRAKE, None, 1, None)
+            for i in range(2)]), held={StuckReason.MASS_STALENESS_BRAKE: StuckCount(3, 30.0)})
+        service = make_service(braked)
+        service.run_tick()
+        service.run_chore("backlog")
+        stale = 'reconciler_stale_claims{reason="%s"}'
+        assert metric(service, stale % "awaiting_decision").endswith(" 1.0")
+        assert metric(service, stale % "mass_staleness_brake").endswith(" 3.0")
+        assert metric(service, 'reconciler_oldest_stale_claim_age_seconds'
+                      '{reason="mass_staleness_brake"}').endswith(" 30.0")
 
     def test_a_probe_that_fails_ends_leadership_at_once(
             self, make_service: Any, database: Database) -> None:
@@ -377,3 +413,41 @@ class TestOverrunsAndChores:
         database.failure = DatabaseUnavailableError("cannot reach the database")
         service.run_chore("health")
         assert not service.leading
+
+
+class TestLivenessUnknown:
+    """A pass whose source doubted its liveness: said once, on /readyz and the metric."""
+
+    BROKER = "redis://:s3cret@127.0.0.1:6390/1"
+
+    def doubted(self, code: LivenessDoubt) -> PassReport:
+        return PassReport(7, PassOutcome.LIVENESS_UNKNOWN, (),
+                          liveness=LivenessUnknown(code, self.BROKER))
+
+    def test_the_state_flips_and_flips_back_with_one_line_each_way(
+            self, make_service: Any, caplog: pytest.LogCaptureFixture) -> None:
+        unreachable = self.doubted(LivenessDoubt.BROKER_UNREACHABLE)
+        service = make_service(report(), unreachable, unreachable,
+                               self.doubted(LivenessDoubt.QUEUES_MISSING), report())
+        code = 'reconciler_liveness_unknown{code="%s"}'
+        caplog.set_level(logging.INFO, logger="reconciler.sidecar.service")
+        service.run_one_pass()
+        assert service.readiness() == (True, "ready")
+        service.run_one_pass()
+        service.run_one_pass()
+        ready, why = service.readiness()
+        assert not ready and "broker_unreachable" in why and "s3cret" not in why, why
+        assert metric(service, code % "broker_unreachable").endswith(" 1.0")
+        assert metric(service, 'reconciler_passes_total{outcome="liveness_unknown"}'
+                      ).endswith(" 2.0")
+        service.run_one_pass()
+        assert metric(service, code % "broker_unreachable").endswith(" 0.0")
+        assert metric(service, code % "queues_missing").endswith(" 1.0")
+        service.run_one_pass()
+        assert service.readiness() == (True, "ready")
+        assert metric(service, code % "queues_missing").endswith(" 0.0")
+        events = [r.getMessage().split()[0] for r in caplog.records
+                  if r.getMessage().startswith("event=liveness")]
+        assert events == ["event=liveness_unknown", "event=liveness_unknown",
+                          "event=liveness_restored"], events
+        assert not any("s3cret" in r.getMessage() for r in caplog.records)

@@ -135,7 +135,8 @@ def test_integer_keyed_sources() -> None:
 
 
 HOOKS = frozenset({"__init__", "_steps_in_ledger", "_activity", "_wedge_guard",
-                   "_after_apply", "_kind_catalogue", "_swap", "_apply_one", "_scan_order"})
+                   "_after_apply", "_kind_catalogue", "_swap", "_apply_one", "_scan_order",
+                   "liveness_unknown", "stuck_work"})
 """What ForeignSource declares for a subclass to replace, beside its abstract methods."""
 
 

@@ -1,0 +1,103 @@
+"""Whose Celery task lost its worker: the broker's answers, judged once per pass.
+
+A ``STARTED`` row names its worker; the worker is gone once it has been silent to ping
+for ``session_timeout_seconds`` across passes (remembered in the broker, on its clock).
+Silence is evidence only where it can be trusted (``CeleryBroker.answers``):
+
+- the broker answers, holds the app's queues and some worker answers: a task is gone once
+  its worker has been silent for the timeout (and, for a kind with ``max_run_seconds``,
+  the reconciler first saw the task that long ago);
+- it answers and holds the app's queues, but no worker answers at all (a fleet down or
+  unable to answer): only ``max_run_seconds`` decides, and silences noted so far are
+  forgotten;
+- it does not answer, or holds none of the app's queues (a wrong URL or database
+  number): nothing is gone, and nothing is written to it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from reconciler.core.kinds import KindRules
+from reconciler.core.vocabulary import LivenessDoubt
+from reconciler.errors import ConfigError
+from reconciler.sources.celery_broker import CeleryBroker
+
+
+@dataclass(frozen=True, slots=True)
+class Running:
+    """A ``STARTED`` row with a task name, as the judgement reads it."""
+
+    task_id: str
+    name: str
+    worker: str | None
+    queue: str
+    """Where the task was sent (the row's queue, else where the app routes its name)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Judgement:
+    """One pass's view of the broker: tasks whose owner is gone (seconds past), held
+    messages, why its liveness evidence was not trusted (None: it was), and how many
+    running rows could not be judged (without ``result_extended``; by unknown liveness)."""
+
+    gone: dict[str, float]
+    unacked: dict[str, str]
+    doubt: LivenessDoubt | None
+    unextended: int = 0
+    unknown: int = 0
+
+    @property
+    def may_swap(self) -> bool:
+        """Whether the broker may be written to: it answers and is the app's (a doubt
+        about the workers alone still lets a task be failed or re-published on time)."""
+        return self.doubt in (None, LivenessDoubt.NO_WORKER_ANSWERS)
+
+
+def judge(broker: CeleryBroker, rows: Sequence[Running], kinds: KindRules,
+          session_timeout_seconds: float, *, unextended: int = 0) -> Judgement:
+    """Ping the workers of ``rows`` and judge each task (the module's table)."""
+    hosts = {r.worker for r in rows if r.worker}
+    answers = (broker.answers(hosts, {r.queue for r in rows}) if rows
+               else broker.answers_at_all())
+    doubt = answers.doubt
+    gone: dict[str, float] = {}
+    unacked: dict[str, str] = {}
+    if rows and doubt in (None, LivenessDoubt.NO_WORKER_ANSWERS):
+        try:
+            gone = _gone(broker, rows, kinds, hosts - answers.answering,
+                         session_timeout_seconds, trusted=doubt is None)
+            # Every running task's, not only the gone ones': a wedged task is failed under
+            # a live worker, whose later death must not hand its message back either.
+            unacked = broker.unacked(r.task_id for r in rows)
+        except ConfigError:
+            raise
+        except Exception:  # the broker went away between two calls: nothing is known
+            gone, unacked, doubt = {}, {}, LivenessDoubt.BROKER_UNREACHABLE
+    return Judgement(gone, unacked, doubt, unextended,
+                     0 if doubt is None else len(rows) - len(gone))
+
+
+def _gone(broker: CeleryBroker, rows: Sequence[Running], kinds: KindRules,
+          silent: set[str], timeout: float, *, trusted: bool) -> dict[str, float]:
+    """The tasks whose owner is gone, seconds past it. ``trusted``: silence is evidence
+    (else only ``max_run_seconds`` is, and the silences noted so far are forgotten)."""
+    silences = broker.silence(silent) if trusted else None
+    if silences is None:
+        broker.forget_silences()
+    max_runs = {r.task_id: kinds.resolve(r.name).max_run_seconds for r in rows}
+    # Only a kind with max_run_seconds is judged by when its task was first seen.
+    seen = broker.first_seen([t for t, m in max_runs.items() if m is not None])
+    gone: dict[str, float] = {}
+    for row in rows:
+        max_run = max_runs[row.task_id]
+        over = -1.0
+        if silences is not None and row.worker:
+            over = silences.get(row.worker, -1.0) - timeout
+        if max_run is not None:
+            ran_over = seen.get(row.task_id, 0.0) - max_run
+            over = ran_over if silences is None else min(over, ran_over)
+        if over >= 0:
+            gone[row.task_id] = over
+    return gone
