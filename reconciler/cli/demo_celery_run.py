@@ -4,11 +4,12 @@ pass recovers their tasks the Celery way.
 A throwaway redis-server (started here on a free port, stopped at the end) is the broker;
 a fresh SQLite file holds the reconciler's tables and Celery's database result backend.
 Two tasks are sent through Celery, each taken by a prefork worker, and both workers are
-killed whole. Once they have been silent to Celery's ping past ``session_timeout_seconds``,
-a pass (configured as ``[source] kind = "celery"`` would configure it) moves the idempotent
-task to ``RETRY`` and re-publishes it, and fails the effectful one; a new worker finishes
-the first (the caller's ``AsyncResult.get()`` returns), and the second's ``get()`` raises
-``WorkerLostError`` at once.
+killed whole, and a new worker of the app comes up (silence is evidence of death only
+while some worker answers). Once the killed ones have been silent to Celery's ping past
+``session_timeout_seconds``, a pass (configured as ``[source] kind = "celery"`` would
+configure it) moves the idempotent task to ``RETRY`` and re-publishes it, and fails the
+effectful one; the new worker finishes the first (the caller's ``AsyncResult.get()``
+returns), and the second's ``get()`` raises ``WorkerLostError`` at once.
 
 Without redis-server or Celery (``pip install 'celery[redis]'``) it says so in one line and
 exits 2.
@@ -118,11 +119,14 @@ def _demo(path: Path, broker_url: str) -> int:
             for worker in workers:
                 _kill_tree(worker)
             say("both Celery workers SIGKILLed mid-task: both rows stay STARTED")
+            # Silence is evidence of death only while some worker of the app answers: the
+            # fleet's next worker comes up before the passes.
+            second = _worker(env, "demo-3", "reports,payments")
+            say("a new worker (demo-3) answers ping; the killed ones stay silent")
             if not pass_until_decided(config, {render.id, charge.id}, "silent to ping past "
                                       f"{SESSION_TIMEOUT_SECONDS:g} s"):
                 return 1
-            second = _worker(env, "demo-3", "reports,payments")
-            say(f"a new worker finished {render.id}: AsyncResult.get() = "
+            say(f"the new worker finished {render.id}: AsyncResult.get() = "
                 f"{render.get(timeout=60)!r}")
             try:
                 charge.get(timeout=5)

@@ -47,7 +47,12 @@ from tests.conformance.fixtures import (
 from tests.conformance.foreign import ForeignFixture, clear_audit, kind_for
 from tests.conformance.systems import _common_gaps, _every, _specs
 from tests.helpers import fresh_database, rows_of
-from tests.sources.celery_support import DJANGO_TABLE, _celery_tables, open_django_celery
+from tests.sources.celery_support import (
+    DJANGO_TABLE,
+    _celery_tables,
+    declare_queues,
+    open_django_celery,
+)
 from tests.sources.conftest import SourcesDatabase, clear_ledger
 from tests.sources.django_tasks_support import LEDGER, record_steps, set_ledger
 
@@ -214,7 +219,8 @@ def open_celery(request: pytest.FixtureRequest) -> Iterator[CeleryFixture]:
     live = request.getfixturevalue("celery_live_worker")
     broker_url = request.getfixturevalue("redis_url")
     # Emptied for the test: the live worker still answers (ping is a broadcast, not a key).
-    assert CeleryBroker(broker_url).answering([live]) == {live}
+    assert CeleryBroker(broker_url).answers([live], ()).answering == {live}
+    declare_queues(broker_url, "celery")  # the app's queue, as its workers declare it
     if request.param[1] == "sqlite":
         engine = create_engine(fresh_database(request.getfixturevalue("tmp_path")))
         _celery_tables(engine)
@@ -240,7 +246,8 @@ def open_django_celery_fixture(request: pytest.FixtureRequest) -> Iterator[Celer
     session's PostgreSQL database emptied), the session's Redis emptied, its live worker."""
     live = request.getfixturevalue("celery_live_worker")
     broker_url = request.getfixturevalue("redis_url")
-    assert CeleryBroker(broker_url).answering([live]) == {live}
+    assert CeleryBroker(broker_url).answers([live], ()).answering == {live}
+    declare_queues(broker_url, "celery")
     engine_name = request.param[1]
     projects = open_django_celery(request, engine_name, request.getfixturevalue("tmp_path"),
                                   broker_url)

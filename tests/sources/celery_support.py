@@ -181,6 +181,17 @@ class CeleryProject:
         return None if found is None else dict(found)
 
 
+def declare_queues(broker_url: str, *queues: str) -> None:
+    """Declare the app's queues on its broker, as its workers and callers do (kombu keeps
+        their bindings in Redis, where the celery source looks for them): for a test that
+    emptied Redis and has no worker of the app consuming them."""
+    from kombu import Connection, Exchange, Queue  # noqa: PLC0415 - celery[redis] is there
+
+    with Connection(broker_url) as connection:
+        for name in queues:
+            Queue(name, Exchange(name), routing_key=name)(connection.default_channel).declare()
+
+
 def worker_argv(name: str, pool: str = "prefork", queues: str = "celery") -> list[str]:
     """One Celery worker, one process of work, its own hostname, these queues."""
     return [sys.executable, "-m", "celery", "-A", "tests.sources.celery_app", "worker",
@@ -252,7 +263,7 @@ def celery_live_worker(redis_server: str, tmp_path_factory: pytest.TempPathFacto
 
     broker = CeleryBroker(redis_server)
     deadline = time.monotonic() + 60
-    while broker.answering([LIVE_WORKER]) != {LIVE_WORKER}:
+    while broker.answers([LIVE_WORKER], ()).answering != {LIVE_WORKER}:
         if time.monotonic() > deadline or process.poll() is not None:
             process.kill()
             pytest.fail("the live Celery worker never answered ping", pytrace=False)

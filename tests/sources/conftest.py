@@ -277,6 +277,7 @@ def reconciler_engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterato
 
 # The Django project's fixtures (tests/sources/django_tasks_support.py), found by name.
 from tests.sources.celery_support import (  # noqa: E402, F401 - it imports this module
+    celery_live_worker,
     celery_project,
     django_celery_project,
     django_celery_results_schema,

@@ -48,6 +48,13 @@ KINDS = KindRules([KindRule("idem.*", effect=EffectKind.IDEMPOTENT)],
                   stale_after_seconds=0.5, wedged_after_seconds=3600.0, max_attempts=3)
 
 
+@pytest.fixture(autouse=True)
+def surviving_worker(celery_live_worker: str) -> str:
+    """Another worker of the app, answering ping: silence is evidence of death only where
+    some worker answers (else nothing that depends on ping is decided)."""
+    return celery_live_worker
+
+
 @pytest.fixture
 def markers(tmp_path: Path) -> Markers:
     return Markers(tmp_path / "markers")
