@@ -460,6 +460,18 @@ class TestMetricNames:
                     check_enum_matcher(f"alerts_test.yml series {text!r}", matcher, metric)
 
 
+class TestMetricEnumLabels:
+    """The enums METRIC_ENUM_LABELS checks matchers against are those the service uses."""
+
+    @pytest.mark.parametrize(("metric", "label"), sorted(METRIC_ENUM_LABELS))
+    def test_the_service_exports_every_value_of_the_enum(self, metric: str, label: str
+                                                         ) -> None:
+        """Each value of the enum is a series from the first scrape, and nothing else."""
+        text = generate_latest(Metrics().registry).decode()
+        values = set(re.findall(rf'^{metric}{{{label}="([^"]+)"}}', text, re.MULTILINE))
+        assert values == {member.value for member in METRIC_ENUM_LABELS[metric, label]}
+
+
 def check_enum_matcher(where: str, matcher: Matcher, metric: str | None = None) -> None:
     """A matcher on an enum label uses values of that enum (a regex only as a|b|c): the
     metric's own enum for that label where it has one, else the label's."""
