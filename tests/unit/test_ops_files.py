@@ -33,9 +33,11 @@ from reconciler.cli import build_parser
 from reconciler.core.vocabulary import (
     DatabaseErrorCode,
     Disposition,
+    LivenessDoubt,
     OperatorStatusReason,
     PassOutcome,
     Reason,
+    StuckReason,
     WorkerStatusReason,
 )
 from reconciler.settings import Settings
@@ -60,6 +62,12 @@ TARGET_LABELS = frozenset({"job", "instance"})
 ENUM_LABELS: dict[str, type[StrEnum]] = {
     "reason": Reason, "outcome": PassOutcome, "disposition": Disposition,
     "code": DatabaseErrorCode,
+}
+# Metrics whose label of that name takes another enum's values.
+METRIC_ENUM_LABELS: dict[tuple[str, str], type[StrEnum]] = {
+    ("reconciler_stale_claims", "reason"): StuckReason,
+    ("reconciler_oldest_stale_claim_age_seconds", "reason"): StuckReason,
+    ("reconciler_liveness_unknown", "code"): LivenessDoubt,
 }
 # Series the alert unit tests may feed besides the service's own (Prometheus' scrape health).
 PROMETHEUS_SERIES = frozenset({"up"})
@@ -421,7 +429,7 @@ class TestMetricNames:
             for matcher in matchers:
                 assert matcher.label in labels, (
                     f"{query.where}: {metric} has no label {matcher.label!r}")
-                check_enum_matcher(query.where, matcher)
+                check_enum_matcher(query.where, matcher, metric)
 
     @pytest.mark.parametrize("query", queries(), ids=lambda q: q.where)
     def test_grouping_labels_exist(self, query: Query) -> None:
@@ -447,14 +455,27 @@ class TestMetricNames:
             parsed = parse_promql(text)
             unknown = parsed.metrics - exported().keys() - PROMETHEUS_SERIES
             assert not unknown, f"alerts_test.yml series {text!r}: not exported: {unknown}"
-            for _metric, matchers in parsed.selectors:
+            for metric, matchers in parsed.selectors:
                 for matcher in matchers:
-                    check_enum_matcher(f"alerts_test.yml series {text!r}", matcher)
+                    check_enum_matcher(f"alerts_test.yml series {text!r}", matcher, metric)
 
 
-def check_enum_matcher(where: str, matcher: Matcher) -> None:
-    """A matcher on an enum label uses values of that enum (a regex only as a|b|c)."""
-    enum = ENUM_LABELS.get(matcher.label)
+class TestMetricEnumLabels:
+    """The enums METRIC_ENUM_LABELS checks matchers against are those the service uses."""
+
+    @pytest.mark.parametrize(("metric", "label"), sorted(METRIC_ENUM_LABELS))
+    def test_the_service_exports_every_value_of_the_enum(self, metric: str, label: str
+                                                         ) -> None:
+        """Each value of the enum is a series from the first scrape, and nothing else."""
+        text = generate_latest(Metrics().registry).decode()
+        values = set(re.findall(rf'^{metric}{{{label}="([^"]+)"}}', text, re.MULTILINE))
+        assert values == {member.value for member in METRIC_ENUM_LABELS[metric, label]}
+
+
+def check_enum_matcher(where: str, matcher: Matcher, metric: str | None = None) -> None:
+    """A matcher on an enum label uses values of that enum (a regex only as a|b|c): the
+    metric's own enum for that label where it has one, else the label's."""
+    enum = METRIC_ENUM_LABELS.get((metric or "", matcher.label), ENUM_LABELS.get(matcher.label))
     if enum is None:
         return
     values = matcher.value.split("|") if matcher.op in ("=~", "!~") else [matcher.value]
