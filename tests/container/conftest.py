@@ -36,7 +36,7 @@ def image() -> str:
     """The image, built from the repository on the local Debian base (made when missing)."""
     missing = podman_cli.missing_tools()
     if missing:
-        message = f"{' '.join(missing)} missing: {podman_cli.MISSING_HINT}"
+        message = f"{', '.join(missing)} not found: {podman_cli.MISSING_HINT}"
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail(f"CI=true but {message}", pytrace=False)
         pytest.skip(message)

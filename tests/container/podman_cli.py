@@ -77,8 +77,7 @@ SLIM_TRIM = ("usr/share/doc", "usr/share/man", "usr/share/groff", "usr/share/inf
 # What debian:bookworm-slim sets, so the local base behaves like it.
 BASE_CHANGES = ("ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
                 'CMD ["bash"]')
-MISSING_HINT = ("podman, runc or debootstrap not found: apt-get install -y podman runc "
-                "debootstrap uidmap (.ci/run installs them)")
+MISSING_HINT = "apt-get install -y podman runc debootstrap uidmap (.ci/run installs them)"
 LOCK = Path(tempfile.gettempdir()) / "stale-claim-reconciler-container.lock"
 COMMAND_TIMEOUT = 1200.0
 
