@@ -309,7 +309,8 @@ def _host_pip_index() -> str | None:
 
 def build_flags(base: str = BASE_IMAGE) -> list[str]:
     """``podman build`` flags for this machine (see the module's docstring)."""
-    flags = ["--format", "docker", "--network", "host", *_limits(),
+    flags = ["--runtime", "runc",  # the build's RUN steps too, not only `podman run`
+             "--format", "docker", "--network", "host", *_limits(),
              "--build-arg", f"BASE={base}", "--build-arg", f"VERSION={VERSION}"]
     if HOST_CA_BUNDLE.is_file():
         flags += ["-v", f"{HOST_CA_BUNDLE}:{BUILD_CA_BUNDLE}:ro",
