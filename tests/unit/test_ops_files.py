@@ -766,7 +766,8 @@ class TestNoPasswordSuggested:
     """Issue 14: no example puts the database password where others can read it."""
 
     DOCUMENTS = (RUNBOOK, KUBERNETES, SYSTEMD, REPO / "README.md",
-                 OPS / "systemd" / "stale-claim-reconciler.env.example")
+                 OPS / "systemd" / "stale-claim-reconciler.env.example",
+                 REPO / "docs" / "container.md", OPS / "container" / "Containerfile")
 
     @pytest.mark.parametrize("path", DOCUMENTS, ids=lambda p: p.name)
     def test_no_document_suggests_the_url_as_a_flag_or_holds_a_password(self, path: Path
