@@ -217,8 +217,8 @@ effect = "idempotent"
     launcher = Launcher(tmp_path)
     try:
         sidecar = launcher.start(project.database_url, config=settings, interval_seconds=1,
-                                 session_timeout_seconds=TIMEOUT_SECONDS, session_heartbeat_seconds=1,
-                                 brake_hold_seconds=0,
+                                 session_timeout_seconds=TIMEOUT_SECONDS,
+                                 session_heartbeat_seconds=1, brake_hold_seconds=0,
                                  stale_after_seconds=0.5)
         unknown = ("reconciler_liveness_unknown", {"code": "broker_unreachable"})
 
