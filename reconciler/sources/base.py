@@ -11,7 +11,7 @@ as one ``CASE`` over the kinds actually running, which are few.
 from __future__ import annotations
 
 import dataclasses
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -30,7 +30,6 @@ from reconciler.core.ports import (
     JobKey,
     PlannedChange,
 )
-from reconciler.core.vocabulary import JobStatus
 from reconciler.sources.batches import Batch, batches
 from reconciler.sources.common import (
     LEDGER,
@@ -43,6 +42,7 @@ from reconciler.sources.common import (
     with_lost_attempts,
 )
 from reconciler.sources.ledger_fences import fence_ledgers, ledger_now
+from reconciler.sources.listing import SourceListing
 from reconciler.storage.clock import now_plus, seconds_since
 
 
@@ -64,8 +64,9 @@ class ForeignFence(FenceSnapshot):
 SnapshotT = TypeVar("SnapshotT", bound=ForeignFence)
 
 
-class ForeignSource(ABC):
-    """A job source over a foreign system's tables, bound to the pass's connection."""
+class ForeignSource(SourceListing):
+    """A job source over a foreign system's tables, bound to the pass's connection; what
+    it shows operators is declared as a ``SourceListing``."""
 
     source_name: str
     counts_attempts = True
@@ -85,6 +86,7 @@ class ForeignSource(ABC):
         self._running_kinds: dict[str, KindPolicy] | None = None
         self._ledger_fences: list[tuple[str, int]] = []
         self._expired_count: int | None = None
+        self._kinds_read: dict[str, str] = {}
 
     @property
     def connection(self) -> Connection:
@@ -126,18 +128,6 @@ class ForeignSource(ABC):
                    position: bool) -> Candidate:
         """One row of ``_running`` as candidate facts."""
 
-
-    @abstractmethod
-    def listing(self) -> sa.Select[Any]:
-        """Every job of the system, for operators (``reconciler jobs list|show``), with
-        these columns labelled: ``job_id``, ``job_kind``, ``source_status`` (the system's
-        own word), ``attempts`` (used, the running one included), ``max_attempts`` (NULL:
-        the kind's), ``reason`` (where our reason code may be written, else NULL),
-        ``created_at`` and ``updated_at`` (NULL where the system keeps none)."""
-
-    @abstractmethod
-    def status_words(self) -> Mapping[str, JobStatus]:
-        """The system's statuses (``source_status``) in this project's words."""
 
     # -- what a subclass may declare (each has a default) -------------------- #
 
@@ -276,6 +266,10 @@ class ForeignSource(ABC):
             sa.select(sa.func.count(), sa.func.max(expired.c.lease_expired_seconds))).one()
         return int(count), None if oldest is None else float(oldest)
 
+    def kind_read(self, job_id: JobKey) -> str | None:
+        """The kind of a job this transaction's scans read (None: none read)."""
+        return self._kinds_read.get(str(job_id))
+
     def running_kinds(self) -> list[str]:
         """The kinds of the running jobs, each once, sorted (whether reconciled or not)."""
         return sorted(k for k in self._conn.execute(
@@ -312,7 +306,7 @@ class ForeignSource(ABC):
 
     # -- shared helpers ------------------------------------------------------ #
 
-    def _after_apply(  # noqa: B027 - an optional hook, empty unless a system needs it
+    def _after_apply(
             self, changed: Mapping[JobKey, int | None]) -> None:
         """A hook after the swaps (graphile-worker wakes its workers here)."""
 
@@ -391,6 +385,7 @@ class ForeignSource(ABC):
     def _build(self, rows: Sequence[sa.Row[Any]], policies: Mapping[str, KindPolicy],
                *, position: bool) -> list[Candidate]:
         rows = [r for r in rows if r.job_kind in policies]
+        self._kinds_read.update((str(r.job_id), r.job_kind) for r in rows)
         if not self._steps_in_ledger():
             # Plans live in the system's own rows: no ledger read.
             return with_lost_attempts(self._conn, self.source_name, [
