@@ -234,6 +234,10 @@ class ReconciliationDecision(Base):
     # audit trail outlives the jobs it describes.
     job_source: Mapped[str] = mapped_column(String(32), server_default=text("'native'"))
     job_id: Mapped[str] = mapped_column(JobKeyText())
+    # The job's kind as the source read it when it decided (a Celery task name): the
+    # console shows and filters it for every source, and it outlives the job. NULL for
+    # decisions recorded before it was kept.
+    job_kind: Mapped[str | None] = mapped_column(String(v.RECORDED_KIND_MAX_LENGTH))
     decided_at: Mapped[datetime]
     disposition: Mapped[str] = mapped_column(String(16))
     decision_reason: Mapped[str] = mapped_column(String(64))

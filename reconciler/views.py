@@ -79,26 +79,55 @@ def job_view(job: JobDetail, decisions: list[dict[str, Any]] | None = None
     }
 
 
+LIST_ID_WIDTH = (3, 36)
+"""The JOB column's width: as wide as the longest id listed, within these (a Celery or
+pg-boss UUID is 36 characters; a longer id overflows its column rather than being cut)."""
+LIST_KIND_WIDTH = (4, 40)
+"""The KIND column's width, likewise; a longer kind is cut to fit."""
+_RESUMABLE = ("queued", "processing")
+"""Only a job that will run again has a step it resumes at."""
+
+
+def _width(values: list[str], header: str, bounds: tuple[int, int]) -> int:
+    low, high = bounds
+    return min(max([low, len(header), *(len(v) for v in values)]), high)
+
+
 def job_list_lines(views: list[dict[str, Any]]) -> list[str]:
-    """``jobs list`` for people: one line per job."""
+    """``jobs list`` for people: a header and one line per job, in aligned columns."""
     if not views:
         return ["no jobs"]
-    lines = [f"{'JOB':>8}  {'KIND':<16} {'STATUS':<11} {'ATTEMPTS':>8}  {'STEP':>4}  REASON"]
-    lines += [f"{v['job_id']!s:>8}  {printable(v['job_kind'])[:16]:<16} "
-              f"{printable(v['status']):<11} "
-              f"{v['attempts_used']:>3}/{v['max_attempts']:<4}  {v['resume_step_index']:>4}"
-              f"  {v['reason'] or '-'}" for v in views]
+    ids = [printable(str(v["job_id"])) for v in views]
+    kinds = [printable(v["job_kind"]) for v in views]
+    statuses = [printable(v["status"]) for v in views]
+    attempts = [f"{v['attempts_used']}/{v['max_attempts']}" for v in views]
+    steps = [str(v["resume_step_index"]) if _resumes(v) else "-" for v in views]
+    wide = (_width(ids, "JOB", LIST_ID_WIDTH), _width(kinds, "KIND", LIST_KIND_WIDTH),
+            _width(statuses, "STATUS", (6, 11)), _width(attempts, "ATTEMPTS", (8, 12)))
+    # Numbers right-aligned, text left-aligned; the header aligned as its column.
+    row = "{:>{}}  {:<{}}  {:<{}}  {:>{}}  {:>4}  {}"
+    lines = [row.format("JOB", wide[0], "KIND", wide[1], "STATUS", wide[2],
+                        "ATTEMPTS", wide[3], "STEP", "REASON").rstrip()]
+    lines += [row.format(i, wide[0], k[:wide[1]], wide[1], s, wide[2], a, wide[3], step,
+                         v["reason"] or "-")
+              for i, k, s, a, step, v in zip(ids, kinds, statuses, attempts, steps, views,
+                                             strict=True)]
     return lines
 
 
+def _resumes(view: dict[str, Any]) -> bool:
+    return view["resume_step_index"] is not None and view["status"] in _RESUMABLE
+
+
 def job_lines(view: dict[str, Any], source_kind: str) -> list[str]:
-    """``jobs show`` for people: the job, its steps, our decisions about a foreign one."""
+    """``jobs show`` for people: the job, its steps, our decisions about a foreign one. A
+    job that ended names no step it resumes at."""
     own = (f" [{view['source_status']} in {source_kind}]" if "source_status" in view
            else "")
     lines = [f"job {view['job_id']} ({view['job_kind']}): {view['status']}"
              + (f" ({view['reason']})" if view["reason"] else "") + own,
-             f"  attempts {view['attempts_used']}/{view['max_attempts']}, "
-             f"resumes at step {view['resume_step_index']}"
+             f"  attempts {view['attempts_used']}/{view['max_attempts']}"
+             + (f", resumes at step {view['resume_step_index']}" if _resumes(view) else "")
              + (", held by an operator" if view["operator_hold"] else "")]
     lines += [f"  step {s['index']}: {s['name']} [{s.get('effect_kind', '?')}] {s['state']}"
               for s in view["steps"]]

@@ -220,7 +220,9 @@ def assemble_console(config: Config, passes: PassConfig) -> Console:
                        pass_lock_seconds=base.lock_seconds)
     engine = create_engine(settings.database_url, timeouts=timeouts, must_exist=True)
     explaining = SqlStore(engine, source_factory(config), timeouts=timeouts)
-    return open_console(ConsoleViewsSql(engine), explaining, config, passes,
+    # The job page shows any job the configured source lists, decided or not.
+    jobs = open_jobs(engine, config.source, config.kinds, explaining)
+    return open_console(ConsoleViewsSql(engine), explaining, jobs, config, passes,
                         classify=lambda exc: error_code(exc).value, close=engine.dispose)
 
 

@@ -166,6 +166,12 @@ def cmd_jobs_explain(args: argparse.Namespace) -> int:
         job = cli.jobs.get_job(job_key)
         if job is None:
             raise NotFoundError(_no_job(config, args.job_id))
+        unjudged = cli.jobs.unjudged(job_key) if job.job_status == "processing" else None
+        if unjudged is not None:
+            # Processing, yet no pass can judge it: say what its row lacks and what to set.
+            raise ActionRefusedError(
+                f"job {args.job_id} is processing but cannot be judged: {unjudged.why}; "
+                f"no pass will decide it. To fix: {unjudged.fix}")
         raise ActionRefusedError(f"job {args.job_id} is {job.job_status}, not processing: "
                                  "the reconciler only judges processing jobs")
     view = explain_view(*planned[0], config.kinds, liveness)

@@ -14,7 +14,7 @@ from reconciler.console.app import Console, Reply
 from reconciler.console.pages import ConsoleState, Pages
 from reconciler.console.port import ConsoleReads
 from reconciler.core.passes import PassConfig, explain_jobs
-from reconciler.core.ports import JobKey, PassStore, PlannedChange
+from reconciler.core.ports import JobKey, PassStore, PlannedChange, SourceJobs
 
 __all__ = ["PAGE_STATEMENT_SECONDS", "Console", "Reply", "open_console"]
 
@@ -23,12 +23,14 @@ PAGE_STATEMENT_SECONDS = 5.0
 answer /metrics and /readyz, and a page stuck on a slow database must not hold them."""
 
 
-def open_console(reads: ConsoleReads, explaining: PassStore, config: Config,
-                 passes: PassConfig, *, classify: Callable[[BaseException], str],
+def open_console(reads: ConsoleReads, explaining: PassStore, jobs: SourceJobs,
+                 config: Config, passes: PassConfig, *,
+                 classify: Callable[[BaseException], str],
                  close: Callable[[], None]) -> Console:
     """The console over ``reads``, explaining running jobs through ``explaining`` (the
-    configured source, read only) as ``passes`` would decide them; ``classify`` names a
-    database error by its bounded code; ``close`` releases its engine."""
+    configured source, read only) as ``passes`` would decide them, and showing that
+    source's jobs as ``jobs`` reads them; ``classify`` names a database error by its
+    bounded code; ``close`` releases its engine."""
 
     def explain(job_id: JobKey) -> list[PlannedChange]:
         return explain_jobs(explaining, [job_id], passes)
@@ -37,5 +39,5 @@ def open_console(reads: ConsoleReads, explaining: PassStore, config: Config,
     state = ConsoleState(source=str(config.source.kind), shadow=settings.shadow,
                          brake_hold_seconds=None if passes.brake is None
                          else passes.brake.hold_seconds)
-    return Console(Pages(reads, explain, state), settings.console_token, classify,
+    return Console(Pages(reads, explain, state, jobs), settings.console_token, classify,
                    close=close)

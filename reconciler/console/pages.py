@@ -13,6 +13,7 @@ from reconciler.console.params import SINCE_CHOICES, BadRequestError, DecisionQu
 from reconciler.console.port import ConsoleReads, Explain
 from reconciler.console.rules import BY_REASON, rule_for
 from reconciler.core.decisions import RULES
+from reconciler.core.ports import SourceJobs
 from reconciler.core.vocabulary import Disposition, JobKey, PassOutcome, Reason
 from reconciler.sources.registry import DEFAULT_SOURCE, SOURCES, integer_keyed
 from reconciler.views import decision_view, job_view
@@ -54,10 +55,13 @@ class Page:
 class Pages:
     """The console's pages over its port, the configured source's explain and state."""
 
-    def __init__(self, reads: ConsoleReads, explain: Explain, state: ConsoleState) -> None:
+    def __init__(self, reads: ConsoleReads, explain: Explain, state: ConsoleState,
+                 jobs: SourceJobs) -> None:
         self.reads = reads
         self.explain = explain
         self.state = state
+        self.jobs = jobs
+        """The configured source's jobs as ``reconciler jobs show`` reads them."""
 
     def reading(self) -> AbstractContextManager[None]:
         """One connection and read-only transaction for a page's reads."""
@@ -97,17 +101,21 @@ class Pages:
 
     def job(self, source: str, job_id: str) -> Page:
         """``/jobs/<source>/<job id>``: its decisions with evidence and rule, its current
-        state (this project's jobs) and what a pass would decide now (while running)."""
+        state (this project's jobs, and the configured source's: kind and the system's own
+        status) and what a pass would decide now (while running)."""
         if source not in SOURCES:
             raise NotFoundPageError(f"no job source {source[:40]!r}")
         if not job_id or len(job_id) > MAX_JOB_ID_TEXT:
             raise NotFoundPageError("no such job")
         history = [_with_rule(decision_view(r))
                    for r in self.reads.job_decisions(source, job_id, JOB_DECISIONS)]
-        detail = None
+        job = None
         if source == DEFAULT_SOURCE and job_id.isdigit() and len(job_id) < 19:
             job = self.reads.get_job(int(job_id))
-            detail = None if job is None else job_view(job)
+        elif source == self.state.source:
+            key = self._key(source, job_id)
+            job = None if key is None else self.jobs.get_job(key)
+        detail = None if job is None else job_view(job)
         explained = self._explain(source, job_id)
         if not history and detail is None and explained is None:
             raise NotFoundPageError(f"no decision or job for {source} job {job_id[:60]!r}")
@@ -146,14 +154,19 @@ class Pages:
         until = since + timedelta(seconds=hold)
         return {"engaged": now < until, "since": since, "until": until}
 
+    @staticmethod
+    def _key(source: str, job_id: str) -> JobKey | None:
+        """The id as the source spells it (None: no job of the source can have it)."""
+        if not integer_keyed(source):
+            return job_id
+        return int(job_id) if job_id.isdigit() and len(job_id) < 19 else None
+
     def _explain(self, source: str, job_id: str) -> dict[str, Any] | None:
         if source != self.state.source:
             return None
-        key: JobKey = job_id
-        if integer_keyed(source):
-            if not job_id.isdigit() or len(job_id) >= 19:
-                return None
-            key = int(job_id)
+        key = self._key(source, job_id)
+        if key is None:
+            return None
         planned = self.explain(key)
         if not planned:
             return None

@@ -56,6 +56,11 @@ class KindRule:
         """True when this pattern matches the kind."""
         return fnmatchcase(kind, self.pattern)
 
+    @property
+    def catches_all(self) -> bool:
+        """True for a pattern of stars only (``"*"``), which matches every kind."""
+        return set(self.pattern) == {"*"}
+
 
 KIND_KEYS: tuple[str, ...] = tuple(f.name for f in fields(KindRule) if f.name != "pattern")
 """The keys a ``[kinds]`` table may set, in their declared order."""
@@ -162,9 +167,11 @@ class KindRules:
                 for key in KIND_KEYS}
 
     def unmatched(self, kinds: Iterable[str]) -> list[str]:
-        """The patterns that match none of these kinds, most specific first."""
+        """The patterns that match none of these kinds, most specific first. A catch-all
+        (``"*"``) is never one: it has no spelling to get wrong, and matches whatever runs."""
         names = list(kinds)
-        return [r.pattern for r in self._ordered if not any(r.matches(k) for k in names)]
+        return [r.pattern for r in self._ordered
+                if not r.catches_all and not any(r.matches(k) for k in names)]
 
     def resolve_defaults(self) -> KindPolicy:
         """The defaults as a policy (what ``[kinds]`` refines)."""

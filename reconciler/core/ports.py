@@ -38,7 +38,7 @@ __all__ = [
     "AuditLog", "Candidate", "ClaimedJob", "Cursor", "Fence", "FenceSnapshot", "JobDetail",
     "JobKey", "JobRetention", "JobSource", "Lease", "LivenessUnknown", "OperatorStore",
     "PassStore", "PassUnit", "PlannedChange", "RecordedDecision", "RetentionReport",
-    "SourceJobs", "StuckCount", "StuckWork",
+    "SourceJobs", "StuckCount", "StuckWork", "Unjudged",
 ]
 
 
@@ -212,6 +212,10 @@ class JobSource(Protocol):
     def running_kinds(self) -> list[str]:
         """The kinds of the running jobs, each once, sorted (``reconciler kinds``)."""
 
+    def kind_read(self, job_id: JobKey) -> str | None:
+        """The kind of a job this transaction's scans read (None: none read): the audit
+        records it beside the job's decision, so every source's decisions show a kind."""
+
     def stale_count(self, limit: int) -> int:
         """Running jobs the pass would act on whose lease expired (held ones left out),
         counted up to ``limit`` (for the mass-staleness brake)."""
@@ -322,6 +326,10 @@ class SourceJobs(Protocol):
     def operator_action(self, job_id: JobKey, action: str) -> tuple[bool, str | None]:
         """Apply hold, unhold, retry or cancel; (applied, refusal reason)."""
 
+    def unjudged(self, job_id: JobKey | None = None) -> Unjudged | None:
+        """The running jobs (``job_id``: only that one) no pass can judge, and why; None
+        when there is none."""
+
 
 @dataclass(frozen=True, slots=True)
 class ClaimedJob:
@@ -353,7 +361,8 @@ class JobDetail:
     status_reason: str | None
     attempt_count: int
     max_attempts: int
-    resume_step_index: int
+    resume_step_index: int | None
+    """None: the job will not run again (a foreign job that ended), so resumes nowhere."""
     plan_text: str | None
     operator_hold: bool
     last_error_code: str | None
@@ -363,6 +372,21 @@ class JobDetail:
     step_states: dict[int, str]
     source_status: str | None = None
     """A foreign job's status as its own system names it (None: this project's job)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Unjudged:
+    """Running jobs no pass can judge, because their rows lack what the source reads (a
+    Celery ``STARTED`` row written without ``result_extended`` has no task name): they
+    are left alone, and operators are told which setting of their system is missing."""
+
+    count: int
+    missing_setting: str
+    """The system's setting that would have written what is missing (``result_extended``)."""
+    why: str
+    """What the rows lack, in a sentence (no job's data)."""
+    fix: str
+    """What to set, in a sentence."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -202,6 +202,9 @@ def short_code(value: str) -> str:
 # write, so both engines refuse the same values the same way.
 JOB_KIND_MAX_LENGTH = 100
 """``job_runs.job_kind``."""
+RECORDED_KIND_MAX_LENGTH = 255
+"""``reconciliation_decisions.job_kind``: a foreign system's kind is cut to this when
+recorded (Celery's task names hold 155 characters, django-celery-results' 255)."""
 JOB_KEY_MAX_LENGTH = 200
 """``job_runs.idempotency_key`` and ``job_runs.singleton_key``."""
 STEP_NAME_MAX_LENGTH = 200

@@ -11,7 +11,7 @@ as one ``CASE`` over the kinds actually running, which are few.
 from __future__ import annotations
 
 import dataclasses
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -29,7 +29,7 @@ from reconciler.core.ports import (
     StuckCount,
     StuckWork,
 )
-from reconciler.core.vocabulary import JobStatus, StuckReason
+from reconciler.core.vocabulary import StuckReason
 from reconciler.sources.batches import Batch, batches
 from reconciler.sources.common import (
     LEDGER,
@@ -48,13 +48,15 @@ from reconciler.sources.ledger_fences import (
     ledger_now,
     with_ledger,
 )
+from reconciler.sources.listing import SourceListing
 from reconciler.storage.clock import now_plus, seconds_since
 
 SnapshotT = TypeVar("SnapshotT", bound=ForeignFence)
 
 
-class ForeignSource(ABC):
-    """A job source over a foreign system's tables, bound to the pass's connection."""
+class ForeignSource(SourceListing):
+    """A job source over a foreign system's tables, bound to the pass's connection; what
+    it shows operators is declared as a ``SourceListing``."""
 
     source_name: str
     counts_attempts = True
@@ -74,6 +76,7 @@ class ForeignSource(ABC):
         self._running_kinds: dict[str, KindPolicy] | None = None
         self._ledger_fences: list[tuple[str, int]] = []
         self._expired_count: int | None = None
+        self._kinds_read: dict[str, str] = {}
 
     @property
     def connection(self) -> Connection:
@@ -115,18 +118,6 @@ class ForeignSource(ABC):
                    position: bool) -> Candidate:
         """One row of ``_running`` as candidate facts."""
 
-
-    @abstractmethod
-    def listing(self) -> sa.Select[Any]:
-        """Every job of the system, for operators (``reconciler jobs list|show``), with
-        these columns labelled: ``job_id``, ``job_kind``, ``source_status`` (the system's
-        own word), ``attempts`` (used, the running one included), ``max_attempts`` (NULL:
-        the kind's), ``reason`` (where our reason code may be written, else NULL),
-        ``created_at`` and ``updated_at`` (NULL where the system keeps none)."""
-
-    @abstractmethod
-    def status_words(self) -> Mapping[str, JobStatus]:
-        """The system's statuses (``source_status``) in this project's words."""
 
     # -- what a subclass may declare (each has a default) -------------------- #
 
@@ -272,6 +263,10 @@ class ForeignSource(ABC):
         """None: by default a source's liveness is in its own tables, read with its jobs."""
         return None
 
+    def kind_read(self, job_id: JobKey) -> str | None:
+        """The kind of a job this transaction's scans read (None: none read)."""
+        return self._kinds_read.get(str(job_id))
+
     def running_kinds(self) -> list[str]:
         """The kinds of the running jobs, each once, sorted (whether reconciled or not)."""
         return sorted(k for k in self._conn.execute(
@@ -308,7 +303,7 @@ class ForeignSource(ABC):
 
     # -- shared helpers ------------------------------------------------------ #
 
-    def _after_apply(  # noqa: B027 - an optional hook, empty unless a system needs it
+    def _after_apply(
             self, changed: Mapping[JobKey, int | None]) -> None:
         """A hook after the swaps (graphile-worker wakes its workers here)."""
 
@@ -387,6 +382,7 @@ class ForeignSource(ABC):
     def _build(self, rows: Sequence[sa.Row[Any]], policies: Mapping[str, KindPolicy],
                *, position: bool) -> list[Candidate]:
         rows = [r for r in rows if r.job_kind in policies]
+        self._kinds_read.update((str(r.job_id), r.job_kind) for r in rows)
         if not self._steps_in_ledger():
             # Plans live in the system's own rows: no ledger read.
             return with_lost_attempts(self._conn, self.source_name, [

@@ -56,6 +56,7 @@ from reconciler.core.ports import (
     PlannedChange,
     StuckCount,
     StuckWork,
+    Unjudged,
 )
 from reconciler.core.vocabulary import (
     Disposition,
@@ -93,6 +94,10 @@ _WARNED: set[str] = set()
 CELERY_SERIALIZERS = ("json",)
 """The result serializers whose rows the celery source reads (args, kwargs, result): never
 pickle, which would run code chosen by whoever can write the result table."""
+UNEXTENDED_WHY = ("Celery wrote the row without result_extended, so a STARTED row has no "
+                  "task name, args, queue or worker to judge or re-run it by")
+UNEXTENDED_FIX = ("set result_extended = True (and task_track_started = True, without "
+                  "which a running task has no row at all) in the Celery app's config")
 _STATUS_WORDS = {"PENDING": JobStatus.QUEUED, "RECEIVED": JobStatus.QUEUED,
                  "RETRY": JobStatus.QUEUED, "STARTED": JobStatus.PROCESSING,
                  "SUCCESS": JobStatus.COMPLETED, "FAILURE": JobStatus.FAILED,
@@ -238,9 +243,20 @@ class CelerySource(ForeignSource):
         _WARNED.add(table)
         log.warning("event=celery_rows_skipped count=%d missing_setting=result_extended "
                     "detail=%s", count, json.dumps(
-                        "STARTED rows without a task name are left alone: set "
-                        "result_extended = True (and task_track_started = True) in the "
-                        "Celery app"))
+                        f"STARTED rows without a task name are left alone: {UNEXTENDED_FIX}"))
+
+    def unjudged(self, job_id: JobKey | None = None) -> Unjudged | None:
+        """The STARTED rows without a task name (written without ``result_extended``),
+        which no pass judges; for operators (``jobs explain``, ``reconciler kinds``)."""
+        rows = self._rows
+        query = sa.select(sa.func.count()).select_from(rows).where(
+            rows.c.status == constant("STARTED"), self._result.name.is_(None))
+        if job_id is not None:
+            query = query.where(rows.c.task_id == str(job_id))
+        count = int(self._conn.execute(query).scalar_one())
+        if not count:
+            return None
+        return Unjudged(count, "result_extended", UNEXTENDED_WHY, UNEXTENDED_FIX)
 
     def _running(self, policies: Mapping[str, KindPolicy]) -> sa.Select[Any]:
         rows, result = self._rows, self._result
@@ -300,7 +316,14 @@ class CelerySource(ForeignSource):
             rows.c.task_id.label("job_id"), result.name.label("job_kind"),
             rows.c.status.label("source_status"), (retries + 1).label("attempts"),
             sa.null().label("max_attempts"), ours.label("reason"), created.label("created_at"),
-            sa.type_coerce(rows.c.date_done, sa.DateTime()).label("updated_at"))
+            sa.type_coerce(rows.c.date_done, sa.DateTime()).label("updated_at"),
+            rows.c.id.label("row_number"))
+
+    def listing_order(self, jobs: sa.Subquery) -> list[sa.ColumnElement[Any]]:
+        """Newest first by the table's autoincrement ``id``: ``celery_taskmeta`` keeps no
+        creation time and a ``STARTED`` row no time at all (``date_done`` is NULL until the
+        task ends), while ``id`` follows the order the rows were first written."""
+        return [jobs.c.row_number.desc()]
 
     # -- applying ------------------------------------------------------------ #
 

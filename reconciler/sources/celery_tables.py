@@ -78,7 +78,8 @@ class ResultTable:
 
     def columns(self) -> tuple[str, ...]:
         """Every column the source reads or writes, as the table names them."""
-        named = ("task_id", "status", "result", "date_done", "traceback", "worker",
+        # ``id``: both backends' autoincrement key, the order rows were first written in.
+        named = ("id", "task_id", "status", "result", "date_done", "traceback", "worker",
                  self.name_column, self.args_column, self.kwargs_column,
                  self.retries_column, self.queue_column, self.created_column)
         content = ("content_type", "content_encoding") if self.text_result else ()

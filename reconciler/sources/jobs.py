@@ -21,7 +21,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from models import ReconciliationDecision
 from reconciler.core.kinds import KindRules
-from reconciler.core.ports import JobDetail, OperatorStore, SourceJobs
+from reconciler.core.ports import JobDetail, OperatorStore, SourceJobs, Unjudged
 from reconciler.core.vocabulary import JobKey, JobStatus, Reason
 from reconciler.file_tables import SourceSettings
 from reconciler.sources.base import ForeignSource
@@ -82,6 +82,10 @@ class NativeJobs:
             return False, "no_such_job"
         return self._store.operator_action(job_id, action)
 
+    def unjudged(self, job_id: JobKey | None = None) -> Unjudged | None:
+        """None: a pass judges every processing job of this project's own."""
+        return None
+
 
 class ForeignJobs:
     """A foreign system's jobs, read through its source on a read-only connection."""
@@ -93,11 +97,10 @@ class ForeignJobs:
         self._entry = entry_of(source)
 
     def list_jobs(self, status: str | None, limit: int) -> list[JobDetail]:
-        """Newest first (by creation where the system keeps it, else by id)."""
+        """Newest first, as the source orders its jobs (``listing_order``)."""
         def read(source: ForeignSource) -> list[JobDetail]:
             jobs = source.listing().subquery()
-            query = sa.select(jobs).order_by(jobs.c.created_at.desc().nulls_last(),
-                                             jobs.c.job_id.desc()).limit(limit)
+            query = sa.select(jobs).order_by(*source.listing_order(jobs)).limit(limit)
             if status is not None:
                 words = source.status_words()
                 query = query.where(jobs.c.source_status.in_(
@@ -127,6 +130,10 @@ class ForeignJobs:
         """None reach a foreign system here: the command line refuses them by name."""
         return False, "not_supported"
 
+    def unjudged(self, job_id: JobKey | None = None) -> Unjudged | None:
+        """The running jobs (``job_id``: only that one) the source cannot judge, and why."""
+        return self._with_source(lambda source: source.unjudged(job_id))
+
     def _with_source(self, read: Callable[[ForeignSource], T]) -> T:
         with self._opened() as source:
             return read(source)
@@ -154,10 +161,13 @@ class ForeignJobs:
             status_reason=reason, attempt_count=int(row.attempts or 0),
             max_attempts=int(budget) if budget is not None
             else self._kinds.resolve(kind).max_attempts,
-            resume_step_index=0, plan_text=None, operator_hold=False, last_error_code=None,
+            # Only a job that will run (again) has a step it resumes at.
+            resume_step_index=0 if word in _WILL_RUN else None, plan_text=None,
+            operator_hold=False, last_error_code=None,
             created_at=row.created_at, updated_at=row.updated_at,
             finished_at=None if word not in _ENDED else row.updated_at, step_states={},
             source_status=raw)
 
 
 _ENDED = frozenset({JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED})
+_WILL_RUN = frozenset({JobStatus.QUEUED, JobStatus.PROCESSING})

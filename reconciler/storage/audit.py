@@ -7,7 +7,7 @@ trail, ``reconciler decisions`` and the metrics read the same for every source.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -16,7 +16,12 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from reconciler.core.ports import RecordedDecision
-from reconciler.core.vocabulary import Disposition, PassOutcome
+from reconciler.core.vocabulary import (
+    RECORDED_KIND_MAX_LENGTH,
+    Disposition,
+    JobKey,
+    PassOutcome,
+)
 from reconciler.storage.clock import db_now, now_plus
 from reconciler.storage.engines import is_postgresql
 from reconciler.storage.sql import (
@@ -31,7 +36,8 @@ from reconciler.storage.sql import (
 )
 
 DECISION_COLUMNS: tuple[tuple[str, Any], ...] = (
-    ("job_source", sa.String()), ("job_id", sa.String()), ("disposition", sa.String()),
+    ("job_source", sa.String()), ("job_id", sa.String()), ("job_kind", sa.String()),
+    ("disposition", sa.String()),
     ("decision_reason", sa.String()), ("generation_before", sa.BigInteger()),
     ("generation_after", sa.BigInteger()), ("resume_step_index", sa.Integer()),
     ("decision_evidence", sa.JSON()), ("shadow_mode", sa.Boolean()),
@@ -116,15 +122,25 @@ def _leadership_statement(postgres: bool) -> Any:
     ).returning(leases.c.fencing_token)
 
 
+KindOf = Callable[[JobKey], str | None]
+"""A job's kind as its source read it in the pass (None: unknown)."""
+
+
+def _no_kind(job_id: JobKey) -> None:
+    return None
+
+
 def decision_rows(source_name: str,
                   recorded: Sequence[tuple[RecordedDecision, dict[str, Any]]], *,
-                  shadow: bool = False) -> list[dict[str, Any]]:
-    """The audit rows of a batch's decisions, the job id as text."""
+                  shadow: bool = False, kind_of: KindOf = _no_kind) -> list[dict[str, Any]]:
+    """The audit rows of a batch's decisions, the job id as text, the kind as read (cut to
+    the column's length: a foreign system's kinds may be longer)."""
     return [
         {
             # Plain text (str() of a StrEnum member): the JSON encoder takes a member at twice
             # a str's cost.
             "job_source": source_name, "job_id": str(r.job_id),
+            "job_kind": _cut(kind_of(r.job_id)),
             "disposition": str(r.disposition), "decision_reason": str(r.reason),
             "generation_before": r.generation_before, "generation_after": r.generation_after,
             "resume_step_index": r.resume_step_index, "decision_evidence": evidence,
@@ -134,12 +150,18 @@ def decision_rows(source_name: str,
     ]
 
 
-class SqlAudit:
-    """Passes and decisions on the pass's connection (see ``ports.AuditLog``)."""
+def _cut(kind: str | None) -> str | None:
+    return None if kind is None else kind[:RECORDED_KIND_MAX_LENGTH]
 
-    def __init__(self, conn: Connection) -> None:
+
+class SqlAudit:
+    """Passes and decisions on the pass's connection (see ``ports.AuditLog``); ``kind_of``
+    names each decided job's kind (the pass's source, which read it)."""
+
+    def __init__(self, conn: Connection, kind_of: KindOf = _no_kind) -> None:
         self.conn = conn
         self.sql = _statements(is_postgresql(conn))
+        self.kind_of = kind_of
 
     def start_pass(self, instance: str) -> int:
         """Insert this pass's row; outcome and counts are filled in by ``finish_pass``."""
@@ -160,8 +182,8 @@ class SqlAudit:
         if recorded:
             self.conn.execute(self.sql.record_decisions, {
                 "recording_pass_id": pass_id,
-                "recorded_rows": encode_rows(decision_rows(source_name, recorded,
-                                                           shadow=shadow))})
+                "recorded_rows": encode_rows(decision_rows(
+                    source_name, recorded, shadow=shadow, kind_of=self.kind_of))})
         counts = dict.fromkeys(Disposition, 0)
         for r, _ in recorded:
             counts[r.disposition] += 1

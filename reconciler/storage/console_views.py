@@ -95,8 +95,9 @@ class ConsoleViewsSql(ReadViewsSql):
                   before_id: int | None, limit: int) -> list[dict[str, Any]]:
         """Decision records matching every filter given (None: any), shadow ones or real
         ones, newest first, with ids below ``before_id``. ``kind`` is a glob (``*``, ``?``)
-        on the kinds of this project's own jobs; each record carries ``job_kind`` where the
-        job is one of those."""
+        on the kind recorded with the decision (every source's), or on a native job's own
+        kind for a decision recorded before kinds were kept; each record carries
+        ``job_kind`` (None where neither is known)."""
         query = (sa.select(decisions).order_by(decisions.c.decision_id.desc()).limit(limit)
                  .where(decisions.c.shadow_mode == (sa.true() if shadow else sa.false())))
         if before_id is not None:
@@ -108,9 +109,11 @@ class ConsoleViewsSql(ReadViewsSql):
         if source is not None:
             query = query.where(decisions.c.job_source == source)
         if kind is not None:
-            query = query.where(decisions.c.job_source == NATIVE,
-                                sa.exists().where(jobs.c.job_id == _native_id(),
-                                                  _glob(jobs.c.job_kind, kind)))
+            query = query.where(sa.or_(
+                _glob(decisions.c.job_kind, kind),
+                sa.and_(decisions.c.job_kind.is_(None), decisions.c.job_source == NATIVE,
+                        sa.exists().where(jobs.c.job_id == _native_id(),
+                                          _glob(jobs.c.job_kind, kind)))))
         with self._read() as conn:
             if since is not None:
                 floor = _first_id_since(conn, since)
@@ -203,15 +206,17 @@ def _glob(column: sa.ColumnElement[str], pattern: str) -> sa.ColumnElement[bool]
 
 
 def _with_kinds(conn: Connection, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each record with ``job_kind``: the kind of this project's own jobs (one lookup by
-    primary key for the page), None for a foreign source's or a deleted job."""
-    native = {int(r["job_id"]) for r in records
+    """Each record with ``job_kind``: as recorded with the decision; for a native decision
+    recorded before kinds were kept, its job's (one lookup by primary key for the page),
+    None for a deleted one."""
+    unkept = [r for r in records if r.get("job_kind") is None]
+    native = {int(r["job_id"]) for r in unkept
               if r["job_source"] == NATIVE and str(r["job_id"]).isdigit()}
     kinds: dict[int, str] = {}
     if native:
         kinds = {int(i): k for i, k in conn.execute(
             sa.select(jobs.c.job_id, jobs.c.job_kind).where(jobs.c.job_id.in_(native)))}
-    for record in records:
+    for record in unkept:
         job_id = str(record["job_id"])
         record["job_kind"] = kinds.get(int(job_id)) if job_id.isdigit() and \
             record["job_source"] == NATIVE else None

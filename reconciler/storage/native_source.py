@@ -218,6 +218,7 @@ class NativeSource:
         self.conn = conn
         self.postgres = is_postgresql(conn)
         self.sql = _statements(self.postgres, lock)
+        self._kinds_read: dict[str, str] = {}
 
     def expire_gone_owners(self, timeout_seconds: float) -> int:
         """Mark silent worker sessions gone and expire their claims' leases at once."""
@@ -278,6 +279,8 @@ class NativeSource:
                 history[job_id].append((number, state, extra))
             elif state != ArtifactState.STAGED.value:
                 unstaged.add((job_id, number))
+        self._kinds_read.update((str(job_id), kind) for job_id, kind, *_
+                                in cast(list[tuple[Any, ...]], rows))
         # Positional unpacking: attribute access on a Row costs more than the rest together.
         return [
             Candidate(job_id, kind, Fence(generation), attempts_used, budget, bool(held),
@@ -329,6 +332,10 @@ class NativeSource:
         generation."""
         return {int(job_id): int(generation) for job_id, generation in self.conn.execute(
             self.sql.swap, {"planned_rows": planned_rows(changes)})}
+
+    def kind_read(self, job_id: JobKey) -> str | None:
+        """The kind of a job this transaction's scans read (None: none read)."""
+        return self._kinds_read.get(str(job_id))
 
     def running_kinds(self) -> list[str]:
         """The kinds of the processing jobs, each once, sorted."""

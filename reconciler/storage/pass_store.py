@@ -79,7 +79,9 @@ class SqlPassStore:
                     yield self._unit(conn, lock=True)
 
     def _unit(self, conn: Connection, *, lock: bool) -> SqlPassUnit:
-        return SqlPassUnit(self.source(conn, lock), SqlAudit(conn), SqlLease(conn))
+        source = self.source(conn, lock)
+        # The audit records each decision's kind as the source read it.
+        return SqlPassUnit(source, SqlAudit(conn, source.kind_read), SqlLease(conn))
 
     def record_failed_pass(self, instance: str, error_code: str) -> int:
         """Record a pass that failed before it could record itself."""

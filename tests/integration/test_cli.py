@@ -19,6 +19,7 @@ from reconciler.storage.clock import db_now, now_plus
 from reconciler.storage.engines import read_only
 from reconciler.worker import Claim, JobClient, Step
 from tests.conftest import run_cli
+from tests.helpers import job_row
 
 jobs: sa.Table = cast(sa.Table, JobRun.__table__)
 passes: sa.Table = cast(sa.Table, ReconciliationPass.__table__)
@@ -37,7 +38,8 @@ PASS_EXTRA_KEYS = {"outcome", "dry_run", "shadow", "braked"}
 PASS_DECISION_KEYS = {"job_id", "disposition", "reason", "resume_step_index"}
 # "decision records as stored": the reconciliation_decisions columns (shadow_mode is
 # shown as "shadow").
-STORED_DECISION_KEYS = {"decision_id", "pass_id", "job_source", "job_id", "decided_at",
+STORED_DECISION_KEYS = {"decision_id", "pass_id", "job_source", "job_id", "job_kind",
+                        "decided_at",
                         "disposition", "decision_reason", "generation_before",
                         "generation_after", "resume_step_index", "decision_evidence",
                         "shadow"}
@@ -299,9 +301,11 @@ def test_decisions_json_is_the_stored_trail_newest_first(
     ]))
 
     assert len(trail) == 2
+    kinds = {job: job_row(engine, job)["job_kind"] for job in (resumable, doomed)}
     for record in trail:
         assert set(record) == STORED_DECISION_KEYS, sorted(record)
         assert record["pass_id"] == report["pass_id"]
+        assert record["job_kind"] == kinds[record["job_id"]]  # the kind, as the pass read it
     ids = [r["decision_id"] for r in trail]
     assert ids == sorted(ids, reverse=True)
     assert [(r["job_id"], r["disposition"]) for r in died] == [(doomed, "terminalize")]

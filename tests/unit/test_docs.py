@@ -261,3 +261,15 @@ class TestPagesHangTogether:
                     anchor not in heading_anchors(destination):
                 broken.append(target)
         assert not broken, f"{page.relative_to(REPO)}: broken links {broken}"
+
+
+class TestConsolePage:
+    """docs/console.md against the code."""
+
+    def test_the_source_filter_row_names_every_source(self) -> None:
+        """The ``source`` filter takes every registered source; its row names each one."""
+        from reconciler.sources.registry import SOURCES  # noqa: PLC0415
+
+        [row] = [line for line in (DOCS / "console.md").read_text().splitlines()
+                 if line.startswith("| `source` |")]
+        assert [s for s in SOURCES if f"`{s}`" not in row] == []
