@@ -362,8 +362,10 @@ class NativeSource:
         partial index, the held and parked ones (few) through theirs."""
         expired = (jobs.c.lease_expires_at <= db_now(), *kinds)
         age = sa.func.max(seconds_since(jobs.c.lease_expires_at))
+        # A hold set since the last pass (not parked yet) counts as a hold, not twice.
         count, oldest = self.conn.execute(
-            sa.select(sa.func.count(), age).where(SCANNED, *expired)).one()
+            sa.select(sa.func.count(), age).where(SCANNED, jobs.c.operator_hold.is_(False),
+                                                  *expired)).one()
         work: StuckWork = {StuckReason.AWAITING_DECISION: StuckCount(int(count),
                                                                      as_float(oldest)),
                            StuckReason.OPERATOR_HOLD: StuckCount(0),

@@ -14,7 +14,7 @@ import sqlalchemy as sa
 
 from reconciler.core.kinds import KindRule, KindRules
 from reconciler.core.ports import Cursor
-from reconciler.core.vocabulary import Disposition, EffectKind, Reason
+from reconciler.core.vocabulary import Disposition, EffectKind, Reason, StuckReason
 from reconciler.errors import ConfigError
 from reconciler.ledger import LeaseLost, Step, StepLedger
 from tests.sources.conftest import SourcesDatabase
@@ -264,8 +264,9 @@ class TestScans:
             assert source.candidates(5, rules.resolve("").thresholds,
                                      Cursor((page1.job_id,)))[0].job_id == page2.job_id
 
-    def test_stale_backlog(self, system: SystemFactory) -> None:
-        """Dead jobs count; live, queued and never-reconciled ones do not."""
+    def test_stuck_work(self, system: SystemFactory) -> None:
+        """Dead jobs count as awaiting a decision; live, queued and never-reconciled ones do
+        not; a foreign system keeps no hold or gate of ours to count."""
         system.died("idem.a")
         system.died("mail.b")
         system.live("idem.c")
@@ -273,10 +274,12 @@ class TestScans:
         system.died("skip.e")
         rules = kind_rules()
         with system.db.engine.connect() as conn:
-            count, oldest = system.open_source(conn, rules).stale_backlog()
-        assert count == 2
-        assert oldest is not None
-        assert oldest > 0
+            stuck = system.open_source(conn, rules).stuck_work()
+        awaiting = stuck[StuckReason.AWAITING_DECISION]
+        assert awaiting.count == 2
+        assert awaiting.oldest_seconds is not None
+        assert awaiting.oldest_seconds > 0
+        assert set(stuck) == {StuckReason.AWAITING_DECISION}
 
 
 class TestSchemaCheck:
