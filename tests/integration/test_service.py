@@ -70,8 +70,8 @@ DESIGN_METRICS: dict[str, set[str]] = {
     "reconciler_pass_duration_seconds_count": set(),
     "reconciler_pass_duration_seconds_sum": set(),
     "reconciler_decisions_total": {"disposition", "reason"},
-    "reconciler_stale_claims": set(),
-    "reconciler_oldest_stale_claim_age_seconds": set(),
+    "reconciler_stale_claims": {"reason"},
+    "reconciler_oldest_stale_claim_age_seconds": {"reason"},
     "reconciler_last_successful_pass_timestamp_seconds": set(),
     "reconciler_is_leader": set(),
 }
@@ -454,7 +454,7 @@ def test_run_serves_every_design_metric_and_health_on_loopback(
         assert all(set(labels) == label_names for labels in present), (name, present)
     outcomes = {dict(labels)["outcome"] for (n, labels) in samples
                 if n == "reconciler_passes_total"}
-    assert outcomes == {"ok", "error", "not_leader"}
+    assert outcomes == {"ok", "error", "not_leader", "liveness_unknown"}
     assert sample(samples, "reconciler_is_leader") == 1.0
     last_success = sample(samples, "reconciler_last_successful_pass_timestamp_seconds")
     assert last_success is not None

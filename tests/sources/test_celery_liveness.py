@@ -29,6 +29,7 @@ from reconciler.core.passes import PassReport, run_pass
 from reconciler.core.ports import StuckWork
 from reconciler.core.vocabulary import Disposition, LivenessDoubt, PassOutcome, StuckReason
 from reconciler.sources.celery import CeleryConfig
+from reconciler.sources.celery_broker import CeleryBroker
 from reconciler.wiring import assemble_cli, pass_config
 from tests.conftest import REPO_ROOT
 from tests.integration.test_service import Launcher, free_port
@@ -135,12 +136,14 @@ class TestDoubtedBroker:
         stuck = doubted_over_timeouts(alone, config(alone), LivenessDoubt.NO_WORKER_ANSWERS)
         assert stuck[StuckReason.LIVENESS_UNKNOWN].count == 1
         second = start_worker(processes, alone, markers, "worker-b")
-        wait_until(lambda: observe(alone, config(alone))[0].liveness is None,
+        broker = CeleryBroker(alone.broker_url)
+        wait_until(lambda: broker.answers(["worker-b@tests"], ()).answering,
                    "a worker of the app to answer", process=second)
         trusted_at = time.monotonic()
 
         def decided() -> PassReport | None:
             report, _ = observe(alone, config(alone))
+            assert report.liveness is None
             return report if report.decisions else None
 
         report = wait_until(decided, "the dead worker's task decided", process=second)

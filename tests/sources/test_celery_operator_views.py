@@ -29,6 +29,7 @@ from tests.sources.celery_support import (  # noqa: F401 - fixtures, found by na
     CeleryProject,
     celery_live_worker,
     celery_project,
+    declare_queues,
     redis_server,
     redis_url,
 )
@@ -190,6 +191,7 @@ class TestConsole:
         tasks = CeleryFixture(celery_project.engine, celery_project.broker_url,
                               celery_live_worker)
         worker = f"dead-{uuid.uuid4().hex[:8]}@tests"
+        declare_queues(celery_project.broker_url, "celery")  # as the app's workers do
         task_id = tasks._started("app.payments.charge", worker)
         tasks._dead_worker(task_id, worker)
         kinds = KindRules([KindRule("idem.*", effect=EffectKind.IDEMPOTENT)],

@@ -68,7 +68,10 @@ def would_resume(project: CeleryProject, task_id: str) -> bool:
 
 
 def test_a_pass_killed_after_the_publish_and_before_its_commit_loses_no_task(
-        celery_project: CeleryProject, processes: Processes, tmp_path: Path) -> None:
+        celery_project: CeleryProject, processes: Processes, tmp_path: Path,
+        celery_live_worker: str) -> None:
+    """(``celery_live_worker``: another worker of the app answers ping, so the killed one's
+    silence is evidence.)"""
     markers = Markers(tmp_path / "markers")
     result = celery_project.caller().send_task("idem.work")
     first = start_worker(processes, celery_project, markers, "worker-a")
