@@ -142,7 +142,14 @@ class CeleryTasks:
         self._start_broker()
         self._start_live_worker()
         # Resumed tasks go to their row's queue, where no worker listens: each run is
-        # measured on the rows as ``kill`` leaves them.
+        # measured on the rows as ``kill`` leaves them. The queue is declared on the broker,
+        # as the app's workers declare theirs: the source trusts silence only on a broker
+        # that holds the app's queues.
+        from kombu import Connection, Exchange, Queue  # noqa: PLC0415 - optional, with celery
+
+        with Connection(self.broker_url) as connection:
+            Queue("bench", Exchange("bench"), routing_key="bench")(
+                connection.default_channel).declare()
         self.source_toml = (
             f"session_timeout_seconds = {SESSION_TIMEOUT_SECONDS}\n"
             f"session_heartbeat_seconds = {SESSION_TIMEOUT_SECONDS / 2}\n"

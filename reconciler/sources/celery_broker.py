@@ -45,7 +45,15 @@ PING_TIMEOUT_SECONDS = 1.0
 BINDINGS_MATCH = "*_kombu.binding.*"
 """kombu's Redis transport keeps each exchange's bindings in a set named so (behind the
 app's ``global_keyprefix``, if any), members ``routing_key SEP pattern SEP queue``."""
+BINDINGS_KEY = "_kombu.binding.{}"
+"""The bindings of the exchange named so (without a ``global_keyprefix``)."""
 BINDING_SEPARATOR = "\x06\x16"
+
+
+def _bound_queue(member: bytes | str) -> str:
+    """The queue of one binding (``routing_key SEP pattern SEP queue``)."""
+    text = member.decode() if isinstance(member, bytes) else str(member)
+    return text.rsplit(BINDING_SEPARATOR, 1)[-1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +128,7 @@ class CeleryBroker:
         client, app = self._client(), self.app()  # a missing package is a ConfigError
         try:
             client.ping()
-            if wanted and not wanted & self._bound_queues(client):
+            if wanted and not self._holds_any(client, wanted):
                 return Answers(frozenset(), LivenessDoubt.QUEUES_MISSING)
             replies = (app.control.ping(destination=names, timeout=PING_TIMEOUT_SECONDS)
                        if names else [])
@@ -142,15 +150,21 @@ class CeleryBroker:
         return Answers(frozenset())
 
     @staticmethod
-    def _bound_queues(client: Any) -> set[str]:
-        """Every queue some exchange is bound to on this broker (a few keys: one set per
-        exchange)."""
-        queues: set[str] = set()
-        for key in client.scan_iter(match=BINDINGS_MATCH, count=100):
-            for member in client.smembers(key):
-                text = member.decode() if isinstance(member, bytes) else str(member)
-                queues.add(text.rsplit(BINDING_SEPARATOR, 1)[-1])
-        return queues
+    def _holds_any(client: Any, queues: set[str]) -> bool:
+        """Whether some exchange is bound to one of ``queues`` on this broker. Celery names
+        a queue's exchange after it, so its bindings are read first (one round trip); only
+        when none is there (a wrong broker, or exchanges named otherwise) is every binding
+        looked for, by a scan of the keyspace."""
+        named = sorted(queues)
+        pipe = client.pipeline()
+        for queue in named:
+            pipe.smembers(BINDINGS_KEY.format(queue))
+        if any(_bound_queue(member) == queue for queue, members in zip(
+                named, pipe.execute(), strict=True) for member in members):
+            return True
+        return any(_bound_queue(member) in queues
+                   for key in client.scan_iter(match=BINDINGS_MATCH, count=1000)
+                   for member in client.smembers(key))
 
     def forget_silences(self) -> None:
         """Forget when each worker was first found silent: silence observed while it
