@@ -12,8 +12,8 @@ import pytest
 from pydantic import ValidationError
 
 from reconciler.cli import build_parser
+from reconciler.config.settings import Settings, load_settings, unknown_variables
 from reconciler.errors import ConfigError
-from reconciler.settings import Settings, load_settings, unknown_variables
 
 DEFAULTS: dict[str, Any] = {
     # the settings the first release named
