@@ -14,7 +14,8 @@ ports their callers use:
 - ``checks``: the steps they share (the schema and source checks, the source factory).
 
 Only entry points import it (``tests/unit/test_architecture.py`` lists them): the command
-line's commands, ``alembic/env.py`` and the public constructors' narrow factory
-``reconciler.connect``. Nothing below imports it, and it imports only what its role needs:
-this ``__init__`` imports nothing, so a command does not pay for the sidecar's parts.
+line's commands, the demos, ``alembic/env.py`` and the public constructors' narrow factory
+``reconciler.connect``. Nothing below imports it, and each module imports only what its
+role needs: this ``__init__`` imports nothing, so a command does not pay for the sidecar's
+parts.
 """
