@@ -1,14 +1,14 @@
-"""Alembic environment: shares the caller's connection when one is given (CLI, tests)."""
+"""Alembic environment: shares the caller's connection when one is given (CLI, tests);
+run by hand (``alembic upgrade head``), it migrates the database the reconciler's config
+names, read by the same loader as the command line (``reconciler.root.migrations``)."""
 
 from __future__ import annotations
-
-import os
 
 from sqlalchemy.engine import Connection
 
 from alembic import context
 from models import metadata
-from reconciler.storage.engines import UNLIMITED_TIMEOUTS, create_engine
+from reconciler.root.migrations import migration_engine
 
 config = context.config
 
@@ -30,9 +30,7 @@ def run_migrations_online() -> None:
     if shared is not None:
         run_on(shared)
         return
-    url = os.environ.get("RECONCILER_DATABASE_URL") or config.get_main_option("sqlalchemy.url")
-    # A migration may rewrite a large table: no statement or lock timeout here.
-    engine = create_engine(str(url), timeouts=UNLIMITED_TIMEOUTS)
+    engine = migration_engine()
     try:
         with engine.connect() as connection:
             run_on(connection)

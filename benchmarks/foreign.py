@@ -40,14 +40,14 @@ from typing import Any
 
 import psycopg
 
+from benchmarks.foreign_base import Size, System
 from benchmarks.foreign_python import SYSTEMS
-from benchmarks.foreign_systems import Size, System
 from benchmarks.harness import counting_statements
-from reconciler.config import load_config
+from reconciler.config.loader import load_config, pass_config
 from reconciler.core.passes import PassConfig, run_pass
+from reconciler.root.cli import assemble_cli
 from reconciler.storage.engines import UNLIMITED_TIMEOUTS, create_engine
 from reconciler.storage.schema import upgrade
-from reconciler.wiring import assemble_cli, pass_config
 
 BATCH_SIZE = 500
 FULL = Size(jobs=1_000_000, running=10_000, orphans=1_000)

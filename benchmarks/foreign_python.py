@@ -36,19 +36,9 @@ from typing import Any
 import psycopg
 import sqlalchemy as sa
 
-from benchmarks.foreign_systems import (
-    REPO,
-    OneStatementSweep,
-    Size,
-    System,
-    bounds,
-    execute,
-    libpq_url,
-    vacuum,
-)
-from benchmarks.foreign_systems import (
-    SYSTEMS as OTHER_SYSTEMS,
-)
+from benchmarks.foreign_base import REPO, Size, System, bounds, execute, vacuum
+from benchmarks.foreign_systems import SYSTEMS as OTHER_SYSTEMS
+from benchmarks.foreign_systems import OneStatementSweep, libpq_url
 
 DJANGO_TABLE = "django_tasks_database_dbtaskresult"
 MAX_RUN_SECONDS = 600

@@ -19,7 +19,7 @@ import socket
 import sys
 import threading
 
-from reconciler.settings import load_settings
+from reconciler.config.settings import load_settings
 from reconciler.worker import JobClient
 
 

@@ -43,22 +43,13 @@ two replicas that each use less than before, with ``busy`` near 1, are waiting f
 from __future__ import annotations
 
 import os
-import shutil
 import signal
-import socket
-import statistics
 import subprocess
-import sys
-import tempfile
 import time
-import urllib.error
-import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from pathlib import Path
 from typing import Any, cast
 
 import sqlalchemy as sa
@@ -66,6 +57,18 @@ from sqlalchemy.engine import Engine
 
 from benchmarks.dataset import Shape, build
 from benchmarks.harness import Databases, Measurement, drain, store_on
+from benchmarks.processes import (
+    PROGRESS_SECONDS,
+    Children,
+    children,
+    cpu_seconds,
+    replica_work,
+    say,
+    shares_of,
+    start_orphan_workers,
+    start_replicas,
+    wait_ready,
+)
 from models import (
     JobRun,
     ReconcilerLease,
@@ -77,7 +80,6 @@ from reconciler.storage.clock import db_now
 from reconciler.storage.sql_store import SqlStore
 from reconciler.worker import JobClient, Step
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 JOBS = cast(sa.Table, JobRun.__table__)
 DECISIONS = cast(sa.Table, ReconciliationDecision.__table__)
 PASSES = cast(sa.Table, ReconciliationPass.__table__)
@@ -85,13 +87,8 @@ LEASES = cast(sa.Table, ReconcilerLease.__table__)
 SESSIONS = cast(sa.Table, WorkerSession.__table__)
 PLAN = (Step("fetch", "idempotent"), Step("render", "pure"), Step("publish", "effectful"))
 GOAL_MARGIN_SECONDS = 2.0
-# The workers' claims: long enough to outlast the claim phase on a slow machine.
-CLAIM_LEASE_SECONDS = 3600.0
 GOAL_SPEEDUP = 1.6
-PROGRESS_SECONDS = 5.0
 POLL_SECONDS = 0.5
-START_TIMEOUT_SECONDS = 120.0
-STOP_TIMEOUT_SECONDS = 40.0
 
 
 @dataclass(frozen=True)
@@ -146,151 +143,6 @@ def plan_for(*, smoke: bool, orphans: int, replicas: int, workers: int, backlog:
                                    Scenario("interval_5", {"interval_seconds": 5.0, **NO_BRAKE})),
                         backlog_settings={"interval_seconds": 1.0, **NO_BRAKE},
                         timeout_seconds=timeout_seconds)
-
-
-def say(text: str) -> None:
-    """A progress line on stderr (stdout keeps the table or the JSON lines)."""
-    print(f"# {time.strftime('%H:%M:%S')} {text}", file=sys.stderr, flush=True)
-
-
-# -- processes -------------------------------------------------------------------------------
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def _child_env(url: str, settings: dict[str, float], **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RECONCILER_")}
-    env["RECONCILER_DATABASE_URL"] = url
-    env.update({f"RECONCILER_{k.upper()}": str(v) for k, v in settings.items()})
-    env.update(extra)
-    return env
-
-
-class Children:
-    """The processes of one scenario; whatever is still running at the end is killed."""
-
-    def __init__(self) -> None:
-        self.folder = Path(tempfile.mkdtemp(prefix="reconciler-recovery-"))
-        self.processes: list[subprocess.Popen[bytes]] = []
-        self.logs: dict[int, Path] = {}
-
-    def start(self, argv: list[str], env: dict[str, str], name: str,
-              stdout: int | None = None) -> subprocess.Popen[bytes]:
-        log = self.folder / f"{name}.log"
-        with log.open("ab") as err:
-            process = subprocess.Popen(argv, cwd=REPO_ROOT, env=env, stderr=err,
-                                       stdout=stdout if stdout is not None else err)
-        self.processes.append(process)
-        self.logs[process.pid] = log
-        return process
-
-    def tail(self, process: subprocess.Popen[bytes], lines: int = 15) -> str:
-        text = self.logs[process.pid].read_text(errors="replace").splitlines()
-        return "\n".join(text[-lines:])
-
-    def close(self, *, keep_logs: bool) -> None:
-        for process in self.processes:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-        if keep_logs:
-            say(f"logs kept in {self.folder}")
-        else:
-            shutil.rmtree(self.folder, ignore_errors=True)
-
-
-@contextmanager
-def children() -> Iterator[Children]:
-    """Processes that never outlive the measurement; logs kept only when it failed."""
-    group = Children()
-    failed = True
-    try:
-        yield group
-        failed = False
-    finally:
-        group.close(keep_logs=failed)
-
-
-@dataclass
-class Replica:
-    """A ``reconciler run`` process and the port of its /readyz."""
-
-    name: str
-    port: int
-    process: subprocess.Popen[bytes]
-
-    def ready(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/readyz",
-                                        timeout=1) as reply:
-                return int(reply.status) == 200
-        except (urllib.error.URLError, OSError):
-            return False
-
-    def stop(self) -> None:
-        """SIGTERM, as an orchestrator would; SIGKILL if it does not end in time."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(STOP_TIMEOUT_SECONDS)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-
-
-def start_replicas(group: Children, url: str, settings: dict[str, float], count: int,
-                   tag: str) -> list[Replica]:
-    """Start ``count`` replicas (``wait_ready`` waits for them)."""
-    replicas = []
-    for i in range(count):
-        name, port = f"bench-{tag}-replica-{i}", _free_port()
-        env = _child_env(url, settings, RECONCILER_INSTANCE_NAME=name,
-                         RECONCILER_METRICS_PORT=str(port),
-                         RECONCILER_METRICS_HOST="127.0.0.1")
-        process = group.start([sys.executable, "-m", "reconciler.cli", "run"], env, name)
-        replicas.append(Replica(name, port, process))
-    return replicas
-
-
-def wait_ready(group: Children, replicas: list[Replica]) -> None:
-    """Wait until every replica answers /readyz (it has passed at least once)."""
-    count = len(replicas)
-    started, last_said = time.monotonic(), time.monotonic()
-    waiting = list(replicas)
-    while waiting:
-        for replica in list(waiting):
-            if replica.process.poll() is not None:
-                raise SystemExit(f"replica {replica.name} exited with "
-                                 f"{replica.process.returncode}:\n{group.tail(replica.process)}")
-            if replica.ready():
-                waiting.remove(replica)
-        if time.monotonic() - started > START_TIMEOUT_SECONDS:
-            raise SystemExit(f"{len(waiting)} replicas not ready after "
-                             f"{START_TIMEOUT_SECONDS:.0f} s")
-        if waiting and time.monotonic() - last_said > PROGRESS_SECONDS:
-            last_said = time.monotonic()
-            say(f"{count - len(waiting)}/{count} replicas ready")
-        time.sleep(0.2)
-
-
-def shares_of(jobs: int, workers: int) -> list[int]:
-    """How many jobs each worker claims."""
-    return [jobs // workers + (1 if i < jobs % workers else 0) for i in range(workers)]
-
-
-def start_orphan_workers(group: Children, url: str, settings: dict[str, float], jobs: int,
-                         *, workers: int, tag: str) -> list[subprocess.Popen[bytes]]:
-    """Start workers that claim ``jobs`` between them (``wait_claimed`` waits for them)."""
-    return [
-        group.start([sys.executable, "-m", "benchmarks.orphans", url,
-                     f"bench-{tag}-worker-{i}", str(share), str(CLAIM_LEASE_SECONDS)],
-                    _child_env(url, settings), f"worker-{i}", stdout=subprocess.PIPE)
-        for i, share in enumerate(shares_of(jobs, workers))
-    ]
 
 
 def wait_claimed(group: Children, processes: list[subprocess.Popen[bytes]], engine: Engine,
@@ -477,17 +329,17 @@ def backlog_drain(dbs: Databases, plan: RecoveryPlan, replicas: int) -> Measurem
             lease_end = conn.execute(sa.select(sa.func.max(JOBS.c.lease_expires_at))
                                      .where(JOBS.c.job_id <= b)).scalar_one()
         say(f"{what}: {replicas} replicas ready; {b} leases ran out")
-        cpu_from, watch_from = _cpu_seconds(running), time.monotonic()
+        cpu_from, watch_from = cpu_seconds(running), time.monotonic()
         done = wait_until_decided(
             engine, what, b, plan.timeout_seconds,
             lambda: any(r.process.poll() is None for r in running), JOBS.c.job_id <= b)
-        cpu_to, watched = _cpu_seconds(running), time.monotonic() - watch_from
+        cpu_to, watched = cpu_seconds(running), time.monotonic() - watch_from
         # The audit keeps job ids as text (any source's ids): compare them as numbers here.
         decided = [d for d in _decisions(engine) if d[0] <= b]
         for replica in running:
             replica.stop()
         span = (decided[-1][1] - decided[0][1]).total_seconds() if decided else float("nan")
-        work = _replica_work(group, running, span)
+        work = replica_work(group, running, span)
     extra: dict[str, Any] = {
         "replicas": replicas, "interval_seconds": plan.backlog_settings["interval_seconds"],
         "seconds": round(span, 2),
@@ -503,44 +355,6 @@ def backlog_drain(dbs: Databases, plan: RecoveryPlan, replicas: int) -> Measurem
         extra["timed_out"] = True
     return Measurement("backlog_drain", dbs.engine_name, b * 2, b,
                        round(len(decided) / span) if span > 0 else 0, "jobs/s", extra)
-
-
-def _cpu_seconds(replicas: list[Replica]) -> float | None:
-    """The CPU seconds (user and system) the replicas have used so far, from Linux's
-    /proc; None elsewhere."""
-    total = 0.0
-    for replica in replicas:
-        try:
-            stat = Path(f"/proc/{replica.process.pid}/stat").read_text()
-        except OSError:
-            return None
-        # The fields after the command's closing parenthesis; utime and stime are 14 and 15.
-        fields = stat.rsplit(")", 1)[1].split()
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
-
-
-def _replica_work(group: Children, replicas: list[Replica], span_seconds: float
-                  ) -> dict[str, Any]:
-    """What the replicas did, from their own log lines: passes that decided something,
-    their median length, batches per tick (a tick runs full batches back to back, and the
-    next starts at once when one stops with backlog left) and ``busy``, the share of the
-    drain's span a replica spent in those passes (1.0: never idle). The pass rows cannot
-    tell: a row starts after its scan."""
-    lengths: list[float] = []
-    ticks: list[int] = []
-    for replica in replicas:
-        for line in group.logs[replica.process.pid].read_text(errors="replace").splitlines():
-            fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
-            if fields.get("event") == "pass_finished" and fields.get("candidates", "0") != "0":
-                lengths.append(float(fields["seconds"]))
-            elif fields.get("event") == "tick_finished" and fields.get("decisions") != "0":
-                ticks.append(int(fields["batches"]))
-    if not lengths or span_seconds <= 0:
-        return {}
-    return {"passes": len(lengths), "pass_ms": round(statistics.median(lengths) * 1000),
-            "batches_per_tick": round(statistics.mean(ticks), 1) if ticks else None,
-            "busy": round(sum(lengths) / (span_seconds * len(replicas)), 2)}
 
 
 def run_recovery(dbs: Databases, plan: RecoveryPlan, emit: Callable[[Measurement], None]

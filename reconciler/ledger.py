@@ -23,11 +23,51 @@ reconciler has resumed or terminalized the job, a write of the earlier run raise
 ``LeaseLost`` and records nothing.
 """
 
+from __future__ import annotations
+
+from collections.abc import Sequence
+from types import TracebackType
+
+from reconciler.connect import Database, LedgerRun, open_step_ledger
 from reconciler.core.evidence import PlanStep
+from reconciler.core.vocabulary import JobKey
 from reconciler.errors import LeaseLost
-from reconciler.wiring import LedgerRun, StepLedger
 
 Step = PlanStep
 """One step of a run's plan: ``Step("fetch", "idempotent")``."""
 
 __all__ = ["LeaseLost", "LedgerRun", "Step", "StepLedger"]
+
+
+class StepLedger:
+    """The step ledger on ``database`` (a URL or a SQLAlchemy engine), else on the database
+    the config names (``RECONCILER_CONFIG``, ``RECONCILER_<SETTING>``), with its timeouts.
+
+    Its store is assembled by the composition root (``reconciler.connect``), as a
+    ``JobClient``'s is."""
+
+    __slots__ = ("_store",)
+
+    def __init__(self, database: Database | None = None) -> None:
+        self._store = open_step_ledger(database)
+
+    def run(self, source_name: str, job_id: JobKey, attempt: int,
+            steps: Sequence[PlanStep]) -> LedgerRun:
+        """Open the run of ``attempt`` of a job: its plan recorded, earlier attempts fenced.
+
+        Raises ``LeaseLost`` when a later attempt of the job has opened its run already (or
+        the reconciler ended this one), and ``ValueError`` when the plan contradicts the one
+        recorded for the job by an earlier attempt.
+        """
+        return self._store.run(source_name, job_id, attempt, steps)
+
+    def close(self) -> None:
+        """Dispose of the engine this ledger created (not of one it was given)."""
+        self._store.close()
+
+    def __enter__(self) -> StepLedger:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()

@@ -1,17 +1,15 @@
 """Hiding database passwords: one function for every place a URL or a database error shows.
 
 Errors, log lines, ``/readyz`` bodies and success lines all pass through ``redact``; a
-database URL is shown with ``display_url``. Both are textual, so they also cover what no
-parser understands: a malformed URL, an ``@`` the user forgot to percent-encode, a libpq
-``key=value`` string quoted back by the driver.
+database URL is shown with ``reconciler.storage.engines.display_url``, which parses it and
+redacts it too. ``redact`` is textual, so it also covers what no parser understands: a
+malformed URL, an ``@`` the user forgot to percent-encode, a libpq ``key=value`` string
+quoted back by the driver.
 """
 
 from __future__ import annotations
 
 import re
-
-from sqlalchemy.engine.url import make_url
-from sqlalchemy.exc import ArgumentError
 
 HIDDEN = "***"
 
@@ -43,18 +41,3 @@ def _hide_keyword(match: re.Match[str]) -> str:
     secret = match["secret"]
     rest = secret[len(HIDDEN):] if secret.startswith(HIDDEN) else ""
     return f"{match['head']}{HIDDEN}{rest}"
-
-
-def display_url(database_url: str) -> str:
-    """A database URL fit to print: the password hidden in every form it can take.
-
-    A URL no parser accepts is not echoed beyond its scheme, since where its secret sits
-    cannot be known.
-    """
-    try:
-        shown = make_url(database_url).render_as_string(hide_password=True)
-    except (ArgumentError, ValueError):
-        scheme = database_url.split(":", 1)[0] if ":" in database_url else ""
-        safe = re.fullmatch(r"[a-zA-Z][a-zA-Z0-9+.\-]{0,30}", scheme)
-        return f"{scheme}:<unparseable URL>" if safe else "<unparseable URL>"
-    return redact(shown)

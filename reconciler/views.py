@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from reconciler.config.registry import integer_keyed
 from reconciler.core.evidence import parse_plan
-from reconciler.core.passes import PassReport
-from reconciler.core.ports import JobDetail
 from reconciler.core.vocabulary import Disposition
-from reconciler.sources.registry import integer_keyed
+
+if TYPE_CHECKING:
+    # Types only: the command line's parser imports this module (``printable``) and
+    # should not pay for the pass machinery to print --help.
+    from reconciler.core.passes import PassReport
+    from reconciler.core.ports import JobDetail
 
 NOT_STARTED = "not_started"
 

@@ -35,8 +35,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from reconciler import settings as settings_module
 from reconciler.cli import main
+from reconciler.config import settings as settings_module
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ARGV0 = (sys.executable, "-m", "reconciler.cli")

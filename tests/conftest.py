@@ -23,7 +23,7 @@ import psycopg
 import pytest
 from sqlalchemy.engine import Engine
 
-from reconciler.settings import Settings
+from reconciler.config.settings import Settings
 from reconciler.storage.engines import create_engine
 from reconciler.storage.schema import upgrade
 from reconciler.storage.sql_store import SqlStore

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from reconciler.config.settings import Settings
 from reconciler.core.decisions import Thresholds
 from reconciler.core.passes import PassConfig, run_pass
-from reconciler.settings import Settings
 from reconciler.storage.sql import decisions
 from reconciler.storage.sql_store import SqlStore
 from reconciler.worker import JobClient, Step

@@ -84,9 +84,10 @@ def fresh_database(folder: Path) -> str:
 def sidecar_service(settings: Any, *, instance: str | None = None) -> Any:
     """A ``reconciler run`` service on these settings (the native source, no ``[kinds]``),
     its parts assembled by the composition root as ``reconciler run`` assembles them."""
-    from reconciler.config import Config, NativeConfig, parse_kinds  # noqa: PLC0415
+    from reconciler.config.loader import Config, parse_kinds  # noqa: PLC0415
+    from reconciler.config.tables import NativeConfig  # noqa: PLC0415
+    from reconciler.root.sidecar import assemble_sidecar  # noqa: PLC0415
     from reconciler.sidecar.service import Service  # noqa: PLC0415 - only where needed
-    from reconciler.wiring import assemble_sidecar  # noqa: PLC0415
 
     config = Config(settings=settings, source=NativeConfig(), kinds=parse_kinds(None, settings))
     return Service(assemble_sidecar(config, instance=instance))

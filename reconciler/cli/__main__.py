@@ -2,6 +2,6 @@
 
 import sys
 
-from reconciler.cli.commands import main
+from reconciler.cli.main import main
 
 sys.exit(main())

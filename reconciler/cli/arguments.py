@@ -8,8 +8,10 @@ import re
 from typing import NoReturn
 
 from reconciler import __version__
+from reconciler.config.fields import SETTING_FIELDS
+from reconciler.config.registry import DEFAULT_SOURCE
 from reconciler.core.vocabulary import JobStatus, Reason
-from reconciler.settings import Settings
+from reconciler.demos import DEMOS
 from reconciler.views import printable
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
@@ -71,20 +73,21 @@ def settings_parent(without: frozenset[str] = frozenset(), *,
                         help="a TOML config file: settings, [source] and [kinds] "
                         "(else RECONCILER_CONFIG; flags and RECONCILER_<NAME> win over it)")
     group = parent.add_argument_group("settings (flag, else RECONCILER_<NAME>, else default)")
-    # Every setting has a flag, generated from the one declaration in Settings. Values stay
-    # text here: Settings validates, so a bad flag and a bad env var read the same.
-    for name, spec in Settings.model_fields.items():
-        if name in without:
+    # Every setting has a flag, generated from its one declaration (plain data: the help
+    # needs no validation library). Values stay text here: Settings validates, so a bad
+    # flag and a bad env var read the same.
+    for spec in SETTING_FIELDS:
+        if spec.name in without:
             continue
-        flag = f"--{name.replace('_', '-')}"
         shown = "" if spec.default is None else f" (default {spec.default})"  # derived ones
         help_text = f"{spec.description}{shown}"
-        if spec.annotation is bool:
+        if spec.is_switch:
             # A switch (``--shadow``, ``--no-shadow``) rather than ``--shadow true``.
-            group.add_argument(flag, dest=name, default=unset,
+            group.add_argument(spec.flag, dest=spec.name, default=unset,
                                action=argparse.BooleanOptionalAction, help=help_text)
         else:
-            group.add_argument(flag, dest=name, default=unset, metavar="VALUE", help=help_text)
+            group.add_argument(spec.flag, dest=spec.name, default=unset, metavar="VALUE",
+                               help=help_text)
     parent.add_argument("--verbose", action="store_true",
                         default=argparse.SUPPRESS if after_command else False,
                         help="tracebacks and debug logs")
@@ -122,8 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
                                help="crash real workers and watch the reconciler recover them")
     demo.add_argument("--keep", action="store_true", help="keep the demo's database file")
     demo.add_argument("--source",
-                      choices=("native", "procrastinate", "django-tasks", "celery"),
-                      default="native",
+                      choices=tuple(DEMOS), default=DEFAULT_SOURCE,
                       help="native: this project's workers on SQLite; procrastinate: a real "
                       "Procrastinate worker on a throwaway PostgreSQL; django-tasks: a real "
                       "django-tasks-db worker on SQLite; celery: real Celery workers and a "

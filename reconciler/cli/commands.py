@@ -1,7 +1,8 @@
 """The ``reconciler`` commands: what each does, ``--json``, one-line errors, exit codes.
 
-The grammar (every command's arguments) is ``cli.arguments``; here each command gets its
-parts from the composition root and prints what it found.
+The grammar (every command's arguments) is ``cli.arguments`` and the entry point
+``cli.main``, which imports this module only once the arguments parse; here each command
+gets its parts from the composition root and prints what it found.
 """
 
 from __future__ import annotations
@@ -13,18 +14,19 @@ import logging
 import os
 import socket
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy.exc import DBAPIError, OperationalError
-
-from reconciler.cli.arguments import OPERATOR_HELP, build_parser
+from reconciler.cli.arguments import OPERATOR_HELP
 from reconciler.cli.explain_view import explain_lines, explain_view
 from reconciler.cli.kinds_command import kinds_command
-from reconciler.config import Config, load_config
+from reconciler.config.fields import SETTING_FIELDS
+from reconciler.config.loader import Config, load_config
+from reconciler.config.registry import DEFAULT_SOURCE, is_native
 from reconciler.core.decisions import render_markdown, render_table
 from reconciler.core.passes import explain_by_kind, run_pass
 from reconciler.core.vocabulary import JobKey, OperatorAction
+from reconciler.demos import DEMOS
 from reconciler.errors import (
     ActionRefusedError,
     ConfigError,
@@ -34,8 +36,14 @@ from reconciler.errors import (
 )
 from reconciler.logs import configure_logging
 from reconciler.redaction import redact
-from reconciler.settings import Settings
-from reconciler.sources.registry import is_native
+from reconciler.root.cli import (
+    DATABASE_ERRORS,
+    CliParts,
+    assemble_cli,
+    error_code,
+    error_line,
+)
+from reconciler.root.migrations import migrate
 from reconciler.views import (
     decision_view,
     job_lines,
@@ -43,14 +51,6 @@ from reconciler.views import (
     job_view,
     pass_view,
     printable,
-)
-from reconciler.wiring import (
-    CliParts,
-    assemble_cli,
-    assemble_sidecar,
-    error_code,
-    error_line,
-    migrate,
 )
 
 log = logging.getLogger("reconciler.cli")
@@ -65,7 +65,7 @@ def _config(args: argparse.Namespace) -> Config:
             "--database-url carries a password, which `ps` shows to every user; use "
             "RECONCILER_DATABASE_URL_FILE or RECONCILER_DATABASE_URL"))
     return load_config(getattr(args, "config", None),
-                       **{name: getattr(args, name, None) for name in Settings.model_fields})
+                       **{spec.name: getattr(args, spec.name, None) for spec in SETTING_FIELDS})
 
 
 def _assemble(args: argparse.Namespace) -> CliParts:
@@ -236,7 +236,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from reconciler.sidecar.service import Service  # noqa: PLC0415 - keeps other commands light
+    # Imported here: the sidecar's scheduler, HTTP server and console are for this command.
+    from reconciler.root.sidecar import assemble_sidecar  # noqa: PLC0415
+    from reconciler.sidecar.service import Service  # noqa: PLC0415
 
     configure_logging(args.verbose)
     service = Service(assemble_sidecar(_config(args)))
@@ -250,19 +252,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     return code
 
 
-FOREIGN_DEMOS = {"procrastinate": ("demo_procrastinate", "run_procrastinate_demo"),
-                 "django-tasks": ("demo_django_tasks_run", "run_django_tasks_demo"),
-                 "celery": ("demo_celery_run", "run_celery_demo")}
-"""Each real system's demo, imported only when asked for (its system is an optional peer)."""
-
-
 def cmd_demo(args: argparse.Namespace) -> int:
-    if args.source in FOREIGN_DEMOS:
-        module, function = FOREIGN_DEMOS[args.source]
-        return int(getattr(importlib.import_module(f"reconciler.cli.{module}"), function)())
-    from reconciler.cli.demo import run_demo  # noqa: PLC0415 - keeps other commands light
-
-    return run_demo(keep=args.keep)
+    # Only the asked-for demo is imported: each real system is an optional peer.
+    module, _, function = DEMOS[args.source].partition(":")
+    demo = getattr(importlib.import_module(module), function)
+    # Only the native demo has a database file of its own to keep (--keep).
+    return int(demo(keep=args.keep) if args.source == DEFAULT_SOURCE else demo())
 
 
 COMMANDS: dict[tuple[str, ...], Callable[[argparse.Namespace], int]] = {
@@ -285,9 +280,8 @@ def _command_key(args: argparse.Namespace) -> tuple[str, ...]:
     return (args.command,) if sub is None else (args.command, sub)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point: run one command; errors become one line on stderr and an exit code."""
-    args = build_parser().parse_args(argv)
+def run(args: argparse.Namespace) -> int:
+    """Run one parsed command; errors become one line on stderr and an exit code."""
     verbose = getattr(args, "verbose", False)
     configure_logging(verbose, level=logging.WARNING)
     try:
@@ -300,7 +294,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if verbose:
             log.exception("command failed")
         return _fail(str(exc), exc.exit_code)
-    except (OperationalError, DBAPIError) as exc:
+    except DATABASE_ERRORS as exc:
         if verbose:
             log.exception("database error")
         return _fail(f"database error ({error_code(exc).value}): {error_line(exc)}",

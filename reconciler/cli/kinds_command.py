@@ -17,7 +17,7 @@ from typing import Any
 
 from reconciler.core.kinds import KindRules
 from reconciler.core.ports import Unjudged
-from reconciler.wiring import CliParts
+from reconciler.root.cli import CliParts
 
 Emit = Callable[[argparse.Namespace, Any, Callable[[], list[str]]], None]
 

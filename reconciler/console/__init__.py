@@ -1,15 +1,16 @@
 """The operator console: read-only pages served by ``reconciler run`` beside /metrics.
 
-``open_console`` composes it from parts the composition root builds (``reconciler.wiring``
-gives it an engine of its own, so a page never waits for a pass's connection, nor a pass
-for a page's): the bounded reads, the configured source's explain, and the token.
+``open_console`` composes it from parts the composition root builds
+(``reconciler.root.console`` gives it an engine of its own, so a page never waits for a
+pass's connection, nor a pass for a page's): the bounded reads, the configured source's
+explain, and the token.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from reconciler.config import Config
+from reconciler.config.loader import Config
 from reconciler.console.app import Console, Reply
 from reconciler.console.pages import ConsoleState, Pages
 from reconciler.console.port import ConsoleReads

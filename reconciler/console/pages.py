@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from reconciler.config.registry import DEFAULT_SOURCE, SOURCES, integer_keyed
 from reconciler.console.chart import reason_chart
 from reconciler.console.params import SINCE_CHOICES, BadRequestError, DecisionQuery
 from reconciler.console.port import ConsoleReads, Explain
@@ -15,7 +16,6 @@ from reconciler.console.rules import BY_REASON, rule_for
 from reconciler.core.decisions import RULES
 from reconciler.core.ports import SourceJobs
 from reconciler.core.vocabulary import Disposition, JobKey, PassOutcome, Reason
-from reconciler.sources.registry import DEFAULT_SOURCE, SOURCES, integer_keyed
 from reconciler.views import decision_view, job_view
 
 PAGE_DECISIONS = 50

@@ -8,8 +8,8 @@ from dataclasses import dataclass, fields, replace
 from datetime import datetime, timedelta
 from urllib.parse import urlencode
 
+from reconciler.config.registry import SOURCES
 from reconciler.core.vocabulary import Disposition, Reason
-from reconciler.sources.registry import SOURCES
 
 MAX_KIND_PATTERN = 100
 MAX_DECISION_ID = 2**63 - 1

@@ -168,7 +168,7 @@ class JobSource(Protocol):
     """Where a pass reads candidates and applies its decisions, bound to one transaction."""
 
     source_name: str
-    """The source's kind as its registry entry names it (``reconciler.sources.registry``),
+    """The source's kind as its registry entry names it (``reconciler.config.registry``),
     recorded beside every decision."""
 
     def expire_gone_owners(self, timeout_seconds: float) -> int:

@@ -169,6 +169,12 @@ class DatabaseErrorCode(StrEnum):
     INVALID_DATA = "invalid_data"
     OTHER = "other"
 
+    @property
+    def database_answered(self) -> bool:
+        """False when the error says the database cannot be talked to right now (writing
+        down that failure there would only wait again)."""
+        return self not in (DatabaseErrorCode.UNREACHABLE, DatabaseErrorCode.NO_ANSWER)
+
 
 class WorkerStatusReason(StrEnum):
     """``status_reason`` values a worker's own writes set."""

@@ -1,8 +1,8 @@
 """What the worker side needs of storage, as protocols; storage implements them.
 
 The client and runtime hold a ``WorkerStore``, never a concrete adapter: the composition
-root (reconciler.wiring) builds the store from a database URL. Declared here, in the core,
-so the worker package and the composition root both depend on the core and never on each
+root (``reconciler.root.worker``) builds the store from a database URL. Declared here, in
+the core, so the worker package and the composition root both depend on the core and never on each
 other's insides.
 """
 

@@ -12,10 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from reconciler.config.settings import Settings
 from reconciler.core.ports import JobRetention, PassStore, StuckWork
 from reconciler.core.stuck import stuck_work
 from reconciler.core.worker_ports import ArtifactRecords
-from reconciler.settings import Settings
 from reconciler.sidecar.artifact_sweep import sweep_artifacts
 from reconciler.sidecar.metrics import Metrics
 

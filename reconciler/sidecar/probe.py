@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from reconciler.core.vocabulary import DatabaseErrorCode
 from reconciler.errors import ReconcilerError
-from reconciler.wiring import DatabaseCheck, error_code
+from reconciler.sidecar.parts import DatabaseCheck
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,9 +33,11 @@ class DatabaseProbe:
     """Runs the database check ("reachable, schema current, the configured source's tables
     there") on its own thread; the check runs on an engine of its own."""
 
-    def __init__(self, check: DatabaseCheck, *, wait_seconds: float = 0.5,
-                 fresh_seconds: float = 1.0) -> None:
+    def __init__(self, check: DatabaseCheck,
+                 classify: Callable[[BaseException], DatabaseErrorCode], *,
+                 wait_seconds: float = 0.5, fresh_seconds: float = 1.0) -> None:
         self.database_check = check
+        self.classify = classify
         self.wait_seconds = wait_seconds
         self.fresh_seconds = fresh_seconds
         self._changed = threading.Condition()
@@ -93,8 +96,8 @@ class DatabaseProbe:
         try:
             self.database_check.run()
         except ReconcilerError as exc:
-            return ProbeResult(False, str(exc), error_code(exc), time.monotonic())
+            return ProbeResult(False, str(exc), self.classify(exc), time.monotonic())
         except Exception as exc:  # never let the probe thread die
             return ProbeResult(False, f"database probe failed: {type(exc).__name__}",
-                               error_code(exc), time.monotonic())
+                               self.classify(exc), time.monotonic())
         return ProbeResult(True, "ready", None, time.monotonic())

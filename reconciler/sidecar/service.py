@@ -11,7 +11,7 @@ the once-only chores (retention, artifact sweeps); correctness comes from each j
 compare-and-swap.
 
 The service holds no engine and opens nothing: it takes its parts, assembled once by
-``reconciler.wiring.assemble_sidecar``, so its own logic runs without a database too.
+``reconciler.root.sidecar.assemble_sidecar``, so its own logic runs without a database too.
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ from reconciler.sidecar.chores import Chore, Housekeeping
 from reconciler.sidecar.http import HTTP_REQUEST_TIMEOUT_SECONDS, BoundedHTTPServer
 from reconciler.sidecar.liveness_watch import LivenessWatch
 from reconciler.sidecar.metrics import Metrics
+from reconciler.sidecar.parts import SidecarParts
 from reconciler.sidecar.probe import DatabaseProbe
-from reconciler.wiring import SidecarParts, database_answers, error_code, error_line
 
 log = logging.getLogger("reconciler.sidecar.service")
 
@@ -83,7 +83,8 @@ class Service:
         self.config: PassConfig = parts.pass_config
         self.passes: PassStore = parts.passes
         self._run_pass = run
-        self.probe = DatabaseProbe(parts.database_check)
+        self.errors = parts.errors
+        self.probe = DatabaseProbe(parts.database_check, parts.errors.code)
         self.metrics = Metrics()
         self.pass_overruns = Counter("reconciler_pass_overruns",
                                      "Scheduled passes skipped because the previous one ran on",
@@ -186,12 +187,12 @@ class Service:
             report = self._run_pass(self.passes, self.config, after=self.cursor)
         except Exception as exc:
             elapsed = time.monotonic() - started
-            code, line = error_code(exc), error_line(exc)
+            code, line = self.errors.code(exc), self.errors.line(exc)
             self.metrics.observe_failed_pass(elapsed, code)
             self.last_pass_failure = (code, line)
             log.error("event=pass_failed instance=%s error=%s code=%s seconds=%.3f reason=%s",
                       self.instance, type(exc).__name__, code.value, elapsed, json.dumps(line))
-            if database_answers(code):
+            if code.database_answered:
                 self._record_failure(code)
             return None
         elapsed = time.monotonic() - started
@@ -366,7 +367,7 @@ class Service:
             self.passes.release_leadership(LEADER_LEASE_NAME, self.instance)
         except Exception as exc:
             log.warning("event=leader_release_failed error=%s code=%s", type(exc).__name__,
-                        error_code(exc).value)
+                        self.errors.code(exc).value)
         if self.http is not None:
             self.http.shutdown()
             self.http.server_close()

@@ -5,47 +5,7 @@ the job-source port on one SQLAlchemy connection (the pass's transaction; the fo
 tables live in the reconciler's database): ``procrastinate``, ``graphile_worker``,
 ``pgboss``, ``django_tasks``, ``celery`` and the mapped home-grown ``table``. The native
 source (this project's ``job_runs``) lives in ``reconciler.storage``.
-``reconciler.sources.registry`` lists every source once: adding one is a module, an entry
-there and a conformance fixture.
+``reconciler.config.registry`` lists every source once, by where it lives: adding one is
+a module, an entry there and a conformance fixture. This ``__init__`` imports nothing, so
+importing one source imports only that source.
 """
-
-from __future__ import annotations
-
-from sqlalchemy.engine import Connection
-
-from reconciler.core.kinds import KindRules
-from reconciler.file_tables import SourceSettings
-from reconciler.sources.base import ForeignSource
-from reconciler.sources.celery import CelerySource
-from reconciler.sources.django_tasks import DjangoTasksSource
-from reconciler.sources.graphile_worker import GraphileWorkerSource
-from reconciler.sources.pgboss import PgBossSource
-from reconciler.sources.procrastinate import ProcrastinateSource
-from reconciler.sources.registry import entry_of, is_native
-from reconciler.sources.table import TableSource
-
-__all__ = [
-    "CelerySource",
-    "DjangoTasksSource",
-    "ForeignSource",
-    "GraphileWorkerSource",
-    "PgBossSource",
-    "ProcrastinateSource",
-    "TableSource",
-    "open_foreign_source",
-]
-
-
-def open_foreign_source(connection: Connection, config: SourceSettings, kinds: KindRules, *,
-                        lock: bool = True) -> ForeignSource:
-    """The foreign source a ``[source]`` table names, bound to ``connection``.
-
-    ``lock=False`` for dry runs and explain: candidates are read without row locks. The
-    native source is not built here (``ValueError``): it is the store's.
-    """
-    if is_native(config):
-        raise ValueError(f"source kind {config.kind!r} is not a foreign source")
-    source = entry_of(config).open(connection, config, kinds, lock=lock)
-    if not isinstance(source, ForeignSource):  # pragma: no cover - a registry mistake
-        raise TypeError(f"source kind {config.kind!r} opens no ForeignSource")
-    return source

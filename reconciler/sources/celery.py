@@ -47,6 +47,7 @@ from pydantic import ConfigDict, model_validator
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 from sqlalchemy.engine import Connection
 
+from reconciler.config.tables import SourceSettings
 from reconciler.core.kinds import KindPolicy, KindRules
 from reconciler.core.ports import (
     Candidate,
@@ -64,7 +65,6 @@ from reconciler.core.vocabulary import (
     Reason,
     StuckReason,
 )
-from reconciler.file_tables import SourceSettings
 from reconciler.sources.base import ForeignSource
 from reconciler.sources.batches import Batch, unnest
 from reconciler.sources.celery_broker import REDIS_SCHEMES, CeleryBroker

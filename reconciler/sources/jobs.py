@@ -20,12 +20,12 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from models import ReconciliationDecision
+from reconciler.config.registry import DEFAULT_SOURCE, entry_of, is_native
+from reconciler.config.tables import SourceSettings
 from reconciler.core.kinds import KindRules
 from reconciler.core.ports import JobDetail, OperatorStore, SourceJobs, Unjudged
 from reconciler.core.vocabulary import JobKey, JobStatus, Reason
-from reconciler.file_tables import SourceSettings
 from reconciler.sources.base import ForeignSource
-from reconciler.sources.registry import NativeConfig, entry_of, is_native
 from reconciler.storage.engines import read_only
 
 DECISIONS: sa.Table = cast(sa.Table, ReconciliationDecision.__table__)
@@ -74,7 +74,7 @@ class NativeJobs:
     def decisions_about(self, job_id: JobKey, limit: int) -> list[dict[str, Any]]:
         """The audit's decisions about the job, newest first."""
         with self._engine.connect() as conn:
-            return decisions_about(conn, NativeConfig.kind, job_id, limit)
+            return decisions_about(conn, DEFAULT_SOURCE, job_id, limit)
 
     def operator_action(self, job_id: JobKey, action: str) -> tuple[bool, str | None]:
         """Hold, unhold, retry or cancel, fenced as the store does it."""

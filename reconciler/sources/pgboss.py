@@ -34,11 +34,11 @@ from pydantic.dataclasses import dataclass as pydantic_dataclass
 from sqlalchemy.dialects.postgresql import ENUM, JSONB, UUID
 from sqlalchemy.engine import Connection
 
+from reconciler.config.tables import SourceSettings
 from reconciler.core.kinds import KindPolicy, KindRules
 from reconciler.core.ports import Candidate, Fence, JobKey
 from reconciler.core.vocabulary import Disposition, JobStatus
 from reconciler.errors import ConfigError
-from reconciler.file_tables import SourceSettings
 from reconciler.sources.base import ForeignSource
 from reconciler.sources.batches import Batch, unnest
 from reconciler.sources.common import (

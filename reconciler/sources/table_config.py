@@ -9,7 +9,7 @@ from typing import ClassVar
 from pydantic import ConfigDict, model_validator
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
-from reconciler.file_tables import SourceSettings
+from reconciler.config.tables import SourceSettings
 
 
 @pydantic_dataclass(frozen=True, slots=True, config=ConfigDict(extra="forbid"))

@@ -83,12 +83,6 @@ def error_code(exc: BaseException) -> DatabaseErrorCode:
     return DatabaseErrorCode.OTHER
 
 
-def database_answers(code: DatabaseErrorCode) -> bool:
-    """False when the error says the database cannot be talked to right now (writing down
-    that failure there would only wait again)."""
-    return code not in (DatabaseErrorCode.UNREACHABLE, DatabaseErrorCode.NO_ANSWER)
-
-
 def error_line(exc: BaseException) -> str:
     """The driver's first line of ``exc``, passwords hidden, at most LINE_LIMIT characters."""
     orig = exc.orig if isinstance(exc, DBAPIError) else exc

@@ -18,6 +18,7 @@ connection (the pool then replaces it). On SQLite the busy timeout bounds lock w
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final, TypeVar
@@ -30,9 +31,9 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.engine.url import make_url
 from sqlalchemy.exc import ArgumentError
 
+from reconciler.config.settings import Settings
 from reconciler.errors import ConfigError, DatabaseUnavailableError, SchemaOutOfDateError
-from reconciler.redaction import display_url
-from reconciler.settings import Settings
+from reconciler.redaction import redact
 from reconciler.storage.clock import sqlite_clock
 
 READ_ONLY = "reconciler_read_only"
@@ -314,3 +315,18 @@ def read_only(conn: Connection) -> Connection:
 def is_postgresql(engine: Engine | Connection) -> bool:
     """True when the engine speaks PostgreSQL."""
     return engine.dialect.name == "postgresql"
+
+
+def display_url(database_url: str) -> str:
+    """A database URL fit to print: the password hidden in every form it can take.
+
+    A URL no parser accepts is not echoed beyond its scheme, since where its secret sits
+    cannot be known.
+    """
+    try:
+        shown = make_url(database_url).render_as_string(hide_password=True)
+    except (ArgumentError, ValueError):
+        scheme = database_url.split(":", 1)[0] if ":" in database_url else ""
+        safe = re.fullmatch(r"[a-zA-Z][a-zA-Z0-9+.\-]{0,30}", scheme)
+        return f"{scheme}:<unparseable URL>" if safe else "<unparseable URL>"
+    return redact(shown)

@@ -125,3 +125,10 @@ def kinded_native(kinds: KindRules) -> SourceFactory:
         return KindedNativeSource(conn, kinds, lock=lock)
 
     return build
+
+
+def open_native(connection: Connection, config: object, kinds: KindRules, *,
+                lock: bool) -> JobSource:
+    """The native source as the source registry opens a source: on a pass's connection,
+    under ``[kinds]`` (its ``[source]`` table has no keys, so ``config`` adds nothing)."""
+    return kinded_native(kinds)(connection, lock)

@@ -12,9 +12,8 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 
 from reconciler.core.vocabulary import DatabaseErrorCode
 from reconciler.errors import DatabaseUnavailableError, SchemaOutOfDateError
-from reconciler.redaction import display_url
 from reconciler.storage.diagnosis import error_code, error_line
-from reconciler.storage.engines import limit_transaction, read_only
+from reconciler.storage.engines import display_url, limit_transaction, read_only
 
 if TYPE_CHECKING:
     from alembic.config import Config

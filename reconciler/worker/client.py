@@ -12,15 +12,13 @@ from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
 
-from sqlalchemy.engine import Connection, Engine
-
+from reconciler.config.settings import Settings
+from reconciler.connect import Database, ProducerConnection, assemble_worker
 from reconciler.core.evidence import PlanStep
 from reconciler.core.ports import ClaimedJob
 from reconciler.core.vocabulary import StepState, short_code
 from reconciler.core.worker_ports import WorkerStore, WorkWaiter
 from reconciler.errors import LeaseLost
-from reconciler.settings import Settings
-from reconciler.wiring import assemble_worker
 from reconciler.worker import validation
 from reconciler.worker.artifacts import check_name
 
@@ -175,11 +173,13 @@ class Claim:
 class JobClient:
     """The worker's and producer's handle on the job database."""
 
-    def __init__(self, database: str | Engine | None = None, *,
+    def __init__(self, database: Database | None = None, *,
                  settings: Settings | None = None) -> None:
-        """``database``: a URL, or an engine used as it is; None: the database the config
-        names (``RECONCILER_CONFIG``, ``RECONCILER_DATABASE_URL``, ...). ``settings``: None
-        reads them from the config file and the environment, like the reconciler does."""
+        """``database``: a URL, or a SQLAlchemy engine used as it is; None: the database the
+        config names (``RECONCILER_CONFIG``, ``RECONCILER_DATABASE_URL``, ...).
+        ``settings``: None reads them from the config file and the environment, like the
+        reconciler does. The composition root assembles the parts
+        (``reconciler.connect``)."""
         parts = assemble_worker(database, settings=settings)
         self.settings = parts.settings
         self.engine = parts.engine
@@ -212,13 +212,14 @@ class JobClient:
         max_attempts: int | None = None,
         payload: Any = None,
         singleton_key: str | None = None,
-        connection: Connection | None = None,
+        connection: ProducerConnection | None = None,
     ) -> int:
         """Queue a job; with an ``idempotency_key`` already used, return that job's id.
 
-        With ``connection``, the job is written in the caller's transaction and exists only
-        if the caller commits. Every value is checked first, the same way on both engines:
-        a ``ValueError`` names the limit it breaks (see ``reconciler.worker.validation``).
+        With ``connection`` (a SQLAlchemy ``Connection``), the job is written in the
+        caller's transaction and exists only if the caller commits. Every value is checked
+        first, the same way on both engines: a ``ValueError`` names the limit it breaks (see
+        ``reconciler.worker.validation``).
         """
         validation.text_value("job_kind", job_kind, validation.KIND_MAX_LENGTH)
         plan = validation.plan([s if isinstance(s, Step) else Step(*s) for s in steps])

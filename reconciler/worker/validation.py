@@ -15,9 +15,9 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from reconciler.config.fields import MAX_SECONDS
 from reconciler.core import vocabulary
 from reconciler.core.evidence import PlanStep
-from reconciler.settings import MAX_SECONDS
 
 KIND_MAX_LENGTH = vocabulary.JOB_KIND_MAX_LENGTH
 KEY_MAX_LENGTH = vocabulary.JOB_KEY_MAX_LENGTH

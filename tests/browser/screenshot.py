@@ -10,9 +10,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from reconciler.config.settings import Settings
 from reconciler.core.decisions import Thresholds
 from reconciler.core.passes import PassConfig, run_pass
-from reconciler.settings import Settings
 from reconciler.storage.engines import create_engine
 from reconciler.storage.schema import upgrade
 from reconciler.storage.sql_store import SqlStore

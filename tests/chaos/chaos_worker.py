@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from reconciler.settings import Settings
+from reconciler.config.settings import Settings
 from reconciler.worker import JobClient, Step, StepContext, Worker  # not .runtime: see README
 from tests.chaos.ledger import Ledger, instrument
 from tests.chaos.lifeline import die_with_parent

@@ -37,8 +37,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from models import JobAttempt, JobRun, OperatorAction, ReconciliationDecision, StepRun
+from reconciler.config.settings import Settings
 from reconciler.core.vocabulary import Reason
-from reconciler.settings import Settings
 from tests.chaos.chaos_worker import POISON_KIND
 from tests.chaos.ledger import FENCED_OPS, LedgerData, read_ledger
 

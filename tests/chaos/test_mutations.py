@@ -18,11 +18,11 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from reconciler.config.settings import Settings
 from reconciler.core.decisions import Thresholds
 from reconciler.core.passes import PassConfig, PassReport, apply_and_record, plan_change, run_pass
 from reconciler.core.vocabulary import Reason
 from reconciler.errors import LeaseLost
-from reconciler.settings import Settings
 from reconciler.sidecar.service import Service
 from reconciler.storage.engines import create_engine
 from reconciler.storage.native_source import NativeSource

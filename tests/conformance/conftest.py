@@ -1,7 +1,7 @@
 """Runs the suite against every registered source, on every engine the source runs on.
 
 Which sources exist and which engines each runs on is the source registry's
-(``reconciler.sources.registry``); a new source plugs in here by adding its
+(``reconciler.config.registry``); a new source plugs in here by adding its
 ``RegisteredSource`` (its fixture) to ``SOURCES``, and ``test_registry_coverage`` fails
 while a registered source has none. Its fixture is
 opened on a fresh migrated database of each engine it runs on, as every other integration
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.sources.registry import entry_for
+from reconciler.config.registry import entry_for
 from tests.conformance.celery import CELERY, CELERY_DJANGO
 from tests.conformance.django_tasks import DJANGO_TASKS
 from tests.conformance.fixtures import RegisteredSource, SourceFixture

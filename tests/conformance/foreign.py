@@ -2,7 +2,7 @@
 root, the audit, declared gaps.
 
 A fixture names its ``[source]`` config; the pass is built exactly as ``reconciler pass
---config`` builds it (``wiring.assemble_cli`` and ``wiring.pass_config`` over a
+--config`` builds it (``root.cli.assemble_cli`` and ``config.loader.pass_config`` over a
 ``Config``), with ``TIMING``'s thresholds as the settings and one ``[kinds]`` table per
 effect kind (``conformance.<effect>.*``), since a foreign job without step records takes
 its one step's effect from its kind.
@@ -18,14 +18,14 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from models import ReconciliationDecision
-from reconciler.config import Config, SourceConfig
+from reconciler.config.loader import Config, SourceConfig, pass_config
+from reconciler.config.settings import Settings
 from reconciler.core.brake import BrakeLimits
 from reconciler.core.kinds import KindRule, KindRules
 from reconciler.core.passes import PassConfig, PassReport, apply_and_record, plan_change, run_pass
 from reconciler.core.ports import Cursor, PassStore
 from reconciler.core.vocabulary import EffectKind, PassOutcome
-from reconciler.settings import Settings
-from reconciler.wiring import assemble_cli, pass_config
+from reconciler.root.cli import assemble_cli
 from tests.conformance.fixtures import (
     TIMING,
     AuditEntry,

@@ -20,12 +20,12 @@ from typing import Any, cast
 import sqlalchemy as sa
 
 from models import JobAttempt, JobRun, ReconciliationDecision, StepRun, WorkerSession
+from reconciler.config.settings import Settings
 from reconciler.core.brake import BrakeLimits
 from reconciler.core.decisions import Decision, Thresholds
 from reconciler.core.passes import PassConfig, PassReport, apply_and_record, plan_change, run_pass
 from reconciler.core.ports import Cursor, PassStore
 from reconciler.core.vocabulary import Disposition, PassOutcome, StepState
-from reconciler.settings import Settings
 from reconciler.storage.clock import db_now, now_plus
 from reconciler.storage.engines import create_engine
 from reconciler.storage.sql_store import SqlStore

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from reconciler.sources.registry import REGISTRY
+from reconciler.config.registry import REGISTRY
 from tests.conformance.conftest import CASES, SOURCES
 from tests.conftest import ENGINES
 

@@ -26,7 +26,7 @@ import pytest
 import sqlalchemy as sa
 
 from models import JobRun, ReconciliationDecision, ReconciliationPass
-from reconciler.settings import Settings
+from reconciler.config.settings import Settings
 from reconciler.storage.engines import create_engine
 from reconciler.worker import JobClient, Step
 from tests.conftest import REPO_ROOT, PostgresForTests

@@ -18,7 +18,7 @@ from models import JobRun, ReconcilerLease, ReconciliationDecision, Reconciliati
 from reconciler.storage.clock import db_now, now_plus
 from reconciler.storage.engines import read_only
 from reconciler.worker import Claim, JobClient, Step
-from tests.conftest import run_cli
+from tests.conftest import run_cli, run_python
 from tests.helpers import job_row
 
 jobs: sa.Table = cast(sa.Table, JobRun.__table__)
@@ -508,3 +508,28 @@ def test_db_upgrade_on_an_empty_database_then_pass_works(empty_db_url: str) -> N
 
     assert (report["candidates"], report["decisions"]) == (0, [])
     assert isinstance(report["pass_id"], int)
+
+
+def test_a_command_on_the_native_source_imports_no_system_adapter(db_url: str) -> None:
+    """``jobs list`` on this project's own tables imports no foreign system's source, no
+    broker or framework client, none of the sidecar's parts (its scheduler, console and
+    metrics) and no demo (the parser reads only their names): a command pays for what it
+    uses."""
+    proc = run_python(
+        "import contextlib, io, json, os, sys\n"
+        "from reconciler.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    code = main(['jobs', 'list'])\n"
+        "print(json.dumps([code, sorted(sys.modules)]))\n",
+        env={"RECONCILER_DATABASE_URL": db_url})
+    assert proc.returncode == 0, proc.stderr
+    code, loaded = json.loads(proc.stdout.splitlines()[-1])
+    assert code == 0
+    systems = ("procrastinate", "graphile_worker", "pgboss", "django_tasks", "celery", "table")
+    unwanted = [m for m in loaded if m.split(".")[0] in (
+        "celery", "kombu", "redis", "django", "procrastinate", "apscheduler", "jinja2",
+        "prometheus_client") or m.startswith(("reconciler.sidecar", "reconciler.console",
+                                              "reconciler.demos."))
+        or any(m == f"reconciler.sources.{s}" or m.startswith(f"reconciler.sources.{s}_")
+               for s in systems)]
+    assert unwanted == []

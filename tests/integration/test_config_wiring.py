@@ -1,7 +1,8 @@
 """A config file's ``[kinds]`` on the native source, and ``--config`` on the command line.
 
-The pass is built by the composition root from the file (``wiring.assemble_cli`` and
-``wiring.pass_config``), as ``reconciler pass --config`` and ``reconciler run`` build it.
+The pass is built by the composition root from the file (``root.cli.assemble_cli`` and
+``config.loader.pass_config``), as ``reconciler pass --config`` and ``reconciler run``
+build it.
 """
 
 from __future__ import annotations
@@ -16,13 +17,14 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from models import JobRun
-from reconciler.config import Config, load_config
+from reconciler.config.loader import Config, load_config, pass_config
 from reconciler.core.passes import PassReport, run_pass
 from reconciler.core.vocabulary import Disposition, EffectKind, Reason
 from reconciler.ledger import StepLedger
+from reconciler.root.cli import assemble_cli
+from reconciler.root.sidecar import assemble_sidecar
 from reconciler.sidecar.service import Service
 from reconciler.storage.clock import now_plus
-from reconciler.wiring import assemble_cli, assemble_sidecar, pass_config
 from reconciler.worker import JobClient, Step
 from tests.conftest import run_cli
 from tests.helpers import job_row

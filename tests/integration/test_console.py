@@ -12,13 +12,13 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from reconciler.config import load_config
+from reconciler.config.loader import load_config, pass_config
 from reconciler.core.decisions import Thresholds
 from reconciler.core.passes import PassConfig, run_pass
 from reconciler.core.vocabulary import Disposition, PassOutcome
+from reconciler.root.console import assemble_console
 from reconciler.storage.sql import decisions, passes
 from reconciler.storage.sql_store import SqlStore
-from reconciler.wiring import assemble_console, pass_config
 from reconciler.worker import JobClient
 from tests.console_support import HOSTILE_KIND, Seeded, die, fetch, seed, served
 from tests.helpers import job_row, wait_for

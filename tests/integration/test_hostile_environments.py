@@ -29,7 +29,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy.engine import Engine
 
 from models import ReconciliationPass
-from reconciler.settings import Settings
+from reconciler.config.settings import Settings
 from reconciler.storage.engines import create_engine, is_postgresql
 from reconciler.storage.schema import upgrade
 from reconciler.worker import JobClient, Step

@@ -15,7 +15,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.engine import Engine
 
-from reconciler.settings import Settings
+from reconciler.config.settings import Settings
 from reconciler.sidecar.service import Service
 from reconciler.storage.engines import is_postgresql
 from reconciler.storage.retention import (

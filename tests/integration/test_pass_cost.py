@@ -14,10 +14,10 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from sqlalchemy.engine.interfaces import CacheStats
 
+from reconciler.config.settings import Settings
 from reconciler.core.brake import BrakeLimits
 from reconciler.core.decisions import Thresholds
 from reconciler.core.passes import PassConfig, run_pass
-from reconciler.settings import Settings
 from reconciler.storage.engines import DatabaseTimeouts, create_engine
 from reconciler.storage.sql_store import SqlStore
 from reconciler.worker import JobClient, Step

@@ -37,8 +37,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.engine import Connection, Engine
 
 from models import JobRun, ReconcilerLease, ReconciliationDecision, ReconciliationPass
+from reconciler.config.settings import Settings
 from reconciler.core.vocabulary import PassOutcome
-from reconciler.settings import Settings
 from reconciler.storage.clock import db_now
 from reconciler.storage.engines import create_engine, is_postgresql, read_only
 from reconciler.storage.schema import upgrade

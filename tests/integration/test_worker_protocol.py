@@ -21,10 +21,10 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from models import JobAttempt, JobRun, StepRun
+from reconciler.config.settings import Settings
 from reconciler.core.decisions import Thresholds
 from reconciler.core.passes import PassConfig, PassReport, run_pass
 from reconciler.core.vocabulary import Disposition, Reason, StepState
-from reconciler.settings import Settings
 from reconciler.storage.claims import StepNotStartedError
 from reconciler.storage.clock import db_now, now_plus
 from reconciler.storage.sql_store import SqlStore
@@ -384,7 +384,7 @@ RACE_PROCESSES = 4
 CLAIM_LOOP = """
 import json, sys, time
 from pathlib import Path
-from reconciler.settings import Settings
+from reconciler.config.settings import Settings
 from reconciler.worker import JobClient
 
 url, name, gate = sys.argv[1], sys.argv[2], Path(sys.argv[3])
@@ -1017,7 +1017,7 @@ FRESH_PROCESS = """
 import json, sys
 import sqlalchemy as sa
 from models import JobRun
-from reconciler.settings import Settings
+from reconciler.config.settings import Settings
 from reconciler.worker import JobClient, LeaseLost
 
 url, job_id = sys.argv[1], int(sys.argv[2])

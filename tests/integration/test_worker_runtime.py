@@ -30,10 +30,10 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from models import JobArtifact, JobAttempt, JobRun, StepRun, WorkerSession
+from reconciler.config.settings import Settings
 from reconciler.core.decisions import Thresholds
 from reconciler.core.passes import PassConfig, PassReport, run_pass
 from reconciler.core.vocabulary import Disposition, Reason
-from reconciler.settings import Settings
 from reconciler.sidecar.artifact_sweep import sweep_artifacts
 from reconciler.storage.clock import db_now, now_plus
 from reconciler.storage.sql_store import SqlStore
@@ -228,7 +228,7 @@ import json, logging, os, sys, time
 cfg = json.loads(sys.argv[1])
 logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                     format="%(levelname)s %(name)s %(message)s")
-from reconciler.settings import Settings
+from reconciler.config.settings import Settings
 from reconciler.worker import JobClient, Worker
 
 settings = Settings(database_url=cfg["db_url"], **cfg.get("settings", {}))

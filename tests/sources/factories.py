@@ -28,19 +28,14 @@ from typing import Any, Protocol
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from reconciler.config import (
-    GraphileWorkerConfig,
-    PgBossConfig,
-    ProcrastinateConfig,
-    SourceConfig,
-)
+from reconciler.config.loader import SourceConfig
 from reconciler.core.kinds import KindRules
 from reconciler.core.ports import JobKey
 from reconciler.ledger import Step, StepLedger
 from reconciler.sources.base import ForeignSource
-from reconciler.sources.graphile_worker import GraphileWorkerSource
-from reconciler.sources.pgboss import PgBossSource
-from reconciler.sources.procrastinate import ProcrastinateSource
+from reconciler.sources.graphile_worker import GraphileWorkerConfig, GraphileWorkerSource
+from reconciler.sources.pgboss import PgBossConfig, PgBossSource
+from reconciler.sources.procrastinate import ProcrastinateConfig, ProcrastinateSource
 from tests.sources.conftest import SourcesDatabase
 
 StepSpec = tuple[str, str, str | None]

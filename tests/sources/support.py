@@ -24,14 +24,14 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from models import ReconciliationDecision
-from reconciler.config import Config, SourceConfig
+from reconciler.config.loader import Config, SourceConfig, pass_config
+from reconciler.config.settings import Settings
 from reconciler.core.decisions import Decision
 from reconciler.core.kinds import KindRules
 from reconciler.core.passes import explain_jobs, plan_change, run_pass
 from reconciler.core.ports import Candidate, JobKey, PlannedChange
 from reconciler.core.vocabulary import Disposition, Reason
-from reconciler.settings import Settings
-from reconciler.wiring import assemble_cli, pass_config
+from reconciler.root.cli import assemble_cli
 
 DECISIONS = cast(sa.Table, ReconciliationDecision.__table__)
 

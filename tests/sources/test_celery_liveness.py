@@ -25,12 +25,13 @@ from typing import Any
 
 import pytest
 
+from reconciler.config.loader import pass_config
 from reconciler.core.passes import PassReport, run_pass
 from reconciler.core.ports import StuckWork
 from reconciler.core.vocabulary import Disposition, LivenessDoubt, PassOutcome, StuckReason
+from reconciler.root.cli import assemble_cli
 from reconciler.sources.celery import CeleryConfig
 from reconciler.sources.celery_broker import CeleryBroker
-from reconciler.wiring import assemble_cli, pass_config
 from tests.conftest import REPO_ROOT
 from tests.integration.test_service import Launcher, free_port
 from tests.sources.celery_support import CeleryProject, kill_worker, worker_argv

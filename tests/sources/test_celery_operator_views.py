@@ -19,11 +19,11 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from reconciler.config import load_config
+from reconciler.config.loader import load_config, pass_config
 from reconciler.core.kinds import KindRule, KindRules
 from reconciler.core.vocabulary import EffectKind
+from reconciler.root.console import assemble_console
 from reconciler.sources.celery import CeleryConfig
-from reconciler.wiring import assemble_console, pass_config
 from tests.conformance.celery import CeleryFixture
 from tests.sources.celery_support import (  # noqa: F401 - fixtures, found by name
     CeleryProject,

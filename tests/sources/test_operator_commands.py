@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from reconciler.cli import main
-from reconciler.file_tables import SourceSettings
+from reconciler.config.tables import SourceSettings
 from reconciler.sources.table_config import TableConfig
 from tests.sources.factories import (
     GraphileWorkerFactory,

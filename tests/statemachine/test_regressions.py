@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from reconciler.config.settings import Settings
 from reconciler.core.decisions import Thresholds
 from reconciler.core.passes import PassConfig, run_pass
-from reconciler.settings import Settings
 from reconciler.storage.engines import create_engine
 from reconciler.worker import JobClient, LeaseLost, Step
 from tests.helpers import fresh_database

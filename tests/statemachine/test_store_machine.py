@@ -107,9 +107,9 @@ from models import (
     StepRun,
     WorkerSession,
 )
+from reconciler.config.settings import Settings
 from reconciler.core.decisions import Thresholds
 from reconciler.core.passes import PassConfig, PassReport, run_pass
-from reconciler.settings import Settings
 from reconciler.sidecar.service import LEADER_LEASE_NAME
 from reconciler.storage.claims import StepNotStartedError
 from reconciler.storage.engines import create_engine

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from reconciler.config.settings import load_settings
 from reconciler.core.brake import (
     BrakeLimits,
     BrakeState,
@@ -19,7 +20,6 @@ from reconciler.core.brake import (
 )
 from reconciler.core.decisions import Decision
 from reconciler.core.vocabulary import Disposition, Reason
-from reconciler.settings import load_settings
 
 LIMITS = BrakeLimits(min_jobs=20, stale_fraction=0.5, hold_seconds=120.0)
 T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)

@@ -8,19 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.config import (
-    CONFIG_ENV,
-    GraphileWorkerConfig,
-    NativeConfig,
-    PgBossConfig,
-    ProcrastinateConfig,
-    TableConfig,
-    load_config,
-)
+from reconciler.config.loader import CONFIG_ENV, load_config
+from reconciler.config.settings import Settings
+from reconciler.config.tables import NativeConfig
 from reconciler.core.vocabulary import EffectKind
 from reconciler.errors import ConfigError
-from reconciler.settings import Settings
-from reconciler.sources import open_foreign_source
+from reconciler.root.checks import open_foreign_source
+from reconciler.sources.graphile_worker import GraphileWorkerConfig
+from reconciler.sources.pgboss import PgBossConfig
+from reconciler.sources.procrastinate import ProcrastinateConfig
+from reconciler.sources.table_config import TableConfig
 
 DESIGN_EXAMPLE = """
 database_url = "postgresql+psycopg://app@db/app"

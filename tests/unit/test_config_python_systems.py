@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.config import load_config
+from reconciler.config.loader import load_config
 from reconciler.errors import ConfigError
-from reconciler.sources import open_foreign_source
+from reconciler.root.checks import open_foreign_source
 from reconciler.sources.celery import CeleryConfig
 from reconciler.sources.django_tasks import DjangoTasksConfig
 

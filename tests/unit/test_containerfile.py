@@ -14,7 +14,7 @@ from types import ModuleType
 
 import pytest
 
-from reconciler.settings import Settings
+from reconciler.config.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
 CONTAINERFILE = REPO / "ops" / "container" / "Containerfile"

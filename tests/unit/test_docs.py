@@ -20,7 +20,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from reconciler.cli import build_parser
-from reconciler.settings import Settings
+from reconciler.config.settings import Settings
 from reconciler.sidecar.metrics import Metrics
 from tests.unit.test_ops_files import register_service_metrics
 
@@ -268,7 +268,7 @@ class TestConsolePage:
 
     def test_the_source_filter_row_names_every_source(self) -> None:
         """The ``source`` filter takes every registered source; its row names each one."""
-        from reconciler.sources.registry import SOURCES  # noqa: PLC0415
+        from reconciler.config.registry import SOURCES  # noqa: PLC0415
 
         [row] = [line for line in (DOCS / "console.md").read_text().splitlines()
                  if line.startswith("| `source` |")]

@@ -30,6 +30,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from reconciler.cli import build_parser
+from reconciler.config.settings import Settings
 from reconciler.core.vocabulary import (
     DatabaseErrorCode,
     Disposition,
@@ -40,7 +41,6 @@ from reconciler.core.vocabulary import (
     StuckReason,
     WorkerStatusReason,
 )
-from reconciler.settings import Settings
 from reconciler.sidecar.metrics import Metrics
 from reconciler.worker.runtime import LIFETIME_EXCEEDED
 
@@ -698,7 +698,7 @@ class TestDeploymentExamples:
 
     @pytest.mark.parametrize("path", sorted(OPS.rglob("*")), ids=lambda p: str(p.relative_to(OPS)))
     def test_every_environment_setting_exists(self, path: Path) -> None:
-        """Each RECONCILER_<NAME> in ops/ is a setting of reconciler.settings.Settings."""
+        """Each RECONCILER_<NAME> in ops/ is a setting of reconciler.config.settings.Settings."""
         if not path.is_file():
             return
         names = set(re.findall(r"\bRECONCILER_([A-Z][A-Z0-9_]*)", path.read_text()))

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from prometheus_client import generate_latest
 
+from reconciler.config.settings import Settings
 from reconciler.core.decisions import Thresholds
 from reconciler.core.passes import PassConfig, PassReport
 from reconciler.core.ports import (
@@ -38,9 +39,9 @@ from reconciler.core.vocabulary import (
     StuckReason,
 )
 from reconciler.errors import DatabaseUnavailableError, SchemaOutOfDateError
-from reconciler.settings import Settings
+from reconciler.sidecar.parts import DatabaseCheck, ErrorReading, SidecarParts
 from reconciler.sidecar.service import TICK_CHORE, TICK_MAX_BATCHES, Service
-from reconciler.wiring import DatabaseCheck, SidecarParts
+from reconciler.storage.diagnosis import error_code, error_line
 from tests.helpers import wait_for
 
 BATCH = 3
@@ -153,7 +154,8 @@ def make_service(recorder: Recorder, database: Database) -> Iterator[Any]:
             pass_config=PassConfig(batch_size=BATCH, thresholds=Thresholds(60.0, 3600.0),
                                    instance="unit"),
             passes=recorder, artifacts=recorder, job_retention=recorder,
-            database_check=DatabaseCheck(database.run, lambda: None), console=None,
+            database_check=DatabaseCheck(database.run, lambda: None),
+            errors=ErrorReading(error_code, error_line), console=None,
             close=lambda: None)
         service = Service(parts, run=Scripted(*outcomes))
         service.probe.fresh_seconds = 0.0  # every readiness call checks again

@@ -12,8 +12,9 @@ import pytest
 from pydantic import ValidationError
 
 from reconciler.cli import build_parser
+from reconciler.config.fields import SETTING_FIELDS
+from reconciler.config.settings import Settings, load_settings, unknown_variables
 from reconciler.errors import ConfigError
-from reconciler.settings import Settings, load_settings, unknown_variables
 
 DEFAULTS: dict[str, Any] = {
     # the settings the first release named
@@ -495,3 +496,13 @@ class TestUnknownVariables:
                    "RECONCILER_BATCH_SIZE": "1", "RECONCILER_INTERVALSECONDS": "1"}
         assert unknown_variables(environ) == [
             ("RECONCILER_INTERVALSECONDS", "RECONCILER_INTERVAL_SECONDS")]
+
+
+def test_the_settings_type_is_built_from_the_plain_declarations() -> None:
+    """``Settings`` has exactly the declared fields, in their order, each with its declared
+    default and help, a switch where the declaration's default is true or false."""
+    assert list(Settings.model_fields) == [spec.name for spec in SETTING_FIELDS]
+    for spec in SETTING_FIELDS:
+        field = Settings.model_fields[spec.name]
+        assert (field.default, field.description) == (spec.default, spec.description)
+        assert (field.annotation is bool) == spec.is_switch, spec.name

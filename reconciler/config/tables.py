@@ -1,7 +1,7 @@
 """The config file's tables as models: ``[kinds."<glob>"]`` and each source's ``[source]``.
 
 Values are typed as TOML types them (a string is never a number) and every duration and
-count is bounded as the setting it refines is (``reconciler.settings``): finite, at most
+count is bounded as the setting it refines is (``reconciler.config.fields``): finite, at most
 a year, counts up to 2,147,483,647. Problems read as one line naming the table and key.
 """
 
@@ -23,9 +23,10 @@ from pydantic import (
 )
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
+from reconciler.config.fields import MAX_COUNT, MAX_SECONDS
+from reconciler.config.settings import type_name
 from reconciler.core.kinds import KindRule
 from reconciler.core.vocabulary import EffectKind
-from reconciler.settings import MAX_COUNT, MAX_SECONDS, type_name
 
 _FileSeconds = Annotated[float, Strict()]
 _FileCount = Annotated[int, Strict()]
@@ -99,6 +100,13 @@ class SourceSettings:
         """The keys a ``[source]`` table of this kind may hold, ``kind`` first."""
         return ("kind", *(f.name for f in dataclasses.fields(cls)
                           if f.name not in cls.from_settings))
+
+
+@pydantic_dataclass(frozen=True, slots=True, config=ConfigDict(extra="forbid"))
+class NativeConfig(SourceSettings):
+    """``kind = "native"``: this project's own ``job_runs`` (the default; no keys)."""
+
+    kind: ClassVar[str] = "native"
 
 
 _WANTED = {"float_type": "a number", "int_type": "an integer", "bool_type": "true or false",

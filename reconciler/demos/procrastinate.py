@@ -32,22 +32,15 @@ from typing import Any
 import psycopg
 import sqlalchemy as sa
 
-from reconciler.cli.demo_passes import say, wait
-from reconciler.config import Config, ProcrastinateConfig
-from reconciler.core.kinds import KindRule, KindRules
 from reconciler.core.passes import run_pass
-from reconciler.core.vocabulary import EffectKind
+from reconciler.demos.support import MissingPrerequisiteError, demo_config, say, wait
 from reconciler.errors import ConfigError
-from reconciler.settings import Settings
-from reconciler.wiring import assemble_cli, migrate
+from reconciler.root.cli import assemble_cli
+from reconciler.root.migrations import migrate
 
 SESSION_TIMEOUT_SECONDS = 2.0
-KINDS = KindRules([KindRule("reports.*", effect=EffectKind.IDEMPOTENT)],
-                  stale_after_seconds=1.0, wedged_after_seconds=3600.0, max_attempts=3)
-
-
-class MissingPrerequisiteError(ConfigError):
-    """PostgreSQL binaries or Procrastinate are not installed (exit 2)."""
+# A report is safe to run again; every other task is effectful (the default).
+KINDS = {"reports.*": {"effect": "idempotent"}}
 
 
 def find_pg_bin() -> Path | None:
@@ -141,11 +134,10 @@ def run_procrastinate_demo() -> int:
 
 
 def _demo(engine: sa.Engine, url: str, conninfo: str, schema_sql: str) -> int:
-    settings = Settings(database_url=url, session_heartbeat_seconds=0.5,
-                        session_timeout_seconds=SESSION_TIMEOUT_SECONDS,
-                        stale_after_seconds=1.0)
-    config = Config(settings=settings, kinds=KINDS, source=ProcrastinateConfig(
-        session_timeout_seconds=SESSION_TIMEOUT_SECONDS))
+    config = demo_config(source={"kind": "procrastinate"}, kinds=KINDS, database_url=url,
+                         session_heartbeat_seconds=0.5,
+                         session_timeout_seconds=SESSION_TIMEOUT_SECONDS,
+                         stale_after_seconds=1.0)
     # Procrastinate's schema, as its own ``procrastinate schema --apply`` applies it (one
     # script, through psycopg directly: its text is not a parameterised statement).
     with psycopg.connect(conninfo, autocommit=True) as raw:
@@ -167,7 +159,7 @@ def _demo(engine: sa.Engine, url: str, conninfo: str, schema_sql: str) -> int:
                 {"id": job}).scalar_one()) for task, job in jobs.items()}
 
     env = {**os.environ, "DEMO_PG_CONNINFO": conninfo}
-    argv = [sys.executable, "-m", "reconciler.cli.demo_procrastinate_app"]
+    argv = [sys.executable, "-m", "reconciler.demos.procrastinate_app"]
     first = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
     second: subprocess.Popen[bytes] | None = None

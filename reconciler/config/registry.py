@@ -1,24 +1,31 @@
-"""The source registry: every job source, declared once, in ``REGISTRY``.
+"""The source registry: every job source, declared once, in ``REGISTRY``, as plain data.
 
-Config parsing (``reconciler.config``: which ``[source]`` kinds exist and which keys each
-takes), the composition root (how a source opens on a pass's connection), the command
-line (how a job id is spelled, which operator commands a source takes) and the
-conformance suite (which sources it must run, on which engines) all read this table.
+Config parsing (``reconciler.config.loader``: which ``[source]`` kinds exist and which keys
+each takes), the composition root (how a source opens on a pass's connection), the
+command line and the console (how a job id is spelled, which operator commands a source
+takes) and the conformance suite (which sources it must run, on which engines) all read
+this table.
+
+An entry names where its source lives (``"module:Name"``) instead of importing it: reading
+the registry imports no adapter, no database driver and no validation library, so
+``reconciler --help`` stays fast and a command imports only the source it is configured
+with (``SourceEntry.config_model`` and ``SourceEntry.open`` import it when first asked).
 
 Adding a source is:
 
 1. **one module** under ``reconciler/sources/`` holding its config model (a
-   ``reconciler.file_tables.SourceSettings`` dataclass: the ``[source]`` keys besides
+   ``reconciler.config.tables.SourceSettings`` dataclass: the ``[source]`` keys besides
    ``kind``, with its ``kind`` as a class variable), its fence snapshot (a frozen slotted
    ``reconciler.sources.base.ForeignFence`` dataclass of what its swap repeats) and its
    class (a ``reconciler.sources.base.ForeignSource``: the SQL of what runs, what
    expired, one swap, and ``listing``/``status_words`` for operators; opened as
    ``Class(connection, config, kinds, lock=...)``);
-2. **one entry** below (and its import above it)::
+2. **one entry** below::
 
        SourceEntry(
-           config=MyConfig,              # its [source] model; MyConfig.kind is its name
-           open=MySource,                # (connection, config, kinds, *, lock) -> JobSource
+           kind="my-system",             # its [source] kind; MyConfig.kind says the same
+           config="reconciler.sources.my_system:MyConfig",
+           source="reconciler.sources.my_system:MySource",
            job_key="integer",            # its job ids: "integer", "text" or "either"
            engines=POSTGRESQL,           # the engines it runs on
            capabilities=Capabilities(
@@ -31,36 +38,28 @@ Adding a source is:
 3. **one conformance fixture** in ``tests/conformance`` (a ``RegisteredSource`` in its
    ``SOURCES``); a test fails while an entry has none.
 
-No other module names a source kind (a test of the tree checks it): they ask here.
+No other module names a source kind (a test of the tree checks it): they ask here. A unit
+test checks each entry against the classes it names.
 """
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
-from pydantic import ConfigDict
-from pydantic.dataclasses import dataclass as pydantic_dataclass
-from sqlalchemy.engine import Connection
-
-from reconciler.core.kinds import KindRules
-from reconciler.core.ports import JobSource
 from reconciler.core.vocabulary import JobKey, OperatorAction
-from reconciler.file_tables import SourceSettings
-from reconciler.sources.celery import CeleryConfig, CelerySource
-from reconciler.sources.django_tasks import DjangoTasksConfig, DjangoTasksSource
-from reconciler.sources.graphile_worker import GraphileWorkerConfig, GraphileWorkerSource
-from reconciler.sources.pgboss import PgBossConfig, PgBossSource
-from reconciler.sources.procrastinate import ProcrastinateConfig, ProcrastinateSource
-from reconciler.sources.table import TableSource
-from reconciler.sources.table_config import TableConfig
-from reconciler.storage.native_kinds import kinded_native
-from reconciler.storage.native_source import NativeSource
+
+if TYPE_CHECKING:
+    # Types only: reading the registry imports nothing but the vocabulary.
+    from reconciler.config.tables import SourceSettings
+    from reconciler.core.kinds import KindRules
+    from reconciler.core.ports import JobSource
 
 __all__ = [
-    "REGISTRY", "SOURCES", "Capabilities", "CeleryConfig", "DjangoTasksConfig",
-    "GraphileWorkerConfig", "NativeConfig", "PgBossConfig", "ProcrastinateConfig",
-    "SourceEntry", "TableConfig", "entry_for", "entry_of", "integer_keyed", "is_native",
+    "DEFAULT_SOURCE", "EVERY_ENGINE", "POSTGRESQL", "REGISTRY", "SOURCES", "Capabilities",
+    "KeyType", "Opener", "SourceEntry", "entry_for", "entry_of", "integer_keyed",
+    "is_native",
 ]
 
 MAX_INTEGER_KEY = 2**63 - 1
@@ -68,23 +67,16 @@ MAX_INTEGER_KEY = 2**63 - 1
 POSTGRESQL = frozenset({"postgresql"})
 EVERY_ENGINE = frozenset({"sqlite", "postgresql"})
 
-
-@pydantic_dataclass(frozen=True, slots=True, config=ConfigDict(extra="forbid"))
-class NativeConfig(SourceSettings):
-    """``kind = "native"``: this project's own ``job_runs`` (the default)."""
-
-    kind: ClassVar[str] = NativeSource.source_name
-
-
 KeyType = Literal["integer", "text", "either"]
 """How a source's job ids are spelled: whole numbers, text (a UUID), or as the mapped
 column holds them (a number when written in digits, else text)."""
 
 
 class Opener(Protocol):
-    """How a source opens on one connection (the pass's transaction)."""
+    """How a source opens on one connection (the pass's transaction; a SQLAlchemy
+    ``Connection``, typed loosely here so that this declaration imports no driver)."""
 
-    def __call__(self, connection: Connection, config: Any, kinds: KindRules, *,
+    def __call__(self, connection: Any, config: Any, kinds: KindRules, *,
                  lock: bool) -> JobSource: ...
 
 
@@ -105,20 +97,44 @@ class Capabilities:
         return OperatorAction.HOLD in self.actions
 
 
+def _load(path: str) -> Any:
+    """The object ``"package.module:Name"`` names, its module imported now."""
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
 @dataclass(frozen=True, slots=True)
 class SourceEntry:
-    """One source: its config model, how it opens, its job keys, its capabilities."""
+    """One source: its kind, where its config model and its class live, its job keys, its
+    engines and its capabilities."""
 
-    config: type[SourceSettings]
-    open: Opener
+    kind: str
+    """The source's name: its ``[source] kind`` and its name in the audit trail."""
+    config: str
+    """Its config model, ``"module:Name"``."""
+    source: str
+    """What opens it on a connection (its class, or a function), ``"module:Name"``."""
     job_key: KeyType
     engines: frozenset[str]
     capabilities: Capabilities
 
     @property
-    def kind(self) -> str:
-        """The source's name: its ``[source] kind`` and its name in the audit trail."""
-        return self.config.kind
+    def module(self) -> str:
+        """The module its source lives in (the one a command configured with it imports)."""
+        return self.source.partition(":")[0]
+
+    def config_model(self) -> type[SourceSettings]:
+        """Its config model (importing its module)."""
+        return cast("type[SourceSettings]", _load(self.config))
+
+    def opener(self) -> Opener:
+        """What opens it (importing its module)."""
+        return cast(Opener, _load(self.source))
+
+    def open(self, connection: Any, config: Any, kinds: KindRules, *,
+             lock: bool) -> JobSource:
+        """The source bound to ``connection`` (a pass's SQLAlchemy ``Connection``)."""
+        return self.opener()(connection, config, kinds, lock=lock)
 
     def parse_job_key(self, text: str) -> JobKey:
         """A job id as this source spells it; ``ValueError`` naming the rule otherwise."""
@@ -133,47 +149,57 @@ class SourceEntry:
         return int(text)
 
 
-def _open_native(connection: Connection, config: Any, kinds: KindRules, *,
-                 lock: bool) -> JobSource:
-    return kinded_native(kinds)(connection, lock)
-
-
 _NO_ACTIONS: frozenset[OperatorAction] = frozenset()
 
 REGISTRY: tuple[SourceEntry, ...] = (
-    SourceEntry(config=NativeConfig, open=_open_native, job_key="integer", engines=EVERY_ENGINE,
+    SourceEntry(kind="native", config="reconciler.config.tables:NativeConfig",
+                source="reconciler.storage.native_kinds:open_native", job_key="integer",
+                engines=EVERY_ENGINE,
                 capabilities=Capabilities(heartbeat=True, error_field=True,
                                           actions=frozenset(OperatorAction))),
-    SourceEntry(config=ProcrastinateConfig, open=ProcrastinateSource, job_key="integer",
-                engines=POSTGRESQL,
+    SourceEntry(kind="procrastinate",
+                config="reconciler.sources.procrastinate:ProcrastinateConfig",
+                source="reconciler.sources.procrastinate:ProcrastinateSource",
+                job_key="integer", engines=POSTGRESQL,
                 capabilities=Capabilities(heartbeat=True, error_field=False,
                                           actions=_NO_ACTIONS)),
-    SourceEntry(config=GraphileWorkerConfig, open=GraphileWorkerSource, job_key="integer",
+    SourceEntry(kind="graphile-worker",
+                config="reconciler.sources.graphile_worker:GraphileWorkerConfig",
+                source="reconciler.sources.graphile_worker:GraphileWorkerSource",
+                job_key="integer", engines=POSTGRESQL,
+                capabilities=Capabilities(heartbeat=False, error_field=True,
+                                          actions=_NO_ACTIONS)),
+    SourceEntry(kind="pg-boss", config="reconciler.sources.pgboss:PgBossConfig",
+                source="reconciler.sources.pgboss:PgBossSource", job_key="text",
                 engines=POSTGRESQL,
                 capabilities=Capabilities(heartbeat=False, error_field=True,
                                           actions=_NO_ACTIONS)),
-    SourceEntry(config=PgBossConfig, open=PgBossSource, job_key="text", engines=POSTGRESQL,
-                capabilities=Capabilities(heartbeat=False, error_field=True,
-                                          actions=_NO_ACTIONS)),
-    SourceEntry(config=TableConfig, open=TableSource, job_key="either", engines=EVERY_ENGINE,
+    SourceEntry(kind="table", config="reconciler.sources.table_config:TableConfig",
+                source="reconciler.sources.table:TableSource", job_key="either",
+                engines=EVERY_ENGINE,
                 capabilities=Capabilities(heartbeat=False, error_field=True,
                                           actions=_NO_ACTIONS)),
     # Task ids are UUIDs; the backend keeps no heartbeat (a lease is max_run_seconds), and
     # our reason is the failed result's exception (its traceback's last line).
-    SourceEntry(config=DjangoTasksConfig, open=DjangoTasksSource, job_key="text",
+    SourceEntry(kind="django-tasks",
+                config="reconciler.sources.django_tasks:DjangoTasksConfig",
+                source="reconciler.sources.django_tasks:DjangoTasksSource", job_key="text",
                 engines=EVERY_ENGINE,
                 capabilities=Capabilities(heartbeat=False, error_field=True,
                                           actions=_NO_ACTIONS)),
     # Liveness is its workers' answer to Celery's control ping over the broker; our reason
     # is the failed result's exception. On both engines its database result backend runs.
-    SourceEntry(config=CeleryConfig, open=CelerySource, job_key="text", engines=EVERY_ENGINE,
+    SourceEntry(kind="celery", config="reconciler.sources.celery:CeleryConfig",
+                source="reconciler.sources.celery:CelerySource", job_key="text",
+                engines=EVERY_ENGINE,
                 capabilities=Capabilities(heartbeat=True, error_field=True,
                                           actions=_NO_ACTIONS)),
 )
 
 SOURCES: dict[str, SourceEntry] = {entry.kind: entry for entry in REGISTRY}
 """Every entry by its kind, in ``REGISTRY`` order."""
-DEFAULT_SOURCE = NativeConfig.kind
+DEFAULT_SOURCE = REGISTRY[0].kind
+"""The source of a config without ``[source]``: this project's own ``job_runs``."""
 
 
 def entry_for(kind: str) -> SourceEntry:
@@ -194,4 +220,4 @@ def integer_keyed(kind: str) -> bool:
 
 def is_native(config: SourceSettings) -> bool:
     """Whether the config names this project's own ``job_runs``."""
-    return isinstance(config, NativeConfig)
+    return config.kind == DEFAULT_SOURCE

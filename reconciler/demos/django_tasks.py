@@ -24,20 +24,22 @@ import sys
 import tempfile
 from pathlib import Path
 
-from reconciler.cli.demo_passes import pass_until_decided, say, wait
-from reconciler.cli.demo_procrastinate import MissingPrerequisiteError
-from reconciler.config import Config, DjangoTasksConfig
-from reconciler.core.kinds import KindRule, KindRules
-from reconciler.core.vocabulary import EffectKind
-from reconciler.settings import Settings
-from reconciler.wiring import migrate
+from reconciler.demos.support import (
+    MissingPrerequisiteError,
+    demo_config,
+    pass_until_decided,
+    say,
+    wait,
+)
+from reconciler.root.migrations import migrate
 
 MAX_RUN_SECONDS = 2.0
-TASKS = "reconciler.cli.demo_django_tasks"
-KINDS = KindRules([KindRule(f"{TASKS}.*", max_run_seconds=MAX_RUN_SECONDS),
-                   KindRule(f"{TASKS}.render_report", effect=EffectKind.IDEMPOTENT)],
-                  stale_after_seconds=1.0, wedged_after_seconds=3600.0, max_attempts=3)
-SETTINGS_MODULE = "reconciler.cli.demo_django_settings"
+TASKS = "reconciler.demos.django_tasks_app"
+# Every task may run MAX_RUN_SECONDS (the backend keeps no heartbeat); the report is safe
+# to run again.
+KINDS = {f"{TASKS}.*": {"max_run_seconds": MAX_RUN_SECONDS},
+         f"{TASKS}.render_report": {"effect": "idempotent"}}
+SETTINGS_MODULE = "reconciler.demos.django_settings"
 
 
 def run_django_tasks_demo() -> int:
@@ -61,8 +63,8 @@ def _demo(path: Path) -> int:
     import django  # noqa: PLC0415 - optional, checked above
     from django.core.management import call_command  # noqa: PLC0415
 
-    settings = Settings(database_url=url, stale_after_seconds=1.0)
-    config = Config(settings=settings, kinds=KINDS, source=DjangoTasksConfig())
+    config = demo_config(source={"kind": "django-tasks"}, kinds=KINDS, database_url=url,
+                         stale_after_seconds=1.0)
     django.setup()
     try:
         call_command("migrate", verbosity=0)
@@ -70,10 +72,10 @@ def _demo(path: Path) -> int:
         say("Django's migrate and the reconciler's tables are in one SQLite file")
         from django_tasks import default_task_backend  # noqa: PLC0415
 
-        from reconciler.cli import demo_django_tasks  # noqa: PLC0415 - needs django.setup()
+        from reconciler.demos import django_tasks_app  # noqa: PLC0415 - needs django.setup()
 
-        render = demo_django_tasks.render_report.enqueue().id
-        charge = demo_django_tasks.charge_card.enqueue().id
+        render = django_tasks_app.render_report.enqueue().id
+        charge = django_tasks_app.charge_card.enqueue().id
         say(f"enqueued {render} (render_report, configured idempotent) and {charge} "
             "(charge_card, effectful by default)")
 

@@ -1,15 +1,32 @@
-"""What the real systems' demos share: their output, waiting on their workers, and passes
+"""What the demos share: their config, their output, waiting on their workers, and passes
 until the killed workers' jobs are decided."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
-from reconciler.config import Config
+from reconciler.config.loader import Config, config_from
 from reconciler.core.passes import run_pass
 from reconciler.errors import ConfigError
-from reconciler.wiring import assemble_cli
+from reconciler.root.cli import assemble_cli
+
+
+class MissingPrerequisiteError(ConfigError):
+    """What a demo needs is not installed: PostgreSQL binaries, or the system it runs
+    (exit 2)."""
+
+
+def demo_config(*, source: Mapping[str, Any] | None = None,
+                kinds: Mapping[str, Any] | None = None,
+                **settings: Any) -> Config:
+    """A demo's config through the one loader: its ``[source]`` and ``[kinds]`` tables as a
+    config file would hold them, its settings as flags (so the demo shows the same story
+    whatever ``RECONCILER_CONFIG`` its caller has set)."""
+    tables = {name: table for name, table in (("source", source), ("kinds", kinds))
+              if table is not None}
+    return config_from(tables, "the demo's config", **settings)
 
 
 def say(text: str) -> None:

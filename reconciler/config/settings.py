@@ -1,7 +1,8 @@
-"""Every setting and its default, declared once, with units in the names.
+"""The validated settings: ``Settings``, built from the declarations of
+``reconciler.config.fields`` (every default once, with units in the names).
 
 Precedence: a CLI flag, else ``RECONCILER_<SETTING>`` in the environment, else the config
-file's top-level key (``reconciler.config.load_config`` reads the file), else the default.
+file's top-level key (``reconciler.config.loader.load_config`` reads the file), else the default.
 ``database_url`` may also come from a file (``database_url_file``), so a password never has
 to sit in a command line (``ps`` shows those to every user) or an environment listing.
 """
@@ -26,19 +27,13 @@ from pydantic import (
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from reconciler.config.fields import ENV_PREFIX, FIELDS
 from reconciler.core.brake import BrakeLimits
 from reconciler.core.decisions import Thresholds
 from reconciler.errors import ConfigError
 
 log = logging.getLogger("reconciler.settings")
 
-ENV_PREFIX = "RECONCILER_"
-# Long enough for any real schedule or threshold, short enough that every duration still
-# fits a timedelta, an APScheduler trigger and a PostgreSQL interval.
-MAX_SECONDS = 365 * 86400.0
-MAX_DAYS = 36_500.0
-# The largest count a PostgreSQL integer column (and so every attempt budget) holds.
-MAX_COUNT = 2_147_483_647
 # Variables of ours that are not settings: the config file, the test suite, the chaos
 # harness, failpoints, the real-systems source tests.
 NON_SETTING_VARIABLES = frozenset({
@@ -52,12 +47,14 @@ NON_SETTING_VARIABLES = frozenset({
 SECRET_FILES = (("database_url", "database_url_file"), ("console_token", "console_token_file"))
 
 
-def _seconds(default: float, description: str, *, minimum: float = 0.0,
-             inclusive: bool = False, maximum: float = MAX_SECONDS) -> Any:
-    """A finite duration in seconds within [minimum, maximum] (or (minimum, maximum])."""
-    return Field(default, ge=minimum if inclusive else None,
-                 gt=None if inclusive else minimum, le=maximum, allow_inf_nan=False,
-                 description=description)
+def setting(name: str) -> Any:
+    """The validated field of the setting ``name``, from its one declaration."""
+    spec = FIELDS[name]
+    given = (("ge", spec.ge), ("gt", spec.gt), ("le", spec.le), ("max_length", spec.max_length))
+    bounds: dict[str, Any] = {key: value for key, value in given if value is not None}
+    if spec.finite:
+        bounds["allow_inf_nan"] = False
+    return Field(spec.default, description=spec.description, **bounds)
 
 
 class Settings(BaseSettings):
@@ -65,96 +62,44 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", frozen=True)
 
-    database_url: str = Field(
-        "sqlite:///reconciler.db",
-        description="SQLAlchemy URL: sqlite:///PATH or postgresql+psycopg://...")
-    database_url_file: str = Field(
-        "", description="a file whose content is database_url (a Kubernetes secret, a "
-        "systemd credential); keeps the password out of ps and the environment")
-    interval_seconds: float = _seconds(30.0, "seconds between scheduled passes")
-    batch_size: int = Field(500, ge=1, le=10_000,
-                            description="most candidates one pass examines")
-    stale_after_seconds: float = _seconds(
-        60.0, "activity younger than this protects an expired lease", inclusive=True)
-    wedged_after_seconds: float = _seconds(
-        3600.0, "no activity this long under a live lease is a hang")
-    metrics_port: int = Field(9464, ge=0, le=65535, description="port of /metrics and /healthz")
-    metrics_host: str = Field("127.0.0.1", description="address /metrics binds to")
-    leader_lease_seconds: float = _seconds(
-        90.0, "how long a reconciler's leadership lasts unrenewed")
-    lease_seconds: float = _seconds(30.0, "a claim's lease when none is given")
-    default_max_attempts: int = Field(
-        3, ge=1, le=MAX_COUNT, description="a job's attempt budget when enqueue names none")
-    retry_backoff_seconds: float = _seconds(
-        1.0, "first retry delay; doubles per attempt", inclusive=True)
-    retry_backoff_max_seconds: float = _seconds(300.0, "longest retry delay", inclusive=True)
-    instance_name: str = Field(
-        "", max_length=100, description="this reconciler's name in the audit trail "
-        "(default: host and process id)")
-    session_timeout_seconds: float = _seconds(30.0, "a worker session silent this long is gone")
-    session_heartbeat_seconds: float = _seconds(5.0, "how often a worker renews its session")
-    shutdown_grace_seconds: float = _seconds(
-        30.0, "how long a stopping worker lets running steps finish", inclusive=True)
-    max_run_seconds: float = _seconds(600.0, "longest a worker lets one job's handlers run")
-    poll_interval_seconds: float = _seconds(1.0, "how often an idle worker looks for work")
-    audit_retention_days: float = Field(
-        30.0, gt=0, le=MAX_DAYS, allow_inf_nan=False,
-        description="passes and decisions older than this are deleted")
-    artifact_root: str = Field("artifacts", description="folder for staged and published "
-                               "artifacts")
-    shadow: bool = Field(
-        False, description="passes decide and record every decision marked shadow, and "
-        "change no job")
-    brake_min_jobs: int = Field(
-        20, ge=1, le=MAX_COUNT, description="fewest stale jobs in one pass that can engage the "
-        "mass-staleness brake")
-    brake_stale_fraction: float = Field(
-        0.5, gt=0, le=1, allow_inf_nan=False, description="share of running jobs that must "
-        "be stale at once to engage the brake")
-    brake_hold_seconds: float = _seconds(
-        120.0, "how long the brake leaves stale jobs alone from the first braked pass "
-        "(0: never)", inclusive=True)
-    crash_loop_after: int = Field(
-        2, ge=1, le=MAX_COUNT, description="a job whose last this many attempts were all lost ends "
-        "crash_loop")
-    job_retention_days: float = Field(
-        30.0, gt=0, le=MAX_DAYS, allow_inf_nan=False, description="finished jobs (with "
-        "their steps, attempts and artifact records) older than this are deleted")
-    # -- talking to the database: nothing waits on it forever --------------------------------
-    connect_timeout_seconds: int = Field(
-        5, ge=2, le=300, description="longest wait for a PostgreSQL connection (whole "
-        "seconds, at least 2 as in libpq)")
-    statement_timeout_seconds: float = _seconds(
-        30.0, "PostgreSQL statement_timeout of every session; a server silent this much "
-        "longer (plus a margin) is given up on", maximum=3600.0)
-    lock_timeout_seconds: float = _seconds(
-        10.0, "PostgreSQL lock_timeout of every session", maximum=3600.0)
-    sqlite_busy_timeout_seconds: float = _seconds(
-        30.0, "how long a SQLite writer waits for the write lock", inclusive=True,
-        maximum=3600.0)
-    pass_statement_timeout_seconds: float | None = Field(
-        None, gt=0, le=3600.0, allow_inf_nan=False,
-        description="statement_timeout of a pass on PostgreSQL (default: interval_seconds, "
-        "at least 10)")
-    pass_lock_timeout_seconds: float | None = Field(
-        None, gt=0, le=3600.0, allow_inf_nan=False,
-        description="lock_timeout of a pass on PostgreSQL (default: half of interval_seconds, "
-        "at least 5)")
-    shutdown_timeout_seconds: float = _seconds(
-        30.0, "how long `reconciler run` waits at SIGTERM for its pass in flight before it "
-        "exits 1 anyway", maximum=3600.0)
-    start_retry_seconds: float = _seconds(
-        10.0, "how long `reconciler run` retries a database it cannot reach at start (a "
-        "restart in progress) before it exits 3 (0: no retry)", inclusive=True,
-        maximum=3600.0)
-    console: bool = Field(True, description="serve the read-only operator console on the "
-                          "metrics port (`reconciler run`)")
-    console_token: str = Field(
-        "", max_length=500, description="when set, every console page needs it (a bearer "
-        "token or the login form's cookie); /metrics and the probes stay open")
-    console_token_file: str = Field(
-        "", description="a file whose content is console_token (keeps it out of ps and the "
-        "environment)")
+    database_url: str = setting("database_url")
+    database_url_file: str = setting("database_url_file")
+    interval_seconds: float = setting("interval_seconds")
+    batch_size: int = setting("batch_size")
+    stale_after_seconds: float = setting("stale_after_seconds")
+    wedged_after_seconds: float = setting("wedged_after_seconds")
+    metrics_port: int = setting("metrics_port")
+    metrics_host: str = setting("metrics_host")
+    leader_lease_seconds: float = setting("leader_lease_seconds")
+    lease_seconds: float = setting("lease_seconds")
+    default_max_attempts: int = setting("default_max_attempts")
+    retry_backoff_seconds: float = setting("retry_backoff_seconds")
+    retry_backoff_max_seconds: float = setting("retry_backoff_max_seconds")
+    instance_name: str = setting("instance_name")
+    session_timeout_seconds: float = setting("session_timeout_seconds")
+    session_heartbeat_seconds: float = setting("session_heartbeat_seconds")
+    shutdown_grace_seconds: float = setting("shutdown_grace_seconds")
+    max_run_seconds: float = setting("max_run_seconds")
+    poll_interval_seconds: float = setting("poll_interval_seconds")
+    audit_retention_days: float = setting("audit_retention_days")
+    artifact_root: str = setting("artifact_root")
+    shadow: bool = setting("shadow")
+    brake_min_jobs: int = setting("brake_min_jobs")
+    brake_stale_fraction: float = setting("brake_stale_fraction")
+    brake_hold_seconds: float = setting("brake_hold_seconds")
+    crash_loop_after: int = setting("crash_loop_after")
+    job_retention_days: float = setting("job_retention_days")
+    connect_timeout_seconds: int = setting("connect_timeout_seconds")
+    statement_timeout_seconds: float = setting("statement_timeout_seconds")
+    lock_timeout_seconds: float = setting("lock_timeout_seconds")
+    sqlite_busy_timeout_seconds: float = setting("sqlite_busy_timeout_seconds")
+    pass_statement_timeout_seconds: float | None = setting("pass_statement_timeout_seconds")
+    pass_lock_timeout_seconds: float | None = setting("pass_lock_timeout_seconds")
+    shutdown_timeout_seconds: float = setting("shutdown_timeout_seconds")
+    start_retry_seconds: float = setting("start_retry_seconds")
+    console: bool = setting("console")
+    console_token: str = setting("console_token")
+    console_token_file: str = setting("console_token_file")
 
     @model_validator(mode="before")
     @classmethod
@@ -225,7 +170,7 @@ def load_settings(*, file_values: Mapping[str, Any] | None = None,
                   file_name: str = "config", **overrides: Any) -> Settings:
     """Build settings: a flag (``overrides``; None means not given), else the environment,
     else ``file_values`` (the config file's top-level keys, read by
-    ``reconciler.config.load_config``, named ``file_name`` in errors), else the default.
+    ``reconciler.config.loader.load_config``, named ``file_name`` in errors), else the default.
 
     ``RECONCILER_*`` variables that are not settings are named in a warning, with the
     closest setting, instead of being silently ignored.

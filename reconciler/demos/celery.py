@@ -32,17 +32,18 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from reconciler.cli.demo_passes import pass_until_decided, say, wait
-from reconciler.cli.demo_procrastinate import MissingPrerequisiteError
-from reconciler.config import CeleryConfig, Config
-from reconciler.core.kinds import KindRule, KindRules
-from reconciler.core.vocabulary import EffectKind
-from reconciler.settings import Settings
-from reconciler.wiring import migrate
+from reconciler.demos.support import (
+    MissingPrerequisiteError,
+    demo_config,
+    pass_until_decided,
+    say,
+    wait,
+)
+from reconciler.root.migrations import migrate
 
 SESSION_TIMEOUT_SECONDS = 2.0
-KINDS = KindRules([KindRule("reports.*", effect=EffectKind.IDEMPOTENT)],
-                  stale_after_seconds=1.0, wedged_after_seconds=3600.0, max_attempts=3)
+# A report is safe to run again; every other task is effectful (the default).
+KINDS = {"reports.*": {"effect": "idempotent"}}
 
 
 def run_celery_demo() -> int:
@@ -95,12 +96,11 @@ def _demo(path: Path, broker_url: str) -> int:
     os.environ.update(DEMO_BROKER_URL=broker_url, DEMO_DATABASE_URL=url)
     from celery.backends.database.models import TaskExtended  # noqa: PLC0415
 
-    from reconciler.cli.demo_celery_app import app  # noqa: PLC0415 - reads the env above
+    from reconciler.demos.celery_app import app  # noqa: PLC0415 - reads the env above
 
-    settings = Settings(database_url=url, session_timeout_seconds=SESSION_TIMEOUT_SECONDS,
-                        session_heartbeat_seconds=0.5, stale_after_seconds=1.0)
-    config = Config(settings=settings, kinds=KINDS, source=CeleryConfig(
-        broker_url=broker_url, session_timeout_seconds=SESSION_TIMEOUT_SECONDS))
+    config = demo_config(source={"kind": "celery", "broker_url": broker_url}, kinds=KINDS,
+                         database_url=url, session_timeout_seconds=SESSION_TIMEOUT_SECONDS,
+                         session_heartbeat_seconds=0.5, stale_after_seconds=1.0)
     engine = sa.create_engine(url)
     try:
         TaskExtended.metadata.create_all(engine)  # Celery's own result tables
@@ -145,7 +145,7 @@ def _demo(path: Path, broker_url: str) -> int:
 
 
 def _worker(env: dict[str, str], name: str, queues: str) -> subprocess.Popen[bytes]:
-    argv = [sys.executable, "-m", "celery", "-A", "reconciler.cli.demo_celery_app", "worker",
+    argv = [sys.executable, "-m", "celery", "-A", "reconciler.demos.celery_app", "worker",
             "--pool=prefork", "--concurrency=1", f"--hostname={name}@demo", "-Q", queues,
             "--without-mingle", "--without-gossip", "--loglevel=WARNING"]
     return subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL,

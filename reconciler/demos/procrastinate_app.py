@@ -1,6 +1,6 @@
 """The Procrastinate app the ``reconciler demo --source procrastinate`` worker runs.
 
-Run as ``python -m reconciler.cli.demo_procrastinate_app`` with ``DEMO_PG_CONNINFO`` (libpq)
+Run as ``python -m reconciler.demos.procrastinate_app`` with ``DEMO_PG_CONNINFO`` (libpq)
 set: one Procrastinate worker with a fast heartbeat. Each task hangs on its first attempt
 (so the demo can SIGKILL the worker mid-task) and returns at once on a later one.
 """

@@ -1,13 +1,14 @@
 """The one way settings, ``[source]`` and ``[kinds]`` are read: ``load_config``.
 
 The config file (``--config PATH`` or ``RECONCILER_CONFIG``) is TOML. Its top-level keys
-are the settings of ``reconciler.settings.Settings``; a flag and an environment variable
-still win over the file, and the file wins over the defaults, which stay declared once, on
-``Settings`` (the file's values are fed in as its lowest-priority source). Its tables are
-``[source]`` (where jobs are read and changed; each kind's keys are its config model in
-``reconciler.sources.registry``) and ``[kinds."<glob>"]`` (per-kind rules, each a
-``KindSettings``, resolved by ``reconciler.core.kinds``). Every model is pydantic, bounded
-as its setting is.
+are the settings (``reconciler.config.settings.Settings``); a flag and an environment
+variable still win over the file, and the file wins over the defaults, which stay declared
+once, in ``reconciler.config.fields`` (the file's values are fed in as the settings' lowest
+priority source). Its tables are ``[source]`` (where jobs are read and changed; each
+kind's config model is named by its entry in ``reconciler.config.registry``, the model
+declared by its source module and imported only when that kind is configured) and
+``[kinds."<glob>"]`` (per-kind rules, each a ``KindSettings``, resolved by
+``reconciler.core.kinds``). Every model is pydantic, bounded as its setting is.
 
 Every problem ends in one ``ConfigError`` line that names the file and the key: a file
 that is not UTF-8 TOML, an unknown key or table, a value of the wrong type or out of range
@@ -25,28 +26,20 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from reconciler.core.kinds import KindRules
-from reconciler.errors import ConfigError
-from reconciler.file_tables import KindSettings, SourceSettings, describe_table_error
-from reconciler.settings import Settings, load_settings, type_name
-from reconciler.sources.registry import (
-    SOURCES,
-    CeleryConfig,
-    DjangoTasksConfig,
-    GraphileWorkerConfig,
+from reconciler.config.registry import SOURCES, SourceEntry, entry_of
+from reconciler.config.settings import Settings, load_settings, type_name
+from reconciler.config.tables import (
+    KindSettings,
     NativeConfig,
-    PgBossConfig,
-    ProcrastinateConfig,
-    SourceEntry,
-    TableConfig,
-    entry_of,
+    SourceSettings,
+    describe_table_error,
 )
+from reconciler.core.kinds import KindRules
+from reconciler.core.passes import PassConfig
+from reconciler.errors import ConfigError
 
-__all__ = [
-    "CONFIG_ENV", "CeleryConfig", "Config", "ConfigError", "DjangoTasksConfig",
-    "GraphileWorkerConfig", "NativeConfig", "PgBossConfig", "ProcrastinateConfig",
-    "SourceConfig", "TableConfig", "load_config", "parse_kinds", "parse_source",
-]
+__all__ = ["CONFIG_ENV", "Config", "ConfigError", "SourceConfig", "config_from", "load_config",
+           "parse_kinds", "parse_source", "pass_config"]
 
 CONFIG_ENV = "RECONCILER_CONFIG"
 """The environment variable naming the config file when ``--config`` is not given."""
@@ -72,6 +65,29 @@ class Config:
         """The registry's entry of the configured source."""
         return entry_of(self.source)
 
+    def pass_config(self, instance: str) -> PassConfig:
+        """The pass configuration of this config for ``instance``."""
+        return pass_config(self.settings, instance, self.kinds)
+
+
+def pass_config(settings: Settings, instance: str, kinds: KindRules | None = None
+                ) -> PassConfig:
+    """The pass configuration these settings (and ``[kinds]``) give an instance.
+
+    With ``[kinds]``, the scan's thresholds are the defaults with the shortest wedged time
+    any kind has (so a kind wedged sooner is found) and each job is decided under its own
+    kind's thresholds.
+    """
+    return PassConfig(
+        batch_size=settings.batch_size,
+        thresholds=settings.thresholds() if kinds is None else kinds.scan_thresholds(),
+        instance=instance,
+        session_timeout_seconds=settings.session_timeout_seconds,
+        shadow=settings.shadow,
+        brake=settings.brake_limits(),
+        kinds=kinds,
+    )
+
 
 def load_config(path: str | Path | None = None, **flags: Any) -> Config:
     """Read the config file (``path``, else ``RECONCILER_CONFIG``, else none) and combine it
@@ -82,8 +98,14 @@ def load_config(path: str | Path | None = None, **flags: Any) -> Config:
     chosen = path if path is not None else os.environ.get(CONFIG_ENV) or None
     where = Path(chosen) if chosen is not None else None
     data = _read(where) if where is not None else {}
-    name = str(where) if where is not None else "config"
+    return config_from(data, str(where) if where is not None else "config", where, **flags)
 
+
+def config_from(data: Mapping[str, Any], name: str = "config", path: Path | None = None,
+                **flags: Any) -> Config:
+    """A config file's content (``data``, as TOML reads it; ``name`` in errors) combined
+    with the environment and the flags: ``load_config`` once the file is read, and how a
+    demo builds its config from tables it declares."""
     file_settings: dict[str, Any] = {}
     for key, value in data.items():
         if key in ("source", "kinds"):
@@ -100,7 +122,7 @@ def load_config(path: str | Path | None = None, **flags: Any) -> Config:
     settings = load_settings(file_values=file_settings, file_name=name, **flags)
     source = parse_source(data.get("source"), settings, name)
     kinds = parse_kinds(data.get("kinds"), settings, name)
-    return Config(settings=settings, source=source, kinds=kinds, path=where)
+    return Config(settings=settings, source=source, kinds=kinds, path=path)
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -140,7 +162,8 @@ def parse_source(table: Mapping[str, Any] | None, settings: Settings,
     kind = table["kind"]
     if not isinstance(kind, str) or kind not in SOURCES:
         raise ConfigError(f"{name}: [source] kind must be one of {known} (got {kind!r})")
-    model = SOURCES[kind].config
+    # Only the configured kind's module is imported: its config model says its keys.
+    model = SOURCES[kind].config_model()
     allowed = model.file_keys()
     for key in table:
         if key not in allowed:

@@ -18,14 +18,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from reconciler.config import Config, NativeConfig, parse_kinds
 from reconciler.core.decisions import Thresholds
 from reconciler.core.passes import PassConfig, run_pass
 from reconciler.core.ports import JobKey, OperatorStore, RecordedDecision
 from reconciler.core.vocabulary import Disposition
+from reconciler.demos.support import demo_config
 from reconciler.failpoints import ENV as FAILPOINTS_ENV
-from reconciler.settings import Settings
-from reconciler.wiring import assemble_cli, migrate
+from reconciler.root.cli import assemble_cli
+from reconciler.root.migrations import migrate
 from reconciler.worker import JobClient, Step, StepContext, Worker
 
 LEASE_SECONDS = 1.0
@@ -60,8 +60,8 @@ def _step(ctx: StepContext) -> None:
 
 def worker_main(url: str, name: str, max_jobs: int) -> None:
     """A demo worker process: the real Worker runtime with the demo's handlers."""
-    settings = Settings(database_url=url, session_heartbeat_seconds=0.5,
-                        session_timeout_seconds=5, poll_interval_seconds=0.1)
+    settings = demo_config(database_url=url, session_heartbeat_seconds=0.5,
+                           session_timeout_seconds=5, poll_interval_seconds=0.1).settings
     client = JobClient(url, settings=settings)
     worker = Worker(client, name, concurrency=4, lease_seconds=LEASE_SECONDS,
                     max_run_seconds=30, artifact_root=Path(url.removeprefix("sqlite:///")).parent)
@@ -76,7 +76,7 @@ def _start_worker(url: str, name: str, max_jobs: int, failpoint: str | None
     if failpoint:
         env[FAILPOINTS_ENV] = failpoint
     return subprocess.Popen(
-        [sys.executable, "-m", "reconciler.cli.demo", url, name, str(max_jobs)], env=env,
+        [sys.executable, "-m", "reconciler.demos.native", url, name, str(max_jobs)], env=env,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
 
@@ -122,8 +122,8 @@ def run_demo(keep: bool = False) -> int:
     started = time.monotonic()
     workdir = Path(tempfile.mkdtemp(prefix="reconciler-demo-"))
     url = f"sqlite:///{workdir / 'demo.db'}"
-    settings = Settings(database_url=url)
-    config = Config(settings=settings, source=NativeConfig(), kinds=parse_kinds(None, settings))
+    config = demo_config(database_url=url)
+    settings = config.settings
     migrate(config)
     cli = assemble_cli(config)
     store = cli.store

@@ -1,0 +1,80 @@
+"""What the process roles share: the start-up checks and how a pass opens its source."""
+
+from __future__ import annotations
+
+import time
+
+from sqlalchemy.engine import Connection, Engine
+
+from reconciler.config.loader import Config
+from reconciler.config.registry import entry_of, is_native
+from reconciler.config.tables import SourceSettings
+from reconciler.core.kinds import KindRules
+from reconciler.core.ports import JobSource
+from reconciler.errors import DatabaseUnavailableError
+from reconciler.sources.base import ForeignSource
+from reconciler.storage.pass_store import SourceFactory
+from reconciler.storage.schema import require_current
+
+START_RETRY_PAUSE_SECONDS = 0.5
+
+
+def keep() -> None:
+    """Closing parts on an engine someone else owns releases nothing."""
+
+
+def check(engine: Engine, config: Config) -> None:
+    """Refuse an unreachable database, one whose schema is not at this release's head, or
+    (for a foreign ``[source]``) one without that system's tables: one line naming it."""
+    require_current(engine)
+    check_source(engine, config)
+
+
+def check_at_start(engine: Engine, config: Config, retry_seconds: float) -> None:
+    """``check``, retrying a database that is unavailable for a moment for
+    ``retry_seconds``, so a transient error is neither an old schema nor an exit at once."""
+    deadline = time.monotonic() + retry_seconds
+    while True:
+        try:
+            check(engine, config)
+            return
+        except DatabaseUnavailableError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(START_RETRY_PAUSE_SECONDS)
+
+
+def check_source(engine: Engine, config: Config) -> None:
+    """Refuse a foreign ``[source]`` whose tables, columns or functions are not there."""
+    if is_native(config.source):
+        return
+    with engine.connect() as conn:
+        open_foreign_source(conn, config.source, config.kinds, lock=False).check_schema()
+        conn.rollback()
+
+
+def open_foreign_source(connection: Connection, config: SourceSettings, kinds: KindRules, *,
+                        lock: bool = True) -> ForeignSource:
+    """The foreign source a ``[source]`` table names, bound to ``connection``.
+
+    ``lock=False`` for dry runs and explain: candidates are read without row locks. The
+    native source is not built here (``ValueError``): it is the store's.
+    """
+    if is_native(config):
+        raise ValueError(f"source kind {config.kind!r} is not a foreign source")
+    source = entry_of(config).open(connection, config, kinds, lock=lock)
+    if not isinstance(source, ForeignSource):  # pragma: no cover - a registry mistake
+        raise TypeError(f"source kind {config.kind!r} opens no ForeignSource")
+    return source
+
+
+def source_factory(config: Config) -> SourceFactory:
+    """How a pass's transaction gets its job source: the configured ``[source]`` (native,
+    the default, honours ``[kinds]`` too), opened as its registry entry says (importing
+    only that source)."""
+    open_source, source, kinds = config.source_entry.opener(), config.source, config.kinds
+
+    def opened(conn: Connection, lock: bool) -> JobSource:
+        return open_source(conn, source, kinds, lock=lock)
+
+    return opened
