@@ -603,14 +603,16 @@ def test_sigterm_mid_job_releases_it_and_another_worker_resumes_at_the_next_step
         "db_url": client.settings.database_url, "name": "stopping", "kind": "stoppable",
         "log": str(log),
         "steps": {"fetch": 0, "render": 1.0, "publish": 0},
-        "worker": {"lease_seconds": 30, "shutdown_grace_seconds": 5,
+        "worker": {"lease_seconds": 60, "shutdown_grace_seconds": 30,
                    "poll_interval_seconds": 0.1},
     })
     wait_for(lambda: step_state(engine, job_id, 1) == "started", "step 1 to start")
     signalled = time.monotonic()
     proc.process.send_signal(signal.SIGTERM)
     assert proc.wait() == 0, proc.stderr()
-    assert time.monotonic() - signalled < 4
+    # Out once its 1 s step ended, not at the end of the grace: a bound far from both, so
+    # a loaded machine's slow exit does not fail it (4.2 s was seen at a load of 7).
+    assert time.monotonic() - signalled < 15
     assert proc.stats()["outcomes"] == {"released": 1}
 
     row = job_row(engine, job_id)
