@@ -19,6 +19,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from reconciler.core.decisions import Thresholds
+from reconciler.core.evidence import StepFacts
 from reconciler.core.kinds import KindPolicy, KindRules
 from reconciler.core.ports import (
     Candidate,
@@ -32,24 +33,16 @@ from reconciler.core.ports import (
 from reconciler.core.vocabulary import StuckReason
 from reconciler.sources.batches import Batch, batches
 from reconciler.sources.common import (
-    LEDGER,
     AllKinds,
-    StepFacts,
     acting,
     by_kind,
-    ledger_facts,
-    ledger_last_write,
     with_lost_attempts,
 )
-from reconciler.sources.ledger_fences import (
-    ForeignFence,
-    LedgerMark,
-    fence_ledgers,
-    ledger_now,
-    with_ledger,
-)
+from reconciler.sources.ledger_fences import ForeignFence, LedgerMark, with_ledger
 from reconciler.sources.listing import SourceListing
+from reconciler.storage.audit import AuditHistory
 from reconciler.storage.clock import now_plus, seconds_since
+from reconciler.storage.step_ledger import PassLedger
 
 SnapshotT = TypeVar("SnapshotT", bound=ForeignFence)
 
@@ -74,7 +67,10 @@ class ForeignSource(SourceListing):
         # A source lives for one pass's transaction: the kinds running are read once in it
         # (the scans, and the brake's two counts, would each read the table again).
         self._running_kinds: dict[str, KindPolicy] | None = None
-        self._ledger_fences: list[tuple[str, int]] = []
+        # This project's own tables, through their store: the ledger's evidence and fences,
+        # and the audit's past resumes (a foreign system keeps no history of lost attempts).
+        self._ledger = PassLedger(connection, self.source_name)
+        self._history = AuditHistory(connection, self.source_name)
         self._expired_count: int | None = None
         self._kinds_read: dict[str, str] = {}
 
@@ -224,7 +220,7 @@ class ForeignSource(SourceListing):
         ``Batch`` (disposition, reason, rule); the jobs changed."""
         acting_changes = acting(changes)
         marks = [self._fence(change, ForeignFence).ledger for change in acting_changes]
-        read = ledger_now(self._conn, self.source_name, sorted({
+        read = self._ledger.newest_writes(sorted({
             str(change.decision.job_id)
             for change, mark in zip(acting_changes, marks, strict=True) if mark}))
         # A step recorded since the decision: it no longer holds, and the job is left out.
@@ -235,8 +231,7 @@ class ForeignSource(SourceListing):
         changed: dict[JobKey, int | None] = {}
         for batch in batches(holding):
             changed.update(self._swap(batch))
-        fence_ledgers(self._conn, self.source_name, self._ledger_fences)
-        self._ledger_fences = []
+        self._ledger.fence_pending()
         self._after_apply(changed)
         return changed
 
@@ -347,10 +342,7 @@ class ForeignSource(SourceListing):
             return True
         shortest = min(p.thresholds.wedged_after_seconds for p in (
             [policies.alike] if isinstance(policies, AllKinds) else policies.values()))
-        return self._conn.execute(
-            sa.select(sa.literal(1)).select_from(LEDGER)
-            .where(LEDGER.c.source_name == self.source_name,
-                   LEDGER.c.updated_at < now_plus(-shortest)).limit(1)).first() is not None
+        return self._ledger.written_before(shortest)
 
     def _still_stalled(self, seconds: float) -> sa.ColumnElement[bool]:
         """The wedged rule's time predicate (no activity for ``seconds``), repeated in its
@@ -361,7 +353,7 @@ class ForeignSource(SourceListing):
         activity = self._activity()
         if activity is not None:
             return sa.func.coalesce(seconds_since(activity) >= seconds, False)
-        last = ledger_last_write(self.source_name, sa.cast(self._key_column(), sa.String()))
+        last = self._ledger.last_write(sa.cast(self._key_column(), sa.String()))
         return last < now_plus(-seconds)
 
     @staticmethod
@@ -385,13 +377,13 @@ class ForeignSource(SourceListing):
         self._kinds_read.update((str(r.job_id), r.job_kind) for r in rows)
         if not self._steps_in_ledger():
             # Plans live in the system's own rows: no ledger read.
-            return with_lost_attempts(self._conn, self.source_name, [
+            return with_lost_attempts(self._history, [
                 self._candidate(r, policies[r.job_kind], None, position) for r in rows],
                 counted=self.counts_attempts)
         keys = [r.job_id for r in rows]
-        steps, seen = ledger_facts(self._conn, self.source_name, keys)
+        steps, seen = self._ledger.facts(keys)
         # The fence carries the job's last ledger write as read, so the swap repeats it.
-        return with_lost_attempts(self._conn, self.source_name, [
+        return with_lost_attempts(self._history, [
             with_ledger(self._candidate(r, policies[r.job_kind], steps.get(str(r.job_id)),
                                          position), LedgerMark(seen.get(str(r.job_id))))
             for r in rows], counted=self.counts_attempts)
@@ -399,5 +391,5 @@ class ForeignSource(SourceListing):
     def _fence_ledger(self, job_id: JobKey, next_attempt: int) -> None:
         """Move the job's ledger past the attempt just ended, so its late writes record
         nothing; written for the whole batch at the end of ``apply``."""
-        self._ledger_fences.append((str(job_id), next_attempt))
+        self._ledger.fence(job_id, next_attempt)
 

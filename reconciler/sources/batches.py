@@ -10,10 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
-
-import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import ARRAY
 
 from reconciler.core.ports import PlannedChange
 from reconciler.core.vocabulary import Disposition
@@ -42,14 +38,3 @@ def batches(changes: Sequence[PlannedChange]) -> list[Batch]:
         grouped.setdefault(key, []).append(change)
     return [Batch(*key, tuple(group)) for key, group in grouped.items()]
 
-
-def unnest(name: str, columns: Sequence[tuple[str, sa.types.TypeEngine[Any], Sequence[Any]]]
-           ) -> Any:
-    """Rows given column by column as one FROM item (PostgreSQL):
-    ``unnest(CAST(:a AS type[]), ...) AS name(a, ...)``; one bound array per column, so the
-    statement is the same text (and cached) whatever the batch's size."""
-    arrays = [sa.cast(sa.literal(list(values), ARRAY(type_)), ARRAY(type_))
-              for _, type_, values in columns]
-    return (sa.func.unnest(*arrays)
-            .table_valued(*(sa.column(column, type_) for column, type_, _ in columns))
-            .render_derived(name=name))

@@ -47,6 +47,7 @@ from pydantic import ConfigDict, model_validator
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 from sqlalchemy.engine import Connection
 
+from reconciler.core.evidence import StepFacts
 from reconciler.core.kinds import KindPolicy, KindRules
 from reconciler.core.ports import (
     Candidate,
@@ -66,7 +67,7 @@ from reconciler.core.vocabulary import (
 )
 from reconciler.file_tables import SourceSettings
 from reconciler.sources.base import ForeignSource
-from reconciler.sources.batches import Batch, unnest
+from reconciler.sources.batches import Batch
 from reconciler.sources.celery_broker import REDIS_SCHEMES, CeleryBroker
 from reconciler.sources.celery_liveness import Judgement, Running, judge
 from reconciler.sources.celery_tables import (
@@ -79,13 +80,13 @@ from reconciler.sources.celery_tables import (
     shape_for,
 )
 from reconciler.sources.common import (
-    StepFacts,
     UtcTimes,
     candidate,
     constant,
     require_columns,
 )
 from reconciler.sources.ledger_fences import ForeignFence
+from reconciler.storage.sql import unnest
 
 log = logging.getLogger("reconciler.sources.celery")
 _WARNED: set[str] = set()
@@ -269,7 +270,7 @@ class CelerySource(ForeignSource):
         return sa.select(
             rows.c.task_id.label("job_id"), result.name.label("job_kind"), rows.c.worker,
             rows.c.date_done, result.args.label("args"), result.kwargs.label("kwargs"),
-            *optional, *result.attempt_columns(self.source_name),
+            *optional, *result.attempt_columns(self._ledger, self._history),
             over.label("lease_expired_seconds"),
         ).where(*self._started())
 

@@ -8,42 +8,27 @@ activity. Ledger reads are one indexed query per batch.
 
 A foreign system keeps no history of lost attempts, but the audit does: the attempts lost
 in a row (the crash-loop rule's count) are read from the reconciler's own resumes of the
-job, one indexed query per batch (``with_lost_attempts``).
+job, one indexed query per batch (``with_lost_attempts``). Both are read through ports of
+this project's own tables (``storage.step_ledger.PassLedger``, ``storage.audit.AuditHistory``):
+no statement here names them.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, cast
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Connection
 
-from models import StepLedgerEntry
-from reconciler.core.evidence import PlanStep
+from reconciler.core.evidence import PlanStep, StepFacts, StepRows
 from reconciler.core.kinds import KindPolicy, KindRules
 from reconciler.core.policy import reclaimed_attempt_outcome
 from reconciler.core.ports import Candidate, Cursor, Fence, JobKey, PlannedChange
 from reconciler.core.vocabulary import AttemptOutcome, Disposition, Reason, StepState
 from reconciler.errors import ConfigError
-from reconciler.storage.clock import seconds_since
-from reconciler.storage.sql import decisions
-
-LEDGER: sa.Table = cast(sa.Table, StepLedgerEntry.__table__)
-
-StepRows = tuple[tuple[int, str, bool | None], ...]
-
-
-@dataclass(frozen=True, slots=True)
-class StepFacts:
-    """A job's steps as evidence: its plan, its step records, its last recorded activity."""
-
-    plan: tuple[PlanStep, ...]
-    step_rows: StepRows
-    activity_age_seconds: float | None
+from reconciler.storage.audit import AuditHistory
 
 
 def constant(value: str) -> sa.BindParameter[Any]:
@@ -57,58 +42,6 @@ def one_step(policy: KindPolicy) -> StepFacts:
     """A job with no step records: one step named after its kind, started, of unknown end."""
     return StepFacts((PlanStep(policy.kind or "job", policy.effect),),
                      ((0, StepState.STARTED.value, None),), None)
-
-
-def key_in(conn: Connection, column: sa.ColumnElement[Any], texts: Sequence[str]
-           ) -> sa.ColumnElement[bool]:
-    """``column`` is one of ``texts``: ``= ANY`` of one bound array on PostgreSQL (a
-    batch's keys as one parameter, not one each), ``IN`` elsewhere."""
-    if conn.dialect.name != "postgresql":
-        return column.in_(texts)
-    return column == sa.any_(sa.cast(sa.literal(list(texts), ARRAY(sa.String())),
-                                     ARRAY(sa.String())))
-
-
-def ledger_facts(conn: Connection, source_name: str, keys: Iterable[JobKey]
-                 ) -> tuple[dict[str, StepFacts], dict[str, Any]]:
-    """The step ledger's records of these jobs, and each one's newest write, by job key
-    text, in one read; jobs without any are absent from both."""
-    texts = sorted({str(k) for k in keys})
-    if not texts:
-        return {}, {}
-    rows = conn.execute(
-        sa.select(LEDGER.c.job_key, LEDGER.c.step_index, LEDGER.c.step_name,
-                  LEDGER.c.effect_kind, LEDGER.c.step_state, LEDGER.c.failure_retryable,
-                  seconds_since(LEDGER.c.updated_at).label("age"), LEDGER.c.updated_at)
-        .where(LEDGER.c.source_name == source_name, key_in(conn, LEDGER.c.job_key, texts))
-        .order_by(LEDGER.c.job_key, LEDGER.c.step_index)
-    ).all()
-    grouped: dict[str, list[Any]] = {}
-    newest: dict[str, Any] = {}
-    for row in rows:
-        grouped.setdefault(row.job_key, []).append(row)
-        newest[row.job_key] = max(newest.get(row.job_key, row.updated_at), row.updated_at)
-    facts: dict[str, StepFacts] = {}
-    for key, steps in grouped.items():
-        try:
-            plan = tuple(PlanStep(r.step_name, r.effect_kind) for r in steps)
-        except ValueError:
-            continue  # pragma: no cover - the table's checks keep effect kinds known
-        ages = [float(r.age) for r in steps if r.age is not None]
-        facts[key] = StepFacts(
-            plan,
-            tuple((r.step_index, r.step_state, r.failure_retryable)
-                  for r in steps if r.step_state is not None),
-            min(ages) if ages else None,
-        )
-    return facts, newest
-
-
-def ledger_last_write(source_name: str, key: sa.ColumnElement[Any]) -> sa.ScalarSelect[Any]:
-    """The newest ledger write of the job whose key text is ``key`` (NULL without records)."""
-    return (sa.select(sa.func.max(LEDGER.c.updated_at))
-            .where(LEDGER.c.source_name == source_name, LEDGER.c.job_key == key)
-            .scalar_subquery())
 
 
 SCAN_KEYS = ("reconcile", "max_run_seconds", "wedged_after_seconds")
@@ -226,25 +159,15 @@ def lost_in_a_row_resumed(attempt: int, resumes: Sequence[tuple[str, Any]], *,
     return count
 
 
-def with_lost_attempts(conn: Connection, source_name: str, found: list[Candidate], *,
+def with_lost_attempts(audit: AuditHistory, found: list[Candidate], *,
                        counted: bool = True) -> list[Candidate]:
     """The candidates with ``lost_attempts_in_a_row`` counted from the audit: the applied
-    (not shadow) resumes of each job under this source, in one query for the batch
+    (not shadow) resumes of each job under this source, in one read for the batch
     (``counted``: whether the system counts attempts, see ``lost_in_a_row_resumed``)."""
     texts = sorted({str(c.job_id) for c in found})
     if not texts:
         return found
-    history: dict[str, list[tuple[str, Any]]] = {}
-    for job_id, reason, evidence in conn.execute(
-            sa.select(decisions.c.job_id, decisions.c.decision_reason,
-                      decisions.c.decision_evidence)
-            .where(decisions.c.job_source == source_name,
-                   key_in(conn, decisions.c.job_id, texts),
-                   decisions.c.disposition == Disposition.RESUME.value,
-                   decisions.c.shadow_mode.is_(False))
-            .order_by(decisions.c.job_id, decisions.c.decision_id.desc())):
-        used = evidence.get("attempts_used") if isinstance(evidence, dict) else None
-        history.setdefault(str(job_id), []).append((str(reason), used))
+    history = audit.applied_resumes(texts)
     return [dataclasses.replace(c, lost_attempts_in_a_row=lost_in_a_row_resumed(
                 c.attempt_count, history.get(str(c.job_id), ()), counted=counted))
             for c in found]

@@ -48,14 +48,14 @@ from pydantic import ConfigDict
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 from sqlalchemy.engine import Connection
 
+from reconciler.core.evidence import StepFacts
 from reconciler.core.kinds import KindPolicy, KindRules
 from reconciler.core.ports import Candidate, Fence, JobKey, PlannedChange
 from reconciler.core.vocabulary import Disposition, JobStatus, Reason
 from reconciler.file_tables import SourceSettings
 from reconciler.sources.base import ForeignSource
-from reconciler.sources.batches import Batch, unnest
+from reconciler.sources.batches import Batch
 from reconciler.sources.common import (
-    StepFacts,
     UtcTimes,
     by_kind,
     candidate,
@@ -64,6 +64,7 @@ from reconciler.sources.common import (
 )
 from reconciler.sources.ledger_fences import ForeignFence
 from reconciler.storage.clock import db_now, seconds_since
+from reconciler.storage.sql import unnest
 
 EXCEPTION_CLASS_PATH = "builtins.RuntimeError"
 """The exception a terminalized task's result names: a builtin, so every Django project

@@ -34,15 +34,15 @@ from pydantic.dataclasses import dataclass as pydantic_dataclass
 from sqlalchemy.dialects.postgresql import ENUM, JSONB, UUID
 from sqlalchemy.engine import Connection
 
+from reconciler.core.evidence import StepFacts
 from reconciler.core.kinds import KindPolicy, KindRules
 from reconciler.core.ports import Candidate, Fence, JobKey
 from reconciler.core.vocabulary import Disposition, JobStatus
 from reconciler.errors import ConfigError
 from reconciler.file_tables import SourceSettings
 from reconciler.sources.base import ForeignSource
-from reconciler.sources.batches import Batch, unnest
+from reconciler.sources.batches import Batch
 from reconciler.sources.common import (
-    StepFacts,
     candidate,
     constant,
     per_kind,
@@ -51,6 +51,7 @@ from reconciler.sources.common import (
 )
 from reconciler.sources.ledger_fences import ForeignFence
 from reconciler.storage.clock import db_now, now_plus, seconds_since
+from reconciler.storage.sql import unnest
 
 JOB_STATES = ("created", "retry", "active", "completed", "cancelled", "failed")
 _STATUS_WORDS = {"created": JobStatus.QUEUED, "retry": JobStatus.QUEUED,

@@ -41,14 +41,13 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Connection
 
+from reconciler.core.evidence import StepFacts, StepRows
 from reconciler.core.kinds import KindPolicy, KindRules
 from reconciler.core.ports import Candidate, Fence, JobKey, PlannedChange
 from reconciler.core.vocabulary import Disposition, JobStatus
 from reconciler.sources.base import ForeignSource
 from reconciler.sources.batches import Batch
 from reconciler.sources.common import (
-    StepFacts,
-    StepRows,
     UtcTimes,
     by_kind,
     candidate,

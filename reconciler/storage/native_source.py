@@ -50,7 +50,6 @@ from reconciler.storage.sql import (
     attempts,
     batch_ids,
     encode_rows,
-    end_sessions,
     for_update,
     in_batch,
     jobs,
@@ -225,7 +224,7 @@ class NativeSource:
         ids = [int(i) for i in self.conn.execute(
             self.sql.silent_sessions, {"session_cutoff_seconds": -timeout_seconds}).scalars()]
         if ids:
-            end_sessions(self.conn, ids, SessionEndReason.HEARTBEAT_LOST)
+            transitions.end_sessions(self.conn, ids, SessionEndReason.HEARTBEAT_LOST)
         return len(ids)
 
     def candidates(
