@@ -71,7 +71,8 @@ class ForeignSource(SourceListing):
         # and the audit's past resumes (a foreign system keeps no history of lost attempts).
         self._ledger = PassLedger(connection, self.source_name)
         self._history = AuditHistory(connection, self.source_name)
-        self._expired_count: int | None = None
+        # (running, expired) of reconciled kinds, as the scan or the brake read them.
+        self._brake_counts: tuple[int, int] | None = None
         self._kinds_read: dict[str, str] = {}
 
     @property
@@ -183,12 +184,11 @@ class ForeignSource(SourceListing):
             return []
         key = self._key_column()
         expired = self._expired(policies)
-        expired_scan = (self._running(policies).where(self._reconciled(policies), expired)
-                        .order_by(self._scan_order()).limit(limit))
-        if after is not None and after.position is not None:
-            expired_scan = expired_scan.where(key > after.position[0])
-        found = self._build(self._conn.execute(self._locked(expired_scan)).all(), policies,
-                            position=True)
+        rows = self._conn.execute(self._expired_scan(policies, limit, after)).all()
+        if rows:
+            # The brake's counts, read with the candidates (see ``_expired_scan``).
+            self._brake_counts = (int(rows[0].running_total), int(rows[0].expired_total))
+        found = self._build(rows, policies, position=True)
         room = limit - len(found)
         if room > 0 and self._may_be_wedged(policies):
             wedged_scan = (self._running(policies)
@@ -202,6 +202,47 @@ class ForeignSource(SourceListing):
             found += [dataclasses.replace(c, position=c.position.in_wedged_scan())
                       for c in stalled if c.position is not None]
         return found
+
+    def _expired_scan(self, policies: Mapping[str, KindPolicy], limit: int,
+                      after: Cursor | None) -> sa.Select[Any]:
+        """The expired running jobs after the cursor, in the scan's order, at most
+        ``limit``, each row carrying the brake's two counts (``running_total``: every
+        running job of a reconciled kind; ``expired_total``: the expired ones).
+
+        One read of the running jobs gives all three: it is kept (``MATERIALIZED``) and
+        both the counts and the candidates are taken from it; the candidates' rows are
+        then locked by their physical address (``tableoid``, ``ctid``: a lookup each, not a
+        second read of the table), skipping those another replica holds, until
+        ``limit``. A row changed since the read has another address and is left out, as
+        a row whose fence no longer holds would be. The counts are computed only once a
+        row is returned, so a quiet pass pays nothing for them.
+        """
+        target = self._lock_target()
+        locking = self._lock and self._conn.dialect.name == "postgresql"
+        running = (self._running(policies).where(self._reconciled(policies))
+                   .add_columns(self._expired(policies).label("expired"),
+                                self._scan_order().label("scan_key")))
+        if locking:
+            running = running.add_columns(
+                sa.column("tableoid", _selectable=target).label("row_table"),
+                sa.column("ctid", _selectable=target).label("row_ctid"))
+        read = running.cte("running").prefix_with("MATERIALIZED")
+        counted = sa.select(sa.func.count()).select_from(read)
+        shown = [read.c[c.name] for c in self._running(policies).selected_columns]
+        scan = (sa.select(*shown,
+                          counted.scalar_subquery().label("running_total"),
+                          counted.where(read.c.expired.is_(True)).scalar_subquery()
+                          .label("expired_total"))
+                .select_from(read).where(read.c.expired.is_(True))
+                .order_by(read.c.scan_key).limit(limit))
+        if after is not None and after.position is not None:
+            scan = scan.where(read.c.job_id > after.position[0])
+        if not locking:
+            return scan
+        return (scan.join(target, sa.and_(
+                    sa.column("tableoid", _selectable=target) == read.c.row_table,
+                    sa.column("ctid", _selectable=target) == read.c.row_ctid))
+                .with_for_update(skip_locked=True, of=target))
 
     def evidence_for(self, job_ids: Sequence[JobKey]) -> list[Candidate]:
         """The same facts for named running jobs, whatever their lease; no locks."""
@@ -227,7 +268,7 @@ class ForeignSource(SourceListing):
         holding = [change for change, ledger in zip(acting_changes, marks, strict=True)
                    if ledger is None
                    or read.get(str(change.decision.job_id)) == ledger.last_write]
-        self._expired_count = None  # the brake's count is of the jobs before these swaps
+        self._brake_counts = None  # the brake's counts are of the jobs before these swaps
         changed: dict[JobKey, int | None] = {}
         for batch in batches(holding):
             changed.update(self._swap(batch))
@@ -269,8 +310,11 @@ class ForeignSource(SourceListing):
             if k is not None)
 
     def running_count(self) -> int:
-        """Running jobs of reconciled kinds; the expired ones counted in the same read
-        for ``stale_count`` (the brake asks for both: one read of the jobs, not two)."""
+        """Running jobs of reconciled kinds, as the scan that found this transaction's
+        expired candidates counted them; else (no expired candidate: a pass of wedged
+        ones only) counted now, the expired ones in the same read for ``stale_count``."""
+        if self._brake_counts is not None:
+            return self._brake_counts[0]
         policies = self._policies()
         if not policies:
             return 0
@@ -279,14 +323,14 @@ class ForeignSource(SourceListing):
         count, expired = self._conn.execute(sa.select(
             sa.func.count(),
             sa.func.count().filter(running.c.expired.is_(True)))).one()
-        self._expired_count = int(expired)
+        self._brake_counts = (int(count), int(expired))
         return int(count)
 
     def stale_count(self, limit: int) -> int:
-        """Expired running jobs of reconciled kinds, up to ``limit`` (as counted by
-        ``running_count`` in this transaction, when it was)."""
-        if self._expired_count is not None:
-            return min(self._expired_count, limit)
+        """Expired running jobs of reconciled kinds, up to ``limit`` (as counted by the
+        scan or ``running_count`` in this transaction, when they were)."""
+        if self._brake_counts is not None:
+            return min(self._brake_counts[1], limit)
         policies = self._policies()
         if not policies:
             return 0
