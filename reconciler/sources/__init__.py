@@ -15,10 +15,10 @@ from sqlalchemy.engine import Connection
 
 from reconciler.core.kinds import KindRules
 from reconciler.file_tables import SourceSettings
-from reconciler.sources.base import ForeignSource
 from reconciler.sources.celery import CelerySource
 from reconciler.sources.django_tasks import DjangoTasksSource
 from reconciler.sources.graphile_worker import GraphileWorkerSource
+from reconciler.sources.kit.source import ForeignSource
 from reconciler.sources.pgboss import PgBossSource
 from reconciler.sources.procrastinate import ProcrastinateSource
 from reconciler.sources.registry import entry_of, is_native

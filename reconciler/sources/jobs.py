@@ -23,7 +23,7 @@ from reconciler.core.kinds import KindRules
 from reconciler.core.ports import JobDetail, OperatorStore, SourceJobs, Unjudged
 from reconciler.core.vocabulary import JobKey, JobStatus, Reason
 from reconciler.file_tables import SourceSettings
-from reconciler.sources.base import ForeignSource
+from reconciler.sources.kit.source import ForeignSource
 from reconciler.sources.registry import NativeConfig, entry_of, is_native
 from reconciler.storage.audit import AuditHistory
 from reconciler.storage.engines import read_only

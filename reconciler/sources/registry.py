@@ -10,8 +10,8 @@ Adding a source is:
 1. **one module** under ``reconciler/sources/`` holding its config model (a
    ``reconciler.file_tables.SourceSettings`` dataclass: the ``[source]`` keys besides
    ``kind``, with its ``kind`` as a class variable), its fence snapshot (a frozen slotted
-   ``reconciler.sources.base.ForeignFence`` dataclass of what its swap repeats) and its
-   class (a ``reconciler.sources.base.ForeignSource``: the SQL of what runs, what
+   ``reconciler.sources.kit.source.ForeignFence`` dataclass of what its swap repeats) and its
+   class (a ``reconciler.sources.kit.source.ForeignSource``: the SQL of what runs, what
    expired, one swap, and ``listing``/``status_words`` for operators; opened as
    ``Class(connection, config, kinds, lock=...)``);
 2. **one entry** below (and its import above it)::
@@ -53,7 +53,7 @@ from reconciler.sources.graphile_worker import GraphileWorkerConfig, GraphileWor
 from reconciler.sources.pgboss import PgBossConfig, PgBossSource
 from reconciler.sources.procrastinate import ProcrastinateConfig, ProcrastinateSource
 from reconciler.sources.table import TableSource
-from reconciler.sources.table_config import TableConfig
+from reconciler.sources.table.config import TableConfig
 from reconciler.storage.native_kinds import kinded_native
 from reconciler.storage.native_source import NativeSource
 

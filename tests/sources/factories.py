@@ -37,8 +37,8 @@ from reconciler.config import (
 from reconciler.core.kinds import KindRules
 from reconciler.core.ports import JobKey
 from reconciler.ledger import Step, StepLedger
-from reconciler.sources.base import ForeignSource
 from reconciler.sources.graphile_worker import GraphileWorkerSource
+from reconciler.sources.kit.source import ForeignSource
 from reconciler.sources.pgboss import PgBossSource
 from reconciler.sources.procrastinate import ProcrastinateSource
 from tests.sources.conftest import SourcesDatabase

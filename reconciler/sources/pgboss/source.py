@@ -38,18 +38,12 @@ from reconciler.core.evidence import StepFacts
 from reconciler.core.kinds import KindPolicy, KindRules
 from reconciler.core.ports import Candidate, Fence, JobKey
 from reconciler.core.vocabulary import Disposition, JobStatus
-from reconciler.errors import ConfigError
 from reconciler.file_tables import SourceSettings
-from reconciler.sources.base import ForeignSource
-from reconciler.sources.batches import Batch
-from reconciler.sources.common import (
-    candidate,
-    constant,
-    per_kind,
-    require_columns,
-    require_postgresql,
-)
-from reconciler.sources.ledger_fences import ForeignFence
+from reconciler.sources.kit.batches import Batch
+from reconciler.sources.kit.checks import require_schema
+from reconciler.sources.kit.fences import ForeignFence
+from reconciler.sources.kit.shapes import candidate, constant, per_kind
+from reconciler.sources.kit.source import ForeignSource
 from reconciler.storage.clock import db_now, now_plus, seconds_since
 from reconciler.storage.sql import unnest
 
@@ -101,16 +95,11 @@ class PgBossSource(ForeignSource):
 
     def check_schema(self) -> None:
         """pg-boss's job table and the columns this source reads and writes."""
-        require_postgresql(self._conn, self.source_name)
-        schema = self._config.schema
-        if not sa.inspect(self._conn).has_schema(schema):
-            raise ConfigError(f"source pg-boss: schema {schema!r} not found "
-                              "(has pg-boss started on this database?)")
-        require_columns(self._conn, self.source_name, "job", schema,
-                        {c: c for c in ("id", "name", "state", "retry_count", "retry_limit",
-                                        "started_on", "start_after", "expire_in", "policy",
-                                        "singleton_key", "completed_on", "keep_until",
-                                        "dead_letter", "data", "output")})
+        require_schema(self._conn, self.source_name, self._config.schema, {
+            "job": ("id", "name", "state", "retry_count", "retry_limit", "started_on",
+                    "start_after", "expire_in", "policy", "singleton_key", "completed_on",
+                    "keep_until", "dead_letter", "data", "output")},
+            missing_schema=" (has pg-boss started on this database?)")
 
     # -- SQL pieces ---------------------------------------------------------- #
 

@@ -15,7 +15,6 @@ no statement here names them.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -24,11 +23,8 @@ from sqlalchemy.engine import Connection
 
 from reconciler.core.evidence import PlanStep, StepFacts, StepRows
 from reconciler.core.kinds import KindPolicy, KindRules
-from reconciler.core.policy import reclaimed_attempt_outcome
 from reconciler.core.ports import Candidate, Cursor, Fence, JobKey, PlannedChange
-from reconciler.core.vocabulary import AttemptOutcome, Disposition, Reason, StepState
-from reconciler.errors import ConfigError
-from reconciler.storage.audit import AuditHistory
+from reconciler.core.vocabulary import Disposition, Reason, StepState
 
 
 def constant(value: str) -> sa.BindParameter[Any]:
@@ -130,49 +126,6 @@ def candidate(*, job_id: JobKey, kind: str, policy: KindPolicy, fence: Fence,
     )
 
 
-def lost_in_a_row_resumed(attempt: int, resumes: Sequence[tuple[str, Any]], *,
-                          counted: bool = True) -> int:
-    """The crash-loop count of a foreign job in its ``attempt``-th attempt: this attempt
-    (its worker is gone when the rule reads it), then each earlier attempt the reconciler
-    took back from a dead worker and resumed, newest first (``resumes``: the reason and the
-    recorded ``attempts_used`` of the job's applied resumes, newest first).
-
-    As the native count, it stops at an attempt that ended any other way: a gap in the
-    system's attempt counter (a run in between ended by its own worker, whose failure the
-    system retried), a counter that went back (an operator's retry), a resume that did not
-    end a lost attempt, the same count again (a job id used anew: its history is another
-    job's). A terminalization is never counted: only someone's retry runs the job again
-    after one, and a retry starts the count afresh. ``counted=False``: the system counts no
-    attempts (a table without ``attempts_column``), its counter never moves, and each resume
-    is counted, which is all the history it has.
-    """
-    count, later = 1, attempt
-    for reason, used in resumes:
-        try:
-            lost = reclaimed_attempt_outcome(Reason(reason)) is AttemptOutcome.LOST
-        except ValueError:
-            break
-        if not lost or isinstance(used, bool) or not isinstance(used, int) \
-                or used != (later - 1 if counted else later):
-            break
-        count, later = count + 1, used
-    return count
-
-
-def with_lost_attempts(audit: AuditHistory, found: list[Candidate], *,
-                       counted: bool = True) -> list[Candidate]:
-    """The candidates with ``lost_attempts_in_a_row`` counted from the audit: the applied
-    (not shadow) resumes of each job under this source, in one read for the batch
-    (``counted``: whether the system counts attempts, see ``lost_in_a_row_resumed``)."""
-    texts = sorted({str(c.job_id) for c in found})
-    if not texts:
-        return found
-    history = audit.applied_resumes(texts)
-    return [dataclasses.replace(c, lost_attempts_in_a_row=lost_in_a_row_resumed(
-                c.attempt_count, history.get(str(c.job_id), ()), counted=counted))
-            for c in found]
-
-
 def acting(changes: Sequence[PlannedChange]) -> list[PlannedChange]:
     """The changes that change something (skips are recorded, never applied)."""
     return [c for c in changes if c.decision.disposition is not Disposition.SKIP]
@@ -202,44 +155,3 @@ class UtcTimes:
 def reason_text(change: PlannedChange) -> str:
     """Our reason code, as written into a foreign system's error field."""
     return change.decision.reason.value
-
-
-def require_columns(conn: Connection, source: str, table: str, schema: str | None,
-                    columns: Mapping[str, str]) -> dict[str, Any]:
-    """Each named column of the table, or one ``ConfigError`` line naming what is missing.
-
-    ``columns`` maps the config key (or the system's own name) to the column name.
-    """
-    inspector = sa.inspect(conn)
-    where = f"schema {schema!r}" if schema else "the default schema"
-    if not inspector.has_table(table, schema=schema):
-        raise ConfigError(f"source {source}: table {table!r} not found in {where}")
-    found = {c["name"]: c for c in inspector.get_columns(table, schema=schema)}
-    for key, column in columns.items():
-        if column not in found:
-            label = f" ({key})" if key != column else ""
-            raise ConfigError(f"source {source}: column {column!r}{label} not found in "
-                              f"table {table!r}")
-    return found
-
-
-_FUNCTION_EXISTS = sa.text(
-    "SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
-    "WHERE p.proname = :name AND (n.nspname = CAST(:schema AS text) OR "
-    "(CAST(:schema AS text) IS NULL AND n.nspname = ANY (current_schemas(false))))")
-
-
-def require_functions(conn: Connection, source: str, schema: str | None,
-                      names: Sequence[str]) -> None:
-    """Each named SQL function exists (PostgreSQL), or one line naming the first missing."""
-    for name in names:
-        if not conn.execute(_FUNCTION_EXISTS, {"name": name, "schema": schema}).scalar():
-            where = f"schema {schema!r}" if schema else "the search path"
-            raise ConfigError(f"source {source}: function {name}() not found in {where}")
-
-
-def require_postgresql(conn: Connection, source: str) -> None:
-    """Foreign job systems live in PostgreSQL; anything else is one line."""
-    if conn.dialect.name != "postgresql":
-        raise ConfigError(f"source {source} needs PostgreSQL (the database_url is "
-                          f"{conn.dialect.name})")

@@ -30,7 +30,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from reconciler.sources.common import constant
+from reconciler.sources.kit.shapes import constant
 from reconciler.storage.audit import AuditHistory
 from reconciler.storage.clock import db_now
 from reconciler.storage.step_ledger import PassLedger

@@ -66,11 +66,9 @@ from reconciler.core.vocabulary import (
     StuckReason,
 )
 from reconciler.file_tables import SourceSettings
-from reconciler.sources.base import ForeignSource
-from reconciler.sources.batches import Batch
-from reconciler.sources.celery_broker import REDIS_SCHEMES, CeleryBroker
-from reconciler.sources.celery_liveness import Judgement, Running, judge
-from reconciler.sources.celery_tables import (
+from reconciler.sources.celery.broker import REDIS_SCHEMES, CeleryBroker
+from reconciler.sources.celery.liveness import Judgement, Running, judge
+from reconciler.sources.celery.tables import (
     ResultRows,
     attempt_of,
     call_arguments,
@@ -79,13 +77,11 @@ from reconciler.sources.celery_tables import (
     retries_of,
     shape_for,
 )
-from reconciler.sources.common import (
-    UtcTimes,
-    candidate,
-    constant,
-    require_columns,
-)
-from reconciler.sources.ledger_fences import ForeignFence
+from reconciler.sources.kit.batches import Batch
+from reconciler.sources.kit.checks import require_columns
+from reconciler.sources.kit.fences import ForeignFence
+from reconciler.sources.kit.shapes import UtcTimes, candidate, constant
+from reconciler.sources.kit.source import ForeignSource
 from reconciler.storage.sql import unnest
 
 log = logging.getLogger("reconciler.sources.celery")
@@ -270,7 +266,7 @@ class CelerySource(ForeignSource):
         return sa.select(
             rows.c.task_id.label("job_id"), result.name.label("job_kind"), rows.c.worker,
             rows.c.date_done, result.args.label("args"), result.kwargs.label("kwargs"),
-            *optional, *result.attempt_columns(self._ledger, self._history),
+            *optional, *result.attempt_columns(self._tx.ledger, self._tx.history),
             over.label("lease_expired_seconds"),
         ).where(*self._started())
 

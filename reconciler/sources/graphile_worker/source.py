@@ -33,18 +33,12 @@ from reconciler.core.evidence import StepFacts
 from reconciler.core.kinds import KindPolicy, KindRules
 from reconciler.core.ports import Candidate, Fence, JobKey
 from reconciler.core.vocabulary import Disposition, JobStatus
-from reconciler.errors import ConfigError
 from reconciler.file_tables import SourceSettings
-from reconciler.sources.base import ForeignSource
-from reconciler.sources.batches import Batch
-from reconciler.sources.common import (
-    candidate,
-    per_kind,
-    require_columns,
-    require_functions,
-    require_postgresql,
-)
-from reconciler.sources.ledger_fences import ForeignFence
+from reconciler.sources.kit.batches import Batch
+from reconciler.sources.kit.checks import require_schema
+from reconciler.sources.kit.fences import ForeignFence
+from reconciler.sources.kit.shapes import candidate, per_kind
+from reconciler.sources.kit.source import ForeignSource
 from reconciler.storage.clock import db_now, now_plus, seconds_since
 from reconciler.storage.sql import unnest
 
@@ -98,20 +92,13 @@ class GraphileWorkerSource(ForeignSource):
 
     def check_schema(self) -> None:
         """graphile-worker's private tables and its ``permanently_fail_jobs``."""
-        require_postgresql(self._conn, self.source_name)
-        schema = self._config.schema
-        if not sa.inspect(self._conn).has_schema(schema):
-            raise ConfigError(f"source graphile-worker: schema {schema!r} not found "
-                              "(has graphile-worker migrated this database?)")
-        require_columns(self._conn, self.source_name, "_private_jobs", schema,
-                        {c: c for c in ("id", "task_id", "job_queue_id", "locked_at",
-                                        "locked_by", "attempts", "max_attempts", "run_at",
-                                        "last_error")})
-        require_columns(self._conn, self.source_name, "_private_tasks", schema,
-                        {"id": "id", "identifier": "identifier"})
-        require_columns(self._conn, self.source_name, "_private_job_queues", schema,
-                        {"id": "id", "locked_at": "locked_at", "locked_by": "locked_by"})
-        require_functions(self._conn, self.source_name, schema, ("permanently_fail_jobs",))
+        require_schema(self._conn, self.source_name, self._config.schema, {
+            "_private_jobs": ("id", "task_id", "job_queue_id", "locked_at", "locked_by",
+                              "attempts", "max_attempts", "run_at", "last_error"),
+            "_private_tasks": ("id", "identifier"),
+            "_private_job_queues": ("id", "locked_at", "locked_by")},
+            ("permanently_fail_jobs",),
+            missing_schema=" (has graphile-worker migrated this database?)")
 
     # -- SQL pieces ---------------------------------------------------------- #
 

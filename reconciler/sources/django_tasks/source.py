@@ -53,16 +53,11 @@ from reconciler.core.kinds import KindPolicy, KindRules
 from reconciler.core.ports import Candidate, Fence, JobKey, PlannedChange
 from reconciler.core.vocabulary import Disposition, JobStatus, Reason
 from reconciler.file_tables import SourceSettings
-from reconciler.sources.base import ForeignSource
-from reconciler.sources.batches import Batch
-from reconciler.sources.common import (
-    UtcTimes,
-    by_kind,
-    candidate,
-    constant,
-    require_columns,
-)
-from reconciler.sources.ledger_fences import ForeignFence
+from reconciler.sources.kit.batches import Batch
+from reconciler.sources.kit.checks import require_columns
+from reconciler.sources.kit.fences import ForeignFence
+from reconciler.sources.kit.shapes import UtcTimes, by_kind, candidate, constant
+from reconciler.sources.kit.source import ForeignSource
 from reconciler.storage.clock import db_now, seconds_since
 from reconciler.storage.sql import unnest
 

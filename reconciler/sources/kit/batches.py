@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from reconciler.core.ports import PlannedChange
 from reconciler.core.vocabulary import Disposition
-from reconciler.sources.common import is_wedged, reason_text
+from reconciler.sources.kit.shapes import is_wedged, reason_text
 
 
 @dataclass(frozen=True, slots=True)

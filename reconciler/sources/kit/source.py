@@ -31,18 +31,14 @@ from reconciler.core.ports import (
     StuckWork,
 )
 from reconciler.core.vocabulary import StuckReason
-from reconciler.sources.batches import Batch, batches
-from reconciler.sources.common import (
-    AllKinds,
-    acting,
-    by_kind,
-    with_lost_attempts,
-)
-from reconciler.sources.ledger_fences import ForeignFence, LedgerMark, with_ledger
-from reconciler.sources.listing import SourceListing
-from reconciler.storage.audit import AuditHistory
+from reconciler.sources.kit.batches import Batch, batches
+from reconciler.sources.kit.fences import ForeignFence, LedgerMark, with_ledger
+from reconciler.sources.kit.history import with_lost_attempts
+from reconciler.sources.kit.listing import SourceListing
+from reconciler.sources.kit.scan import expired_scan
+from reconciler.sources.kit.shapes import AllKinds, acting, by_kind
+from reconciler.sources.kit.transaction import SourceTransaction
 from reconciler.storage.clock import now_plus, seconds_since
-from reconciler.storage.step_ledger import PassLedger
 
 SnapshotT = TypeVar("SnapshotT", bound=ForeignFence)
 
@@ -64,16 +60,9 @@ class ForeignSource(SourceListing):
         self._conn = connection
         self._kinds = kinds
         self._lock = lock
-        # A source lives for one pass's transaction: the kinds running are read once in it
-        # (the scans, and the brake's two counts, would each read the table again).
-        self._running_kinds: dict[str, KindPolicy] | None = None
-        # This project's own tables, through their store: the ledger's evidence and fences,
-        # and the audit's past resumes (a foreign system keeps no history of lost attempts).
-        self._ledger = PassLedger(connection, self.source_name)
-        self._history = AuditHistory(connection, self.source_name)
-        # (running, expired) of reconciled kinds, as the scan or the brake read them.
-        self._brake_counts: tuple[int, int] | None = None
-        self._kinds_read: dict[str, str] = {}
+        # What the transaction reads and owes is kept apart from the declaration, in one
+        # object made for it (the registry opens a source per transaction).
+        self._tx = SourceTransaction(connection, self.source_name)
 
     @property
     def connection(self) -> Connection:
@@ -184,10 +173,13 @@ class ForeignSource(SourceListing):
             return []
         key = self._key_column()
         expired = self._expired(policies)
-        rows = self._conn.execute(self._expired_scan(policies, limit, after)).all()
-        if rows:
-            # The brake's counts, read with the candidates (see ``_expired_scan``).
-            self._brake_counts = (int(rows[0].running_total), int(rows[0].expired_total))
+        rows = self._conn.execute(expired_scan(
+            self._running(policies).where(self._reconciled(policies)), expired,
+            self._scan_order(), self._lock_target(), limit=limit,
+            after=None if after is None or after.position is None else after.position[0],
+            locking=self._lock and self._conn.dialect.name == "postgresql")).all()
+        if rows:  # the brake's counts, read with the candidates (``kit.scan``)
+            self._tx.brake_counts = (int(rows[0].running_total), int(rows[0].expired_total))
         found = self._build(rows, policies, position=True)
         room = limit - len(found)
         if room > 0 and self._may_be_wedged(policies):
@@ -202,47 +194,6 @@ class ForeignSource(SourceListing):
             found += [dataclasses.replace(c, position=c.position.in_wedged_scan())
                       for c in stalled if c.position is not None]
         return found
-
-    def _expired_scan(self, policies: Mapping[str, KindPolicy], limit: int,
-                      after: Cursor | None) -> sa.Select[Any]:
-        """The expired running jobs after the cursor, in the scan's order, at most
-        ``limit``, each row carrying the brake's two counts (``running_total``: every
-        running job of a reconciled kind; ``expired_total``: the expired ones).
-
-        One read of the running jobs gives all three: it is kept (``MATERIALIZED``) and
-        both the counts and the candidates are taken from it; the candidates' rows are
-        then locked by their physical address (``tableoid``, ``ctid``: a lookup each, not a
-        second read of the table), skipping those another replica holds, until
-        ``limit``. A row changed since the read has another address and is left out, as
-        a row whose fence no longer holds would be. The counts are computed only once a
-        row is returned, so a quiet pass pays nothing for them.
-        """
-        target = self._lock_target()
-        locking = self._lock and self._conn.dialect.name == "postgresql"
-        running = (self._running(policies).where(self._reconciled(policies))
-                   .add_columns(self._expired(policies).label("expired"),
-                                self._scan_order().label("scan_key")))
-        if locking:
-            running = running.add_columns(
-                sa.column("tableoid", _selectable=target).label("row_table"),
-                sa.column("ctid", _selectable=target).label("row_ctid"))
-        read = running.cte("running").prefix_with("MATERIALIZED")
-        counted = sa.select(sa.func.count()).select_from(read)
-        shown = [read.c[c.name] for c in self._running(policies).selected_columns]
-        scan = (sa.select(*shown,
-                          counted.scalar_subquery().label("running_total"),
-                          counted.where(read.c.expired.is_(True)).scalar_subquery()
-                          .label("expired_total"))
-                .select_from(read).where(read.c.expired.is_(True))
-                .order_by(read.c.scan_key).limit(limit))
-        if after is not None and after.position is not None:
-            scan = scan.where(read.c.job_id > after.position[0])
-        if not locking:
-            return scan
-        return (scan.join(target, sa.and_(
-                    sa.column("tableoid", _selectable=target) == read.c.row_table,
-                    sa.column("ctid", _selectable=target) == read.c.row_ctid))
-                .with_for_update(skip_locked=True, of=target))
 
     def evidence_for(self, job_ids: Sequence[JobKey]) -> list[Candidate]:
         """The same facts for named running jobs, whatever their lease; no locks."""
@@ -261,18 +212,18 @@ class ForeignSource(SourceListing):
         ``Batch`` (disposition, reason, rule); the jobs changed."""
         acting_changes = acting(changes)
         marks = [self._fence(change, ForeignFence).ledger for change in acting_changes]
-        read = self._ledger.newest_writes(sorted({
+        read = self._tx.ledger.newest_writes(sorted({
             str(change.decision.job_id)
             for change, mark in zip(acting_changes, marks, strict=True) if mark}))
         # A step recorded since the decision: it no longer holds, and the job is left out.
         holding = [change for change, ledger in zip(acting_changes, marks, strict=True)
                    if ledger is None
                    or read.get(str(change.decision.job_id)) == ledger.last_write]
-        self._brake_counts = None  # the brake's counts are of the jobs before these swaps
+        self._tx.brake_counts = None  # the brake's counts are of the jobs before these swaps
         changed: dict[JobKey, int | None] = {}
         for batch in batches(holding):
             changed.update(self._swap(batch))
-        self._ledger.fence_pending()
+        self._tx.ledger.fence_pending()
         self._after_apply(changed)
         return changed
 
@@ -301,7 +252,7 @@ class ForeignSource(SourceListing):
 
     def kind_read(self, job_id: JobKey) -> str | None:
         """The kind of a job this transaction's scans read (None: none read)."""
-        return self._kinds_read.get(str(job_id))
+        return self._tx.kinds_read.get(str(job_id))
 
     def running_kinds(self) -> list[str]:
         """The kinds of the running jobs, each once, sorted (whether reconciled or not)."""
@@ -313,8 +264,8 @@ class ForeignSource(SourceListing):
         """Running jobs of reconciled kinds, as the scan that found this transaction's
         expired candidates counted them; else (no expired candidate: a pass of wedged
         ones only) counted now, the expired ones in the same read for ``stale_count``."""
-        if self._brake_counts is not None:
-            return self._brake_counts[0]
+        if self._tx.brake_counts is not None:
+            return self._tx.brake_counts[0]
         policies = self._policies()
         if not policies:
             return 0
@@ -323,14 +274,14 @@ class ForeignSource(SourceListing):
         count, expired = self._conn.execute(sa.select(
             sa.func.count(),
             sa.func.count().filter(running.c.expired.is_(True)))).one()
-        self._brake_counts = (int(count), int(expired))
+        self._tx.brake_counts = (int(count), int(expired))
         return int(count)
 
     def stale_count(self, limit: int) -> int:
         """Expired running jobs of reconciled kinds, up to ``limit`` (as counted by the
         scan or ``running_count`` in this transaction, when they were)."""
-        if self._brake_counts is not None:
-            return min(self._brake_counts[1], limit)
+        if self._tx.brake_counts is not None:
+            return min(self._tx.brake_counts[1], limit)
         policies = self._policies()
         if not policies:
             return 0
@@ -354,14 +305,14 @@ class ForeignSource(SourceListing):
             every = AllKinds.of(self._kinds)
             if every is not None:
                 return every if every.alike.reconcile or not reconciled_only else {}
-        if self._running_kinds is None:
+        if self._tx.running_kinds is None:
             catalogue = self._kind_catalogue()
             if catalogue is None:
                 catalogue = sa.select(self._running({}).subquery().c.job_kind).distinct()
             kinds = self._conn.execute(catalogue).scalars()
-            self._running_kinds = {kind: self._kinds.resolve(kind)
+            self._tx.running_kinds = {kind: self._kinds.resolve(kind)
                                    for kind in kinds if kind is not None}
-        return {kind: p for kind, p in self._running_kinds.items()
+        return {kind: p for kind, p in self._tx.running_kinds.items()
                 if p.reconcile or not reconciled_only}
 
     def _reconciled(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[bool]:
@@ -386,7 +337,7 @@ class ForeignSource(SourceListing):
             return True
         shortest = min(p.thresholds.wedged_after_seconds for p in (
             [policies.alike] if isinstance(policies, AllKinds) else policies.values()))
-        return self._ledger.written_before(shortest)
+        return self._tx.ledger.written_before(shortest)
 
     def _still_stalled(self, seconds: float) -> sa.ColumnElement[bool]:
         """The wedged rule's time predicate (no activity for ``seconds``), repeated in its
@@ -397,7 +348,7 @@ class ForeignSource(SourceListing):
         activity = self._activity()
         if activity is not None:
             return sa.func.coalesce(seconds_since(activity) >= seconds, False)
-        last = self._ledger.last_write(sa.cast(self._key_column(), sa.String()))
+        last = self._tx.ledger.last_write(sa.cast(self._key_column(), sa.String()))
         return last < now_plus(-seconds)
 
     @staticmethod
@@ -418,16 +369,16 @@ class ForeignSource(SourceListing):
     def _build(self, rows: Sequence[sa.Row[Any]], policies: Mapping[str, KindPolicy],
                *, position: bool) -> list[Candidate]:
         rows = [r for r in rows if r.job_kind in policies]
-        self._kinds_read.update((str(r.job_id), r.job_kind) for r in rows)
+        self._tx.kinds_read.update((str(r.job_id), r.job_kind) for r in rows)
         if not self._steps_in_ledger():
             # Plans live in the system's own rows: no ledger read.
-            return with_lost_attempts(self._history, [
+            return with_lost_attempts(self._tx.history, [
                 self._candidate(r, policies[r.job_kind], None, position) for r in rows],
                 counted=self.counts_attempts)
         keys = [r.job_id for r in rows]
-        steps, seen = self._ledger.facts(keys)
+        steps, seen = self._tx.ledger.facts(keys)
         # The fence carries the job's last ledger write as read, so the swap repeats it.
-        return with_lost_attempts(self._history, [
+        return with_lost_attempts(self._tx.history, [
             with_ledger(self._candidate(r, policies[r.job_kind], steps.get(str(r.job_id)),
                                          position), LedgerMark(seen.get(str(r.job_id))))
             for r in rows], counted=self.counts_attempts)
@@ -435,5 +386,5 @@ class ForeignSource(SourceListing):
     def _fence_ledger(self, job_id: JobKey, next_attempt: int) -> None:
         """Move the job's ledger past the attempt just ended, so its late writes record
         nothing; written for the whole batch at the end of ``apply``."""
-        self._ledger.fence(job_id, next_attempt)
+        self._tx.ledger.fence(job_id, next_attempt)
 

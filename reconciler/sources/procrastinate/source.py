@@ -42,18 +42,12 @@ from reconciler.core.evidence import StepFacts
 from reconciler.core.kinds import KindPolicy, KindRules
 from reconciler.core.ports import Candidate, Fence, JobKey
 from reconciler.core.vocabulary import Disposition, JobStatus
-from reconciler.errors import ConfigError
 from reconciler.file_tables import SourceSettings
-from reconciler.sources.base import ForeignSource
-from reconciler.sources.batches import Batch
-from reconciler.sources.common import (
-    candidate,
-    constant,
-    require_columns,
-    require_functions,
-    require_postgresql,
-)
-from reconciler.sources.ledger_fences import ForeignFence
+from reconciler.sources.kit.batches import Batch
+from reconciler.sources.kit.checks import require_schema
+from reconciler.sources.kit.fences import ForeignFence
+from reconciler.sources.kit.shapes import candidate, constant
+from reconciler.sources.kit.source import ForeignSource
 from reconciler.storage.clock import now_plus, seconds_since
 from reconciler.storage.sql import unnest
 
@@ -111,17 +105,11 @@ class ProcrastinateSource(ForeignSource):
     def check_schema(self) -> None:
         """Procrastinate's tables, columns and the two functions whose writes this source
         repeats set-wise (the schema version it was written against)."""
-        require_postgresql(self._conn, self.source_name)
-        schema = self._config.schema
-        if schema is not None and not sa.inspect(self._conn).has_schema(schema):
-            raise ConfigError(f"source procrastinate: schema {schema!r} not found")
-        require_columns(self._conn, self.source_name, "procrastinate_jobs", schema,
-                        {c: c for c in ("id", "task_name", "status", "attempts",
-                                        "worker_id", "abort_requested", "scheduled_at")})
-        require_columns(self._conn, self.source_name, "procrastinate_workers", schema,
-                        {"id": "id", "last_heartbeat": "last_heartbeat"})
-        require_functions(self._conn, self.source_name, schema,
-                          (RETRY_FUNCTION, FINISH_FUNCTION))
+        require_schema(self._conn, self.source_name, self._config.schema, {
+            "procrastinate_jobs": ("id", "task_name", "status", "attempts", "worker_id",
+                                   "abort_requested", "scheduled_at"),
+            "procrastinate_workers": ("id", "last_heartbeat")},
+            (RETRY_FUNCTION, FINISH_FUNCTION))
 
     # -- SQL pieces ---------------------------------------------------------- #
 

@@ -45,25 +45,25 @@ from reconciler.core.evidence import StepFacts, StepRows
 from reconciler.core.kinds import KindPolicy, KindRules
 from reconciler.core.ports import Candidate, Fence, JobKey, PlannedChange
 from reconciler.core.vocabulary import Disposition, JobStatus
-from reconciler.sources.base import ForeignSource
-from reconciler.sources.batches import Batch
-from reconciler.sources.common import (
+from reconciler.sources.kit.batches import Batch
+from reconciler.sources.kit.checks import require_columns
+from reconciler.sources.kit.fences import ForeignFence
+from reconciler.sources.kit.shapes import (
     UtcTimes,
     by_kind,
     candidate,
     constant,
     is_wedged,
     reason_text,
-    require_columns,
 )
-from reconciler.sources.ledger_fences import ForeignFence
-from reconciler.sources.table_checks import (
+from reconciler.sources.kit.source import ForeignSource
+from reconciler.sources.table.checks import (
     TIME_KEYS,
     UNREADABLE_TIMESTAMP,
     check_status_values,
     unreadable_time,
 )
-from reconciler.sources.table_config import TableConfig
+from reconciler.sources.table.config import TableConfig
 from reconciler.storage.clock import db_now, now_plus, seconds_since
 
 UNREADABLE_STEPS = "unreadable_step_results"
