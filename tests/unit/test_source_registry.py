@@ -134,10 +134,10 @@ def test_integer_keyed_sources() -> None:
     assert not integer_keyed("no-such-source")
 
 
-HOOKS = frozenset({"__init__", "_steps_in_ledger", "_activity", "_wedge_guard",
-                   "_after_apply", "_kind_catalogue", "_swap", "_apply_one", "_scan_order",
+HOOKS = frozenset({"__init__", "_wedge_guard", "_after_apply", "_swap", "_apply_one",
                    "liveness_unknown", "stuck_work"})
-"""What ForeignSource declares for a subclass to replace, beside its abstract methods."""
+"""What ForeignSource declares for a subclass to replace, beside its abstract methods (its
+shape's plain values are a ``Shape``, not hooks)."""
 
 
 @pytest.mark.parametrize("entry", [e for e in REGISTRY if isinstance(e.open, type)],

@@ -80,7 +80,7 @@ from reconciler.sources.celery.tables import (
 from reconciler.sources.kit.batches import Batch
 from reconciler.sources.kit.checks import require_columns
 from reconciler.sources.kit.fences import ForeignFence
-from reconciler.sources.kit.shapes import UtcTimes, candidate, constant
+from reconciler.sources.kit.shapes import Shape, UtcTimes, candidate, constant
 from reconciler.sources.kit.source import ForeignSource
 from reconciler.storage.sql import unnest
 
@@ -155,7 +155,6 @@ class CelerySource(ForeignSource):
     """Celery's result rows, judged by its workers' answers to ping."""
 
     source_name = CeleryConfig.kind
-    scans_all_kinds = True
 
     def __init__(self, connection: Connection, config: CeleryConfig, kinds: KindRules, *,
                  lock: bool = True, broker: CeleryBroker | None = None) -> None:
@@ -168,6 +167,8 @@ class CelerySource(ForeignSource):
         self._judged: Judgement | None = None
         # Celery writes naive UTC: write date_done so.
         self._utc = UtcTimes(connection)
+        self.declared = Shape(key=self._rows.c.task_id, kind=self._result.name,
+                              locks=self._rows, scans_all_kinds=True)
 
     def check_schema(self) -> None:
         """The extended result table, and the packages to reach its broker."""
@@ -176,15 +177,6 @@ class CelerySource(ForeignSource):
         self._broker.check()
 
     # -- SQL pieces ---------------------------------------------------------- #
-
-    def _kind_column(self) -> sa.ColumnElement[Any]:
-        return self._result.name
-
-    def _key_column(self) -> sa.ColumnElement[Any]:
-        return self._rows.c.task_id
-
-    def _lock_target(self) -> Any:
-        return self._rows
 
     def _started(self) -> list[sa.ColumnElement[bool]]:
         return [self._rows.c.status == constant("STARTED"), self._result.name.is_not(None)]

@@ -37,7 +37,7 @@ from reconciler.file_tables import SourceSettings
 from reconciler.sources.kit.batches import Batch
 from reconciler.sources.kit.checks import require_schema
 from reconciler.sources.kit.fences import ForeignFence
-from reconciler.sources.kit.shapes import candidate, per_kind
+from reconciler.sources.kit.shapes import Shape, candidate, per_kind
 from reconciler.sources.kit.source import ForeignSource
 from reconciler.storage.clock import db_now, now_plus, seconds_since
 from reconciler.storage.sql import unnest
@@ -89,6 +89,14 @@ class GraphileWorkerSource(ForeignSource):
                                schema=schema)
         self._queues = sa.table("_private_job_queues", sa.column("id"),
                                 sa.column("locked_at"), sa.column("locked_by"), schema=schema)
+        self.declared = Shape(
+            key=self._jobs.c.id, kind=self._tasks.c.identifier, locks=self._jobs,
+            # Not its primary key's order: a quiet scan reads the locked rows (by the index
+            # docs/sources.md suggests, else in one sequential read) instead of walking
+            # the key.
+            scan_order=self._jobs.c.id + sa.literal_column("0"),
+            # Its task identifiers: every job names one (a foreign key).
+            kind_catalogue=sa.select(self._tasks.c.identifier))
 
     def check_schema(self) -> None:
         """graphile-worker's private tables and its ``permanently_fail_jobs``."""
@@ -102,26 +110,8 @@ class GraphileWorkerSource(ForeignSource):
 
     # -- SQL pieces ---------------------------------------------------------- #
 
-    def _kind_column(self) -> sa.ColumnElement[Any]:
-        return self._tasks.c.identifier
-
-    def _key_column(self) -> sa.ColumnElement[Any]:
-        return self._jobs.c.id
-
-    def _lock_target(self) -> Any:
-        return self._jobs
-
-    def _scan_order(self) -> sa.ColumnElement[Any]:
-        # Not its primary key's order: a quiet scan reads the locked rows (by the index
-        # docs/sources.md suggests, else in one sequential read) instead of walking the key.
-        return self._jobs.c.id + sa.literal_column("0")
-
-    def _kind_catalogue(self) -> sa.Select[Any]:
-        """Its task identifiers: every job names one (a foreign key)."""
-        return sa.select(self._tasks.c.identifier)
-
     def _lease_seconds(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[Any]:
-        by_kind = per_kind(self._kind_column(), {k: p.max_run_seconds
+        by_kind = per_kind(self.declared.kind, {k: p.max_run_seconds
                                                  for k, p in policies.items()})
         return sa.func.coalesce(by_kind, LOCK_TIMEOUT_SECONDS)
 

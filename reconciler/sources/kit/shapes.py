@@ -16,6 +16,7 @@ no statement here names them.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
@@ -155,3 +156,45 @@ class UtcTimes:
 def reason_text(change: PlannedChange) -> str:
     """Our reason code, as written into a foreign system's error field."""
     return change.decision.reason.value
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """What a system is, as plain values the kit reads (it never calls back for them):
+    built once by the source from its config and the connection's dialect."""
+
+    key: sa.ColumnElement[Any]
+    """The job's id, in the scan's FROM; pages and cursors follow it."""
+    kind: sa.ColumnElement[Any]
+    """The job's kind, in the scan's FROM."""
+    locks: Any
+    """The table ``FOR UPDATE OF`` names (the job table, not an outer-joined one)."""
+    scan_order: sa.ColumnElement[Any] | None = None
+    """The wedged scan's order where the key's own is the wrong one for the system's
+    indexes; None: the kit's (``default_order``)."""
+    kind_catalogue: sa.Select[Any] | None = None
+    """Every kind a job can have, from a small table of the system's own (its queues or
+    tasks), so reading the kinds costs no read of the job table; None: read from the
+    running jobs."""
+    activity: sa.ColumnElement[Any] | None = None
+    """The job's own last-activity time, if the system keeps one (else the ledger's last
+    write is its activity)."""
+    steps_in_ledger: bool = True
+    """Whether jobs' steps are read from the step ledger (False: the system keeps its own
+    plan and results, and the ledger is neither read nor checked)."""
+    counts_attempts: bool = True
+    """Whether the system counts a job's attempts (each run one more): the crash-loop
+    count chains the audit's resumes on that counter."""
+    scans_all_kinds: bool = False
+    """Whether the scans may judge every kind alike unread (``AllKinds``): its SQL reads
+    policies only through ``by_kind`` and ``_reconciled``, never iterating over them."""
+
+    def order(self, postgres: bool) -> sa.ColumnElement[Any]:
+        """The scans' order: the declared one, else on PostgreSQL the key in its own
+        order but not its index's (``coalesce(id, id)``). Else PostgreSQL walks the key's
+        index under ``LIMIT``, expecting a third of the running rows expired, every heap
+        tuple read when none is; so ordered, it reads the running rows by its cheapest
+        path and sorts the few."""
+        if self.scan_order is not None:
+            return self.scan_order
+        return sa.func.coalesce(self.key, self.key) if postgres else self.key

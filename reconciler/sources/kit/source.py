@@ -36,7 +36,7 @@ from reconciler.sources.kit.fences import ForeignFence, LedgerMark, with_ledger
 from reconciler.sources.kit.history import with_lost_attempts
 from reconciler.sources.kit.listing import SourceListing
 from reconciler.sources.kit.scan import expired_scan
-from reconciler.sources.kit.shapes import AllKinds, acting, by_kind
+from reconciler.sources.kit.shapes import AllKinds, Shape, acting, by_kind
 from reconciler.sources.kit.transaction import SourceTransaction
 from reconciler.storage.clock import now_plus, seconds_since
 
@@ -48,13 +48,9 @@ class ForeignSource(SourceListing):
     it shows operators is declared as a ``SourceListing``."""
 
     source_name: str
-    counts_attempts = True
-    """Whether the system counts a job's attempts (each run one more): the crash-loop
-    count chains the audit's resumes on that counter."""
-
-    scans_all_kinds = False
-    """Whether the scans may judge every kind alike unread (``AllKinds``): its SQL reads
-    policies only through ``by_kind`` and ``_reconciled``, never iterating over them."""
+    declared: Shape
+    """The system's shape (key, kind, lock target, order, catalogue, activity, flags), set
+    by the source's constructor: values the kit reads, never calls back for."""
 
     def __init__(self, connection: Connection, kinds: KindRules, *, lock: bool = True) -> None:
         self._conn = connection
@@ -69,19 +65,11 @@ class ForeignSource(SourceListing):
         """The connection (the pass's transaction, or an operator's read) it is bound to."""
         return self._conn
 
-    # -- what a subclass declares ------------------------------------------- #
+    # -- what a source declares beside ``declared`` -------------------------- #
 
     @abstractmethod
     def check_schema(self) -> None:
         """Raise one ``ConfigError`` line when the system's tables or functions are missing."""
-
-    @abstractmethod
-    def _kind_column(self) -> sa.ColumnElement[Any]:
-        """The job's kind, in the scan's FROM."""
-
-    @abstractmethod
-    def _key_column(self) -> sa.ColumnElement[Any]:
-        """The job's id, in the scan's FROM; pages and cursors follow it."""
 
     @abstractmethod
     def _running(self, policies: Mapping[str, KindPolicy]) -> sa.Select[Any]:
@@ -89,10 +77,6 @@ class ForeignSource(SourceListing):
         ``job_id``, ``job_kind`` and ``lease_expired_seconds`` (seconds past the lease's
         end under ``policies``, negative while it runs, NULL when it has none) labelled,
         the rest its own."""
-
-    @abstractmethod
-    def _lock_target(self) -> Any:
-        """The table ``FOR UPDATE OF`` names (the job table, not an outer-joined one)."""
 
     @abstractmethod
     def _expired(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[bool]:
@@ -106,16 +90,6 @@ class ForeignSource(SourceListing):
 
 
     # -- what a subclass may declare (each has a default) -------------------- #
-
-    def _steps_in_ledger(self) -> bool:
-        """Whether jobs' steps are read from the step ledger (False: the system keeps its
-        own plan and results, and the ledger is neither read nor checked)."""
-        return True
-
-    def _activity(self) -> sa.ColumnElement[Any] | None:
-        """The job's own last-activity time, if the system keeps one (else the ledger's
-        last write is its activity)."""
-        return None
 
     def _wedge_guard(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[bool]:
         """What else must hold for a live job to be looked at as wedged (by default
@@ -138,21 +112,6 @@ class ForeignSource(SourceListing):
         keeps the default ``_swap``."""
         raise NotImplementedError(f"{type(self).__name__} swaps set-wise only")
 
-    def _scan_order(self) -> sa.ColumnElement[Any]:
-        """The scans' order: on PostgreSQL the key in its own order but not its index's
-        (``coalesce(id, id)``). Else PostgreSQL walks the key's index under ``LIMIT``,
-        expecting a third of the running rows expired, every heap tuple read when none is;
-        so ordered, it reads the running rows by its cheapest path and sorts the few."""
-        if self._conn.dialect.name != "postgresql":
-            return self._key_column()
-        return sa.func.coalesce(self._key_column(), self._key_column())
-
-    def _kind_catalogue(self) -> sa.Select[Any] | None:
-        """Every kind a job can have, from a small table of the system's own (its queues
-        or tasks), so reading the kinds costs no read of the job table; None: the system
-        keeps none, and the kinds are read from the running jobs."""
-        return None
-
     # -- the port ------------------------------------------------------------ #
 
     def expire_gone_owners(self, timeout_seconds: float) -> int:
@@ -171,11 +130,11 @@ class ForeignSource(SourceListing):
         policies = self._policies()
         if not policies or limit <= 0:
             return []
-        key = self._key_column()
+        key = self.declared.key
         expired = self._expired(policies)
         rows = self._conn.execute(expired_scan(
             self._running(policies).where(self._reconciled(policies)), expired,
-            self._scan_order(), self._lock_target(), limit=limit,
+            self._order(), self.declared.locks, limit=limit,
             after=None if after is None or after.position is None else after.position[0],
             locking=self._lock and self._conn.dialect.name == "postgresql")).all()
         if rows:  # the brake's counts, read with the candidates (``kit.scan``)
@@ -186,7 +145,7 @@ class ForeignSource(SourceListing):
             wedged_scan = (self._running(policies)
                            .where(self._reconciled(policies), sa.not_(expired),
                                   self._stalled(policies))
-                           .order_by(self._scan_order()).limit(room))
+                           .order_by(self._order()).limit(room))
             if after is not None and after.wedged is not None:
                 wedged_scan = wedged_scan.where(key > after.wedged[0])
             stalled = self._build(self._conn.execute(self._locked(wedged_scan)).all(),
@@ -200,7 +159,7 @@ class ForeignSource(SourceListing):
         if not job_ids:
             return []
         policies = self._policies(reconciled_only=False)
-        key = self._key_column()
+        key = self.declared.key
         # Compared as text: an id from the command line names a job whatever the key's
         # type (a number, a UUID, a text key of digits), and this reads a handful of rows.
         named = sa.cast(key, sa.String()).in_([str(k) for k in job_ids])
@@ -301,12 +260,12 @@ class ForeignSource(SourceListing):
         """The policies of the kinds running now (few: task or queue names), read once per
         source (one pass's transaction); every kind unread (``AllKinds``) where the source
         allows it and ``[kinds]`` set the scans' keys alike for every kind."""
-        if self.scans_all_kinds and self._kind_catalogue() is None:
+        if self.declared.scans_all_kinds and self.declared.kind_catalogue is None:
             every = AllKinds.of(self._kinds)
             if every is not None:
                 return every if every.alike.reconcile or not reconciled_only else {}
         if self._tx.running_kinds is None:
-            catalogue = self._kind_catalogue()
+            catalogue = self.declared.kind_catalogue
             if catalogue is None:
                 catalogue = sa.select(self._running({}).subquery().c.job_kind).distinct()
             kinds = self._conn.execute(catalogue).scalars()
@@ -318,12 +277,12 @@ class ForeignSource(SourceListing):
     def _reconciled(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[bool]:
         if isinstance(policies, AllKinds):
             return sa.true()
-        return self._kind_column().in_(sorted(policies))
+        return self.declared.kind.in_(sorted(policies))
 
     def _stalled(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[bool]:
         """No activity (the job's own, else recorded steps) for the kind's
         ``wedged_after_seconds``."""
-        wedged = by_kind(self._kind_column(), policies,
+        wedged = by_kind(self.declared.kind, policies,
                          lambda p: p.thresholds.wedged_after_seconds)
         return sa.and_(self._wedge_guard(policies), self._silent_for(wedged))
 
@@ -333,7 +292,7 @@ class ForeignSource(SourceListing):
         system keeps no activity of ours), so without such records the wedged scan, a
         read of every running job, is skipped. A system that keeps its own activity is
         always scanned."""
-        if self._activity() is not None:
+        if self.declared.activity is not None:
             return True
         shortest = min(p.thresholds.wedged_after_seconds for p in (
             [policies.alike] if isinstance(policies, AllKinds) else policies.values()))
@@ -345,10 +304,10 @@ class ForeignSource(SourceListing):
         return self._silent_for(sa.literal(seconds, sa.Float()))
 
     def _silent_for(self, seconds: sa.ColumnElement[Any]) -> sa.ColumnElement[bool]:
-        activity = self._activity()
+        activity = self.declared.activity
         if activity is not None:
             return sa.func.coalesce(seconds_since(activity) >= seconds, False)
-        last = self._tx.ledger.last_write(sa.cast(self._key_column(), sa.String()))
+        last = self._tx.ledger.last_write(sa.cast(self.declared.key, sa.String()))
         return last < now_plus(-seconds)
 
     @staticmethod
@@ -361,27 +320,30 @@ class ForeignSource(SourceListing):
                             f"{type(snapshot).__name__}, not {kind.__name__}")
         return snapshot
 
+    def _order(self) -> sa.ColumnElement[Any]:
+        return self.declared.order(self._conn.dialect.name == "postgresql")
+
     def _locked(self, query: sa.Select[Any]) -> sa.Select[Any]:
         if not self._lock or self._conn.dialect.name != "postgresql":
             return query
-        return query.with_for_update(skip_locked=True, of=self._lock_target())
+        return query.with_for_update(skip_locked=True, of=self.declared.locks)
 
     def _build(self, rows: Sequence[sa.Row[Any]], policies: Mapping[str, KindPolicy],
                *, position: bool) -> list[Candidate]:
         rows = [r for r in rows if r.job_kind in policies]
         self._tx.kinds_read.update((str(r.job_id), r.job_kind) for r in rows)
-        if not self._steps_in_ledger():
+        if not self.declared.steps_in_ledger:
             # Plans live in the system's own rows: no ledger read.
             return with_lost_attempts(self._tx.history, [
                 self._candidate(r, policies[r.job_kind], None, position) for r in rows],
-                counted=self.counts_attempts)
+                counted=self.declared.counts_attempts)
         keys = [r.job_id for r in rows]
         steps, seen = self._tx.ledger.facts(keys)
         # The fence carries the job's last ledger write as read, so the swap repeats it.
         return with_lost_attempts(self._tx.history, [
             with_ledger(self._candidate(r, policies[r.job_kind], steps.get(str(r.job_id)),
                                          position), LedgerMark(seen.get(str(r.job_id))))
-            for r in rows], counted=self.counts_attempts)
+            for r in rows], counted=self.declared.counts_attempts)
 
     def _fence_ledger(self, job_id: JobKey, next_attempt: int) -> None:
         """Move the job's ledger past the attempt just ended, so its late writes record

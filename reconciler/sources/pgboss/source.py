@@ -42,7 +42,7 @@ from reconciler.file_tables import SourceSettings
 from reconciler.sources.kit.batches import Batch
 from reconciler.sources.kit.checks import require_schema
 from reconciler.sources.kit.fences import ForeignFence
-from reconciler.sources.kit.shapes import candidate, constant, per_kind
+from reconciler.sources.kit.shapes import Shape, candidate, constant, per_kind
 from reconciler.sources.kit.source import ForeignSource
 from reconciler.storage.clock import db_now, now_plus, seconds_since
 from reconciler.storage.sql import unnest
@@ -92,6 +92,14 @@ class PgBossSource(ForeignSource):
             sa.column("created_on"),
             schema=config.schema)
         self._queues = sa.table("queue", sa.column("name"), schema=config.schema)
+        self.declared = Shape(
+            key=self._jobs.c.id, kind=self._jobs.c.name, locks=self._jobs,
+            # A uuid's bytes compare as the uuid does; the (name, id) primary key does not
+            # serve this order, so a quiet scan is one read of the active rows, not a walk
+            # of the whole key.
+            scan_order=sa.func.uuid_send(self._jobs.c.id),
+            # Its queues: every job names one (a foreign key).
+            kind_catalogue=sa.select(self._queues.c.name))
 
     def check_schema(self) -> None:
         """pg-boss's job table and the columns this source reads and writes."""
@@ -103,30 +111,11 @@ class PgBossSource(ForeignSource):
 
     # -- SQL pieces ---------------------------------------------------------- #
 
-    def _kind_column(self) -> sa.ColumnElement[Any]:
-        return self._jobs.c.name
-
-    def _key_column(self) -> sa.ColumnElement[Any]:
-        return self._jobs.c.id
-
-    def _lock_target(self) -> Any:
-        return self._jobs
-
-    def _scan_order(self) -> sa.ColumnElement[Any]:
-        # A uuid's bytes compare as the uuid does; the (name, id) primary key does not
-        # serve this order, so a quiet scan is one read of the active rows, not a walk of
-        # the whole key.
-        return sa.func.uuid_send(self._jobs.c.id)
-
-    def _kind_catalogue(self) -> sa.Select[Any]:
-        """Its queues: every job names one (a foreign key)."""
-        return sa.select(self._queues.c.name)
-
     def _expire_seconds(self) -> sa.ColumnElement[Any]:
         return sa.cast(sa.func.extract("epoch", self._jobs.c.expire_in), sa.Float())
 
     def _lease_seconds(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[Any]:
-        by_kind = per_kind(self._kind_column(), {k: p.max_run_seconds
+        by_kind = per_kind(self.declared.kind, {k: p.max_run_seconds
                                                  for k, p in policies.items()})
         return sa.func.coalesce(by_kind, self._expire_seconds())
 

@@ -46,7 +46,7 @@ from reconciler.file_tables import SourceSettings
 from reconciler.sources.kit.batches import Batch
 from reconciler.sources.kit.checks import require_schema
 from reconciler.sources.kit.fences import ForeignFence
-from reconciler.sources.kit.shapes import candidate, constant
+from reconciler.sources.kit.shapes import Shape, candidate, constant
 from reconciler.sources.kit.source import ForeignSource
 from reconciler.storage.clock import now_plus, seconds_since
 from reconciler.storage.sql import unnest
@@ -85,7 +85,6 @@ class ProcrastinateSource(ForeignSource):
     """Procrastinate's jobs, judged by its workers' heartbeats."""
 
     source_name = ProcrastinateConfig.kind
-    scans_all_kinds = True
 
     def __init__(self, connection: Connection, config: ProcrastinateConfig, kinds: KindRules,
                  *, lock: bool = True) -> None:
@@ -101,6 +100,12 @@ class ProcrastinateSource(ForeignSource):
                                  schema=schema, create_type=False)
         self._workers = sa.table("procrastinate_workers", sa.column("id"),
                                  sa.column("last_heartbeat"), schema=schema)
+        self.declared = Shape(
+            key=self._jobs.c.id, kind=self._jobs.c.task_name, locks=self._jobs,
+            # Not the order of its (id, lock) index of waiting and running jobs: a quiet
+            # scan reads the running rows by its running-jobs indexes instead of walking
+            # them all.
+            scan_order=self._jobs.c.id + sa.literal_column("0"), scans_all_kinds=True)
 
     def check_schema(self) -> None:
         """Procrastinate's tables, columns and the two functions whose writes this source
@@ -117,20 +122,6 @@ class ProcrastinateSource(ForeignSource):
         workers = self._workers
         return sa.or_(workers.c.id.is_(None),
                       workers.c.last_heartbeat < now_plus(-self._timeout))
-
-    def _kind_column(self) -> sa.ColumnElement[Any]:
-        return self._jobs.c.task_name
-
-    def _key_column(self) -> sa.ColumnElement[Any]:
-        return self._jobs.c.id
-
-    def _lock_target(self) -> Any:
-        return self._jobs
-
-    def _scan_order(self) -> sa.ColumnElement[Any]:
-        # Not the order of its (id, lock) index of waiting and running jobs: a quiet scan
-        # reads the running rows by its running-jobs indexes instead of walking them all.
-        return self._jobs.c.id + sa.literal_column("0")
 
     def _running(self, policies: Mapping[str, KindPolicy]) -> sa.Select[Any]:
         jobs, workers = self._jobs, self._workers

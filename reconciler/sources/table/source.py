@@ -49,6 +49,7 @@ from reconciler.sources.kit.batches import Batch
 from reconciler.sources.kit.checks import require_columns
 from reconciler.sources.kit.fences import ForeignFence
 from reconciler.sources.kit.shapes import (
+    Shape,
     UtcTimes,
     by_kind,
     candidate,
@@ -84,7 +85,6 @@ class TableSource(ForeignSource):
     """A mapped home-grown job table."""
 
     source_name = TableConfig.kind
-    scans_all_kinds = True
 
     def __init__(self, connection: Connection, config: TableConfig, kinds: KindRules, *,
                  lock: bool = True) -> None:
@@ -95,7 +95,16 @@ class TableSource(ForeignSource):
                                schema=config.schema)
         # A ``timestamp`` (without time zone) column is UTC: read it so before the first age.
         self._utc = UtcTimes(connection)
-        self.counts_attempts = self._has("attempts_column")
+        # A NULL kind is the table's name, as with no kind column: never an invisible job.
+        kind: sa.ColumnElement[Any] = sa.literal(config.table)
+        if self._has("kind_column"):
+            kind = sa.func.coalesce(self._col("kind_column"), kind)
+        self.declared = Shape(
+            key=self._col("id_column"), kind=kind, locks=self._table,
+            activity=self._col("activity_column") if self._has("activity_column") else None,
+            # Plans and step results live in the table when mapped: the ledger is not read.
+            steps_in_ledger=not self._has("plan_column"),
+            counts_attempts=self._has("attempts_column"), scans_all_kinds=True)
 
     def _col(self, key: str) -> sa.ColumnElement[Any]:
         return self._table.c[self._columns[key]]
@@ -113,12 +122,6 @@ class TableSource(ForeignSource):
 
     # -- SQL pieces ---------------------------------------------------------- #
 
-    def _kind_column(self) -> sa.ColumnElement[Any]:
-        # A NULL kind is the table's name, as with no kind column: never an invisible job.
-        if self._has("kind_column"):
-            return sa.func.coalesce(self._col("kind_column"), sa.literal(self._config.table))
-        return sa.literal(self._config.table)
-
     def _unreadable_times(self) -> list[tuple[str, sa.ColumnElement[bool]]]:
         """Each mapped time column with its "holds what is not a time" test: SQLite only, as
         PostgreSQL's time columns hold nothing else."""
@@ -126,15 +129,9 @@ class TableSource(ForeignSource):
             return []
         return [(key, unreadable_time(self._col(key))) for key in TIME_KEYS if self._has(key)]
 
-    def _key_column(self) -> sa.ColumnElement[Any]:
-        return self._col("id_column")
-
-    def _lock_target(self) -> Any:
-        return self._table
-
     def _lease_over(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[Any]:
         """Seconds past the lease's end (negative while it runs); NULL with no lease."""
-        return self._lease_over_by(by_kind(self._kind_column(), policies,
+        return self._lease_over_by(by_kind(self.declared.kind, policies,
                                            lambda p: p.max_run_seconds))
 
     def _lease_over_by(self, max_run: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
@@ -148,7 +145,7 @@ class TableSource(ForeignSource):
 
     def _running(self, policies: Mapping[str, KindPolicy]) -> sa.Select[Any]:
         self._utc()
-        fields = [self._key_column().label("job_id"), self._kind_column().label("job_kind"),
+        fields = [self.declared.key.label("job_id"), self.declared.kind.label("job_kind"),
                   self._lease_over(policies).label("lease_expired_seconds")]
         for key in ("owner_column", "attempts_column", "max_attempts_column",
                     "generation_column", "lease_expires_column", "activity_column",
@@ -173,7 +170,7 @@ class TableSource(ForeignSource):
         every running row, where the seconds as a number cost a numeric EXTRACT each."""
         by_activity: sa.ColumnElement[Any] = sa.null()
         if self._has("activity_column"):
-            max_run = by_kind(self._kind_column(), policies, lambda p: p.max_run_seconds)
+            max_run = by_kind(self.declared.kind, policies, lambda p: p.max_run_seconds)
             by_activity = (self._col("activity_column")
                            <= now_plus(-sa.cast(max_run, sa.Float())))
         if not self._has("lease_expires_column"):
@@ -185,13 +182,6 @@ class TableSource(ForeignSource):
         # Only under a known live lease: a job with no lease at all is never reclaimed on
         # time alone, not even as wedged.
         return self._lease_over(policies).is_not(None)
-
-    def _activity(self) -> sa.ColumnElement[Any] | None:
-        return self._col("activity_column") if self._has("activity_column") else None
-
-    def _steps_in_ledger(self) -> bool:
-        # Plans and step results live in the table when mapped: the ledger is not read.
-        return not self._has("plan_column")
 
     # -- evidence ------------------------------------------------------------ #
 
@@ -257,7 +247,7 @@ class TableSource(ForeignSource):
         attempts = self._col("attempts_column") if self._has("attempts_column") else \
             sa.literal(0)
         return sa.select(
-            self._key_column().label("job_id"), self._kind_column().label("job_kind"),
+            self.declared.key.label("job_id"), self.declared.kind.label("job_kind"),
             sa.cast(self._col("status_column"), sa.String()).label("source_status"),
             attempts.label("attempts"), mapped("max_attempts_column").label("max_attempts"),
             mapped("reason_column").label("reason"), sa.null().label("created_at"),
@@ -301,7 +291,7 @@ class TableSource(ForeignSource):
         seen = (sa.func.jsonb_populate_recordset(sa.literal_column(f"NULL::{row_type}"),
                                                  snapshots)
                 .table_valued(*{name for row in rows for name in row}).alias("seen"))
-        where = [self._key_column() == seen.c[key_name],
+        where = [self.declared.key == seen.c[key_name],
                  self._col("status_column") == constant(self._config.processing)]
         where += [self._col(key).is_not_distinct_from(seen.c[names[key]])
                   for key in self._fence_keys()]
@@ -311,7 +301,7 @@ class TableSource(ForeignSource):
             values[names["resume_column"]] = seen.c[names["resume_column"]]
         done = {str(key) for key in self._conn.execute(
             self._table.update().where(*where).values(values)
-            .returning(self._key_column())).scalars()}
+            .returning(self.declared.key)).scalars()}
         changed: dict[JobKey, int | None] = {}
         for change in changes:
             if str(change.decision.job_id) in done:
@@ -353,7 +343,7 @@ class TableSource(ForeignSource):
         self._utc()
         decision = change.decision
         fence = self._fence(change, TableFence)
-        where = [self._key_column() == decision.job_id,
+        where = [self.declared.key == decision.job_id,
                  self._col("status_column") == constant(self._config.processing)]
         where += [self._col(key).is_not_distinct_from(value) for key, value in fence.columns]
         batch = Batch(decision.disposition, reason_text(change),
