@@ -77,7 +77,7 @@ from reconciler.sources.celery.tables import (
     retries_of,
     shape_for,
 )
-from reconciler.sources.kit.batches import Batch
+from reconciler.sources.kit.batches import Batch, fence_of
 from reconciler.sources.kit.checks import require_columns
 from reconciler.sources.kit.fences import ForeignFence
 from reconciler.sources.kit.shapes import Shape, UtcTimes, candidate, constant
@@ -325,13 +325,12 @@ class CelerySource(ForeignSource):
         wedged = batch.wedged_after_seconds is not None
         # An expired task whose worker answered since is not gone any more; a task without
         # its arguments is never decided resumable.
-        held = [(change, self._fence(change, CeleryFence)) for change in batch.changes
+        held = [(change, fence_of(change, CeleryFence)) for change in batch.changes
                 if wedged or str(change.decision.job_id) in judged.gone]
         held = [(c, f) for c, f in held if not (resume and f.arguments is None)]
         changes, fences = [c for c, _ in held], [f for _, f in held]
         rows = self._rows
-        still = ([self._still_stalled(batch.wedged_after_seconds)]
-                 if batch.wedged_after_seconds is not None else [])
+        still = [] if batch.stalled is None else [batch.stalled]
         values = self._result.written(batch.reason, resume=resume)
         done = {task_id for fenced in self._fenced(changes, fences)
                 for task_id in self._conn.execute(
@@ -343,7 +342,7 @@ class CelerySource(ForeignSource):
             if task_id not in done:
                 continue
             attempts = change.fence.generation or 1  # the attempt just ended, as read
-            self._fence_ledger(task_id, attempts + 1)
+            batch.ledger.fence(task_id, attempts + 1)
             self._hand_over(task_id, seen, resume=resume, retries=attempts)
             changed[change.decision.job_id] = attempts
         return changed

@@ -55,7 +55,7 @@ from reconciler.core.kinds import KindPolicy, KindRules
 from reconciler.core.ports import Candidate, Fence, JobKey, PlannedChange
 from reconciler.core.vocabulary import Disposition, JobStatus, Reason
 from reconciler.file_tables import SourceSettings
-from reconciler.sources.kit.batches import Batch
+from reconciler.sources.kit.batches import Batch, fence_of
 from reconciler.sources.kit.checks import require_columns
 from reconciler.sources.kit.fences import ForeignFence
 from reconciler.sources.kit.shapes import Shape, UtcTimes, by_kind, candidate, constant
@@ -236,13 +236,13 @@ class DjangoTasksSource(ForeignSource):
         self._utc()
         by_lease: dict[float | None, list[PlannedChange]] = {}
         for change in batch.changes:
-            lease = self._fence(change, DjangoTasksFence).max_run_seconds
+            lease = fence_of(change, DjangoTasksFence).max_run_seconds
             by_lease.setdefault(None if batch.wedged_after_seconds is not None else lease,
                                 []).append(change)
         changed: dict[JobKey, int | None] = {}
         for max_run, changes in by_lease.items():
-            if batch.wedged_after_seconds is not None:
-                still = self._still_stalled(batch.wedged_after_seconds)
+            if batch.stalled is not None:
+                still = batch.stalled
             elif max_run is None:  # pragma: no cover - a task without a lease never expires
                 continue
             else:
@@ -256,7 +256,7 @@ class DjangoTasksSource(ForeignSource):
         """The changes of one lease swapped in, each row only as its decision read it: one
         UPDATE on PostgreSQL, one per change on SQLite; the tasks changed, their attempts."""
         tasks = self._tasks
-        fences = [self._fence(change, DjangoTasksFence) for change in changes]
+        fences = [fence_of(change, DjangoTasksFence) for change in changes]
         ids = [uuid.UUID(str(change.decision.job_id)) for change in changes]
         worker_ids = sa.cast(tasks.c.worker_ids, sa.Text())
         if self._conn.dialect.name == "postgresql":
@@ -286,7 +286,7 @@ class DjangoTasksSource(ForeignSource):
         for change, fence in zip(changes, fences, strict=True):
             if str(change.decision.job_id) in done:
                 attempts = _attempts(fence.worker_ids)
-                self._fence_ledger(change.decision.job_id, attempts + 1)
+                batch.ledger.fence(change.decision.job_id, attempts + 1)
                 changed[change.decision.job_id] = attempts
         return changed
 

@@ -34,7 +34,7 @@ from reconciler.core.kinds import KindPolicy, KindRules
 from reconciler.core.ports import Candidate, Fence, JobKey
 from reconciler.core.vocabulary import Disposition, JobStatus
 from reconciler.file_tables import SourceSettings
-from reconciler.sources.kit.batches import Batch
+from reconciler.sources.kit.batches import Batch, fence_of
 from reconciler.sources.kit.checks import require_schema
 from reconciler.sources.kit.fences import ForeignFence
 from reconciler.sources.kit.shapes import Shape, candidate, per_kind
@@ -169,16 +169,15 @@ class GraphileWorkerSource(ForeignSource):
 
     def _swap(self, batch: Batch) -> dict[JobKey, int | None]:
         jobs, queues = self._jobs, self._queues
-        fences = [self._fence(change, GraphileWorkerFence) for change in batch.changes]
+        fences = [fence_of(change, GraphileWorkerFence) for change in batch.changes]
         seen = unnest("seen", [
             ("id", sa.BigInteger(), [change.decision.job_id for change in batch.changes]),
             ("locked_at", sa.DateTime(timezone=True), [f.locked_at for f in fences]),
             ("locked_by", sa.Text(), [f.locked_by for f in fences]),
             ("attempts", sa.Integer(), [f.attempts for f in fences]),
             ("lease_seconds", sa.Float(), [f.lease_seconds for f in fences])])
-        still = (jobs.c.locked_at < now_plus(-seen.c.lease_seconds)
-                 if batch.wedged_after_seconds is None
-                 else self._still_stalled(batch.wedged_after_seconds))
+        still = (jobs.c.locked_at < now_plus(-seen.c.lease_seconds) if batch.stalled is None
+                 else batch.stalled)
         # Unlocked as its own stale-lock reset does; rows whose fence no longer holds are
         # not returned.
         unlocked = self._conn.execute(
@@ -214,7 +213,7 @@ class GraphileWorkerSource(ForeignSource):
                 sa.literal(batch.reason, sa.Text()), packagenames=(self._config.schema,))
             self._conn.execute(sa.select(sa.func.count()).select_from(failed))
         for job_id in ids:
-            self._fence_ledger(job_id, by_id[job_id].attempts + 1)
+            batch.ledger.fence(job_id, by_id[job_id].attempts + 1)
         return {job_id: by_id[job_id].max_attempts if terminal else by_id[job_id].attempts
                 for job_id in ids}
 

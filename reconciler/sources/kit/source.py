@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from abc import abstractmethod
 from collections.abc import Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -31,7 +31,7 @@ from reconciler.core.ports import (
     StuckWork,
 )
 from reconciler.core.vocabulary import StuckReason
-from reconciler.sources.kit.batches import Batch, batches
+from reconciler.sources.kit.batches import Batch, batches, fence_of
 from reconciler.sources.kit.fences import ForeignFence, LedgerMark, with_ledger
 from reconciler.sources.kit.history import with_lost_attempts
 from reconciler.sources.kit.listing import SourceListing
@@ -39,8 +39,6 @@ from reconciler.sources.kit.scan import expired_scan
 from reconciler.sources.kit.shapes import AllKinds, Shape, acting, by_kind
 from reconciler.sources.kit.transaction import SourceTransaction
 from reconciler.storage.clock import now_plus, seconds_since
-
-SnapshotT = TypeVar("SnapshotT", bound=ForeignFence)
 
 
 class ForeignSource(SourceListing):
@@ -102,14 +100,14 @@ class ForeignSource(SourceListing):
         By default one ``_apply_one`` per change (a source that cannot swap set-wise)."""
         changed: dict[JobKey, int | None] = {}
         for change in batch.changes:
-            swapped, generation = self._apply_one(change)
+            swapped, generation = self._apply_one(batch, change)
             if swapped:
                 changed[change.decision.job_id] = generation
         return changed
 
-    def _apply_one(self, change: PlannedChange) -> tuple[bool, int | None]:
-        """Swap one change in; (changed, generation after). Needed only by a source that
-        keeps the default ``_swap``."""
+    def _apply_one(self, batch: Batch, change: PlannedChange) -> tuple[bool, int | None]:
+        """Swap one change of ``batch`` in; (changed, generation after). Needed only by a
+        source that keeps the default ``_swap``."""
         raise NotImplementedError(f"{type(self).__name__} swaps set-wise only")
 
     # -- the port ------------------------------------------------------------ #
@@ -170,7 +168,7 @@ class ForeignSource(SourceListing):
         """Compare-and-swap the resumes and terminalizations, one set-wise swap per
         ``Batch`` (disposition, reason, rule); the jobs changed."""
         acting_changes = acting(changes)
-        marks = [self._fence(change, ForeignFence).ledger for change in acting_changes]
+        marks = [fence_of(change, ForeignFence).ledger for change in acting_changes]
         read = self._tx.ledger.newest_writes(sorted({
             str(change.decision.job_id)
             for change, mark in zip(acting_changes, marks, strict=True) if mark}))
@@ -180,7 +178,7 @@ class ForeignSource(SourceListing):
                    or read.get(str(change.decision.job_id)) == ledger.last_write]
         self._tx.brake_counts = None  # the brake's counts are of the jobs before these swaps
         changed: dict[JobKey, int | None] = {}
-        for batch in batches(holding):
+        for batch in batches(holding, self._still_stalled, self._tx.ledger):
             changed.update(self._swap(batch))
         self._tx.ledger.fence_pending()
         self._after_apply(changed)
@@ -310,16 +308,6 @@ class ForeignSource(SourceListing):
         last = self._tx.ledger.last_write(sa.cast(self.declared.key, sa.String()))
         return last < now_plus(-seconds)
 
-    @staticmethod
-    def _fence(change: PlannedChange, kind: type[SnapshotT]) -> SnapshotT:
-        """The change's fence snapshot as this source's own type (a decision carries back
-        the snapshot its candidate was read with)."""
-        snapshot = change.fence.snapshot
-        if not isinstance(snapshot, kind):
-            raise TypeError(f"job {change.decision.job_id}: a fence of "
-                            f"{type(snapshot).__name__}, not {kind.__name__}")
-        return snapshot
-
     def _order(self) -> sa.ColumnElement[Any]:
         return self.declared.order(self._conn.dialect.name == "postgresql")
 
@@ -344,9 +332,3 @@ class ForeignSource(SourceListing):
             with_ledger(self._candidate(r, policies[r.job_kind], steps.get(str(r.job_id)),
                                          position), LedgerMark(seen.get(str(r.job_id))))
             for r in rows], counted=self.declared.counts_attempts)
-
-    def _fence_ledger(self, job_id: JobKey, next_attempt: int) -> None:
-        """Move the job's ledger past the attempt just ended, so its late writes record
-        nothing; written for the whole batch at the end of ``apply``."""
-        self._tx.ledger.fence(job_id, next_attempt)
-

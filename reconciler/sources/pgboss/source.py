@@ -39,7 +39,7 @@ from reconciler.core.kinds import KindPolicy, KindRules
 from reconciler.core.ports import Candidate, Fence, JobKey
 from reconciler.core.vocabulary import Disposition, JobStatus
 from reconciler.file_tables import SourceSettings
-from reconciler.sources.kit.batches import Batch
+from reconciler.sources.kit.batches import Batch, fence_of
 from reconciler.sources.kit.checks import require_schema
 from reconciler.sources.kit.fences import ForeignFence
 from reconciler.sources.kit.shapes import Shape, candidate, constant, per_kind
@@ -186,16 +186,15 @@ class PgBossSource(ForeignSource):
 
     def _swap_set(self, batch: Batch) -> dict[JobKey, int | None]:
         jobs = self._jobs
-        fences = [self._fence(change, PgBossFence) for change in batch.changes]
+        fences = [fence_of(change, PgBossFence) for change in batch.changes]
         seen = unnest("seen", [
             ("id", UUID(as_uuid=False), [str(c.decision.job_id) for c in batch.changes]),
             ("name", sa.Text(), [f.name for f in fences]),
             ("started_on", sa.DateTime(timezone=True), [f.started_on for f in fences]),
             ("retry_count", sa.Integer(), [f.retry_count for f in fences]),
             ("lease_seconds", sa.Float(), [f.lease_seconds for f in fences])])
-        still = (jobs.c.started_on < now_plus(-seen.c.lease_seconds)
-                 if batch.wedged_after_seconds is None
-                 else self._still_stalled(batch.wedged_after_seconds))
+        still = (jobs.c.started_on < now_plus(-seen.c.lease_seconds) if batch.stalled is None
+                 else batch.stalled)
         # The queues named as constants too, so PostgreSQL touches their partitions only.
         fenced = (jobs.c.name.in_(sorted({f.name for f in fences})),
                   jobs.c.name == seen.c.name, jobs.c.id == seen.c.id,
@@ -209,7 +208,7 @@ class PgBossSource(ForeignSource):
                    for c, f in zip(batch.changes, fences, strict=True)}
         changed: dict[JobKey, int | None] = {}
         for job_id in swapped:
-            self._fence_ledger(job_id, retries[job_id] + 1)
+            batch.ledger.fence(job_id, retries[job_id] + 1)
             changed[job_id] = retries[job_id]
         return changed
 

@@ -43,7 +43,7 @@ from reconciler.core.kinds import KindPolicy, KindRules
 from reconciler.core.ports import Candidate, Fence, JobKey
 from reconciler.core.vocabulary import Disposition, JobStatus
 from reconciler.file_tables import SourceSettings
-from reconciler.sources.kit.batches import Batch
+from reconciler.sources.kit.batches import Batch, fence_of
 from reconciler.sources.kit.checks import require_schema
 from reconciler.sources.kit.fences import ForeignFence
 from reconciler.sources.kit.shapes import Shape, candidate, constant
@@ -173,13 +173,12 @@ class ProcrastinateSource(ForeignSource):
 
     def _swap(self, batch: Batch) -> dict[JobKey, int | None]:
         jobs, workers = self._jobs, self._workers
-        fences = [self._fence(change, ProcrastinateFence) for change in batch.changes]
+        fences = [fence_of(change, ProcrastinateFence) for change in batch.changes]
         seen = unnest("seen", [
             ("id", sa.BigInteger(), [change.decision.job_id for change in batch.changes]),
             ("worker_id", sa.BigInteger(), [fence.worker_id for fence in fences]),
             ("attempts", sa.Integer(), [fence.attempts for fence in fences])])
-        still = (self._owner_gone() if batch.wedged_after_seconds is None
-                 else self._still_stalled(batch.wedged_after_seconds))
+        still = self._owner_gone() if batch.stalled is None else batch.stalled
         # Every row still as decided, locked in id order; rows whose fence no longer holds
         # are not returned.
         fenced = (
@@ -201,7 +200,7 @@ class ProcrastinateSource(ForeignSource):
         before = {change.decision.job_id: fence.attempts
                   for change, fence in zip(batch.changes, fences, strict=True)}
         for job_id in after:
-            self._fence_ledger(job_id, before[job_id] + 1)
+            batch.ledger.fence(job_id, before[job_id] + 1)
         return dict(after)
 
     def _retried(self) -> dict[str, Any]:

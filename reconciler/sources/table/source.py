@@ -45,7 +45,7 @@ from reconciler.core.evidence import StepFacts, StepRows
 from reconciler.core.kinds import KindPolicy, KindRules
 from reconciler.core.ports import Candidate, Fence, JobKey, PlannedChange
 from reconciler.core.vocabulary import Disposition, JobStatus
-from reconciler.sources.kit.batches import Batch
+from reconciler.sources.kit.batches import Batch, fence_of
 from reconciler.sources.kit.checks import require_columns
 from reconciler.sources.kit.fences import ForeignFence
 from reconciler.sources.kit.shapes import (
@@ -54,8 +54,6 @@ from reconciler.sources.kit.shapes import (
     by_kind,
     candidate,
     constant,
-    is_wedged,
-    reason_text,
 )
 from reconciler.sources.kit.source import ForeignSource
 from reconciler.sources.table.checks import (
@@ -262,7 +260,7 @@ class TableSource(ForeignSource):
         self._utc()
         by_lease: dict[float | None, list[PlannedChange]] = {}
         for change in batch.changes:
-            by_lease.setdefault(self._fence(change, TableFence).max_run_seconds,
+            by_lease.setdefault(fence_of(change, TableFence).max_run_seconds,
                                 []).append(change)
         changed: dict[JobKey, int | None] = {}
         for max_run, changes in by_lease.items():
@@ -279,7 +277,7 @@ class TableSource(ForeignSource):
         resume = batch.disposition is Disposition.RESUME and self._has("resume_column")
         rows = []
         for change in changes:
-            row = {names[key]: value for key, value in self._fence(change, TableFence).columns}
+            row = {names[key]: value for key, value in fence_of(change, TableFence).columns}
             row[key_name] = change.decision.job_id
             if resume:
                 row[names["resume_column"]] = change.decision.resume_step_index or 0
@@ -305,13 +303,13 @@ class TableSource(ForeignSource):
         changed: dict[JobKey, int | None] = {}
         for change in changes:
             if str(change.decision.job_id) in done:
-                changed[change.decision.job_id] = self._swapped(change)
+                changed[change.decision.job_id] = self._swapped(batch, change)
         return changed
 
     def _still(self, batch: Batch, max_run: float | None) -> sa.ColumnElement[bool]:
         """The rule's time predicate, repeated in the swap."""
-        if batch.wedged_after_seconds is not None:
-            return self._still_stalled(batch.wedged_after_seconds)
+        if batch.stalled is not None:
+            return batch.stalled
         run_limit = sa.null() if max_run is None else sa.literal(float(max_run), sa.Float())
         return sa.func.coalesce(self._lease_over_by(run_limit) >= 0, False)
 
@@ -328,27 +326,24 @@ class TableSource(ForeignSource):
             values[self._columns["generation_column"]] = self._col("generation_column") + 1
         return values
 
-    def _swapped(self, change: PlannedChange) -> int | None:
+    def _swapped(self, batch: Batch, change: PlannedChange) -> int | None:
         """After a change swapped in: its ledger fenced; the generation after."""
-        snapshot = dict(self._fence(change, TableFence).columns)
+        snapshot = dict(fence_of(change, TableFence).columns)
         if not self._has("plan_column") and self._has("attempts_column"):
-            self._fence_ledger(change.decision.job_id, int(snapshot["attempts_column"] or 0) + 1)
+            batch.ledger.fence(change.decision.job_id, int(snapshot["attempts_column"] or 0) + 1)
         if self._has("generation_column"):
             return int(snapshot["generation_column"] or 0) + 1
         if self._has("attempts_column"):
             return int(snapshot["attempts_column"] or 0)
         return None
 
-    def _apply_one(self, change: PlannedChange) -> tuple[bool, int | None]:
+    def _apply_one(self, batch: Batch, change: PlannedChange) -> tuple[bool, int | None]:
         self._utc()
         decision = change.decision
-        fence = self._fence(change, TableFence)
+        fence = fence_of(change, TableFence)
         where = [self.declared.key == decision.job_id,
                  self._col("status_column") == constant(self._config.processing)]
         where += [self._col(key).is_not_distinct_from(value) for key, value in fence.columns]
-        batch = Batch(decision.disposition, reason_text(change),
-                      change.thresholds.wedged_after_seconds if is_wedged(change) else None,
-                      (change,))
         where.append(self._still(batch, fence.max_run_seconds))
         values = self._swap_values(batch)
         if decision.disposition is Disposition.RESUME and self._has("resume_column"):
@@ -356,7 +351,7 @@ class TableSource(ForeignSource):
         done = self._conn.execute(self._table.update().where(*where).values(values))
         if done.rowcount != 1:
             return False, None
-        return True, self._swapped(change)
+        return True, self._swapped(batch, change)
 
 
 def _step_rows(raw: Any) -> StepRows | None:
