@@ -15,6 +15,10 @@ In one run:
 - ``quiet_pass``: median of ``--runs`` real passes through the configured source (the
   reconciler's ``run_pass``: pass record, scans, audit) with nothing to recover; its
   ``peer_value`` is the median of the system's own sweep over the same rows.
+- ``job_table_reads``: on both measurements, the statements per pass that read the
+  system's job table (a read of the running jobs each, sequential where the system keeps
+  no index on its claimed jobs): ``quiet`` over the quiet passes, ``recovering`` over the
+  passes that decided something.
 - ``recovery``: the orphans' owners die; the system's own recovery runs over them once
   (``peer_value``, jobs/s); they die again and the reconciler's passes recover them
   (``value``, jobs/s, every decision recorded), with the statements it sent per job.
@@ -30,6 +34,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import re
 import statistics
 import sys
 import tempfile
@@ -52,6 +57,19 @@ from reconciler.storage.schema import upgrade
 BATCH_SIZE = 500
 FULL = Size(jobs=1_000_000, running=10_000, orphans=1_000)
 SMOKE = Size(jobs=10_000, running=100, orphans=10)
+JOB_TABLES = {"procrastinate": "procrastinate_jobs", "graphile-worker": "_private_jobs",
+              "pg-boss": "job", "table": "jobs",
+              "django-tasks": "django_tasks_database_dbtaskresult", "celery": "celery_taskmeta"}
+"""Each system's job table, as its source's statements name it."""
+
+
+def job_table_reads(statements: list[str], table: str) -> int:
+    """The statements that read ``table``: any but a write whose FROM or JOIN names it
+    (a swap's ``UPDATE ... FROM`` writes it, and is not counted)."""
+    named = re.compile(rf'\b(FROM|JOIN)\s+("?\w+"?\.)?"?{re.escape(table)}"?(\s|$|\))')
+    return sum(1 for text in statements
+               if not text.lstrip().upper().startswith(("UPDATE", "INSERT", "DELETE"))
+               and named.search(text))
 
 
 def _quiet_ms(store: Any, config: PassConfig, runs: int) -> list[float]:
@@ -66,16 +84,22 @@ def _quiet_ms(store: Any, config: PassConfig, runs: int) -> list[float]:
     return samples
 
 
-def _drain(store: Any, config: PassConfig) -> tuple[int, int, int]:
-    """Passes until one decides less than a batch: (decided, acted on, passes)."""
+def _drain(store: Any, config: PassConfig, sent: list[str], table: str
+           ) -> tuple[int, int, int, list[int]]:
+    """Passes until one decides less than a batch: (decided, acted on, passes, the job
+    table's reads of each pass that decided something)."""
     decided = acted = passes = 0
+    reads: list[int] = []
     while True:
+        before = len(sent)
         report = run_pass(store, config)
         passes += 1
         decided += len(report.decisions)
         acted += sum(1 for d in report.decisions if d.disposition.value != "skip")
+        if report.decisions:
+            reads.append(job_table_reads(sent[before:], table))
         if len(report.decisions) < config.batch_size:
-            return decided, acted, passes
+            return decided, acted, passes, reads
 
 
 def measure(name: str, size: Size, runs: int, emit: Callable[[dict[str, Any]], None], *,
@@ -105,11 +129,15 @@ def measure(name: str, size: Size, runs: int, emit: Callable[[dict[str, Any]], N
                 "user_index": with_index and system.user_index is not None}
 
         system.keep_alive(conninfo)
-        ours = statistics.median(_quiet_ms(store, pass_cfg, runs))
+        table = JOB_TABLES[name]
+        with counting_statements(engine) as quiet_sent:
+            ours = statistics.median(_quiet_ms(store, pass_cfg, runs))
         peer = statistics.median(system.peer_quiet(conninfo, runs))
         emit({**base, "measurement": "quiet_pass", "orphans": 0, "value": round(ours, 2),
               "unit": "ms", "peer_value": round(peer, 2),
-              "ratio_to_peer": round(ours / peer, 2), "runs": runs})
+              "ratio_to_peer": round(ours / peer, 2), "runs": runs,
+              # the warm-up pass is one more than ``runs``
+              "job_table_reads": round(job_table_reads(quiet_sent, table) / (runs + 1), 2)})
 
         system.kill(conninfo, size)
         peer_seconds, peer_recovered = system.peer_recover(conninfo, size)
@@ -123,7 +151,7 @@ def measure(name: str, size: Size, runs: int, emit: Callable[[dict[str, Any]], N
             time.sleep(system.silence_seconds)
         with counting_statements(engine) as sent:
             started = time.perf_counter()
-            decided, acted, passes = _drain(store, pass_cfg)
+            decided, acted, passes, reads = _drain(store, pass_cfg, sent, table)
             seconds = time.perf_counter() - started
         if acted != size.orphans:
             raise RuntimeError(f"the reconciler recovered {acted} of {size.orphans} orphans "
@@ -133,6 +161,7 @@ def measure(name: str, size: Size, runs: int, emit: Callable[[dict[str, Any]], N
               "peer_value": round(peer_recovered / peer_seconds),
               "ratio_to_peer": round((acted / seconds) / (peer_recovered / peer_seconds), 3),
               "statements_per_job": round(len(sent) / acted, 2), "passes": passes,
+              "job_table_reads": round(statistics.mean(reads), 2) if reads else 0,
               "seconds": round(seconds, 3), "peer_seconds": round(peer_seconds, 3)})
         engine.dispose()
 

@@ -104,7 +104,7 @@ LIVE_WORKER = "live@bench"
 DEAD_WORKER = "dead@bench"
 """A hostname no worker has: silent to ping, as a worker killed whole is."""
 SESSION_TIMEOUT_SECONDS = 1.0
-PING_TIMEOUT_SECONDS = 1.0  # the source's own (reconciler/sources/celery_broker.py)
+PING_TIMEOUT_SECONDS = 1.0  # the source's own (reconciler/sources/celery/broker.py)
 
 
 def _free_port() -> int:

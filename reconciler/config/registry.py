@@ -13,11 +13,11 @@ with (``SourceEntry.config_model`` and ``SourceEntry.open`` import it when first
 
 Adding a source is:
 
-1. **one module** under ``reconciler/sources/`` holding its config model (a
+1. **one package** under ``reconciler/sources/`` holding its config model (a
    ``reconciler.config.tables.SourceSettings`` dataclass: the ``[source]`` keys besides
    ``kind``, with its ``kind`` as a class variable), its fence snapshot (a frozen slotted
-   ``reconciler.sources.base.ForeignFence`` dataclass of what its swap repeats) and its
-   class (a ``reconciler.sources.base.ForeignSource``: the SQL of what runs, what
+   ``reconciler.sources.kit.source.ForeignFence`` dataclass of what its swap repeats) and its
+   class (a ``reconciler.sources.kit.source.ForeignSource``: the SQL of what runs, what
    expired, one swap, and ``listing``/``status_words`` for operators; opened as
    ``Class(connection, config, kinds, lock=...)``);
 2. **one entry** below::
@@ -174,7 +174,7 @@ REGISTRY: tuple[SourceEntry, ...] = (
                 engines=POSTGRESQL,
                 capabilities=Capabilities(heartbeat=False, error_field=True,
                                           actions=_NO_ACTIONS)),
-    SourceEntry(kind="table", config="reconciler.sources.table_config:TableConfig",
+    SourceEntry(kind="table", config="reconciler.sources.table.config:TableConfig",
                 source="reconciler.sources.table:TableSource", job_key="either",
                 engines=EVERY_ENGINE,
                 capabilities=Capabilities(heartbeat=False, error_field=True,

@@ -61,6 +61,19 @@ class StepRecord:
     failure_retryable: bool | None = None
 
 
+StepRows = tuple[tuple[int, str, bool | None], ...]
+"""A job's step records as read: (step index, state, whether a failure is retryable)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StepFacts:
+    """A job's steps as evidence: its plan, its step records, its last recorded activity."""
+
+    plan: tuple[PlanStep, ...]
+    step_rows: StepRows
+    activity_age_seconds: float | None
+
+
 @dataclass(frozen=True, slots=True)
 class Evidence:
     """What the reconciler knows about one processing job, as of one database instant."""

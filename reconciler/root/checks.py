@@ -12,7 +12,7 @@ from reconciler.config.tables import SourceSettings
 from reconciler.core.kinds import KindRules
 from reconciler.core.ports import JobSource
 from reconciler.errors import DatabaseUnavailableError
-from reconciler.sources.base import ForeignSource
+from reconciler.sources.kit.source import ForeignSource
 from reconciler.storage.pass_store import SourceFactory
 from reconciler.storage.schema import require_current
 

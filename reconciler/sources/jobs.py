@@ -14,21 +14,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from models import ReconciliationDecision
 from reconciler.config.registry import DEFAULT_SOURCE, entry_of, is_native
 from reconciler.config.tables import SourceSettings
 from reconciler.core.kinds import KindRules
 from reconciler.core.ports import JobDetail, OperatorStore, SourceJobs, Unjudged
 from reconciler.core.vocabulary import JobKey, JobStatus, Reason
-from reconciler.sources.base import ForeignSource
+from reconciler.sources.kit.source import ForeignSource
+from reconciler.storage.audit import AuditHistory
 from reconciler.storage.engines import read_only
 
-DECISIONS: sa.Table = cast(sa.Table, ReconciliationDecision.__table__)
 _REASONS = frozenset(r.value for r in Reason)
 T = TypeVar("T")
 
@@ -45,15 +44,7 @@ def open_jobs(engine: Engine, source: SourceSettings, kinds: KindRules,
 def decisions_about(conn: Connection, source_name: str, job_id: JobKey,
                     limit: int) -> list[dict[str, Any]]:
     """The audit's decisions about one job of one source, newest first."""
-    rows = read_only(conn).execute(
-        sa.select(DECISIONS.c.decided_at, DECISIONS.c.pass_id, DECISIONS.c.disposition,
-                  DECISIONS.c.decision_reason, DECISIONS.c.resume_step_index,
-                  DECISIONS.c.shadow_mode)
-        .where(DECISIONS.c.job_source == source_name, DECISIONS.c.job_id == str(job_id))
-        .order_by(DECISIONS.c.decision_id.desc()).limit(limit))
-    return [{"decided_at": r.decided_at, "pass_id": r.pass_id, "disposition": r.disposition,
-             "reason": r.decision_reason, "resume_step_index": r.resume_step_index,
-             "shadow": bool(r.shadow_mode)} for r in rows]
+    return AuditHistory(read_only(conn), source_name).about(job_id, limit)
 
 
 class NativeJobs:

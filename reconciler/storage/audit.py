@@ -29,6 +29,7 @@ from reconciler.storage.sql import (
     encode_rows,
     insert_into,
     json_rows,
+    key_in,
     leases,
     passes,
     seconds_param,
@@ -276,3 +277,56 @@ def delete_audit_before(conn: Connection, days: float, limit: int) -> int:
     deleted = conn.execute(decisions.delete().where(decisions.c.pass_id.in_(old))).rowcount
     conn.execute(passes.delete().where(passes.c.pass_id.in_(old)))
     return int(deleted) + len(old)
+
+
+class AuditHistory:
+    """The audit's past decisions about one source's jobs, as a pass's transaction (or an
+    operator's read) sees them: what a foreign system keeps no record of."""
+
+    __slots__ = ("_conn", "_source")
+
+    def __init__(self, conn: Connection, source_name: str) -> None:
+        self._conn = conn
+        self._source = source_name
+
+    def applied_resumes(self, keys: Sequence[str]) -> dict[str, list[tuple[str, Any]]]:
+        """Each job's applied (not shadow) resumes, newest first, as (reason, recorded
+        ``attempts_used``), in one indexed read for the batch; jobs with none absent."""
+        if not keys:
+            return {}
+        history: dict[str, list[tuple[str, Any]]] = {}
+        for job_id, reason, evidence in self._conn.execute(
+                sa.select(decisions.c.job_id, decisions.c.decision_reason,
+                          decisions.c.decision_evidence)
+                .where(decisions.c.job_source == self._source,
+                       key_in(self._conn, decisions.c.job_id, keys),
+                       decisions.c.disposition == Disposition.RESUME.value,
+                       decisions.c.shadow_mode.is_(False))
+                .order_by(decisions.c.job_id, decisions.c.decision_id.desc())):
+            used = evidence.get("attempts_used") if isinstance(evidence, dict) else None
+            history.setdefault(str(job_id), []).append((str(reason), used))
+        return history
+
+    def resumes_counted(self, key: sa.ColumnElement[Any]) -> sa.ScalarSelect[Any]:
+        """How many applied resumes the job whose key text is ``key`` had, in SQL: the
+        attempts of a system that counts none, read with its row."""
+        return (sa.select(sa.func.count())
+                .where(decisions.c.job_source == self._source, decisions.c.job_id == key,
+                       decisions.c.disposition == sa.literal(Disposition.RESUME.value,
+                                                             literal_execute=True),
+                       decisions.c.shadow_mode.is_(False))
+                .scalar_subquery())
+
+    def about(self, job_id: JobKey, limit: int) -> list[dict[str, Any]]:
+        """The decisions about one job, newest first, as an operator reads them."""
+        rows = self._conn.execute(
+            sa.select(decisions.c.decided_at, decisions.c.pass_id, decisions.c.disposition,
+                      decisions.c.decision_reason, decisions.c.resume_step_index,
+                      decisions.c.shadow_mode)
+            .where(decisions.c.job_source == self._source,
+                   decisions.c.job_id == str(job_id))
+            .order_by(decisions.c.decision_id.desc()).limit(limit))
+        return [{"decided_at": r.decided_at, "pass_id": r.pass_id,
+                 "disposition": r.disposition, "reason": r.decision_reason,
+                 "resume_step_index": r.resume_step_index, "shadow": bool(r.shadow_mode)}
+                for r in rows]

@@ -25,7 +25,12 @@ from reconciler.core.decisions import Thresholds
 from reconciler.core.kinds import KindPolicy, KindRules
 from reconciler.core.ports import Candidate, Cursor, JobSource, StuckWork
 from reconciler.storage.clock import db_now, now_plus
-from reconciler.storage.native_source import NativeSource, evidence_columns, place_type
+from reconciler.storage.native_source import (
+    NativeSource,
+    brake_totals,
+    evidence_columns,
+    place_type,
+)
 from reconciler.storage.pass_store import SourceFactory, native_source
 from reconciler.storage.sql import IN_PROCESSING, SCANNED, for_update, jobs
 
@@ -37,13 +42,17 @@ class KindedNativeSource(NativeSource):
         super().__init__(conn, lock=lock)
         self.kinds = kinds
         self.lock = lock
+        self._reconciled: dict[str, KindPolicy] | None = None
 
     def _policies(self) -> dict[str, KindPolicy]:
-        """The reconciled kinds among the processing jobs, with their policies."""
-        running = self.conn.execute(
-            sa.select(jobs.c.job_kind).where(IN_PROCESSING).distinct()).scalars()
-        policies = {kind: self.kinds.resolve(kind) for kind in running}
-        return {kind: p for kind, p in policies.items() if p.reconcile}
+        """The reconciled kinds among the processing jobs, with their policies: read once
+        per transaction (the scans and the brake's counts all filter by them)."""
+        if self._reconciled is None:
+            running = self.conn.execute(
+                sa.select(jobs.c.job_kind).where(IN_PROCESSING).distinct()).scalars()
+            policies = {kind: self.kinds.resolve(kind) for kind in running}
+            self._reconciled = {kind: p for kind, p in policies.items() if p.reconcile}
+        return self._reconciled
 
     def candidates(self, limit: int, thresholds: Thresholds, after: Cursor | None
                    ) -> list[Candidate]:
@@ -53,13 +62,14 @@ class KindedNativeSource(NativeSource):
         if not policies or limit <= 0:
             return []
         reconciled = jobs.c.job_kind.in_(sorted(policies))
-        expired = (sa.select(*evidence_columns(self.postgres))
+        expired = (sa.select(*evidence_columns(self.postgres), *brake_totals(reconciled))
                    .where(SCANNED, reconciled, jobs.c.lease_expires_at <= db_now())
                    .order_by(jobs.c.lease_expires_at, jobs.c.job_id).limit(limit))
         if after is not None and after.position is not None:
             expired = expired.where(_after(self.postgres, jobs.c.lease_expires_at, after.position))
         rows: list[Any] = list(self.conn.execute(
             for_update(self.postgres, expired, lock=self.lock)).all())
+        self.counted(rows)
         if len(rows) < limit:
             wedged_after = sa.case(
                 {kind: sa.literal(-p.thresholds.wedged_after_seconds, sa.Float())
@@ -86,7 +96,10 @@ class KindedNativeSource(NativeSource):
 
     def running_count(self) -> int:
         """Processing jobs of reconciled kinds: the brake weighs only jobs a pass could act
-        on (``core.brake.brake``), as the foreign sources count them."""
+        on (``core.brake.brake``), as the foreign sources count them; as the expired scan
+        counted them, when it found any."""
+        if self._brake_counts is not None:
+            return self._brake_counts[0]
         policies = self._policies()
         if not policies:
             return 0
@@ -95,7 +108,10 @@ class KindedNativeSource(NativeSource):
             .where(IN_PROCESSING, jobs.c.job_kind.in_(sorted(policies)))).scalar_one())
 
     def stale_count(self, limit: int) -> int:
-        """Expired, unheld processing jobs of reconciled kinds, up to ``limit``."""
+        """Expired, unheld processing jobs of reconciled kinds, up to ``limit``; as the
+        expired scan counted them, when it found any."""
+        if self._brake_counts is not None:
+            return min(self._brake_counts[1], limit)
         policies = self._policies()
         if not policies:
             return 0

@@ -50,7 +50,6 @@ from reconciler.storage.sql import (
     attempts,
     batch_ids,
     encode_rows,
-    end_sessions,
     for_update,
     in_batch,
     jobs,
@@ -152,11 +151,27 @@ def after_row(postgres: bool, time_column: Any, name: str) -> Any:
                         sa.bindparam("after_job_id", type_=sa.BigInteger())))
 
 
+def brake_totals(*kinds: Any) -> tuple[Any, Any]:
+    """The brake's two counts as columns of the expired scan (``running_total``: every
+    processing job; ``stale_total``: the expired, unheld ones the scans read), of the
+    kinds ``kinds`` filters: each an index count, evaluated once the scan returns a row
+    (a quiet pass never pays for them) and then once. Unbounded, the stale count reads
+    no more index entries than the running count beside it."""
+    running = (sa.select(sa.func.count()).select_from(jobs).where(IN_PROCESSING, *kinds)
+               .correlate(None).scalar_subquery().label("running_total"))
+    stale = (sa.select(sa.func.count()).select_from(jobs)
+             .where(SCANNED, *kinds, jobs.c.lease_expires_at <= db_now(),
+                    jobs.c.operator_hold.is_(False))
+             .correlate(None).scalar_subquery().label("stale_total"))
+    return running, stale
+
+
 @functools.cache
 def _statements(postgres: bool, lock: bool) -> _Statements:
     columns = evidence_columns(postgres)
     limit = sa.bindparam("batch_limit", type_=sa.Integer())
-    expired = (sa.select(*columns).where(SCANNED, jobs.c.lease_expires_at <= db_now())
+    expired = (sa.select(*columns, *brake_totals())
+               .where(SCANNED, jobs.c.lease_expires_at <= db_now())
                .order_by(jobs.c.lease_expires_at, jobs.c.job_id).limit(limit))
     expired_after = expired.where(after_row(postgres, jobs.c.lease_expires_at,
                                              "after_expires_at"))
@@ -219,13 +234,15 @@ class NativeSource:
         self.postgres = is_postgresql(conn)
         self.sql = _statements(self.postgres, lock)
         self._kinds_read: dict[str, str] = {}
+        # (running, stale) as the expired scan counted them in this transaction.
+        self._brake_counts: tuple[int, int] | None = None
 
     def expire_gone_owners(self, timeout_seconds: float) -> int:
         """Mark silent worker sessions gone and expire their claims' leases at once."""
         ids = [int(i) for i in self.conn.execute(
             self.sql.silent_sessions, {"session_cutoff_seconds": -timeout_seconds}).scalars()]
         if ids:
-            end_sessions(self.conn, ids, SessionEndReason.HEARTBEAT_LOST)
+            transitions.end_sessions(self.conn, ids, SessionEndReason.HEARTBEAT_LOST)
         return len(ids)
 
     def candidates(
@@ -240,6 +257,7 @@ class NativeSource:
             rows = list(self.conn.execute(self.sql.expired_after, {
                 "batch_limit": limit, "after_expires_at": expires_at, "after_job_id": job_id,
             }).all())
+        self.counted(rows)
         if len(rows) < limit:
             wedged = {"batch_limit": limit - len(rows),
                       "wedged_cutoff_seconds": -thresholds.wedged_after_seconds}
@@ -293,13 +311,14 @@ class NativeSource:
                       # set is a status flip plus publishing, safe to do again.
                       (job_id, generation) not in unstaged)
             for (job_id, kind, generation, attempts_used, budget, held, live, expired_for,
-                 idle_for, plan_text, expires_at, gone, active_at)
+                 idle_for, plan_text, expires_at, gone, active_at, *_counts)
             in cast(list[tuple[Any, ...]], rows)
         ]
 
     def apply(self, changes: Sequence[PlannedChange]) -> dict[JobKey, int | None]:
         """Compare-and-swap the whole batch in one statement, then end the attempts whose
         claims it took away; the jobs changed with their new generation."""
+        self._brake_counts = None  # the brake's counts are of the jobs before the swap
         if not changes:
             return {}
         swapped = self._swap(changes)
@@ -342,13 +361,24 @@ class NativeSource:
         return sorted(self.conn.execute(
             sa.select(jobs.c.job_kind).where(IN_PROCESSING).distinct()).scalars())
 
+    def counted(self, expired: Sequence[sa.Row[Any]]) -> None:
+        """Keep the brake's counts the expired scan's rows carry (``brake_totals``)."""
+        if expired:
+            self._brake_counts = (int(expired[0].running_total), int(expired[0].stale_total))
+
     def running_count(self) -> int:
-        """Every processing job, through the processing indexes."""
+        """Every processing job, as the expired scan counted it; else (no expired
+        candidate this transaction) counted now, through the processing indexes."""
+        if self._brake_counts is not None:
+            return self._brake_counts[0]
         return int(self.conn.execute(sa.select(sa.func.count()).where(IN_PROCESSING))
                    .scalar_one())
 
     def stale_count(self, limit: int) -> int:
-        """Expired, unheld processing jobs, up to ``limit`` (a bounded index range)."""
+        """Expired, unheld processing jobs, up to ``limit``, as the expired scan counted
+        them; else counted now (a bounded index range)."""
+        if self._brake_counts is not None:
+            return min(self._brake_counts[1], limit)
         stale = sa.select(jobs.c.job_id).where(
             SCANNED, jobs.c.lease_expires_at <= db_now(),
             jobs.c.operator_hold.is_(False)).limit(limit).subquery()

@@ -11,7 +11,8 @@ from sqlalchemy.engine import Engine
 
 from reconciler.core.vocabulary import SessionEndReason
 from reconciler.storage.clock import db_now
-from reconciler.storage.sql import end_sessions, sessions
+from reconciler.storage.sql import sessions
+from reconciler.storage.transitions import end_sessions
 
 
 class SessionsSql:

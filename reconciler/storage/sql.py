@@ -30,8 +30,7 @@ from models import (
     WorkerSession,
 )
 from reconciler.core.evidence import PlanStep, parse_plan
-from reconciler.core.vocabulary import JobStatus, SessionEndReason
-from reconciler.storage.clock import db_now
+from reconciler.core.vocabulary import JobStatus
 from reconciler.storage.engines import is_postgresql
 
 jobs: sa.Table = cast(sa.Table, JobRun.__table__)
@@ -71,22 +70,6 @@ def wake_workers(conn: Connection) -> None:
     # SQLite has no such channel; its workers poll.
     if is_postgresql(conn):
         conn.execute(sa.select(sa.func.pg_notify(WAKE_CHANNEL, "")))
-
-
-def end_sessions(conn: Connection, session_ids: Sequence[int],
-                 reason: SessionEndReason) -> None:
-    """Mark sessions gone and expire their claims' leases so the next pass takes them."""
-    conn.execute(
-        sessions.update()
-        .where(sessions.c.session_id.in_(list(session_ids)), sessions.c.stopped_at.is_(None))
-        .values(stopped_at=db_now(), stop_reason=reason.value)
-    )
-    conn.execute(
-        jobs.update()
-        .where(jobs.c.worker_session_id.in_(list(session_ids)),
-               IN_PROCESSING, jobs.c.lease_expires_at > db_now())
-        .values(lease_expires_at=db_now())
-    )
 
 
 def insert_into(postgres: bool, table: sa.Table) -> Any:
@@ -181,6 +164,29 @@ def in_batch(postgres: bool, column: Any) -> Any:
             sa.bindparam("batch_ids", type_=postgresql.ARRAY(sa.BigInteger())))
     each = sa.func.json_each(sa.bindparam("batch_ids", type_=sa.Text()))
     return column.in_(sa.select(each.table_valued("value").c.value))
+
+
+def key_in(conn: Connection, column: sa.ColumnElement[Any], texts: Sequence[str]
+           ) -> sa.ColumnElement[bool]:
+    """``column`` is one of ``texts``: ``= ANY`` of one bound array on PostgreSQL (a
+    batch's keys as one parameter, not one each), ``IN`` elsewhere."""
+    if conn.dialect.name != "postgresql":
+        return column.in_(texts)
+    return column == sa.any_(sa.cast(sa.literal(list(texts), postgresql.ARRAY(sa.String())),
+                                     postgresql.ARRAY(sa.String())))
+
+
+def unnest(name: str, columns: Sequence[tuple[str, sa.types.TypeEngine[Any], Sequence[Any]]]
+           ) -> Any:
+    """Rows given column by column as one FROM item (PostgreSQL):
+    ``unnest(CAST(:a AS type[]), ...) AS name(a, ...)``; one bound array per column, so the
+    statement is the same text (and cached) whatever the batch's size."""
+    arrays = [sa.cast(sa.literal(list(values), postgresql.ARRAY(type_)),
+                      postgresql.ARRAY(type_))
+              for _, type_, values in columns]
+    return (sa.func.unnest(*arrays)
+            .table_valued(*(sa.column(column, type_) for column, type_, _ in columns))
+            .render_derived(name=name))
 
 
 def batch_ids(postgres: bool, ids: list[int]) -> list[int] | str:

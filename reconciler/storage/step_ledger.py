@@ -1,12 +1,12 @@
 """The step ledger's store: fenced runs of a foreign job's steps in ``step_ledger_entries``.
 
-The public face is ``reconciler.ledger``, which says how a task uses
-it; this module holds its SQL.
+The public face is ``reconciler.ledger``, which says how a task uses it; a pass reads and
+fences the ledger through ``PassLedger``. Every statement on the ledger is in this module.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from types import TracebackType
 from typing import Any, cast
@@ -16,12 +16,13 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
 from models import StepLedgerEntry
-from reconciler.core.evidence import PlanStep
+from reconciler.core.evidence import PlanStep, StepFacts
 from reconciler.core.vocabulary import StepState
 from reconciler.errors import LeaseLost
-from reconciler.storage.clock import db_now
+from reconciler.storage.clock import db_now, now_plus, seconds_since
 from reconciler.storage.engines import DatabaseTimeouts, create_engine, is_postgresql
 from reconciler.storage.schema import require_current
+from reconciler.storage.sql import key_in, unnest
 
 Step = PlanStep
 """One step of a run's plan: ``Step("fetch", "idempotent")``."""
@@ -182,3 +183,122 @@ class LedgerRun:
             raise LeaseLost(self.job_id)
         raise ValueError(f"job {key}: step {index} is {current.step_state or 'not started'}; "
                          f"it cannot become {state.value}")
+
+
+class PassLedger:
+    """The step ledger as one pass's transaction reads and fences it, for one source's
+    jobs: the evidence a decision reads (one indexed read per batch), the last write a
+    swap repeats, and the fences that move each changed job's ledger past its attempt.
+
+    Made per transaction: the fences a batch's swaps ask for are kept here until
+    ``fence_pending`` writes them in one statement.
+    """
+
+    __slots__ = ("_conn", "_pending", "_source")
+
+    def __init__(self, conn: Connection, source_name: str) -> None:
+        self._conn = conn
+        self._source = source_name
+        self._pending: list[tuple[str, int]] = []
+
+    def facts(self, keys: Iterable[JobKey]) -> tuple[dict[str, StepFacts], dict[str, Any]]:
+        """The records of these jobs, and each one's newest write, by job key text, in one
+        read; jobs without any are absent from both."""
+        texts = sorted({str(k) for k in keys})
+        if not texts:
+            return {}, {}
+        rows = self._conn.execute(
+            sa.select(ENTRIES.c.job_key, ENTRIES.c.step_index, ENTRIES.c.step_name,
+                      ENTRIES.c.effect_kind, ENTRIES.c.step_state, ENTRIES.c.failure_retryable,
+                      seconds_since(ENTRIES.c.updated_at).label("age"), ENTRIES.c.updated_at)
+            .where(ENTRIES.c.source_name == self._source,
+                   key_in(self._conn, ENTRIES.c.job_key, texts))
+            .order_by(ENTRIES.c.job_key, ENTRIES.c.step_index)
+        ).all()
+        grouped: dict[str, list[Any]] = {}
+        newest: dict[str, Any] = {}
+        for row in rows:
+            grouped.setdefault(row.job_key, []).append(row)
+            newest[row.job_key] = max(newest.get(row.job_key, row.updated_at), row.updated_at)
+        facts: dict[str, StepFacts] = {}
+        for key, found in grouped.items():
+            try:
+                plan = tuple(PlanStep(r.step_name, r.effect_kind) for r in found)
+            except ValueError:
+                continue  # pragma: no cover - the table's checks keep effect kinds known
+            ages = [float(r.age) for r in found if r.age is not None]
+            facts[key] = StepFacts(
+                plan,
+                tuple((r.step_index, r.step_state, r.failure_retryable)
+                      for r in found if r.step_state is not None),
+                min(ages) if ages else None,
+            )
+        return facts, newest
+
+    def last_write(self, key: sa.ColumnElement[Any]) -> sa.ScalarSelect[Any]:
+        """The newest write of the job whose key text is ``key``, in SQL (NULL without
+        records): a scan's activity and a swap's time predicate for a system that keeps
+        none of its own."""
+        return (sa.select(sa.func.max(ENTRIES.c.updated_at))
+                .where(ENTRIES.c.source_name == self._source, ENTRIES.c.job_key == key)
+                .scalar_subquery())
+
+    def newest_attempt(self, key: sa.ColumnElement[Any]) -> sa.ScalarSelect[Any]:
+        """The newest attempt recorded for the job whose key text is ``key``, in SQL
+        (NULL without records): the attempt of a system that counts none."""
+        return (sa.select(sa.func.max(ENTRIES.c.attempt_number))
+                .where(ENTRIES.c.source_name == self._source, ENTRIES.c.job_key == key)
+                .scalar_subquery())
+
+    def written_before(self, seconds: float) -> bool:
+        """Whether any of the source's jobs has a write older than ``seconds``: without
+        one no job of it can be wedged by its records, and the wedged scan is skipped."""
+        return self._conn.execute(
+            sa.select(sa.literal(1)).select_from(ENTRIES)
+            .where(ENTRIES.c.source_name == self._source,
+                   ENTRIES.c.updated_at < now_plus(-seconds)).limit(1)).first() is not None
+
+    def newest_writes(self, keys: Sequence[str]) -> dict[str, Any]:
+        """The newest write of each job about to change (absent: none), in one read for
+        the batch; the rows stay locked (on PostgreSQL) until the pass commits, by when
+        the swaps have fenced their attempts out."""
+        if not keys:
+            return {}
+        rows = (sa.select(ENTRIES.c.job_key, ENTRIES.c.updated_at)
+                .where(ENTRIES.c.source_name == self._source,
+                       key_in(self._conn, ENTRIES.c.job_key, keys)))
+        if is_postgresql(self._conn):
+            rows = rows.with_for_update()
+        newest: dict[str, Any] = {}
+        for key, updated_at in self._conn.execute(rows):
+            newest[key] = max(newest.get(key, updated_at), updated_at)
+        return newest
+
+    def fence(self, job_id: JobKey, next_attempt: int) -> None:
+        """Move the job's ledger past the attempt just ended, so its late writes record
+        nothing: kept until ``fence_pending``, which writes a pass's fences at once."""
+        self._pending.append((str(job_id), next_attempt))
+
+    def fence_pending(self) -> None:
+        """The fences asked for since the last call, written: one statement over their
+        keys on PostgreSQL (``unnest``), one per job on SQLite."""
+        fences, self._pending = self._pending, []
+        if not fences:
+            return
+        if not is_postgresql(self._conn):
+            self._conn.execute(
+                ENTRIES.update()
+                .where(ENTRIES.c.source_name == sa.bindparam("source"),
+                       ENTRIES.c.job_key == sa.bindparam("key"),
+                       ENTRIES.c.attempt_number < sa.bindparam("attempt"))
+                .values(attempt_number=sa.bindparam("attempt")),
+                [{"source": self._source, "key": key, "attempt": attempt}
+                 for key, attempt in fences])
+            return
+        moved = unnest("moved", [("job_key", sa.String(), [key for key, _ in fences]),
+                                 ("attempt", sa.BigInteger(), [a for _, a in fences])])
+        self._conn.execute(ENTRIES.update()
+                           .where(ENTRIES.c.source_name == self._source,
+                                  ENTRIES.c.job_key == moved.c.job_key,
+                                  ENTRIES.c.attempt_number < moved.c.attempt)
+                           .values(attempt_number=moved.c.attempt))

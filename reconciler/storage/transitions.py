@@ -32,6 +32,7 @@ from reconciler.core.vocabulary import (
     AttemptOutcome,
     EndedBy,
     JobStatus,
+    SessionEndReason,
     StepState,
     WorkerStatusReason,
 )
@@ -39,6 +40,7 @@ from reconciler.errors import LeaseLost
 from reconciler.storage.clock import db_now, now_plus
 from reconciler.storage.engines import is_postgresql
 from reconciler.storage.sql import (
+    IN_PROCESSING,
     IN_QUEUE,
     PLAN_TEXT,
     PROCESSING,
@@ -60,6 +62,23 @@ NO_CLAIM: dict[str, Any] = {
     "lease_token": None, "lease_owner": None, "lease_expires_at": None,
     "worker_session_id": None, "reconcile_parked": False,
 }
+
+
+def end_sessions(conn: Connection, session_ids: Sequence[int],
+                 reason: SessionEndReason) -> None:
+    """Mark sessions gone and expire their claims' leases so the next pass takes them: a
+    job's lease changes here, beside every other change of its row."""
+    conn.execute(
+        sessions.update()
+        .where(sessions.c.session_id.in_(list(session_ids)), sessions.c.stopped_at.is_(None))
+        .values(stopped_at=db_now(), stop_reason=reason.value)
+    )
+    conn.execute(
+        jobs.update()
+        .where(jobs.c.worker_session_id.in_(list(session_ids)),
+               IN_PROCESSING, jobs.c.lease_expires_at > db_now())
+        .values(lease_expires_at=db_now())
+    )
 
 
 def ended(status: JobStatus, reason: str | None) -> dict[str, Any]:

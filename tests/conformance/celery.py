@@ -32,7 +32,7 @@ from sqlalchemy.engine import Engine
 
 from reconciler.core.ports import JobKey
 from reconciler.sources.celery import CeleryConfig
-from reconciler.sources.celery_broker import FIRST_SEEN_KEY, SILENT_KEY, CeleryBroker
+from reconciler.sources.celery.broker import FIRST_SEEN_KEY, SILENT_KEY, CeleryBroker
 from reconciler.storage.clock import now_plus
 from reconciler.storage.engines import create_engine
 from tests.conformance.fixtures import (

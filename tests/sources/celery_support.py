@@ -259,7 +259,7 @@ def celery_live_worker(redis_server: str, tmp_path_factory: pytest.TempPathFacto
                                env={**os.environ, "SOURCES_BROKER_URL": redis_server,
                                     "SOURCES_MARKERS": str(folder)},
                                cwd=Path(__file__).parents[2])
-    from reconciler.sources.celery_broker import CeleryBroker  # noqa: PLC0415
+    from reconciler.sources.celery.broker import CeleryBroker  # noqa: PLC0415
 
     broker = CeleryBroker(redis_server)
     deadline = time.monotonic() + 60

@@ -32,8 +32,8 @@ from reconciler.config.loader import SourceConfig
 from reconciler.core.kinds import KindRules
 from reconciler.core.ports import JobKey
 from reconciler.ledger import Step, StepLedger
-from reconciler.sources.base import ForeignSource
 from reconciler.sources.graphile_worker import GraphileWorkerConfig, GraphileWorkerSource
+from reconciler.sources.kit.source import ForeignSource
 from reconciler.sources.pgboss import PgBossConfig, PgBossSource
 from reconciler.sources.procrastinate import ProcrastinateConfig, ProcrastinateSource
 from tests.sources.conftest import SourcesDatabase

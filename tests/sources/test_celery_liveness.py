@@ -31,7 +31,7 @@ from reconciler.core.ports import StuckWork
 from reconciler.core.vocabulary import Disposition, LivenessDoubt, PassOutcome, StuckReason
 from reconciler.root.cli import assemble_cli
 from reconciler.sources.celery import CeleryConfig
-from reconciler.sources.celery_broker import CeleryBroker
+from reconciler.sources.celery.broker import CeleryBroker
 from tests.conftest import REPO_ROOT
 from tests.integration.test_service import Launcher, free_port
 from tests.sources.celery_support import CeleryProject, kill_worker, worker_argv

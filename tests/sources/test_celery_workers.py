@@ -23,7 +23,7 @@ import pytest
 from reconciler.core.kinds import KindRule, KindRules
 from reconciler.core.vocabulary import Disposition, EffectKind, Reason
 from reconciler.sources.celery import CeleryConfig
-from reconciler.sources.celery_broker import CeleryBroker
+from reconciler.sources.celery.broker import CeleryBroker
 from tests.conftest import REPO_ROOT
 from tests.sources.celery_support import (
     CeleryProject,
@@ -318,7 +318,7 @@ def test_rows_written_without_result_extended_are_left_alone_and_said_once(
     import sqlalchemy as sa  # noqa: PLC0415
     from celery.backends.database.models import Task as TaskRow  # noqa: PLC0415
 
-    from reconciler.sources import celery as celery_source  # noqa: PLC0415
+    from reconciler.sources.celery import source as celery_source  # noqa: PLC0415
 
     celery_source._WARNED.clear()
     with celery_project.engine.begin() as conn:

@@ -18,7 +18,7 @@ from sqlalchemy.engine import Engine
 
 from reconciler.cli import main
 from reconciler.config.tables import SourceSettings
-from reconciler.sources.table_config import TableConfig
+from reconciler.sources.table.config import TableConfig
 from tests.sources.factories import (
     GraphileWorkerFactory,
     PgBossFactory,

@@ -17,7 +17,7 @@ from reconciler.core.kinds import KindRule, KindRules
 from reconciler.core.vocabulary import Disposition, EffectKind, Reason
 from reconciler.errors import ConfigError
 from reconciler.sources.table import TableFence, TableSource
-from reconciler.sources.table_config import TableConfig
+from reconciler.sources.table.config import TableConfig
 from reconciler.storage.clock import now_plus
 from tests.sources.support import by_job, explain, plan_changes, reconcile_once
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from celery.utils.saferepr import saferepr
 
-from reconciler.sources.celery_tables import (
+from reconciler.sources.celery.tables import (
     CELERY_TASKMETA,
     DJANGO_CELERY_RESULTS,
     call_arguments,

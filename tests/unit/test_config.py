@@ -17,7 +17,7 @@ from reconciler.root.checks import open_foreign_source
 from reconciler.sources.graphile_worker import GraphileWorkerConfig
 from reconciler.sources.pgboss import PgBossConfig
 from reconciler.sources.procrastinate import ProcrastinateConfig
-from reconciler.sources.table_config import TableConfig
+from reconciler.sources.table.config import TableConfig
 
 DESIGN_EXAMPLE = """
 database_url = "postgresql+psycopg://app@db/app"

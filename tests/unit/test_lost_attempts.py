@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from reconciler.core.vocabulary import Reason
-from reconciler.sources.common import lost_in_a_row_resumed
+from reconciler.sources.kit.history import lost_in_a_row_resumed
 
 IDEM = Reason.RESUMED_IDEMPOTENT_STEP.value
 UNSTARTED = Reason.RESUMED_FROM_UNSTARTED_STEP.value

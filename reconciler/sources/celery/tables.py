@@ -30,10 +30,10 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from reconciler.core.vocabulary import Disposition
-from reconciler.sources.common import LEDGER, constant
+from reconciler.sources.kit.shapes import constant
+from reconciler.storage.audit import AuditHistory
 from reconciler.storage.clock import db_now
-from reconciler.storage.sql import decisions
+from reconciler.storage.step_ledger import PassLedger
 
 EXCEPTION_MODULE, EXCEPTION_TYPE = "billiard.exceptions", "WorkerLostError"
 """What a recovered task's result names: Celery's own exception for a worker lost
@@ -118,23 +118,16 @@ class ResultRows:
         self.queue = None if shape.queue_column is None else c[shape.queue_column]
         self.created = None if shape.created_column is None else c[shape.created_column]
 
-    def attempt_columns(self, source_name: str) -> list[sa.ColumnElement[Any]]:
+    def attempt_columns(self, ledger: PassLedger, audit: AuditHistory
+                        ) -> list[sa.ColumnElement[Any]]:
         """``retries`` as stored; or, where the table keeps none, the reconciler's own
         applied resumes of the task (``resumed``) and the step ledger's newest attempt
-        (``ledger_attempt``), read with the row."""
-        c = self.sql_table.c
+        (``ledger_attempt``), read with the row through their stores."""
         if self.retries is not None:
             return [self.retries.label("retries")]
-        resumed = (sa.select(sa.func.count())
-                   .where(decisions.c.job_source == source_name,
-                          decisions.c.job_id == c.task_id,
-                          decisions.c.disposition == constant(Disposition.RESUME.value),
-                          decisions.c.shadow_mode.is_(False))
-                   .scalar_subquery())
-        ledger = (sa.select(sa.func.max(LEDGER.c.attempt_number))
-                  .where(LEDGER.c.source_name == source_name, LEDGER.c.job_key == c.task_id)
-                  .scalar_subquery())
-        return [resumed.label("resumed"), ledger.label("ledger_attempt")]
+        task_id = self.sql_table.c.task_id
+        return [audit.resumes_counted(task_id).label("resumed"),
+                ledger.newest_attempt(task_id).label("ledger_attempt")]
 
     def written(self, reason: str, *, resume: bool) -> dict[Any, Any]:
         """The values of a RETRY or FAILURE row the reconciler writes, as this table's

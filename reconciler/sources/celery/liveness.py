@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from reconciler.core.kinds import KindRules
 from reconciler.core.vocabulary import LivenessDoubt
 from reconciler.errors import ConfigError
-from reconciler.sources.celery_broker import CeleryBroker
+from reconciler.sources.celery.broker import CeleryBroker
 
 
 @dataclass(frozen=True, slots=True)

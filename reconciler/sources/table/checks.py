@@ -24,8 +24,8 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 
 from reconciler.errors import ConfigError
-from reconciler.sources.common import constant
-from reconciler.sources.table_config import TableConfig
+from reconciler.sources.kit.shapes import constant
+from reconciler.sources.table.config import TableConfig
 from reconciler.storage.clock import seconds_since
 
 log = logging.getLogger("reconciler.sources")

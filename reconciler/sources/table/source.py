@@ -41,30 +41,28 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Connection
 
+from reconciler.core.evidence import StepFacts, StepRows
 from reconciler.core.kinds import KindPolicy, KindRules
 from reconciler.core.ports import Candidate, Fence, JobKey, PlannedChange
 from reconciler.core.vocabulary import Disposition, JobStatus
-from reconciler.sources.base import ForeignSource
-from reconciler.sources.batches import Batch
-from reconciler.sources.common import (
-    StepFacts,
-    StepRows,
+from reconciler.sources.kit.batches import Batch, fence_of
+from reconciler.sources.kit.checks import require_columns
+from reconciler.sources.kit.fences import ForeignFence
+from reconciler.sources.kit.shapes import (
+    Shape,
     UtcTimes,
     by_kind,
     candidate,
     constant,
-    is_wedged,
-    reason_text,
-    require_columns,
 )
-from reconciler.sources.ledger_fences import ForeignFence
-from reconciler.sources.table_checks import (
+from reconciler.sources.kit.source import ForeignSource
+from reconciler.sources.table.checks import (
     TIME_KEYS,
     UNREADABLE_TIMESTAMP,
     check_status_values,
     unreadable_time,
 )
-from reconciler.sources.table_config import TableConfig
+from reconciler.sources.table.config import TableConfig
 from reconciler.storage.clock import db_now, now_plus, seconds_since
 
 UNREADABLE_STEPS = "unreadable_step_results"
@@ -85,7 +83,6 @@ class TableSource(ForeignSource):
     """A mapped home-grown job table."""
 
     source_name = TableConfig.kind
-    scans_all_kinds = True
 
     def __init__(self, connection: Connection, config: TableConfig, kinds: KindRules, *,
                  lock: bool = True) -> None:
@@ -96,7 +93,16 @@ class TableSource(ForeignSource):
                                schema=config.schema)
         # A ``timestamp`` (without time zone) column is UTC: read it so before the first age.
         self._utc = UtcTimes(connection)
-        self.counts_attempts = self._has("attempts_column")
+        # A NULL kind is the table's name, as with no kind column: never an invisible job.
+        kind: sa.ColumnElement[Any] = sa.literal(config.table)
+        if self._has("kind_column"):
+            kind = sa.func.coalesce(self._col("kind_column"), kind)
+        self.declared = Shape(
+            key=self._col("id_column"), kind=kind, locks=self._table,
+            activity=self._col("activity_column") if self._has("activity_column") else None,
+            # Plans and step results live in the table when mapped: the ledger is not read.
+            steps_in_ledger=not self._has("plan_column"),
+            counts_attempts=self._has("attempts_column"), scans_all_kinds=True)
 
     def _col(self, key: str) -> sa.ColumnElement[Any]:
         return self._table.c[self._columns[key]]
@@ -114,12 +120,6 @@ class TableSource(ForeignSource):
 
     # -- SQL pieces ---------------------------------------------------------- #
 
-    def _kind_column(self) -> sa.ColumnElement[Any]:
-        # A NULL kind is the table's name, as with no kind column: never an invisible job.
-        if self._has("kind_column"):
-            return sa.func.coalesce(self._col("kind_column"), sa.literal(self._config.table))
-        return sa.literal(self._config.table)
-
     def _unreadable_times(self) -> list[tuple[str, sa.ColumnElement[bool]]]:
         """Each mapped time column with its "holds what is not a time" test: SQLite only, as
         PostgreSQL's time columns hold nothing else."""
@@ -127,15 +127,9 @@ class TableSource(ForeignSource):
             return []
         return [(key, unreadable_time(self._col(key))) for key in TIME_KEYS if self._has(key)]
 
-    def _key_column(self) -> sa.ColumnElement[Any]:
-        return self._col("id_column")
-
-    def _lock_target(self) -> Any:
-        return self._table
-
     def _lease_over(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[Any]:
         """Seconds past the lease's end (negative while it runs); NULL with no lease."""
-        return self._lease_over_by(by_kind(self._kind_column(), policies,
+        return self._lease_over_by(by_kind(self.declared.kind, policies,
                                            lambda p: p.max_run_seconds))
 
     def _lease_over_by(self, max_run: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
@@ -149,7 +143,7 @@ class TableSource(ForeignSource):
 
     def _running(self, policies: Mapping[str, KindPolicy]) -> sa.Select[Any]:
         self._utc()
-        fields = [self._key_column().label("job_id"), self._kind_column().label("job_kind"),
+        fields = [self.declared.key.label("job_id"), self.declared.kind.label("job_kind"),
                   self._lease_over(policies).label("lease_expired_seconds")]
         for key in ("owner_column", "attempts_column", "max_attempts_column",
                     "generation_column", "lease_expires_column", "activity_column",
@@ -174,7 +168,7 @@ class TableSource(ForeignSource):
         every running row, where the seconds as a number cost a numeric EXTRACT each."""
         by_activity: sa.ColumnElement[Any] = sa.null()
         if self._has("activity_column"):
-            max_run = by_kind(self._kind_column(), policies, lambda p: p.max_run_seconds)
+            max_run = by_kind(self.declared.kind, policies, lambda p: p.max_run_seconds)
             by_activity = (self._col("activity_column")
                            <= now_plus(-sa.cast(max_run, sa.Float())))
         if not self._has("lease_expires_column"):
@@ -186,13 +180,6 @@ class TableSource(ForeignSource):
         # Only under a known live lease: a job with no lease at all is never reclaimed on
         # time alone, not even as wedged.
         return self._lease_over(policies).is_not(None)
-
-    def _activity(self) -> sa.ColumnElement[Any] | None:
-        return self._col("activity_column") if self._has("activity_column") else None
-
-    def _steps_in_ledger(self) -> bool:
-        # Plans and step results live in the table when mapped: the ledger is not read.
-        return not self._has("plan_column")
 
     # -- evidence ------------------------------------------------------------ #
 
@@ -258,7 +245,7 @@ class TableSource(ForeignSource):
         attempts = self._col("attempts_column") if self._has("attempts_column") else \
             sa.literal(0)
         return sa.select(
-            self._key_column().label("job_id"), self._kind_column().label("job_kind"),
+            self.declared.key.label("job_id"), self.declared.kind.label("job_kind"),
             sa.cast(self._col("status_column"), sa.String()).label("source_status"),
             attempts.label("attempts"), mapped("max_attempts_column").label("max_attempts"),
             mapped("reason_column").label("reason"), sa.null().label("created_at"),
@@ -273,7 +260,7 @@ class TableSource(ForeignSource):
         self._utc()
         by_lease: dict[float | None, list[PlannedChange]] = {}
         for change in batch.changes:
-            by_lease.setdefault(self._fence(change, TableFence).max_run_seconds,
+            by_lease.setdefault(fence_of(change, TableFence).max_run_seconds,
                                 []).append(change)
         changed: dict[JobKey, int | None] = {}
         for max_run, changes in by_lease.items():
@@ -290,7 +277,7 @@ class TableSource(ForeignSource):
         resume = batch.disposition is Disposition.RESUME and self._has("resume_column")
         rows = []
         for change in changes:
-            row = {names[key]: value for key, value in self._fence(change, TableFence).columns}
+            row = {names[key]: value for key, value in fence_of(change, TableFence).columns}
             row[key_name] = change.decision.job_id
             if resume:
                 row[names["resume_column"]] = change.decision.resume_step_index or 0
@@ -302,7 +289,7 @@ class TableSource(ForeignSource):
         seen = (sa.func.jsonb_populate_recordset(sa.literal_column(f"NULL::{row_type}"),
                                                  snapshots)
                 .table_valued(*{name for row in rows for name in row}).alias("seen"))
-        where = [self._key_column() == seen.c[key_name],
+        where = [self.declared.key == seen.c[key_name],
                  self._col("status_column") == constant(self._config.processing)]
         where += [self._col(key).is_not_distinct_from(seen.c[names[key]])
                   for key in self._fence_keys()]
@@ -312,17 +299,17 @@ class TableSource(ForeignSource):
             values[names["resume_column"]] = seen.c[names["resume_column"]]
         done = {str(key) for key in self._conn.execute(
             self._table.update().where(*where).values(values)
-            .returning(self._key_column())).scalars()}
+            .returning(self.declared.key)).scalars()}
         changed: dict[JobKey, int | None] = {}
         for change in changes:
             if str(change.decision.job_id) in done:
-                changed[change.decision.job_id] = self._swapped(change)
+                changed[change.decision.job_id] = self._swapped(batch, change)
         return changed
 
     def _still(self, batch: Batch, max_run: float | None) -> sa.ColumnElement[bool]:
         """The rule's time predicate, repeated in the swap."""
-        if batch.wedged_after_seconds is not None:
-            return self._still_stalled(batch.wedged_after_seconds)
+        if batch.stalled is not None:
+            return batch.stalled
         run_limit = sa.null() if max_run is None else sa.literal(float(max_run), sa.Float())
         return sa.func.coalesce(self._lease_over_by(run_limit) >= 0, False)
 
@@ -339,27 +326,24 @@ class TableSource(ForeignSource):
             values[self._columns["generation_column"]] = self._col("generation_column") + 1
         return values
 
-    def _swapped(self, change: PlannedChange) -> int | None:
+    def _swapped(self, batch: Batch, change: PlannedChange) -> int | None:
         """After a change swapped in: its ledger fenced; the generation after."""
-        snapshot = dict(self._fence(change, TableFence).columns)
+        snapshot = dict(fence_of(change, TableFence).columns)
         if not self._has("plan_column") and self._has("attempts_column"):
-            self._fence_ledger(change.decision.job_id, int(snapshot["attempts_column"] or 0) + 1)
+            batch.ledger.fence(change.decision.job_id, int(snapshot["attempts_column"] or 0) + 1)
         if self._has("generation_column"):
             return int(snapshot["generation_column"] or 0) + 1
         if self._has("attempts_column"):
             return int(snapshot["attempts_column"] or 0)
         return None
 
-    def _apply_one(self, change: PlannedChange) -> tuple[bool, int | None]:
+    def _apply_one(self, batch: Batch, change: PlannedChange) -> tuple[bool, int | None]:
         self._utc()
         decision = change.decision
-        fence = self._fence(change, TableFence)
-        where = [self._key_column() == decision.job_id,
+        fence = fence_of(change, TableFence)
+        where = [self.declared.key == decision.job_id,
                  self._col("status_column") == constant(self._config.processing)]
         where += [self._col(key).is_not_distinct_from(value) for key, value in fence.columns]
-        batch = Batch(decision.disposition, reason_text(change),
-                      change.thresholds.wedged_after_seconds if is_wedged(change) else None,
-                      (change,))
         where.append(self._still(batch, fence.max_run_seconds))
         values = self._swap_values(batch)
         if decision.disposition is Disposition.RESUME and self._has("resume_column"):
@@ -367,7 +351,7 @@ class TableSource(ForeignSource):
         done = self._conn.execute(self._table.update().where(*where).values(values))
         if done.rowcount != 1:
             return False, None
-        return True, self._swapped(change)
+        return True, self._swapped(batch, change)
 
 
 def _step_rows(raw: Any) -> StepRows | None:

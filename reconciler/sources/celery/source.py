@@ -48,6 +48,7 @@ from pydantic.dataclasses import dataclass as pydantic_dataclass
 from sqlalchemy.engine import Connection
 
 from reconciler.config.tables import SourceSettings
+from reconciler.core.evidence import StepFacts
 from reconciler.core.kinds import KindPolicy, KindRules
 from reconciler.core.ports import (
     Candidate,
@@ -65,11 +66,9 @@ from reconciler.core.vocabulary import (
     Reason,
     StuckReason,
 )
-from reconciler.sources.base import ForeignSource
-from reconciler.sources.batches import Batch, unnest
-from reconciler.sources.celery_broker import REDIS_SCHEMES, CeleryBroker
-from reconciler.sources.celery_liveness import Judgement, Running, judge
-from reconciler.sources.celery_tables import (
+from reconciler.sources.celery.broker import REDIS_SCHEMES, CeleryBroker
+from reconciler.sources.celery.liveness import Judgement, Running, judge
+from reconciler.sources.celery.tables import (
     ResultRows,
     attempt_of,
     call_arguments,
@@ -78,14 +77,12 @@ from reconciler.sources.celery_tables import (
     retries_of,
     shape_for,
 )
-from reconciler.sources.common import (
-    StepFacts,
-    UtcTimes,
-    candidate,
-    constant,
-    require_columns,
-)
-from reconciler.sources.ledger_fences import ForeignFence
+from reconciler.sources.kit.batches import Batch, fence_of
+from reconciler.sources.kit.checks import require_columns
+from reconciler.sources.kit.fences import ForeignFence
+from reconciler.sources.kit.shapes import Shape, UtcTimes, candidate, constant
+from reconciler.sources.kit.source import ForeignSource
+from reconciler.storage.sql import unnest
 
 log = logging.getLogger("reconciler.sources.celery")
 _WARNED: set[str] = set()
@@ -158,7 +155,6 @@ class CelerySource(ForeignSource):
     """Celery's result rows, judged by its workers' answers to ping."""
 
     source_name = CeleryConfig.kind
-    scans_all_kinds = True
 
     def __init__(self, connection: Connection, config: CeleryConfig, kinds: KindRules, *,
                  lock: bool = True, broker: CeleryBroker | None = None) -> None:
@@ -171,6 +167,8 @@ class CelerySource(ForeignSource):
         self._judged: Judgement | None = None
         # Celery writes naive UTC: write date_done so.
         self._utc = UtcTimes(connection)
+        self.declared = Shape(key=self._rows.c.task_id, kind=self._result.name,
+                              locks=self._rows, scans_all_kinds=True)
 
     def check_schema(self) -> None:
         """The extended result table, and the packages to reach its broker."""
@@ -179,15 +177,6 @@ class CelerySource(ForeignSource):
         self._broker.check()
 
     # -- SQL pieces ---------------------------------------------------------- #
-
-    def _kind_column(self) -> sa.ColumnElement[Any]:
-        return self._result.name
-
-    def _key_column(self) -> sa.ColumnElement[Any]:
-        return self._rows.c.task_id
-
-    def _lock_target(self) -> Any:
-        return self._rows
 
     def _started(self) -> list[sa.ColumnElement[bool]]:
         return [self._rows.c.status == constant("STARTED"), self._result.name.is_not(None)]
@@ -269,7 +258,7 @@ class CelerySource(ForeignSource):
         return sa.select(
             rows.c.task_id.label("job_id"), result.name.label("job_kind"), rows.c.worker,
             rows.c.date_done, result.args.label("args"), result.kwargs.label("kwargs"),
-            *optional, *result.attempt_columns(self.source_name),
+            *optional, *result.attempt_columns(self._tx.ledger, self._tx.history),
             over.label("lease_expired_seconds"),
         ).where(*self._started())
 
@@ -336,13 +325,12 @@ class CelerySource(ForeignSource):
         wedged = batch.wedged_after_seconds is not None
         # An expired task whose worker answered since is not gone any more; a task without
         # its arguments is never decided resumable.
-        held = [(change, self._fence(change, CeleryFence)) for change in batch.changes
+        held = [(change, fence_of(change, CeleryFence)) for change in batch.changes
                 if wedged or str(change.decision.job_id) in judged.gone]
         held = [(c, f) for c, f in held if not (resume and f.arguments is None)]
         changes, fences = [c for c, _ in held], [f for _, f in held]
         rows = self._rows
-        still = ([self._still_stalled(batch.wedged_after_seconds)]
-                 if batch.wedged_after_seconds is not None else [])
+        still = [] if batch.stalled is None else [batch.stalled]
         values = self._result.written(batch.reason, resume=resume)
         done = {task_id for fenced in self._fenced(changes, fences)
                 for task_id in self._conn.execute(
@@ -354,7 +342,7 @@ class CelerySource(ForeignSource):
             if task_id not in done:
                 continue
             attempts = change.fence.generation or 1  # the attempt just ended, as read
-            self._fence_ledger(task_id, attempts + 1)
+            batch.ledger.fence(task_id, attempts + 1)
             self._hand_over(task_id, seen, resume=resume, retries=attempts)
             changed[change.decision.job_id] = attempts
         return changed

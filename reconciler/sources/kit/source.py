@@ -13,12 +13,13 @@ from __future__ import annotations
 import dataclasses
 from abc import abstractmethod
 from collections.abc import Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from reconciler.core.decisions import Thresholds
+from reconciler.core.evidence import StepFacts
 from reconciler.core.kinds import KindPolicy, KindRules
 from reconciler.core.ports import (
     Candidate,
@@ -30,28 +31,14 @@ from reconciler.core.ports import (
     StuckWork,
 )
 from reconciler.core.vocabulary import StuckReason
-from reconciler.sources.batches import Batch, batches
-from reconciler.sources.common import (
-    LEDGER,
-    AllKinds,
-    StepFacts,
-    acting,
-    by_kind,
-    ledger_facts,
-    ledger_last_write,
-    with_lost_attempts,
-)
-from reconciler.sources.ledger_fences import (
-    ForeignFence,
-    LedgerMark,
-    fence_ledgers,
-    ledger_now,
-    with_ledger,
-)
-from reconciler.sources.listing import SourceListing
+from reconciler.sources.kit.batches import Batch, batches, fence_of
+from reconciler.sources.kit.fences import ForeignFence, LedgerMark, with_ledger
+from reconciler.sources.kit.history import with_lost_attempts
+from reconciler.sources.kit.listing import SourceListing
+from reconciler.sources.kit.scan import expired_scan
+from reconciler.sources.kit.shapes import AllKinds, Shape, acting, by_kind
+from reconciler.sources.kit.transaction import SourceTransaction
 from reconciler.storage.clock import now_plus, seconds_since
-
-SnapshotT = TypeVar("SnapshotT", bound=ForeignFence)
 
 
 class ForeignSource(SourceListing):
@@ -59,43 +46,28 @@ class ForeignSource(SourceListing):
     it shows operators is declared as a ``SourceListing``."""
 
     source_name: str
-    counts_attempts = True
-    """Whether the system counts a job's attempts (each run one more): the crash-loop
-    count chains the audit's resumes on that counter."""
-
-    scans_all_kinds = False
-    """Whether the scans may judge every kind alike unread (``AllKinds``): its SQL reads
-    policies only through ``by_kind`` and ``_reconciled``, never iterating over them."""
+    declared: Shape
+    """The system's shape (key, kind, lock target, order, catalogue, activity, flags), set
+    by the source's constructor: values the kit reads, never calls back for."""
 
     def __init__(self, connection: Connection, kinds: KindRules, *, lock: bool = True) -> None:
         self._conn = connection
         self._kinds = kinds
         self._lock = lock
-        # A source lives for one pass's transaction: the kinds running are read once in it
-        # (the scans, and the brake's two counts, would each read the table again).
-        self._running_kinds: dict[str, KindPolicy] | None = None
-        self._ledger_fences: list[tuple[str, int]] = []
-        self._expired_count: int | None = None
-        self._kinds_read: dict[str, str] = {}
+        # What the transaction reads and owes is kept apart from the declaration, in one
+        # object made for it (the registry opens a source per transaction).
+        self._tx = SourceTransaction(connection, self.source_name)
 
     @property
     def connection(self) -> Connection:
         """The connection (the pass's transaction, or an operator's read) it is bound to."""
         return self._conn
 
-    # -- what a subclass declares ------------------------------------------- #
+    # -- what a source declares beside ``declared`` -------------------------- #
 
     @abstractmethod
     def check_schema(self) -> None:
         """Raise one ``ConfigError`` line when the system's tables or functions are missing."""
-
-    @abstractmethod
-    def _kind_column(self) -> sa.ColumnElement[Any]:
-        """The job's kind, in the scan's FROM."""
-
-    @abstractmethod
-    def _key_column(self) -> sa.ColumnElement[Any]:
-        """The job's id, in the scan's FROM; pages and cursors follow it."""
 
     @abstractmethod
     def _running(self, policies: Mapping[str, KindPolicy]) -> sa.Select[Any]:
@@ -103,10 +75,6 @@ class ForeignSource(SourceListing):
         ``job_id``, ``job_kind`` and ``lease_expired_seconds`` (seconds past the lease's
         end under ``policies``, negative while it runs, NULL when it has none) labelled,
         the rest its own."""
-
-    @abstractmethod
-    def _lock_target(self) -> Any:
-        """The table ``FOR UPDATE OF`` names (the job table, not an outer-joined one)."""
 
     @abstractmethod
     def _expired(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[bool]:
@@ -121,16 +89,6 @@ class ForeignSource(SourceListing):
 
     # -- what a subclass may declare (each has a default) -------------------- #
 
-    def _steps_in_ledger(self) -> bool:
-        """Whether jobs' steps are read from the step ledger (False: the system keeps its
-        own plan and results, and the ledger is neither read nor checked)."""
-        return True
-
-    def _activity(self) -> sa.ColumnElement[Any] | None:
-        """The job's own last-activity time, if the system keeps one (else the ledger's
-        last write is its activity)."""
-        return None
-
     def _wedge_guard(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[bool]:
         """What else must hold for a live job to be looked at as wedged (by default
         nothing more)."""
@@ -142,30 +100,15 @@ class ForeignSource(SourceListing):
         By default one ``_apply_one`` per change (a source that cannot swap set-wise)."""
         changed: dict[JobKey, int | None] = {}
         for change in batch.changes:
-            swapped, generation = self._apply_one(change)
+            swapped, generation = self._apply_one(batch, change)
             if swapped:
                 changed[change.decision.job_id] = generation
         return changed
 
-    def _apply_one(self, change: PlannedChange) -> tuple[bool, int | None]:
-        """Swap one change in; (changed, generation after). Needed only by a source that
-        keeps the default ``_swap``."""
+    def _apply_one(self, batch: Batch, change: PlannedChange) -> tuple[bool, int | None]:
+        """Swap one change of ``batch`` in; (changed, generation after). Needed only by a
+        source that keeps the default ``_swap``."""
         raise NotImplementedError(f"{type(self).__name__} swaps set-wise only")
-
-    def _scan_order(self) -> sa.ColumnElement[Any]:
-        """The scans' order: on PostgreSQL the key in its own order but not its index's
-        (``coalesce(id, id)``). Else PostgreSQL walks the key's index under ``LIMIT``,
-        expecting a third of the running rows expired, every heap tuple read when none is;
-        so ordered, it reads the running rows by its cheapest path and sorts the few."""
-        if self._conn.dialect.name != "postgresql":
-            return self._key_column()
-        return sa.func.coalesce(self._key_column(), self._key_column())
-
-    def _kind_catalogue(self) -> sa.Select[Any] | None:
-        """Every kind a job can have, from a small table of the system's own (its queues
-        or tasks), so reading the kinds costs no read of the job table; None: the system
-        keeps none, and the kinds are read from the running jobs."""
-        return None
 
     # -- the port ------------------------------------------------------------ #
 
@@ -185,20 +128,22 @@ class ForeignSource(SourceListing):
         policies = self._policies()
         if not policies or limit <= 0:
             return []
-        key = self._key_column()
+        key = self.declared.key
         expired = self._expired(policies)
-        expired_scan = (self._running(policies).where(self._reconciled(policies), expired)
-                        .order_by(self._scan_order()).limit(limit))
-        if after is not None and after.position is not None:
-            expired_scan = expired_scan.where(key > after.position[0])
-        found = self._build(self._conn.execute(self._locked(expired_scan)).all(), policies,
-                            position=True)
+        rows = self._conn.execute(expired_scan(
+            self._running(policies).where(self._reconciled(policies)), expired,
+            self._order(), self.declared.locks, limit=limit,
+            after=None if after is None or after.position is None else after.position[0],
+            locking=self._lock and self._conn.dialect.name == "postgresql")).all()
+        if rows:  # the brake's counts, read with the candidates (``kit.scan``)
+            self._tx.brake_counts = (int(rows[0].running_total), int(rows[0].expired_total))
+        found = self._build(rows, policies, position=True)
         room = limit - len(found)
         if room > 0 and self._may_be_wedged(policies):
             wedged_scan = (self._running(policies)
                            .where(self._reconciled(policies), sa.not_(expired),
                                   self._stalled(policies))
-                           .order_by(self._scan_order()).limit(room))
+                           .order_by(self._order()).limit(room))
             if after is not None and after.wedged is not None:
                 wedged_scan = wedged_scan.where(key > after.wedged[0])
             stalled = self._build(self._conn.execute(self._locked(wedged_scan)).all(),
@@ -212,7 +157,7 @@ class ForeignSource(SourceListing):
         if not job_ids:
             return []
         policies = self._policies(reconciled_only=False)
-        key = self._key_column()
+        key = self.declared.key
         # Compared as text: an id from the command line names a job whatever the key's
         # type (a number, a UUID, a text key of digits), and this reads a handful of rows.
         named = sa.cast(key, sa.String()).in_([str(k) for k in job_ids])
@@ -223,20 +168,19 @@ class ForeignSource(SourceListing):
         """Compare-and-swap the resumes and terminalizations, one set-wise swap per
         ``Batch`` (disposition, reason, rule); the jobs changed."""
         acting_changes = acting(changes)
-        marks = [self._fence(change, ForeignFence).ledger for change in acting_changes]
-        read = ledger_now(self._conn, self.source_name, sorted({
+        marks = [fence_of(change, ForeignFence).ledger for change in acting_changes]
+        read = self._tx.ledger.newest_writes(sorted({
             str(change.decision.job_id)
             for change, mark in zip(acting_changes, marks, strict=True) if mark}))
         # A step recorded since the decision: it no longer holds, and the job is left out.
         holding = [change for change, ledger in zip(acting_changes, marks, strict=True)
                    if ledger is None
                    or read.get(str(change.decision.job_id)) == ledger.last_write]
-        self._expired_count = None  # the brake's count is of the jobs before these swaps
+        self._tx.brake_counts = None  # the brake's counts are of the jobs before these swaps
         changed: dict[JobKey, int | None] = {}
-        for batch in batches(holding):
+        for batch in batches(holding, self._still_stalled, self._tx.ledger):
             changed.update(self._swap(batch))
-        fence_ledgers(self._conn, self.source_name, self._ledger_fences)
-        self._ledger_fences = []
+        self._tx.ledger.fence_pending()
         self._after_apply(changed)
         return changed
 
@@ -265,7 +209,7 @@ class ForeignSource(SourceListing):
 
     def kind_read(self, job_id: JobKey) -> str | None:
         """The kind of a job this transaction's scans read (None: none read)."""
-        return self._kinds_read.get(str(job_id))
+        return self._tx.kinds_read.get(str(job_id))
 
     def running_kinds(self) -> list[str]:
         """The kinds of the running jobs, each once, sorted (whether reconciled or not)."""
@@ -274,8 +218,11 @@ class ForeignSource(SourceListing):
             if k is not None)
 
     def running_count(self) -> int:
-        """Running jobs of reconciled kinds; the expired ones counted in the same read
-        for ``stale_count`` (the brake asks for both: one read of the jobs, not two)."""
+        """Running jobs of reconciled kinds, as the scan that found this transaction's
+        expired candidates counted them; else (no expired candidate: a pass of wedged
+        ones only) counted now, the expired ones in the same read for ``stale_count``."""
+        if self._tx.brake_counts is not None:
+            return self._tx.brake_counts[0]
         policies = self._policies()
         if not policies:
             return 0
@@ -284,14 +231,14 @@ class ForeignSource(SourceListing):
         count, expired = self._conn.execute(sa.select(
             sa.func.count(),
             sa.func.count().filter(running.c.expired.is_(True)))).one()
-        self._expired_count = int(expired)
+        self._tx.brake_counts = (int(count), int(expired))
         return int(count)
 
     def stale_count(self, limit: int) -> int:
-        """Expired running jobs of reconciled kinds, up to ``limit`` (as counted by
-        ``running_count`` in this transaction, when it was)."""
-        if self._expired_count is not None:
-            return min(self._expired_count, limit)
+        """Expired running jobs of reconciled kinds, up to ``limit`` (as counted by the
+        scan or ``running_count`` in this transaction, when they were)."""
+        if self._tx.brake_counts is not None:
+            return min(self._tx.brake_counts[1], limit)
         policies = self._policies()
         if not policies:
             return 0
@@ -311,29 +258,29 @@ class ForeignSource(SourceListing):
         """The policies of the kinds running now (few: task or queue names), read once per
         source (one pass's transaction); every kind unread (``AllKinds``) where the source
         allows it and ``[kinds]`` set the scans' keys alike for every kind."""
-        if self.scans_all_kinds and self._kind_catalogue() is None:
+        if self.declared.scans_all_kinds and self.declared.kind_catalogue is None:
             every = AllKinds.of(self._kinds)
             if every is not None:
                 return every if every.alike.reconcile or not reconciled_only else {}
-        if self._running_kinds is None:
-            catalogue = self._kind_catalogue()
+        if self._tx.running_kinds is None:
+            catalogue = self.declared.kind_catalogue
             if catalogue is None:
                 catalogue = sa.select(self._running({}).subquery().c.job_kind).distinct()
             kinds = self._conn.execute(catalogue).scalars()
-            self._running_kinds = {kind: self._kinds.resolve(kind)
+            self._tx.running_kinds = {kind: self._kinds.resolve(kind)
                                    for kind in kinds if kind is not None}
-        return {kind: p for kind, p in self._running_kinds.items()
+        return {kind: p for kind, p in self._tx.running_kinds.items()
                 if p.reconcile or not reconciled_only}
 
     def _reconciled(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[bool]:
         if isinstance(policies, AllKinds):
             return sa.true()
-        return self._kind_column().in_(sorted(policies))
+        return self.declared.kind.in_(sorted(policies))
 
     def _stalled(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[bool]:
         """No activity (the job's own, else recorded steps) for the kind's
         ``wedged_after_seconds``."""
-        wedged = by_kind(self._kind_column(), policies,
+        wedged = by_kind(self.declared.kind, policies,
                          lambda p: p.thresholds.wedged_after_seconds)
         return sa.and_(self._wedge_guard(policies), self._silent_for(wedged))
 
@@ -343,14 +290,11 @@ class ForeignSource(SourceListing):
         system keeps no activity of ours), so without such records the wedged scan, a
         read of every running job, is skipped. A system that keeps its own activity is
         always scanned."""
-        if self._activity() is not None:
+        if self.declared.activity is not None:
             return True
         shortest = min(p.thresholds.wedged_after_seconds for p in (
             [policies.alike] if isinstance(policies, AllKinds) else policies.values()))
-        return self._conn.execute(
-            sa.select(sa.literal(1)).select_from(LEDGER)
-            .where(LEDGER.c.source_name == self.source_name,
-                   LEDGER.c.updated_at < now_plus(-shortest)).limit(1)).first() is not None
+        return self._tx.ledger.written_before(shortest)
 
     def _still_stalled(self, seconds: float) -> sa.ColumnElement[bool]:
         """The wedged rule's time predicate (no activity for ``seconds``), repeated in its
@@ -358,46 +302,33 @@ class ForeignSource(SourceListing):
         return self._silent_for(sa.literal(seconds, sa.Float()))
 
     def _silent_for(self, seconds: sa.ColumnElement[Any]) -> sa.ColumnElement[bool]:
-        activity = self._activity()
+        activity = self.declared.activity
         if activity is not None:
             return sa.func.coalesce(seconds_since(activity) >= seconds, False)
-        last = ledger_last_write(self.source_name, sa.cast(self._key_column(), sa.String()))
+        last = self._tx.ledger.last_write(sa.cast(self.declared.key, sa.String()))
         return last < now_plus(-seconds)
 
-    @staticmethod
-    def _fence(change: PlannedChange, kind: type[SnapshotT]) -> SnapshotT:
-        """The change's fence snapshot as this source's own type (a decision carries back
-        the snapshot its candidate was read with)."""
-        snapshot = change.fence.snapshot
-        if not isinstance(snapshot, kind):
-            raise TypeError(f"job {change.decision.job_id}: a fence of "
-                            f"{type(snapshot).__name__}, not {kind.__name__}")
-        return snapshot
+    def _order(self) -> sa.ColumnElement[Any]:
+        return self.declared.order(self._conn.dialect.name == "postgresql")
 
     def _locked(self, query: sa.Select[Any]) -> sa.Select[Any]:
         if not self._lock or self._conn.dialect.name != "postgresql":
             return query
-        return query.with_for_update(skip_locked=True, of=self._lock_target())
+        return query.with_for_update(skip_locked=True, of=self.declared.locks)
 
     def _build(self, rows: Sequence[sa.Row[Any]], policies: Mapping[str, KindPolicy],
                *, position: bool) -> list[Candidate]:
         rows = [r for r in rows if r.job_kind in policies]
-        self._kinds_read.update((str(r.job_id), r.job_kind) for r in rows)
-        if not self._steps_in_ledger():
+        self._tx.kinds_read.update((str(r.job_id), r.job_kind) for r in rows)
+        if not self.declared.steps_in_ledger:
             # Plans live in the system's own rows: no ledger read.
-            return with_lost_attempts(self._conn, self.source_name, [
+            return with_lost_attempts(self._tx.history, [
                 self._candidate(r, policies[r.job_kind], None, position) for r in rows],
-                counted=self.counts_attempts)
+                counted=self.declared.counts_attempts)
         keys = [r.job_id for r in rows]
-        steps, seen = ledger_facts(self._conn, self.source_name, keys)
+        steps, seen = self._tx.ledger.facts(keys)
         # The fence carries the job's last ledger write as read, so the swap repeats it.
-        return with_lost_attempts(self._conn, self.source_name, [
+        return with_lost_attempts(self._tx.history, [
             with_ledger(self._candidate(r, policies[r.job_kind], steps.get(str(r.job_id)),
                                          position), LedgerMark(seen.get(str(r.job_id))))
-            for r in rows], counted=self.counts_attempts)
-
-    def _fence_ledger(self, job_id: JobKey, next_attempt: int) -> None:
-        """Move the job's ledger past the attempt just ended, so its late writes record
-        nothing; written for the whole batch at the end of ``apply``."""
-        self._ledger_fences.append((str(job_id), next_attempt))
-
+            for r in rows], counted=self.declared.counts_attempts)

@@ -47,23 +47,21 @@ import sqlalchemy as sa
 from pydantic import ConfigDict
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 from sqlalchemy.engine import Connection
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.visitors import InternalTraversal
 
 from reconciler.config.tables import SourceSettings
+from reconciler.core.evidence import StepFacts
 from reconciler.core.kinds import KindPolicy, KindRules
 from reconciler.core.ports import Candidate, Fence, JobKey, PlannedChange
 from reconciler.core.vocabulary import Disposition, JobStatus, Reason
-from reconciler.sources.base import ForeignSource
-from reconciler.sources.batches import Batch, unnest
-from reconciler.sources.common import (
-    StepFacts,
-    UtcTimes,
-    by_kind,
-    candidate,
-    constant,
-    require_columns,
-)
-from reconciler.sources.ledger_fences import ForeignFence
+from reconciler.sources.kit.batches import Batch, fence_of
+from reconciler.sources.kit.checks import require_columns
+from reconciler.sources.kit.fences import ForeignFence
+from reconciler.sources.kit.shapes import Shape, UtcTimes, by_kind, candidate, constant
+from reconciler.sources.kit.source import ForeignSource
 from reconciler.storage.clock import db_now, seconds_since
+from reconciler.storage.sql import unnest
 
 EXCEPTION_CLASS_PATH = "builtins.RuntimeError"
 """The exception a terminalized task's result names: a builtin, so every Django project
@@ -104,11 +102,42 @@ class DjangoTasksFence(ForeignFence):
     max_run_seconds: float | None
 
 
+class task_key(sa.sql.expression.ColumnElement[Any]):  # noqa: N801 - reads as SQL
+    """A task's id as text, as ``TaskResult.id`` spells it, whatever the engine stores: a
+    native ``uuid`` cast on PostgreSQL; on SQLite, where Django keeps 32 hex digits, the
+    dashed form. Compiled per dialect, so the source's shape is built without one."""
+
+    inherit_cache = True
+    # Without its traversal the element has no cache key, and neither has any statement
+    # holding it: SQLAlchemy then compiles that statement anew on every execution.
+    _traverse_internals = [  # noqa: RUF012 - SQLAlchemy declares it as a list
+        ("column", InternalTraversal.dp_clauseelement)]
+
+    def __init__(self, column: sa.ColumnElement[Any]) -> None:
+        self.column = column
+        self.type = sa.Text()
+
+
+@compiles(task_key)
+def _task_key_as_text(element: task_key, compiler: Any, **kw: Any) -> str:
+    return str(compiler.process(sa.cast(element.column, sa.Text()), **kw))
+
+
+@compiles(task_key, "sqlite")
+def _task_key_dashed(element: task_key, compiler: Any, **kw: Any) -> str:
+    raw = sa.cast(element.column, sa.Text())
+    parts = [sa.func.substr(raw, start, length)
+             for start, length in ((1, 8), (9, 4), (13, 4), (17, 4), (21, 12))]
+    dashed: sa.ColumnElement[Any] = parts[0]
+    for part in parts[1:]:
+        dashed = dashed.op("||")(sa.literal("-")).op("||")(part)
+    return str(compiler.process(sa.func.lower(dashed), **kw))
+
+
 class DjangoTasksSource(ForeignSource):
     """django-tasks-db's task results, leased by their kind's ``max_run_seconds``."""
 
     source_name = DjangoTasksConfig.kind
-    scans_all_kinds = True
 
     def __init__(self, connection: Connection, config: DjangoTasksConfig, kinds: KindRules,
                  *, lock: bool = True) -> None:
@@ -118,6 +147,9 @@ class DjangoTasksSource(ForeignSource):
                                *(sa.column(c) for c in COLUMNS[1:]))
         # Django stores UTC: read and write its timestamps so.
         self._utc = UtcTimes(connection)
+        self.declared = Shape(key=task_key(self._tasks.c.id),
+                              kind=self._tasks.c.task_path, locks=self._tasks,
+                              scans_all_kinds=True)
 
     def check_schema(self) -> None:
         """The backend's table and the columns this source reads and writes."""
@@ -126,37 +158,18 @@ class DjangoTasksSource(ForeignSource):
 
     # -- SQL pieces ---------------------------------------------------------- #
 
-    def _kind_column(self) -> sa.ColumnElement[Any]:
-        return self._tasks.c.task_path
-
-    def _key_column(self) -> sa.ColumnElement[Any]:
-        column = self._tasks.c.id
-        if self._conn.dialect.name == "postgresql":
-            return sa.cast(column, sa.Text())
-        # Django keeps 32 hex digits on SQLite: the dashed form, as TaskResult.id spells it.
-        raw = sa.cast(column, sa.Text())
-        parts = [sa.func.substr(raw, start, length)
-                 for start, length in ((1, 8), (9, 4), (13, 4), (17, 4), (21, 12))]
-        dashed: sa.ColumnElement[Any] = parts[0]
-        for part in parts[1:]:
-            dashed = dashed.op("||")(sa.literal("-")).op("||")(part)
-        return sa.func.lower(dashed)
-
-    def _lock_target(self) -> Any:
-        return self._tasks
-
     def _lease_over(self, max_run: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
         """Seconds past ``started_at + max_run`` (negative while it runs; NULL: no lease)."""
         return seconds_since(self._tasks.c.started_at) - max_run
 
     def _max_run(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[Any]:
-        return by_kind(self._kind_column(), policies, lambda p: p.max_run_seconds)
+        return by_kind(self.declared.kind, policies, lambda p: p.max_run_seconds)
 
     def _running(self, policies: Mapping[str, KindPolicy]) -> sa.Select[Any]:
         self._utc()
         tasks = self._tasks
         query = sa.select(
-            self._key_column().label("job_id"), tasks.c.task_path.label("job_kind"),
+            self.declared.key.label("job_id"), tasks.c.task_path.label("job_kind"),
             tasks.c.started_at, sa.cast(tasks.c.worker_ids, sa.Text()).label("worker_ids"),
             self._lease_over(self._max_run(policies)).label("lease_expired_seconds"),
         ).where(tasks.c.status == constant("RUNNING"))
@@ -205,7 +218,7 @@ class DjangoTasksSource(ForeignSource):
             return sa.type_coerce(column, sa.DateTime())
 
         query = sa.select(
-            self._key_column().label("job_id"), tasks.c.task_path.label("job_kind"),
+            self.declared.key.label("job_id"), tasks.c.task_path.label("job_kind"),
             tasks.c.status.label("source_status"),
             sa.func.coalesce(getattr(sa.func, length)(tasks.c.worker_ids), 0)
             .label("attempts"),
@@ -223,13 +236,13 @@ class DjangoTasksSource(ForeignSource):
         self._utc()
         by_lease: dict[float | None, list[PlannedChange]] = {}
         for change in batch.changes:
-            lease = self._fence(change, DjangoTasksFence).max_run_seconds
+            lease = fence_of(change, DjangoTasksFence).max_run_seconds
             by_lease.setdefault(None if batch.wedged_after_seconds is not None else lease,
                                 []).append(change)
         changed: dict[JobKey, int | None] = {}
         for max_run, changes in by_lease.items():
-            if batch.wedged_after_seconds is not None:
-                still = self._still_stalled(batch.wedged_after_seconds)
+            if batch.stalled is not None:
+                still = batch.stalled
             elif max_run is None:  # pragma: no cover - a task without a lease never expires
                 continue
             else:
@@ -243,7 +256,7 @@ class DjangoTasksSource(ForeignSource):
         """The changes of one lease swapped in, each row only as its decision read it: one
         UPDATE on PostgreSQL, one per change on SQLite; the tasks changed, their attempts."""
         tasks = self._tasks
-        fences = [self._fence(change, DjangoTasksFence) for change in changes]
+        fences = [fence_of(change, DjangoTasksFence) for change in changes]
         ids = [uuid.UUID(str(change.decision.job_id)) for change in changes]
         worker_ids = sa.cast(tasks.c.worker_ids, sa.Text())
         if self._conn.dialect.name == "postgresql":
@@ -268,12 +281,12 @@ class DjangoTasksSource(ForeignSource):
                       "traceback": failure_traceback(batch.reason)}
         done = {key for fenced in statements for key in self._conn.execute(
             tasks.update().where(tasks.c.status == constant("RUNNING"), *fenced, still)
-            .values(values).returning(self._key_column())).scalars()}
+            .values(values).returning(self.declared.key)).scalars()}
         changed: dict[JobKey, int | None] = {}
         for change, fence in zip(changes, fences, strict=True):
             if str(change.decision.job_id) in done:
                 attempts = _attempts(fence.worker_ids)
-                self._fence_ledger(change.decision.job_id, attempts + 1)
+                batch.ledger.fence(change.decision.job_id, attempts + 1)
                 changed[change.decision.job_id] = attempts
         return changed
 

@@ -30,22 +30,17 @@ from pydantic.dataclasses import dataclass as pydantic_dataclass
 from sqlalchemy.engine import Connection
 
 from reconciler.config.tables import SourceSettings
+from reconciler.core.evidence import StepFacts
 from reconciler.core.kinds import KindPolicy, KindRules
 from reconciler.core.ports import Candidate, Fence, JobKey
 from reconciler.core.vocabulary import Disposition, JobStatus
-from reconciler.errors import ConfigError
-from reconciler.sources.base import ForeignSource
-from reconciler.sources.batches import Batch, unnest
-from reconciler.sources.common import (
-    StepFacts,
-    candidate,
-    per_kind,
-    require_columns,
-    require_functions,
-    require_postgresql,
-)
-from reconciler.sources.ledger_fences import ForeignFence
+from reconciler.sources.kit.batches import Batch, fence_of
+from reconciler.sources.kit.checks import require_schema
+from reconciler.sources.kit.fences import ForeignFence
+from reconciler.sources.kit.shapes import Shape, candidate, per_kind
+from reconciler.sources.kit.source import ForeignSource
 from reconciler.storage.clock import db_now, now_plus, seconds_since
+from reconciler.storage.sql import unnest
 
 _STATUS_WORDS = {"locked": JobStatus.PROCESSING, "queued": JobStatus.QUEUED,
                  "failed": JobStatus.FAILED}
@@ -94,46 +89,29 @@ class GraphileWorkerSource(ForeignSource):
                                schema=schema)
         self._queues = sa.table("_private_job_queues", sa.column("id"),
                                 sa.column("locked_at"), sa.column("locked_by"), schema=schema)
+        self.declared = Shape(
+            key=self._jobs.c.id, kind=self._tasks.c.identifier, locks=self._jobs,
+            # Not its primary key's order: a quiet scan reads the locked rows (by the index
+            # docs/sources.md suggests, else in one sequential read) instead of walking
+            # the key.
+            scan_order=self._jobs.c.id + sa.literal_column("0"),
+            # Its task identifiers: every job names one (a foreign key).
+            kind_catalogue=sa.select(self._tasks.c.identifier))
 
     def check_schema(self) -> None:
         """graphile-worker's private tables and its ``permanently_fail_jobs``."""
-        require_postgresql(self._conn, self.source_name)
-        schema = self._config.schema
-        if not sa.inspect(self._conn).has_schema(schema):
-            raise ConfigError(f"source graphile-worker: schema {schema!r} not found "
-                              "(has graphile-worker migrated this database?)")
-        require_columns(self._conn, self.source_name, "_private_jobs", schema,
-                        {c: c for c in ("id", "task_id", "job_queue_id", "locked_at",
-                                        "locked_by", "attempts", "max_attempts", "run_at",
-                                        "last_error")})
-        require_columns(self._conn, self.source_name, "_private_tasks", schema,
-                        {"id": "id", "identifier": "identifier"})
-        require_columns(self._conn, self.source_name, "_private_job_queues", schema,
-                        {"id": "id", "locked_at": "locked_at", "locked_by": "locked_by"})
-        require_functions(self._conn, self.source_name, schema, ("permanently_fail_jobs",))
+        require_schema(self._conn, self.source_name, self._config.schema, {
+            "_private_jobs": ("id", "task_id", "job_queue_id", "locked_at", "locked_by",
+                              "attempts", "max_attempts", "run_at", "last_error"),
+            "_private_tasks": ("id", "identifier"),
+            "_private_job_queues": ("id", "locked_at", "locked_by")},
+            ("permanently_fail_jobs",),
+            missing_schema=" (has graphile-worker migrated this database?)")
 
     # -- SQL pieces ---------------------------------------------------------- #
 
-    def _kind_column(self) -> sa.ColumnElement[Any]:
-        return self._tasks.c.identifier
-
-    def _key_column(self) -> sa.ColumnElement[Any]:
-        return self._jobs.c.id
-
-    def _lock_target(self) -> Any:
-        return self._jobs
-
-    def _scan_order(self) -> sa.ColumnElement[Any]:
-        # Not its primary key's order: a quiet scan reads the locked rows (by the index
-        # docs/sources.md suggests, else in one sequential read) instead of walking the key.
-        return self._jobs.c.id + sa.literal_column("0")
-
-    def _kind_catalogue(self) -> sa.Select[Any]:
-        """Its task identifiers: every job names one (a foreign key)."""
-        return sa.select(self._tasks.c.identifier)
-
     def _lease_seconds(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[Any]:
-        by_kind = per_kind(self._kind_column(), {k: p.max_run_seconds
+        by_kind = per_kind(self.declared.kind, {k: p.max_run_seconds
                                                  for k, p in policies.items()})
         return sa.func.coalesce(by_kind, LOCK_TIMEOUT_SECONDS)
 
@@ -191,16 +169,15 @@ class GraphileWorkerSource(ForeignSource):
 
     def _swap(self, batch: Batch) -> dict[JobKey, int | None]:
         jobs, queues = self._jobs, self._queues
-        fences = [self._fence(change, GraphileWorkerFence) for change in batch.changes]
+        fences = [fence_of(change, GraphileWorkerFence) for change in batch.changes]
         seen = unnest("seen", [
             ("id", sa.BigInteger(), [change.decision.job_id for change in batch.changes]),
             ("locked_at", sa.DateTime(timezone=True), [f.locked_at for f in fences]),
             ("locked_by", sa.Text(), [f.locked_by for f in fences]),
             ("attempts", sa.Integer(), [f.attempts for f in fences]),
             ("lease_seconds", sa.Float(), [f.lease_seconds for f in fences])])
-        still = (jobs.c.locked_at < now_plus(-seen.c.lease_seconds)
-                 if batch.wedged_after_seconds is None
-                 else self._still_stalled(batch.wedged_after_seconds))
+        still = (jobs.c.locked_at < now_plus(-seen.c.lease_seconds) if batch.stalled is None
+                 else batch.stalled)
         # Unlocked as its own stale-lock reset does; rows whose fence no longer holds are
         # not returned.
         unlocked = self._conn.execute(
@@ -236,7 +213,7 @@ class GraphileWorkerSource(ForeignSource):
                 sa.literal(batch.reason, sa.Text()), packagenames=(self._config.schema,))
             self._conn.execute(sa.select(sa.func.count()).select_from(failed))
         for job_id in ids:
-            self._fence_ledger(job_id, by_id[job_id].attempts + 1)
+            batch.ledger.fence(job_id, by_id[job_id].attempts + 1)
         return {job_id: by_id[job_id].max_attempts if terminal else by_id[job_id].attempts
                 for job_id in ids}
 

@@ -39,22 +39,17 @@ from sqlalchemy.dialects.postgresql import ENUM
 from sqlalchemy.engine import Connection
 
 from reconciler.config.tables import SourceSettings
+from reconciler.core.evidence import StepFacts
 from reconciler.core.kinds import KindPolicy, KindRules
 from reconciler.core.ports import Candidate, Fence, JobKey
 from reconciler.core.vocabulary import Disposition, JobStatus
-from reconciler.errors import ConfigError
-from reconciler.sources.base import ForeignSource
-from reconciler.sources.batches import Batch, unnest
-from reconciler.sources.common import (
-    StepFacts,
-    candidate,
-    constant,
-    require_columns,
-    require_functions,
-    require_postgresql,
-)
-from reconciler.sources.ledger_fences import ForeignFence
+from reconciler.sources.kit.batches import Batch, fence_of
+from reconciler.sources.kit.checks import require_schema
+from reconciler.sources.kit.fences import ForeignFence
+from reconciler.sources.kit.shapes import Shape, candidate, constant
+from reconciler.sources.kit.source import ForeignSource
 from reconciler.storage.clock import now_plus, seconds_since
+from reconciler.storage.sql import unnest
 
 _STATUS_WORDS = {"todo": JobStatus.QUEUED, "doing": JobStatus.PROCESSING,
                  "succeeded": JobStatus.COMPLETED, "failed": JobStatus.FAILED,
@@ -90,7 +85,6 @@ class ProcrastinateSource(ForeignSource):
     """Procrastinate's jobs, judged by its workers' heartbeats."""
 
     source_name = ProcrastinateConfig.kind
-    scans_all_kinds = True
 
     def __init__(self, connection: Connection, config: ProcrastinateConfig, kinds: KindRules,
                  *, lock: bool = True) -> None:
@@ -106,21 +100,21 @@ class ProcrastinateSource(ForeignSource):
                                  schema=schema, create_type=False)
         self._workers = sa.table("procrastinate_workers", sa.column("id"),
                                  sa.column("last_heartbeat"), schema=schema)
+        self.declared = Shape(
+            key=self._jobs.c.id, kind=self._jobs.c.task_name, locks=self._jobs,
+            # Not the order of its (id, lock) index of waiting and running jobs: a quiet
+            # scan reads the running rows by its running-jobs indexes instead of walking
+            # them all.
+            scan_order=self._jobs.c.id + sa.literal_column("0"), scans_all_kinds=True)
 
     def check_schema(self) -> None:
         """Procrastinate's tables, columns and the two functions whose writes this source
         repeats set-wise (the schema version it was written against)."""
-        require_postgresql(self._conn, self.source_name)
-        schema = self._config.schema
-        if schema is not None and not sa.inspect(self._conn).has_schema(schema):
-            raise ConfigError(f"source procrastinate: schema {schema!r} not found")
-        require_columns(self._conn, self.source_name, "procrastinate_jobs", schema,
-                        {c: c for c in ("id", "task_name", "status", "attempts",
-                                        "worker_id", "abort_requested", "scheduled_at")})
-        require_columns(self._conn, self.source_name, "procrastinate_workers", schema,
-                        {"id": "id", "last_heartbeat": "last_heartbeat"})
-        require_functions(self._conn, self.source_name, schema,
-                          (RETRY_FUNCTION, FINISH_FUNCTION))
+        require_schema(self._conn, self.source_name, self._config.schema, {
+            "procrastinate_jobs": ("id", "task_name", "status", "attempts", "worker_id",
+                                   "abort_requested", "scheduled_at"),
+            "procrastinate_workers": ("id", "last_heartbeat")},
+            (RETRY_FUNCTION, FINISH_FUNCTION))
 
     # -- SQL pieces ---------------------------------------------------------- #
 
@@ -128,20 +122,6 @@ class ProcrastinateSource(ForeignSource):
         workers = self._workers
         return sa.or_(workers.c.id.is_(None),
                       workers.c.last_heartbeat < now_plus(-self._timeout))
-
-    def _kind_column(self) -> sa.ColumnElement[Any]:
-        return self._jobs.c.task_name
-
-    def _key_column(self) -> sa.ColumnElement[Any]:
-        return self._jobs.c.id
-
-    def _lock_target(self) -> Any:
-        return self._jobs
-
-    def _scan_order(self) -> sa.ColumnElement[Any]:
-        # Not the order of its (id, lock) index of waiting and running jobs: a quiet scan
-        # reads the running rows by its running-jobs indexes instead of walking them all.
-        return self._jobs.c.id + sa.literal_column("0")
 
     def _running(self, policies: Mapping[str, KindPolicy]) -> sa.Select[Any]:
         jobs, workers = self._jobs, self._workers
@@ -193,13 +173,12 @@ class ProcrastinateSource(ForeignSource):
 
     def _swap(self, batch: Batch) -> dict[JobKey, int | None]:
         jobs, workers = self._jobs, self._workers
-        fences = [self._fence(change, ProcrastinateFence) for change in batch.changes]
+        fences = [fence_of(change, ProcrastinateFence) for change in batch.changes]
         seen = unnest("seen", [
             ("id", sa.BigInteger(), [change.decision.job_id for change in batch.changes]),
             ("worker_id", sa.BigInteger(), [fence.worker_id for fence in fences]),
             ("attempts", sa.Integer(), [fence.attempts for fence in fences])])
-        still = (self._owner_gone() if batch.wedged_after_seconds is None
-                 else self._still_stalled(batch.wedged_after_seconds))
+        still = self._owner_gone() if batch.stalled is None else batch.stalled
         # Every row still as decided, locked in id order; rows whose fence no longer holds
         # are not returned.
         fenced = (
@@ -221,7 +200,7 @@ class ProcrastinateSource(ForeignSource):
         before = {change.decision.job_id: fence.attempts
                   for change, fence in zip(batch.changes, fences, strict=True)}
         for job_id in after:
-            self._fence_ledger(job_id, before[job_id] + 1)
+            batch.ledger.fence(job_id, before[job_id] + 1)
         return dict(after)
 
     def _retried(self) -> dict[str, Any]:

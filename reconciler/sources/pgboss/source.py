@@ -35,22 +35,17 @@ from sqlalchemy.dialects.postgresql import ENUM, JSONB, UUID
 from sqlalchemy.engine import Connection
 
 from reconciler.config.tables import SourceSettings
+from reconciler.core.evidence import StepFacts
 from reconciler.core.kinds import KindPolicy, KindRules
 from reconciler.core.ports import Candidate, Fence, JobKey
 from reconciler.core.vocabulary import Disposition, JobStatus
-from reconciler.errors import ConfigError
-from reconciler.sources.base import ForeignSource
-from reconciler.sources.batches import Batch, unnest
-from reconciler.sources.common import (
-    StepFacts,
-    candidate,
-    constant,
-    per_kind,
-    require_columns,
-    require_postgresql,
-)
-from reconciler.sources.ledger_fences import ForeignFence
+from reconciler.sources.kit.batches import Batch, fence_of
+from reconciler.sources.kit.checks import require_schema
+from reconciler.sources.kit.fences import ForeignFence
+from reconciler.sources.kit.shapes import Shape, candidate, constant, per_kind
+from reconciler.sources.kit.source import ForeignSource
 from reconciler.storage.clock import db_now, now_plus, seconds_since
+from reconciler.storage.sql import unnest
 
 JOB_STATES = ("created", "retry", "active", "completed", "cancelled", "failed")
 _STATUS_WORDS = {"created": JobStatus.QUEUED, "retry": JobStatus.QUEUED,
@@ -97,46 +92,30 @@ class PgBossSource(ForeignSource):
             sa.column("created_on"),
             schema=config.schema)
         self._queues = sa.table("queue", sa.column("name"), schema=config.schema)
+        self.declared = Shape(
+            key=self._jobs.c.id, kind=self._jobs.c.name, locks=self._jobs,
+            # A uuid's bytes compare as the uuid does; the (name, id) primary key does not
+            # serve this order, so a quiet scan is one read of the active rows, not a walk
+            # of the whole key.
+            scan_order=sa.func.uuid_send(self._jobs.c.id),
+            # Its queues: every job names one (a foreign key).
+            kind_catalogue=sa.select(self._queues.c.name))
 
     def check_schema(self) -> None:
         """pg-boss's job table and the columns this source reads and writes."""
-        require_postgresql(self._conn, self.source_name)
-        schema = self._config.schema
-        if not sa.inspect(self._conn).has_schema(schema):
-            raise ConfigError(f"source pg-boss: schema {schema!r} not found "
-                              "(has pg-boss started on this database?)")
-        require_columns(self._conn, self.source_name, "job", schema,
-                        {c: c for c in ("id", "name", "state", "retry_count", "retry_limit",
-                                        "started_on", "start_after", "expire_in", "policy",
-                                        "singleton_key", "completed_on", "keep_until",
-                                        "dead_letter", "data", "output")})
+        require_schema(self._conn, self.source_name, self._config.schema, {
+            "job": ("id", "name", "state", "retry_count", "retry_limit", "started_on",
+                    "start_after", "expire_in", "policy", "singleton_key", "completed_on",
+                    "keep_until", "dead_letter", "data", "output")},
+            missing_schema=" (has pg-boss started on this database?)")
 
     # -- SQL pieces ---------------------------------------------------------- #
-
-    def _kind_column(self) -> sa.ColumnElement[Any]:
-        return self._jobs.c.name
-
-    def _key_column(self) -> sa.ColumnElement[Any]:
-        return self._jobs.c.id
-
-    def _lock_target(self) -> Any:
-        return self._jobs
-
-    def _scan_order(self) -> sa.ColumnElement[Any]:
-        # A uuid's bytes compare as the uuid does; the (name, id) primary key does not
-        # serve this order, so a quiet scan is one read of the active rows, not a walk of
-        # the whole key.
-        return sa.func.uuid_send(self._jobs.c.id)
-
-    def _kind_catalogue(self) -> sa.Select[Any]:
-        """Its queues: every job names one (a foreign key)."""
-        return sa.select(self._queues.c.name)
 
     def _expire_seconds(self) -> sa.ColumnElement[Any]:
         return sa.cast(sa.func.extract("epoch", self._jobs.c.expire_in), sa.Float())
 
     def _lease_seconds(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[Any]:
-        by_kind = per_kind(self._kind_column(), {k: p.max_run_seconds
+        by_kind = per_kind(self.declared.kind, {k: p.max_run_seconds
                                                  for k, p in policies.items()})
         return sa.func.coalesce(by_kind, self._expire_seconds())
 
@@ -207,16 +186,15 @@ class PgBossSource(ForeignSource):
 
     def _swap_set(self, batch: Batch) -> dict[JobKey, int | None]:
         jobs = self._jobs
-        fences = [self._fence(change, PgBossFence) for change in batch.changes]
+        fences = [fence_of(change, PgBossFence) for change in batch.changes]
         seen = unnest("seen", [
             ("id", UUID(as_uuid=False), [str(c.decision.job_id) for c in batch.changes]),
             ("name", sa.Text(), [f.name for f in fences]),
             ("started_on", sa.DateTime(timezone=True), [f.started_on for f in fences]),
             ("retry_count", sa.Integer(), [f.retry_count for f in fences]),
             ("lease_seconds", sa.Float(), [f.lease_seconds for f in fences])])
-        still = (jobs.c.started_on < now_plus(-seen.c.lease_seconds)
-                 if batch.wedged_after_seconds is None
-                 else self._still_stalled(batch.wedged_after_seconds))
+        still = (jobs.c.started_on < now_plus(-seen.c.lease_seconds) if batch.stalled is None
+                 else batch.stalled)
         # The queues named as constants too, so PostgreSQL touches their partitions only.
         fenced = (jobs.c.name.in_(sorted({f.name for f in fences})),
                   jobs.c.name == seen.c.name, jobs.c.id == seen.c.id,
@@ -230,7 +208,7 @@ class PgBossSource(ForeignSource):
                    for c, f in zip(batch.changes, fences, strict=True)}
         changed: dict[JobKey, int | None] = {}
         for job_id in swapped:
-            self._fence_ledger(job_id, retries[job_id] + 1)
+            batch.ledger.fence(job_id, retries[job_id] + 1)
             changed[job_id] = retries[job_id]
         return changed
 

@@ -1,0 +1,68 @@
+"""The statement that finds a pass's expired candidates and the brake's counts at once.
+
+A recovering pass used to read the running jobs twice, once to find candidates and once
+for the brake's counts: a sequential read of the whole job table each time where the
+system keeps no index on its claimed jobs. Here one read of the running jobs is kept
+(``MATERIALIZED``) and both are taken from it; the candidates' rows are then found again
+and locked by their physical address (``tableoid``, ``ctid``: a lookup each, not a
+second read), skipping those another replica holds, until the batch is full. A row
+changed since the read has another address and is left out, as a row whose fence no
+longer holds would be. The counts are subqueries over the kept read, computed once a
+row is returned: a quiet pass never pays for them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+
+
+def expired_scan(running: sa.Select[Any], expired: sa.ColumnElement[bool],
+                 order: sa.ColumnElement[Any], target: Any, *, limit: int,
+                 after: Any | None, locking: bool) -> sa.Select[Any]:
+    """The expired rows of ``running`` (every running job of a reconciled kind, with
+    ``job_id`` labelled) after the key ``after``, in ``order``, at most ``limit``, locked
+    in ``target`` when ``locking``; each row with ``running_total`` and
+    ``expired_total``, the brake's counts."""
+    if not locking:
+        # Nothing to lock (SQLite, a dry run): the candidates' columns are kept with the
+        # read and taken from it.
+        kept = running.add_columns(expired.label("expired"), order.label("scan_key"))
+        read = kept.cte("running").prefix_with("MATERIALIZED")
+        scan = sa.select(*(read.c[c.name] for c in running.selected_columns),
+                         *_totals(read)).select_from(read)
+    else:
+        # Only what counting, ordering and finding each row again need is kept (a quiet
+        # pass stores a few narrow columns of each running job, not its candidate's); the
+        # candidates' columns are read from the locked rows themselves, found by address:
+        # ``ctid = ANY(ARRAY(...))`` is a TID scan, never another read of the table, and
+        # the table's oid tells apart the rows of a partitioned table's partitions.
+        table: sa.ColumnClause[Any] = sa.column("tableoid", _selectable=target)
+        ctid: sa.ColumnClause[Any] = sa.column("ctid", _selectable=target)
+        narrow = running.with_only_columns(
+            running.selected_columns.job_id, expired.label("expired"),
+            order.label("scan_key"), table.label("row_table"), ctid.label("row_ctid"))
+        read = narrow.cte("running").prefix_with("MATERIALIZED")
+        chosen = sa.select(read.c.row_table, read.c.row_ctid).where(read.c.expired.is_(True))
+        if after is not None:
+            chosen = chosen.where(read.c.job_id > after)
+        located = sa.select(read.c.row_ctid).where(read.c.expired.is_(True))
+        if after is not None:
+            located = located.where(read.c.job_id > after)
+        return (running.add_columns(*_totals(read))
+                .where(ctid == sa.any_(sa.func.array(located.scalar_subquery())),
+                       sa.tuple_(table, ctid).in_(chosen))
+                .order_by(order).limit(limit)
+                .with_for_update(skip_locked=True, of=target))
+    scan = scan.where(read.c.expired.is_(True)).order_by(read.c.scan_key).limit(limit)
+    if after is not None:
+        scan = scan.where(read.c.job_id > after)
+    return scan
+
+
+def _totals(read: Any) -> list[sa.Label[Any]]:
+    """The brake's counts over the kept read: every row, and the expired ones."""
+    counted = sa.select(sa.func.count()).select_from(read)
+    return [counted.scalar_subquery().label("running_total"),
+            counted.where(read.c.expired.is_(True)).scalar_subquery().label("expired_total")]

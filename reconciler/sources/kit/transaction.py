@@ -1,0 +1,34 @@
+"""The state of one pass's transaction for one foreign source, made by the kit.
+
+A declaration (a source's shape) holds none of it: what the transaction has read (the
+kinds running, the brake's counts, each scanned job's kind) and the ports of this
+project's own tables it writes through (the step ledger, with the fences its swaps ask
+for, and the audit's history) live here, one object per transaction.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy.engine import Connection
+
+from reconciler.core.kinds import KindPolicy
+from reconciler.storage.audit import AuditHistory
+from reconciler.storage.step_ledger import PassLedger
+
+
+class SourceTransaction:
+    """What one transaction of a pass read and owes, for one source."""
+
+    __slots__ = ("brake_counts", "history", "kinds_read", "ledger", "running_kinds")
+
+    def __init__(self, conn: Connection, source_name: str) -> None:
+        self.ledger = PassLedger(conn, source_name)
+        """The step ledger's evidence and fences (written by its own store)."""
+        self.history = AuditHistory(conn, source_name)
+        """The audit's past resumes (a foreign system keeps no history of lost attempts)."""
+        self.running_kinds: dict[str, KindPolicy] | None = None
+        """The kinds running, with their policies, once read (the scans need them)."""
+        self.brake_counts: tuple[int, int] | None = None
+        """(running, expired) of reconciled kinds, as the scan or the brake read them,
+        until a swap changes them."""
+        self.kinds_read: dict[str, str] = {}
+        """Each scanned job's kind, by key text, for the audit's rows."""

@@ -1,0 +1,10 @@
+"""pg-boss as a job source.
+
+Its shape, fences and writes are in ``source``;
+what every source shares is in ``reconciler.sources.kit``."""
+
+from __future__ import annotations
+
+from reconciler.sources.pgboss.source import PgBossConfig, PgBossSource
+
+__all__ = ["PgBossConfig", "PgBossSource"]
