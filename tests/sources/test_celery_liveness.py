@@ -40,8 +40,8 @@ from tests.sources.test_celery_workers import (
     KINDS,
     TIMEOUT_SECONDS,
     config,
-    send,
     start_worker,
+    started,
 )
 
 
@@ -110,10 +110,7 @@ class TestDoubtedBroker:
     def test_a_port_where_nothing_listens_decides_nothing(
             self, celery_project: CeleryProject, processes: Processes,
             markers: Markers) -> None:
-        result = send(celery_project, "idem.work")
-        first = start_worker(processes, celery_project, markers, "worker-a")
-        wait_until(lambda: markers.has(f"{result.id}-started-1"), "the task to start",
-                   process=first)
+        result, first = started(celery_project, processes, markers, "idem.work")
         kill_worker(first)
         nobody = config(celery_project, f"redis://127.0.0.1:{free_port()}/0")
         stuck = doubted_over_timeouts(celery_project, nobody,
@@ -129,10 +126,7 @@ class TestDoubtedBroker:
         dead worker's silence is counted from then, and its task is resumed."""
         alone = dataclasses.replace(celery_project,
                                     broker_url=on_database(celery_project.broker_url, 2))
-        result = send(alone, "idem.work")
-        first = start_worker(processes, alone, markers, "worker-a")
-        wait_until(lambda: markers.has(f"{result.id}-started-1"), "the task to start",
-                   process=first)
+        result, first = started(alone, processes, markers, "idem.work")
         kill_worker(first)
         stuck = doubted_over_timeouts(alone, config(alone), LivenessDoubt.NO_WORKER_ANSWERS)
         assert stuck[StuckReason.LIVENESS_UNKNOWN].count == 1
@@ -203,10 +197,7 @@ def test_redis_stopped_and_started_under_a_running_sidecar(
         celery_project: CeleryProject, own_redis: RedisServer, processes: Processes,
         markers: Markers, tmp_path: Path) -> None:
     project = dataclasses.replace(celery_project, broker_url=own_redis.url)
-    result = send(project, "idem.work")
-    doomed = start_worker(processes, project, markers, "worker-a")
-    wait_until(lambda: markers.has(f"{result.id}-started-1"), "the task to start",
-               process=doomed)
+    result, doomed = started(project, processes, markers, "idem.work")
     start_worker(processes, project, markers, "worker-b")  # survives; idle until resumed
     settings = tmp_path / "reconciler.toml"
     settings.write_text(f"""
@@ -272,10 +263,7 @@ def test_explain_says_the_liveness_is_unknown(celery_project: CeleryProject,
                                               processes: Processes, markers: Markers,
                                               tmp_path: Path) -> None:
     """``jobs explain`` through a broker that cannot be reached: liveness unknown."""
-    result = send(celery_project, "idem.work")
-    worker = start_worker(processes, celery_project, markers, "worker-a")
-    wait_until(lambda: markers.has(f"{result.id}-started-1"), "the task to start",
-               process=worker)
+    result, _ = started(celery_project, processes, markers, "idem.work")
     settings = tmp_path / "reconciler.toml"
     settings.write_text(f"""
 database_url = "{celery_project.database_url}"

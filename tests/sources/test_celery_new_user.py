@@ -14,7 +14,7 @@ from tests.conftest import REPO_ROOT
 from tests.integration.test_service import Launcher
 from tests.sources.celery_support import CeleryProject, kill_worker
 from tests.sources.support import Markers, Processes, wait_until
-from tests.sources.test_celery_workers import TIMEOUT_SECONDS, send, start_worker
+from tests.sources.test_celery_workers import TIMEOUT_SECONDS, started
 
 DOCS = REPO_ROOT / "docs" / "sources.md"
 HEADING = "# reconciler.toml beside a Celery app"
@@ -40,10 +40,7 @@ def test_the_docs_config_recovers_a_killed_workers_task_and_the_console_shows_it
     markers = Markers(tmp_path / "markers")
     settings = tmp_path / "reconciler.toml"
     settings.write_text(docs_config(celery_project))
-    result = send(celery_project, "effect.work")
-    worker = start_worker(processes, celery_project, markers, "worker-a")
-    wait_until(lambda: markers.has(f"{result.id}-started-1"), "the task to start",
-               process=worker)
+    result, worker = started(celery_project, processes, markers, "effect.work")
     launcher = Launcher(tmp_path)
     try:
         sidecar = launcher.start(celery_project.database_url, config=settings,

@@ -91,6 +91,16 @@ def send(project: CeleryProject, name: str, **kwargs: Any) -> Any:
     return project.caller().send_task(name, kwargs=kwargs)
 
 
+def started(project: CeleryProject, processes: Processes, markers: Markers, task: str,
+            worker: str = "worker-a") -> tuple[Any, Process]:
+    """``task`` sent, and started by a new prefork worker: its AsyncResult and the worker."""
+    result = send(project, task)
+    process = start_worker(processes, project, markers, worker)
+    wait_until(lambda: markers.has(f"{result.id}-started-1"), "the task to start",
+               process=process)
+    return result, process
+
+
 class TestKilledWorker:
     """A whole prefork worker SIGKILLed mid-task: the row would stay STARTED for ever."""
 
