@@ -21,7 +21,8 @@ from typing import Any
 import pytest
 
 from reconciler.core.kinds import KindRule, KindRules
-from reconciler.core.vocabulary import Disposition, EffectKind, Reason
+from reconciler.core.vocabulary import Disposition, EffectKind, Reason, StuckReason
+from reconciler.root.cli import assemble_cli
 from reconciler.sources.celery import CeleryConfig
 from reconciler.sources.celery.broker import CeleryBroker
 from tests.conftest import REPO_ROOT
@@ -36,6 +37,7 @@ from tests.sources.support import (
     Outcome,
     Process,
     Processes,
+    config_for,
     reconcile_once,
     record_finding,
     wait_until,
@@ -340,6 +342,10 @@ def test_rows_written_without_result_extended_are_left_alone_and_said_once(
         for _ in range(2):
             assert reconcile_once(celery_project.engine, config(celery_project), KINDS) == []
     assert celery_project.row("plain-1") == before
+    # Never decided, so stuck for good: the gauges count it, under its own reason.
+    passes = assemble_cli(config_for(celery_project.engine, config(celery_project), KINDS),
+                          engine=celery_project.engine).passes
+    assert passes.stuck_work()[StuckReason.UNDECIDABLE].count == 1
     warnings = [r.getMessage() for r in caplog.records]
     assert len(warnings) == 1
     assert "missing_setting=result_extended" in warnings[0]
