@@ -1,0 +1,46 @@
+"""What an operator can do to one job of the configured source, as a port: the four
+actions of hold, unhold, retry and cancel, each fenced and recorded by whoever implements
+it, and the bulk form's choice of jobs. The command line and the console hold it by this
+port; the composition root builds it over the configured source."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol
+
+from reconciler.core.vocabulary import OperatorAction
+
+
+@dataclass(frozen=True, slots=True)
+class ActionReport:
+    """What one action did to one job."""
+
+    action: OperatorAction
+    job_id: str
+    """The job's key as its source spells it."""
+    applied: bool
+    refusal: str | None
+    """A short code when refused (``fence_lost``, ``not_held``, ``already_ended``, ...)."""
+    line: str
+    """One line for people: what happened, and what the system cannot do (a foreign
+    system's workers are not stopped by a hold, say)."""
+
+
+class OperatorDesk(Protocol):
+    """The operator actions on the configured source."""
+
+    source: str
+    """The source's name, as the audit spells it."""
+
+    def allowed(self, job_id: str) -> frozenset[OperatorAction]:
+        """The actions the job's current state allows (empty for an unknown job)."""
+
+    def act(self, action: OperatorAction, job_id: str, *, actor: str,
+            note: str | None) -> ActionReport:
+        """Apply one action, fenced on the job as read now, and record it either way."""
+
+    def bulk_targets(self, action: OperatorAction, *, reason: str | None, kind: str | None,
+                     since: datetime | None, limit: int) -> list[str]:
+        """The jobs whose latest decision matches the filters and whose state allows
+        ``action`` now, newest decision first, at most ``limit``."""
