@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.chaos.foreign.processes import UNREACHABLE_AT_START
 from tests.chaos.foreign.run import ForeignParams, ForeignResult, run_foreign_chaos
 from tests.chaos.foreign.systems import SYSTEMS, UnavailableError
 from tests.helpers import require_pg_bin
@@ -51,6 +52,8 @@ def test_short_foreign_chaos_run_keeps_every_invariant(system: str) -> None:
     assert result.stats.stops > 0, result.render()
     assert result.stats.replica_kills > 0, result.render()
     assert result.stats.db_restarts == 1
+    # A replica exits by itself only when it was started while PostgreSQL restarted.
+    assert set(result.stats.unexpected_exits) <= {UNREACHABLE_AT_START}, result.render()
 
 
 def test_an_effectful_kind_declared_idempotent_is_counted() -> None:

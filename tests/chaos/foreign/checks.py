@@ -43,6 +43,8 @@ class FaultLog:
     """Epoch of each worker's SIGKILL, by pid."""
     live_at_end: set[int] = field(default_factory=set)
     """Pids of the workers still running after the drain."""
+    killed_mid_task: set[int] = field(default_factory=set)
+    """Pids of the workers SIGKILLed while inside a task."""
 
 
 @dataclass

@@ -47,6 +47,23 @@ class Child:
                 os.kill(self.popen.pid, sig)
 
 
+UNREACHABLE_AT_START = "replica:database_unreachable_at_start"
+"""A replica started while PostgreSQL restarted: ``reconciler run`` refuses to start on a
+database it cannot reach (one line, exit 3), as it does for a user; the harness starts it
+again, as an orchestrator would."""
+
+
+def exit_cause(child: Child) -> str:
+    """Why a child exited that the run did not kill: ``role:exit_CODE``, or
+    ``UNREACHABLE_AT_START`` when its last line says so."""
+    code = child.popen.returncode
+    lines = child.log.read_bytes().decode(errors="replace").strip().splitlines()
+    if (child.role == "replica" and code == 3 and lines
+            and "cannot reach the database" in lines[-1]):
+        return UNREACHABLE_AT_START
+    return f"{child.role}:exit_{code}"
+
+
 @dataclass
 class Children:
     """Starts and signals children; every one is killed and reaped at the end."""

@@ -34,7 +34,13 @@ from reconciler.storage.engines import create_engine
 from reconciler.storage.schema import upgrade
 from tests.chaos.foreign.checks import Checks, FaultLog, run_checks
 from tests.chaos.foreign.database import Database
-from tests.chaos.foreign.processes import Child, Children, mid_task, read_markers
+from tests.chaos.foreign.processes import (
+    Child,
+    Children,
+    exit_cause,
+    mid_task,
+    read_markers,
+)
 from tests.chaos.foreign.systems import KINDS, REPO_ROOT, TERMINAL, JobSpec, System, make_system
 from tests.pg_server import ThrowawayPostgres
 
@@ -258,7 +264,7 @@ class ForeignRun:
                 continue
             if not any(r[1:] == (child.role, child.slot) for r in self.respawns):
                 if not child.killed:
-                    self.stats.unexpected_exits[child.role] += 1
+                    self.stats.unexpected_exits[exit_cause(child)] += 1
                     child.killed = True  # counted once
                 self.respawns.append((now + self.rng.uniform(*RESPAWN_DELAY_SECONDS),
                                       child.role, child.slot))
@@ -315,12 +321,20 @@ class ForeignRun:
             self.stats.stops += 1
             self.stats.faults.stopped.add(victim.pid)
             return True
-        pool = busy if busy and self.rng.random() < MID_TASK_KILL_CHANCE else running
+        if not self.stats.faults.killed_mid_task and not busy:
+            # The first kill waits for a worker inside a task: a run whose kills all hit
+            # idle workers (the work done before most faults, on a loaded machine) gives the
+            # replicas nothing to decide and proves nothing.
+            return False
+        pool = busy if busy and (not self.stats.faults.killed_mid_task
+                                 or self.rng.random() < MID_TASK_KILL_CHANCE) else running
         if not pool:  # every worker is dead or stopped: try again shortly
             return False
         victim = self.rng.choice(pool)
         self.children.kill(victim)
         self.stats.faults.killed_at[victim.pid] = time.time()
+        if victim in busy:
+            self.stats.faults.killed_mid_task.add(victim.pid)
         self.stats.worker_kills += 1
         return True
 
