@@ -52,8 +52,10 @@ def test_short_foreign_chaos_run_keeps_every_invariant(system: str) -> None:
     assert result.stats.stops > 0, result.render()
     assert result.stats.replica_kills > 0, result.render()
     assert result.stats.db_restarts == 1
-    # A replica exits by itself only when it was started while PostgreSQL restarted.
-    assert set(result.stats.unexpected_exits) <= {UNREACHABLE_AT_START}, result.render()
+    # A replica exits by itself only when it was started while PostgreSQL restarted (the
+    # systems' own workers may exit when it restarts: graphile-worker's do, with 1).
+    replica_exits = {c for c in result.stats.unexpected_exits if c.startswith("replica:")}
+    assert replica_exits <= {UNREACHABLE_AT_START}, result.render()
 
 
 def test_an_effectful_kind_declared_idempotent_is_counted() -> None:
