@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from urllib.parse import unquote
 
 from reconciler.console.pages import MAX_JOB_ID_TEXT, NotFoundPageError, Page
 from reconciler.console.params import (
     BadRequestError,
     Outcome,
+    job_address,
     job_path,
     parse_decision_query,
 )
@@ -53,8 +53,7 @@ class Acting:
         if path == "/decisions/bulk":
             return self._bulk(form, actor)
         if path.startswith("/jobs/"):
-            source, _, job_id = path.removeprefix("/jobs/").partition("/")
-            return self._one(unquote(source), unquote(job_id), form, actor)
+            return self._one(*job_address(path), form, actor)
         raise NotFoundPageError("no such form")
 
     def _one(self, source: str, job_id: str, form: Form, actor: str) -> Redirect:
@@ -85,15 +84,16 @@ class Acting:
                                       "source": self.desk.source})
         # Acts on the jobs the preview listed, each fenced on its state now: a job that
         # moved since is refused and counted, never overwritten.
-        chosen = [j for j in form.get("job", []) if 0 < len(j) <= MAX_JOB_ID_TEXT]
+        chosen = list(dict.fromkeys(j for j in form.get("job", [])
+                                    if 0 < len(j) <= MAX_JOB_ID_TEXT))
         if len(chosen) > BULK_LIMIT:
             raise BadRequestError(f"a bulk form acts on at most {BULK_LIMIT} jobs")
         applied = 0
-        for job_id in dict.fromkeys(chosen):
+        for job_id in chosen:
             report = self.desk.act(action, job_id, actor=actor, note=note)
             _log(actor, action, self.desk.source, job_id, report.refusal)
             applied += report.applied
-        refused = len(dict.fromkeys(chosen)) - applied
+        refused = len(chosen) - applied
         back = query.link()
         outcome = Outcome(action.value, applied=applied, refused=refused).query()
         return Redirect(back + ("&" if "?" in back else "?") + outcome.removeprefix("?"))

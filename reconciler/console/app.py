@@ -11,18 +11,24 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib.resources import files
 from typing import Any
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
 from reconciler.console.acting import Acting, Redirect
 from reconciler.console.auth import Access, Viewer, csrf_holds
 from reconciler.console.pages import BadRequestError, NotFoundPageError, Page, Pages
-from reconciler.console.params import job_path, parse_decision_query, parse_outcome
+from reconciler.console.params import (
+    job_address,
+    job_path,
+    parse_decision_query,
+    parse_outcome,
+)
 from reconciler.redaction import redact
 from reconciler.views import printable
 
@@ -98,13 +104,13 @@ class Console:
             return refused
         return self._guarded(viewer, lambda: self._route(path, parse_qs(parts.query), viewer))
 
-    def _guarded(self, viewer: Viewer, answer: Callable[[], Page]) -> Reply:
-        """A page, its reads in one read-only transaction; a bad request, a missing page
-        or a database failure as one line."""
+    def _guarded(self, viewer: Viewer, answer: Callable[[], Page | Redirect], *,
+                 reading: bool = True) -> Reply:
+        """A page (``reading``: its reads in one read-only transaction) or a redirect; a
+        bad request, a missing page or a database failure as one line."""
         try:
-            with self.pages.reading():
+            with self.pages.reading() if reading else nullcontext():
                 page = answer()
-            return self._render(page, viewer)
         except BadRequestError as exc:
             return self._error(400, str(exc), viewer)
         except NotFoundPageError as exc:
@@ -112,8 +118,10 @@ class Console:
         except Exception as exc:
             code = self.classify(exc)
             log.warning("event=console_failed error=%s code=%s", type(exc).__name__, code)
-            return self._error(503, f"the page could not be read from the database ({code})",
-                               viewer)
+            return self._error(503, f"the database could not answer ({code})", viewer)
+        if isinstance(page, Redirect):
+            return Reply(303, b"", HTML, (("Location", page.location),))
+        return self._render(page, viewer)
 
     def _route(self, path: str, query: dict[str, list[str]], viewer: Viewer) -> Page:
         acting = self.acting is not None and viewer.may_act
@@ -127,8 +135,7 @@ class Console:
         if path == "/rules":
             return self.pages.rules()
         if path.startswith("/jobs/"):
-            source, _, job_id = path.removeprefix("/jobs/").partition("/")
-            return self.pages.job(unquote(source), unquote(job_id), acting=acting,
+            return self.pages.job(*job_address(path), acting=acting,
                                   outcome=parse_outcome(query))
         raise NotFoundPageError("no such page")
 
@@ -155,20 +162,8 @@ class Console:
             return self._forbidden(viewer, "csrf",
                                    "the form is not from this session: reload the page")
         actor = viewer.operator
-        # Outside the page's read transaction: an action writes (SQLite's one writer).
-        try:
-            answer = acting.post(path, form, actor)
-        except (BadRequestError, NotFoundPageError) as exc:
-            return self._error(400 if isinstance(exc, BadRequestError) else 404, str(exc),
-                               viewer)
-        except Exception as exc:
-            code = self.classify(exc)
-            log.warning("event=console_failed error=%s code=%s", type(exc).__name__, code)
-            return self._error(503, f"the action could not reach the database ({code})",
-                               viewer)
-        if isinstance(answer, Redirect):
-            return Reply(303, b"", HTML, (("Location", answer.location),))
-        return self._render(answer, viewer)
+        # Outside a page's read transaction: an action writes (SQLite has one writer).
+        return self._guarded(viewer, lambda: acting.post(path, form, actor), reading=False)
 
     def _forbidden(self, viewer: Viewer, why: str, line: str) -> Reply:
         log.warning("event=console_post_refused why=%s", why)

@@ -42,6 +42,7 @@ REFUSALS = {
     "not_held": "it is not held",
     "job_not_failed_or_cancelled": "only a job that failed or was cancelled is retried",
     "fence_lost": "the job changed since it was read; nothing was overwritten",
+    "not_supported": "this source takes no such action from the console",
 }
 # The reasons a pass records for jobs it leaves alone on purpose.
 WAITING_REASONS = (Reason.OPERATOR_HOLD.value, Reason.WAITING_ON_GATE.value)
@@ -72,14 +73,14 @@ class Pages:
     """The console's pages over its port, the configured source's explain and state."""
 
     def __init__(self, reads: ConsoleReads, explain: Explain, state: ConsoleState,
-                 jobs: SourceJobs, desk: OperatorDesk | None = None) -> None:
+                 jobs: SourceJobs, desk: OperatorDesk) -> None:
         self.reads = reads
         self.explain = explain
         self.state = state
         self.jobs = jobs
         """The configured source's jobs as ``reconciler jobs show`` reads them."""
         self.desk = desk
-        """The configured source's operator actions (None: the console only reads)."""
+        """The configured source's operator actions (offered to operators only)."""
 
     def reading(self) -> AbstractContextManager[None]:
         """One connection and read-only transaction for a page's reads."""
@@ -118,8 +119,7 @@ class Pages:
             "dispositions": [d.value for d in Disposition],
             "reasons": [r.value for r in Reason], "sources": list(SOURCES),
             "since_choices": SINCE_CHOICES, "outcome": outcome,
-            "bulk": acting and self.desk is not None and not query.shadow
-            and query.source in (None, self.desk.source)
+            "bulk": acting and not query.shadow and query.source in (None, self.desk.source)
             and any((query.reason, query.kind, query.since)),
         })
 
@@ -151,7 +151,7 @@ class Pages:
         if not history and detail is None and explained is None:
             raise NotFoundPageError(f"no decision or job for {source} job {job_id[:60]!r}")
         allowed: frozenset[OperatorAction] = frozenset()
-        if acting and self.desk is not None and source == self.desk.source:
+        if acting and source == self.desk.source:
             allowed = self.desk.allowed(job_id)
         return Page("job.html", {
             "source": source, "job_id": job_id, "history": history, "job": detail,

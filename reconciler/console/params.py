@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, fields, replace
 from datetime import datetime, timedelta
-from urllib.parse import quote, urlencode
+from urllib.parse import quote, unquote, urlencode
 
 from reconciler.config.registry import SOURCES
 from reconciler.core.vocabulary import Disposition, OperatorAction, Reason
@@ -133,3 +133,9 @@ def parse_outcome(params: dict[str, list[str]]) -> Outcome | None:
 def job_path(source: object, job_id: object) -> str:
     """The job page's path; the id quoted whole (a UUID, a number, any text)."""
     return f"/jobs/{quote(str(source), safe='')}/{quote(str(job_id), safe='')}"
+
+
+def job_address(path: str) -> tuple[str, str]:
+    """The source and job id of a job page's path (``job_path`` read back)."""
+    source, _, job_id = path.removeprefix("/jobs/").partition("/")
+    return unquote(source), unquote(job_id)

@@ -79,7 +79,7 @@ class JobsDesk:
         """One action through the source's store, which fences and records it."""
         del actor, note  # the record of today has no place for them (see the class)
         if action not in self.entry.capabilities.actions:
-            return self._report(action, job_id, f"{self.source}_takes_no_{action}")
+            return self._report(action, job_id, "not_supported")
         try:
             key = self.entry.parse_job_key(job_id)
         except ValueError:
