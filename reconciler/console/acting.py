@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from reconciler.console.pages import MAX_JOB_ID_TEXT, NotFoundPageError, Page
 from reconciler.console.params import (
+    APPLIED,
     BadRequestError,
     Outcome,
     job_address,
@@ -64,8 +65,8 @@ class Acting:
         action = _action(form, tuple(OperatorAction))
         report = self.desk.act(action, job_id, actor=actor, note=_note(form, action))
         _log(actor, action, self.desk.source, job_id, report.refusal)
-        code = "applied" if report.applied else report.refusal or "refused"
-        return Redirect(job_path(source, job_id) + Outcome(action.value, code).query())
+        code = APPLIED if report.applied else report.refusal or "refused"
+        return Redirect(Outcome(action.value, code).on(job_path(source, job_id)))
 
     def _bulk(self, form: Form, actor: str) -> Page | Redirect:
         query = parse_decision_query(form)
@@ -74,7 +75,7 @@ class Acting:
                                   "on real decisions")
         action = _action(form, BULK_ACTIONS)
         note = _note(form, action)
-        if _one(form, "confirm") != "1":
+        if _field(form, "confirm") != "1":
             now, _ = self.reads.now()
             targets = self.desk.bulk_targets(
                 action, reason=query.reason, kind=query.kind, since=query.since_time(now),
@@ -93,19 +94,17 @@ class Acting:
             report = self.desk.act(action, job_id, actor=actor, note=note)
             _log(actor, action, self.desk.source, job_id, report.refusal)
             applied += report.applied
-        refused = len(chosen) - applied
-        back = query.link()
-        outcome = Outcome(action.value, applied=applied, refused=refused).query()
-        return Redirect(back + ("&" if "?" in back else "?") + outcome.removeprefix("?"))
+        outcome = Outcome(action.value, applied=applied, refused=len(chosen) - applied)
+        return Redirect(outcome.on(query.link()))
 
 
-def _one(form: Form, name: str) -> str:
+def _field(form: Form, name: str) -> str:
     values = form.get(name)
     return values[-1] if values else ""
 
 
 def _action(form: Form, offered: tuple[OperatorAction, ...]) -> OperatorAction:
-    given = _one(form, "action")
+    given = _field(form, "action")
     for action in offered:
         if given == action.value:
             return action
@@ -113,7 +112,7 @@ def _action(form: Form, offered: tuple[OperatorAction, ...]) -> OperatorAction:
 
 
 def _note(form: Form, action: OperatorAction) -> str | None:
-    note = _one(form, "note").strip()
+    note = _field(form, "note").strip()
     if len(note) > MAX_NOTE:
         raise BadRequestError(f"a note is at most {MAX_NOTE} characters")
     if not note and action in NOTE_REQUIRED:

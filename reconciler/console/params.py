@@ -106,11 +106,11 @@ class Outcome:
     applied: int | None = None
     refused: int | None = None
 
-    def query(self) -> str:
-        """The query string the redirect carries."""
+    def on(self, link: str) -> str:
+        """``link`` (a page's path, with or without a query) carrying this outcome."""
         params: dict[str, object] = {"acted": self.action, "outcome": self.code,
                                      "applied": self.applied, "refused": self.refused}
-        return _query_string(params)
+        return link + ("&" if "?" in link else "?") + _query_string(params).removeprefix("?")
 
 
 def parse_outcome(params: dict[str, list[str]]) -> Outcome | None:
