@@ -174,8 +174,9 @@ class Console:
         target = _local(parse_qs(query).get("next", ["/"])[-1])
         anonymous = Viewer()
         if method in ("GET", "HEAD"):
+            # Someone signed in still sees who they are, as on every page.
             return self._render(Page("login.html", {"next": target, "failed": False}),
-                                anonymous)
+                                self.access.viewer(headers) or anonymous)
         if method != "POST":
             return self._only_get(method) or self._error(405, "method not allowed", anonymous)
         if len(body) > MAX_FORM_BYTES:

@@ -283,6 +283,7 @@ def test_the_session_cookie_and_headers_hold_the_line(
                       headers={"Origin": base})
         cookie = login.headers["set-cookie"].split(";")[0]
         page = fetch(base + "/", headers={"Cookie": cookie})
+        login_page = fetch(base + "/login", headers={"Cookie": cookie})
         forged = fetch(base + "/", headers={"Cookie": cookie.replace("alice", "bob")})
         out = post(base, "/logout", cookie, "")
         foreign_login = fetch(base + "/login", method="POST", data=f"token={ALICE}".encode(),
@@ -292,6 +293,7 @@ def test_the_session_cookie_and_headers_hold_the_line(
     assert ALICE not in login.headers["set-cookie"]
     assert page.headers["referrer-policy"] == "same-origin"
     assert "signed in as <strong>alice</strong>" in page.body
+    assert "signed in as <strong>alice</strong>" in login_page.body
     assert forged.status == 401
     assert out.status == 303
     assert "Max-Age=0" in out.headers["set-cookie"]
