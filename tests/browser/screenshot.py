@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -66,7 +67,8 @@ def main(argv: list[str]) -> int:
             browser.quit()
             run.send_signal(signal.SIGTERM)
             run.wait(timeout=60)
-    Path(url.removeprefix("sqlite:///")).unlink()
+    # The demo's own temporary folder, which --keep left behind.
+    shutil.rmtree(Path(url.removeprefix("sqlite:///")).parent)
     print(f"saved {operator_png} and {reader_png} (job {job})")
     return 0
 
