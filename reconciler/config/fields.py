@@ -147,14 +147,18 @@ SETTING_FIELDS: tuple[SettingField, ...] = (
         10.0, "how long `reconciler run` retries a database it cannot reach at start (a "
         "restart in progress) before it exits 3 (0: no retry)", inclusive=True,
         maximum=3600.0),
-    _field("console", True, description="serve the read-only operator console on the "
-                          "metrics port (`reconciler run`)"),
+    _field("console", True, description="serve the operator console on the metrics port "
+                          "(`reconciler run`)"),
     _field("console_token",
         "", max_length=500, description="when set, every console page needs it (a bearer "
-        "token or the login form's cookie); /metrics and the probes stay open"),
+        "token or the login form's cookie); it only reads: it offers no action; /metrics "
+        "and the probes stay open"),
     _field("console_token_file",
         "", description="a file whose content is console_token (keeps it out of ps and the "
         "environment)"),
+    _field("console_operator_tokens_file",
+        "", description="a file of lines `NAME TOKEN`: each token signs its operator in to "
+        "the console to hold, unhold, retry and cancel jobs, recorded under NAME"),
 )
 
 FIELDS: dict[str, SettingField] = {spec.name: spec for spec in SETTING_FIELDS}

@@ -13,6 +13,7 @@ import difflib
 import logging
 import math
 import os
+import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -21,6 +22,7 @@ from typing import Any
 
 from pydantic import (
     Field,
+    PrivateAttr,
     ValidationError,
     model_validator,
 )
@@ -55,6 +57,12 @@ def setting(name: str) -> Any:
     if spec.finite:
         bounds["allow_inf_nan"] = False
     return Field(spec.default, description=spec.description, **bounds)
+
+
+# An operator's name goes into the record and into the session cookie: plain characters.
+OPERATOR_NAME = re.compile(r"[A-Za-z0-9._@-]{1,64}")
+MIN_OPERATOR_TOKEN = 16
+MAX_OPERATOR_TOKEN = 500
 
 
 class Settings(BaseSettings):
@@ -100,6 +108,8 @@ class Settings(BaseSettings):
     console: bool = setting("console")
     console_token: str = setting("console_token")
     console_token_file: str = setting("console_token_file")
+    console_operator_tokens_file: str = setting("console_operator_tokens_file")
+    _operator_tokens: dict[str, str] = PrivateAttr(default_factory=dict)
 
     @model_validator(mode="before")
     @classmethod
@@ -124,7 +134,19 @@ class Settings(BaseSettings):
                              "session_heartbeat_seconds, or live workers look gone")
         if self.retry_backoff_max_seconds < self.retry_backoff_seconds:
             raise ValueError("retry_backoff_max_seconds must be at least retry_backoff_seconds")
+        if self.console_operator_tokens_file:
+            # Read once, here, so a bad file is one line at start and never a 500 later.
+            tokens = read_operator_tokens(self.console_operator_tokens_file)
+            if self.console_token and self.console_token in tokens.values():
+                raise ValueError("console_operator_tokens_file: a token there is also "
+                                 "console_token, which only reads; give operators their own")
+            self._operator_tokens = tokens
         return self
+
+    @property
+    def operator_tokens(self) -> dict[str, str]:
+        """The console's operators, name to token (``console_operator_tokens_file``)."""
+        return dict(self._operator_tokens)
 
     @property
     def pass_timeouts(self) -> tuple[float, float]:
@@ -164,6 +186,40 @@ def read_secret_file(path_text: object, setting: str) -> str:
     if not value or "\n" in value:
         raise ValueError(f"{setting} {str(path)!r} must hold one value on one line")
     return value
+
+
+def read_operator_tokens(path_text: str) -> dict[str, str]:
+    """The operators of ``console_operator_tokens_file``: lines ``NAME TOKEN`` (blank lines
+    and ``#`` comments skipped), read like a secret file; a ValueError naming the file and
+    line (never the token) when it cannot be used."""
+    setting = "console_operator_tokens_file"
+    path = Path(path_text)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else \
+            type(exc).__name__
+        raise ValueError(f"{setting} {path_text!r} cannot be read: {reason}") from None
+    tokens: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        words = line.split()
+        if not words or words[0].startswith("#"):
+            continue
+        where = f"{setting} {path_text!r} line {number}"
+        if len(words) != 2:  # a name and a token
+            raise ValueError(f"{where}: expected NAME TOKEN")
+        name, token = words
+        if not OPERATOR_NAME.fullmatch(name):
+            raise ValueError(f"{where}: a name is 1 to 64 letters, digits and . _ @ -")
+        if not MIN_OPERATOR_TOKEN <= len(token) <= MAX_OPERATOR_TOKEN:
+            raise ValueError(f"{where}: a token is {MIN_OPERATOR_TOKEN} to "
+                             f"{MAX_OPERATOR_TOKEN} characters")
+        if name in tokens or token in tokens.values():
+            raise ValueError(f"{where}: the name or the token is given twice")
+        tokens[name] = token
+    if not tokens:
+        raise ValueError(f"{setting} {path_text!r} names no operator")
+    return tokens
 
 
 def load_settings(*, file_values: Mapping[str, Any] | None = None,

@@ -1,9 +1,10 @@
-"""The operator console: read-only pages served by ``reconciler run`` beside /metrics.
+"""The operator console: pages served by ``reconciler run`` beside /metrics, and the
+forms through which a named operator acts on the jobs they show.
 
 ``open_console`` composes it from parts the composition root builds
 (``reconciler.root.console`` gives it an engine of its own, so a page never waits for a
 pass's connection, nor a pass for a page's): the bounded reads, the configured source's
-explain, and the token.
+explain, its operator desk, and the tokens.
 """
 
 from __future__ import annotations
@@ -11,9 +12,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from reconciler.config.loader import Config
+from reconciler.console.acting import Acting
 from reconciler.console.app import Console, Reply
+from reconciler.console.auth import Access
 from reconciler.console.pages import ConsoleState, Pages
 from reconciler.console.port import ConsoleReads
+from reconciler.core.operator_desk import OperatorDesk
 from reconciler.core.passes import PassConfig, explain_jobs
 from reconciler.core.ports import JobKey, PassStore, PlannedChange, SourceJobs
 
@@ -25,13 +29,14 @@ answer /metrics and /readyz, and a page stuck on a slow database must not hold t
 
 
 def open_console(reads: ConsoleReads, explaining: PassStore, jobs: SourceJobs,
-                 config: Config, passes: PassConfig, *,
+                 config: Config, passes: PassConfig, *, desk: OperatorDesk,
                  classify: Callable[[BaseException], str],
                  close: Callable[[], None]) -> Console:
     """The console over ``reads``, explaining running jobs through ``explaining`` (the
-    configured source, read only) as ``passes`` would decide them, and showing that
-    source's jobs as ``jobs`` reads them; ``classify`` names a database error by its
-    bounded code; ``close`` releases its engine."""
+    configured source, read only) as ``passes`` would decide them, showing that source's
+    jobs as ``jobs`` reads them, and acting on them through ``desk`` for the operators
+    the settings name; ``classify`` names a database error by its bounded code; ``close``
+    releases its engine."""
 
     def explain(job_id: JobKey) -> list[PlannedChange]:
         return explain_jobs(explaining, [job_id], passes)
@@ -40,5 +45,6 @@ def open_console(reads: ConsoleReads, explaining: PassStore, jobs: SourceJobs,
     state = ConsoleState(source=str(config.source.kind), shadow=settings.shadow,
                          brake_hold_seconds=None if passes.brake is None
                          else passes.brake.hold_seconds)
-    return Console(Pages(reads, explain, state, jobs), settings.console_token, classify,
-                   close=close)
+    access = Access(settings.console_token, settings.operator_tokens)
+    return Console(Pages(reads, explain, state, jobs, desk), access, classify, close=close,
+                   acting=Acting(desk, reads))

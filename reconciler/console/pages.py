@@ -10,12 +10,13 @@ from typing import Any
 
 from reconciler.config.registry import DEFAULT_SOURCE, SOURCES, integer_keyed
 from reconciler.console.chart import reason_chart
-from reconciler.console.params import SINCE_CHOICES, BadRequestError, DecisionQuery
+from reconciler.console.params import SINCE_CHOICES, BadRequestError, DecisionQuery, Outcome
 from reconciler.console.port import ConsoleReads, Explain
 from reconciler.console.rules import BY_REASON, rule_for
 from reconciler.core.decisions import RULES
+from reconciler.core.operator_desk import OperatorDesk
 from reconciler.core.ports import SourceJobs
-from reconciler.core.vocabulary import Disposition, JobKey, PassOutcome, Reason
+from reconciler.core.vocabulary import Disposition, JobKey, OperatorAction, PassOutcome, Reason
 from reconciler.views import decision_view, job_view
 
 PAGE_DECISIONS = 50
@@ -23,10 +24,26 @@ OVERVIEW_DECISIONS = 20
 OVERVIEW_SHADOW_DECISIONS = 10
 OVERVIEW_PASSES = 60
 JOB_DECISIONS = 200
+JOB_ACTIONS = 200
 HELD_JOBS = 100
 CHART_HOURS = 24
 CHART_COUNT_CAP = 10_000
 MAX_JOB_ID_TEXT = 200
+# The columns of an operator action's record a page shows (``actor`` and ``note`` where
+# the record keeps them); everything else it holds stays unread.
+ACTION_FIELDS = ("action_id", "operator_action", "action_outcome", "refusal_reason",
+                 "acted_at", "status_before", "status_after", "actor", "note")
+# What each refusal the desks report means, as the job page says it after a redirect.
+REFUSALS = {
+    "no_such_job": "there is no such job",
+    "job_terminal": "the job has ended",
+    "already_ended": "the job has already ended",
+    "already_held": "it is already held",
+    "not_held": "it is not held",
+    "job_not_failed_or_cancelled": "only a job that failed or was cancelled is retried",
+    "fence_lost": "the job changed since it was read; nothing was overwritten",
+    "not_supported": "this source takes no such action from the console",
+}
 # The reasons a pass records for jobs it leaves alone on purpose.
 WAITING_REASONS = (Reason.OPERATOR_HOLD.value, Reason.WAITING_ON_GATE.value)
 
@@ -56,12 +73,14 @@ class Pages:
     """The console's pages over its port, the configured source's explain and state."""
 
     def __init__(self, reads: ConsoleReads, explain: Explain, state: ConsoleState,
-                 jobs: SourceJobs) -> None:
+                 jobs: SourceJobs, desk: OperatorDesk) -> None:
         self.reads = reads
         self.explain = explain
         self.state = state
         self.jobs = jobs
         """The configured source's jobs as ``reconciler jobs show`` reads them."""
+        self.desk = desk
+        """The configured source's operator actions (offered to operators only)."""
 
     def reading(self) -> AbstractContextManager[None]:
         """One connection and read-only transaction for a page's reads."""
@@ -84,8 +103,11 @@ class Pages:
                                                     since="1h").link(),
         })
 
-    def decisions(self, query: DecisionQuery) -> Page:
-        """``/decisions``: a filtered page, newest first, and the link to the next one."""
+    def decisions(self, query: DecisionQuery, *, acting: bool = False,
+                  outcome: Outcome | None = None) -> Page:
+        """``/decisions``: a filtered page, newest first, and the link to the next one;
+        for an operator (``acting``), a filtered page of real decisions of the configured
+        source offers its jobs to a bulk retry or cancel (``outcome``: of the last one)."""
         now, _ = self.reads.now()
         rows = self._decisions(query, PAGE_DECISIONS + 1, now)
         more = len(rows) > PAGE_DECISIONS
@@ -96,19 +118,28 @@ class Pages:
             "first_page": query.link(before=None) if query.before is not None else None,
             "dispositions": [d.value for d in Disposition],
             "reasons": [r.value for r in Reason], "sources": list(SOURCES),
-            "since_choices": SINCE_CHOICES,
+            "since_choices": SINCE_CHOICES, "outcome": outcome,
+            "bulk": acting and not query.shadow and query.source in (None, self.desk.source)
+            and any((query.reason, query.kind, query.since)),
         })
 
-    def job(self, source: str, job_id: str) -> Page:
-        """``/jobs/<source>/<job id>``: its decisions with evidence and rule, its current
-        state (this project's jobs, and the configured source's: kind and the system's own
-        status) and what a pass would decide now (while running)."""
+    def job(self, source: str, job_id: str, *, acting: bool = False,
+            outcome: Outcome | None = None) -> Page:
+        """``/jobs/<source>/<job id>``: its decisions with evidence and rule and the
+        operators' actions, in time order, its current state (this project's jobs, and the
+        configured source's: kind and the system's own status) and what a pass would decide
+        now (while running); for an operator (``acting``), the actions its state allows,
+        and ``outcome``, what the last one did."""
         if source not in SOURCES:
             raise NotFoundPageError(f"no job source {source[:40]!r}")
         if not job_id or len(job_id) > MAX_JOB_ID_TEXT:
             raise NotFoundPageError("no such job")
         history = [_with_rule(decision_view(r))
                    for r in self.reads.job_decisions(source, job_id, JOB_DECISIONS)]
+        history += [_action_view(r)
+                    for r in self.reads.job_actions(source, job_id, JOB_ACTIONS)]
+        history.sort(key=lambda e: datetime.fromisoformat(e.get("decided_at") or e["acted_at"]),
+                     reverse=True)
         job = None
         if source == DEFAULT_SOURCE and job_id.isdigit() and len(job_id) < 19:
             job = self.reads.get_job(int(job_id))
@@ -119,9 +150,14 @@ class Pages:
         explained = self._explain(source, job_id)
         if not history and detail is None and explained is None:
             raise NotFoundPageError(f"no decision or job for {source} job {job_id[:60]!r}")
+        allowed: frozenset[OperatorAction] = frozenset()
+        if acting and source == self.desk.source:
+            allowed = self.desk.allowed(job_id)
         return Page("job.html", {
             "source": source, "job_id": job_id, "history": history, "job": detail,
             "explained": explained, "configured_source": self.state.source,
+            "actions": [a.value for a in OperatorAction if a in allowed],
+            "outcome": outcome, "refusals": REFUSALS,
         })
 
     def held(self) -> Page:
@@ -174,6 +210,12 @@ class Pages:
         return {"disposition": decision.disposition.value, "reason": decision.reason.value,
                 "rule": rule_for(decision.reason.value), "evidence": planned[0].evidence,
                 "resume_step_index": decision.resume_step_index}
+
+
+def _action_view(record: dict[str, Any]) -> dict[str, Any]:
+    view = {key: record.get(key) for key in ACTION_FIELDS}
+    view["acted_at"] = record["acted_at"].isoformat()
+    return view
 
 
 def _with_rule(view: dict[str, Any]) -> dict[str, Any]:

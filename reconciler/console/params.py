@@ -1,20 +1,24 @@
-"""The decisions page's GET parameters: parsed, checked against the vocabularies, and
-turned back into links. A bad value is one line on a 400 page, never a traceback."""
+"""The console's GET parameters: the decisions page's filters, parsed, checked against
+the vocabularies and turned back into links, and the short codes an action's redirect
+leaves for the page to show. A bad filter is one line on a 400 page, never a traceback."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, fields, replace
 from datetime import datetime, timedelta
-from urllib.parse import urlencode
+from urllib.parse import quote, unquote, urlencode
 
 from reconciler.config.registry import SOURCES
-from reconciler.core.vocabulary import Disposition, Reason
+from reconciler.core.vocabulary import Disposition, OperatorAction, Reason
 
 MAX_KIND_PATTERN = 100
 MAX_DECISION_ID = 2**63 - 1
 _DURATION = re.compile(r"^(\d{1,6})([smhd])$")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_CODE = re.compile(r"^[a-z_]{1,40}$")
+_COUNT = re.compile(r"^\d{1,6}$")
+APPLIED = "applied"
 # What the page's "since" menu offers; any duration in the same syntax is accepted.
 SINCE_CHOICES = ("15m", "1h", "24h", "7d", "30d")
 
@@ -90,3 +94,48 @@ def parse_decision_query(params: dict[str, list[str]]) -> DecisionQuery:
 def _known(name: str, value: str | None, allowed: list[str]) -> None:
     if value is not None and value not in allowed:
         raise BadRequestError(f"unknown {name} {value[:40]!r}; one of {', '.join(allowed)}")
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What the action a redirect comes from did: one job's (``code``: ``applied`` or why
+    it was refused) or a bulk form's counts. Short codes only: never the note's text."""
+
+    action: str
+    code: str | None = None
+    applied: int | None = None
+    refused: int | None = None
+
+    def on(self, link: str) -> str:
+        """``link`` (a page's path, with or without a query) carrying this outcome."""
+        params: dict[str, object] = {"acted": self.action, "outcome": self.code,
+                                     "applied": self.applied, "refused": self.refused}
+        return link + ("&" if "?" in link else "?") + _query_string(params).removeprefix("?")
+
+
+def parse_outcome(params: dict[str, list[str]]) -> Outcome | None:
+    """The outcome a redirect left in the query, or None (absent or not well formed: a
+    hand-made link shows nothing rather than an error)."""
+    def one(name: str) -> str:
+        values = params.get(name)
+        return values[-1] if values else ""
+
+    action, code, applied, refused = one("acted"), one("outcome"), one("applied"), one("refused")
+    if action not in {a.value for a in OperatorAction}:
+        return None
+    if _CODE.match(code):
+        return Outcome(action, code)
+    if _COUNT.match(applied) and _COUNT.match(refused):
+        return Outcome(action, applied=int(applied), refused=int(refused))
+    return None
+
+
+def job_path(source: object, job_id: object) -> str:
+    """The job page's path; the id quoted whole (a UUID, a number, any text)."""
+    return f"/jobs/{quote(str(source), safe='')}/{quote(str(job_id), safe='')}"
+
+
+def job_address(path: str) -> tuple[str, str]:
+    """The source and job id of a job page's path (``job_path`` read back)."""
+    source, _, job_id = path.removeprefix("/jobs/").partition("/")
+    return unquote(source), unquote(job_id)

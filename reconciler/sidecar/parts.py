@@ -57,7 +57,7 @@ class SidecarParts:
     database_check: DatabaseCheck
     errors: ErrorReading
     console: Console | None
-    """The read-only operator console (None: ``console = false``); it closes its own
+    """The operator console (None: ``console = false``); it closes its own
     engine."""
     close: Callable[[], None]
     """Release the engine (the probe and the console close their own)."""

@@ -23,7 +23,7 @@ from reconciler.storage.audit import read_brake
 from reconciler.storage.engines import read_only
 from reconciler.storage.native_source import NativeSource
 from reconciler.storage.read_views import _DETAIL_COLUMNS, ReadViewsSql, _detail, _step_states
-from reconciler.storage.sql import decisions, jobs, passes
+from reconciler.storage.sql import actions, decisions, jobs, passes
 
 # Decision ids follow decided_at up to the few seconds two concurrent passes' inserts can
 # interleave: a time filter starts its id range this much earlier, and the exact
@@ -131,6 +131,16 @@ class ConsoleViewsSql(ReadViewsSql):
                 sa.select(decisions)
                 .where(decisions.c.job_source == source, decisions.c.job_id == job_id)
                 .order_by(decisions.c.decision_id.desc()).limit(limit)))
+
+    def job_actions(self, source: str, job_id: str, limit: int) -> list[dict[str, Any]]:
+        """The operator actions recorded on one of this project's jobs, newest first (the
+        record keeps native jobs only, by their integer id)."""
+        if source != NATIVE or not job_id.isdigit() or len(job_id) >= 19:
+            return []
+        with self._read() as conn:
+            return _records(conn.execute(
+                sa.select(actions).where(actions.c.job_id == int(job_id))
+                .order_by(actions.c.action_id.desc()).limit(limit)))
 
     def held_and_parked(self, limit: int) -> tuple[list[JobDetail], list[JobDetail]]:
         """This project's jobs under an operator hold, and those parked (held or gated,

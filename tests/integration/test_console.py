@@ -224,11 +224,13 @@ def test_a_set_token_guards_every_page_but_not_metrics_or_probes(
         assert fetch(base + "/", headers={"Authorization": f"Bearer {TOKEN}"}).status == 200
         assert fetch(base + "/metrics").status == 200
         assert fetch(base + "/healthz").status == 200
-        wrong = fetch(base + "/login", method="POST", data=b"token=nope&next=/held")
+        own = {"Origin": base}
+        wrong = fetch(base + "/login", method="POST", data=b"token=nope&next=/held",
+                      headers=own)
         assert wrong.status == 401
         assert "set-cookie" not in wrong.headers
         login = fetch(base + "/login", method="POST",
-                      data=f"token={TOKEN}&next=/held".encode())
+                      data=f"token={TOKEN}&next=/held".encode(), headers=own)
         assert (login.status, login.headers["location"]) == (303, "/held")
         cookie = login.headers["set-cookie"].split(";")[0]
         assert TOKEN not in cookie
@@ -236,7 +238,7 @@ def test_a_set_token_guards_every_page_but_not_metrics_or_probes(
         assert fetch(base + "/held", headers={"Cookie": cookie}).status == 200
         assert fetch(base + "/held", headers={"Cookie": cookie + "x"}).status == 401
         away = fetch(base + "/login", method="POST",
-                     data=f"token={TOKEN}&next=//evil.example/".encode())
+                     data=f"token={TOKEN}&next=//evil.example/".encode(), headers=own)
     assert away.headers["location"] == "/"
 
 

@@ -60,6 +60,8 @@ DEFAULTS: dict[str, Any] = {
     "console": True,
     "console_token": "",
     "console_token_file": "",
+    # issue 27: the console's named operators, none unless given
+    "console_operator_tokens_file": "",
 }
 
 # (setting, text as it would come from a flag or an env var, value it means)
@@ -473,6 +475,55 @@ class TestConsoleTokenFile:
             load_settings(console_token="Secr3t" * 100)
         assert "Secr3t" not in str(too_long.value)
         assert "<hidden>" in str(too_long.value)
+
+
+class TestOperatorTokensFile:
+    """Issue 27: the console's operators from a file of ``NAME TOKEN`` lines."""
+
+    def test_the_file_names_each_operator(self, tmp_path: Path) -> None:
+        """Lines of a name and a token (comments and blank lines skipped)."""
+        tokens = tmp_path / "operators"
+        tokens.write_text("# who may act\nalice  alice-token-0123456789\n\n"
+                          "bob.k@ops bob-token-0123456789abc\n")
+        settings = load_settings(console_operator_tokens_file=str(tokens))
+        assert settings.operator_tokens == {"alice": "alice-token-0123456789",
+                                            "bob.k@ops": "bob-token-0123456789abc"}
+        assert load_settings().operator_tokens == {}
+
+    @pytest.mark.parametrize(("content", "expected"), [
+        ("alice\n", "line 1: expected NAME TOKEN"),
+        ("alice tok en-0123456789abcdef\n", "line 1: expected NAME TOKEN"),
+        ("al:ice alice-token-0123456789\n", "line 1: a name is"),
+        ("alice short\n", "line 1: a token is 16 to 500"),
+        ("alice alice-token-0123456789\nalice other-token-0123456789\n", "line 2: the name"),
+        ("# nobody\n", "names no operator"),
+    ])
+    def test_a_bad_file_is_one_line_naming_the_line_never_the_token(
+        self, tmp_path: Path, content: str, expected: str
+    ) -> None:
+        """Each mistake is one line with the file and line; no token is echoed."""
+        tokens = tmp_path / "operators"
+        tokens.write_text(content)
+        with pytest.raises(ConfigError) as caught:
+            load_settings(console_operator_tokens_file=str(tokens))
+        message = str(caught.value)
+        assert expected in message
+        assert str(tokens) in message
+        assert "\n" not in message
+        assert "0123456789" not in message
+
+    def test_a_missing_file_and_a_shared_token_are_refused(self, tmp_path: Path) -> None:
+        """An unreadable file says why; the read-only token cannot also be an operator's."""
+        with pytest.raises(ConfigError) as missing:
+            load_settings(console_operator_tokens_file=str(tmp_path / "nope"))
+        assert "No such file" in str(missing.value)
+        tokens = tmp_path / "operators"
+        tokens.write_text("alice alice-token-0123456789\n")
+        with pytest.raises(ConfigError) as shared:
+            load_settings(console_operator_tokens_file=str(tokens),
+                          console_token="alice-token-0123456789")  # noqa: S106
+        assert "only reads" in str(shared.value)
+        assert "alice-token" not in str(shared.value)
 
 
 class TestUnknownVariables:

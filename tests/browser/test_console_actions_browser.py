@@ -1,0 +1,132 @@
+"""The console's actions in a real browser (headless chromium, no script of ours: plain
+forms under the strict CSP): an operator retries a terminalized job and sees the outcome
+and the record; the read-only token sees no form and a forged one is 403; bulk retry is
+previewed, then confirmed; a hostile note runs nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support import expected_conditions
+from selenium.webdriver.support.ui import Select, WebDriverWait
+from sqlalchemy.engine import Engine
+
+from reconciler.worker import JobClient
+from tests.console_support import Seeded, seed, served
+from tests.helpers import job_row
+
+READER = "browser-reader-0123456789"
+ALICE = "browser-alice-0123456789"
+HOSTILE_NOTE = '<script>window.__pwned=1</script><img src=x onerror="window.__pwned=2">'
+
+
+@pytest.fixture
+def seeded(engine: Engine, client: JobClient) -> Seeded:
+    return seed(engine, client)
+
+
+@pytest.fixture
+def tokens(tmp_path: Path) -> dict[str, str]:
+    """The read-only token and a tokens file naming alice."""
+    path = tmp_path / "operators"
+    path.write_text(f"alice {ALICE}\n")
+    return {"console_token": READER, "console_operator_tokens_file": str(path)}
+
+
+def _wait_for(browser: Any, condition: Any) -> None:
+    WebDriverWait(browser, 30).until(condition)
+
+
+def sign_in(browser: Any, base: str, token: str) -> None:
+    """Through the login form, as a person would."""
+    browser.delete_all_cookies()
+    browser.get(base + "/login")
+    browser.find_element(By.NAME, "token").send_keys(token)
+    browser.find_element(By.CSS_SELECTOR, "main form button").click()
+    _wait_for(browser, expected_conditions.title_contains("Overview"))
+
+
+def test_an_operator_retries_a_terminalized_job_and_sees_the_outcome_and_the_record(
+    browser: Any, db_url: str, engine: Engine, seeded: Seeded, tokens: dict[str, str]
+) -> None:
+    """Sign in as alice, open the job a mid-step death terminalized, retry it with a
+    note: the page comes back saying it was applied, with the action in its history."""
+    job = seeded.died_mid_step
+    with served(db_url, **tokens) as base:
+        sign_in(browser, base, ALICE)
+        assert browser.find_element(By.ID, "signed-in-as").text == \
+            "signed in as alice (operator)"
+        browser.get(base + f"/jobs/native/{job}")
+        form = browser.find_element(By.CSS_SELECTOR, "form.action.retry")
+        form.find_element(By.NAME, "note").send_keys("refund checked, not charged")
+        form.find_element(By.TAG_NAME, "button").click()
+        _wait_for(browser, expected_conditions.url_contains("outcome=applied"))
+        assert browser.find_element(By.ID, "outcome").text == "retry applied."
+        record = browser.find_element(By.CSS_SELECTOR, "article.action-record")
+        assert "operator retry applied" in record.text
+        assert "Status failed → queued" in record.text
+        assert "refund" not in browser.current_url
+        assert "signed in as alice" in browser.find_element(By.ID, "signed-in-as").text
+    assert job_row(engine, job)["job_status"] == "queued"
+
+
+def test_the_read_only_token_sees_no_form_and_a_forged_one_is_refused(
+    browser: Any, db_url: str, engine: Engine, seeded: Seeded, tokens: dict[str, str]
+) -> None:
+    """Signed in read-only: the job page and the filtered list offer no action; a form
+    built in the page and posted anyway (same origin, no CSRF token) answers 403."""
+    job = seeded.died_mid_step
+    with served(db_url, **tokens) as base:
+        sign_in(browser, base, READER)
+        assert browser.find_element(By.ID, "signed-in-as").text == "signed in read-only"
+        browser.get(base + "/decisions?reason=worker_died_mid_step")
+        assert not browser.find_elements(By.CSS_SELECTOR, "form.action")
+        browser.get(base + f"/jobs/native/{job}")
+        assert "worker_died_mid_step" in browser.page_source
+        assert not browser.find_elements(By.CSS_SELECTOR, "form.action, #actions")
+        # The test's own script (the driver's, not the page's) forges the form.
+        browser.execute_script(
+            "const f = document.createElement('form'); f.method = 'post';"
+            "f.action = location.pathname;"
+            "for (const [k, v] of [['action', 'retry'], ['note', 'forged']]) {"
+            "  const i = document.createElement('input'); i.name = k; i.value = v;"
+            "  f.appendChild(i); }"
+            "document.body.appendChild(f); f.submit();")
+        _wait_for(browser, expected_conditions.title_contains("403"))
+        assert "only reads" in browser.find_element(By.ID, "error-line").text
+    assert job_row(engine, job)["job_status"] == "failed"
+
+
+def test_bulk_retry_is_previewed_then_confirmed(
+    browser: Any, db_url: str, engine: Engine, seeded: Seeded, tokens: dict[str, str]
+) -> None:
+    """Filter the list to mid-step deaths, "Retry these" with a note (a hostile one: it
+    shows as text), read the preview's jobs and count, confirm: the list says 2 applied."""
+    died = {seeded.died_mid_step, seeded.hostile}
+    with served(db_url, **tokens) as base:
+        sign_in(browser, base, ALICE)
+        browser.get(base + "/decisions")
+        Select(browser.find_element(By.NAME, "reason")).select_by_visible_text(
+            "worker_died_mid_step")
+        browser.find_element(By.CSS_SELECTOR, "form.filters button").click()
+        _wait_for(browser, expected_conditions.url_contains("reason=worker_died_mid_step"))
+        form = browser.find_element(By.CSS_SELECTOR, "#bulk form.action.retry")
+        form.find_element(By.NAME, "note").send_keys(HOSTILE_NOTE)
+        form.find_element(By.TAG_NAME, "button").click()
+        _wait_for(browser, expected_conditions.title_contains("Retry these"))
+        assert browser.find_element(By.ID, "bulk-count").text == \
+            "2 jobs are in a state to retry now."
+        assert browser.find_element(By.CSS_SELECTOR, "q.operator-note").text == HOSTILE_NOTE
+        assert browser.execute_script("return window.__pwned === undefined")
+        listed = {a.get_attribute("pathname")
+                  for a in browser.find_elements(By.CSS_SELECTOR, "ul.targets a.job")}
+        assert listed == {f"/jobs/native/{j}" for j in died}
+        assert {job_row(engine, j)["job_status"] for j in died} == {"failed"}
+        browser.find_element(By.CSS_SELECTOR, "form.confirm button").click()
+        _wait_for(browser, expected_conditions.url_contains("applied=2"))
+        assert browser.find_element(By.ID, "outcome").text == \
+            "retry these: 2 applied, 0 refused (each job's page says why)."
+    assert {job_row(engine, j)["job_status"] for j in died} == {"queued"}
