@@ -5,6 +5,7 @@
                                           django-tasks|celery|all
     python -m benchmarks.foreign --smoke      # 10k jobs per system: checks it runs
     python -m benchmarks.foreign --with-index # with the index docs/sources.md suggests
+    python -m benchmarks.foreign --named-kind report  # [kinds] naming a kind beside "*"
 
 For each system, on a throwaway PostgreSQL 15 (Debian's binaries, tests/pg_server.py), one
 database holds the reconciler's own tables and the system's schema, built by the system's
