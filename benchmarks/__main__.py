@@ -3,6 +3,7 @@
     python -m benchmarks --engine sqlite --jobs 1000000 --stale 10000
     python -m benchmarks --engine postgresql --jobs 1000000 --stale 10000 [--peers]
     python -m benchmarks --smoke            # N = 10k on both engines, checks it runs
+    # every run also counts the job table's reads in a recovering and a quiet pass
     python -m benchmarks --measure time_to_recovery [--smoke]   # benchmarks/recovery.py
     python -m benchmarks --measure parked [--smoke]   # held and gated jobs: benchmarks/parked.py
     python -m benchmarks --source procrastinate|graphile-worker|pg-boss|table|django-tasks|
@@ -17,6 +18,7 @@ started (tests/pg_server.py; Debian's postgresql binaries).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -40,11 +42,19 @@ from benchmarks.harness import (
     bench_config,
     counting_statements,
     drain,
+    job_table_reads,
     store_on,
     timed,
 )
 from benchmarks.recovery import plan_for, run_recovery
+from reconciler.core.brake import BrakeLimits
 from reconciler.core.passes import run_pass
+
+JOB_TABLE = "job_runs"
+"""The native source's job table."""
+COUNTING_BRAKE = BrakeLimits(min_jobs=10**9, stale_fraction=1.0, hold_seconds=120.0)
+"""A brake that counts on every pass that changes something, as the service's does, and
+never engages (no fleet reaches ``min_jobs``)."""
 
 
 def measure_recovery(dbs: Databases, shape: Shape, batch_size: int) -> list[Measurement]:
@@ -103,6 +113,29 @@ def measure_quiet(dbs: Databases, jobs: int) -> Measurement:
         return Measurement("quiet_pass", dbs.engine_name, jobs, 0,
                            round(quiet_pass_ms(engine), 3), "ms",
                            {"live_running": Shape(jobs, 0).live, "samples": QUIET_PASSES})
+
+
+def measure_reads(dbs: Databases) -> Measurement:
+    """The job table's reads in a recovering pass (a full batch, the brake counting) and in
+    a quiet one: statements whose FROM or JOIN names it."""
+    shape = Shape(jobs=10_000, stale=1_000)
+    config = dataclasses.replace(bench_config(500), brake=COUNTING_BRAKE)
+    with dbs.fresh() as engine:
+        _build(engine, shape)
+        PROGRESS.phase(f"{dbs.engine_name}: the job table's reads per pass")
+        store = store_on(engine)
+        with counting_statements(engine) as sent:
+            recovering = run_pass(store, config)
+        reads = job_table_reads(sent, JOB_TABLE)
+        while len(run_pass(store, config).decisions) == config.batch_size:
+            pass
+        with counting_statements(engine) as sent:
+            quiet = run_pass(store, config)
+    if len(recovering.decisions) != config.batch_size or quiet.decisions:
+        raise RuntimeError("the reads were not counted on a full and on a quiet pass")
+    return Measurement("job_table_reads", dbs.engine_name, shape.jobs, shape.stale, reads,
+                       "statements", {"quiet": job_table_reads(sent, JOB_TABLE),
+                                      "batch_size": config.batch_size})
 
 
 def measure_round_trips(dbs: Databases) -> list[Measurement]:
@@ -175,6 +208,7 @@ def run(engine_name: str, base_url: str | None, jobs: int, stale: int, *,
             emit(m)
         for size in sorted({min(10_000, jobs), jobs}):
             emit(measure_quiet(dbs, size))
+        emit(measure_reads(dbs))
         for m in measure_round_trips(dbs):
             emit(m)
         for m in measure_memory(dbs, memory):

@@ -5,6 +5,7 @@
                                           django-tasks|celery|all
     python -m benchmarks.foreign --smoke      # 10k jobs per system: checks it runs
     python -m benchmarks.foreign --with-index # with the index docs/sources.md suggests
+    python -m benchmarks.foreign --named-kind report  # [kinds] naming a kind beside "*"
 
 For each system, on a throwaway PostgreSQL 15 (Debian's binaries, tests/pg_server.py), one
 database holds the reconciler's own tables and the system's schema, built by the system's
@@ -34,7 +35,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import re
 import statistics
 import sys
 import tempfile
@@ -47,7 +47,7 @@ import psycopg
 
 from benchmarks.foreign_base import Size, System
 from benchmarks.foreign_python import SYSTEMS
-from benchmarks.harness import counting_statements
+from benchmarks.harness import counting_statements, job_table_reads
 from reconciler.config.loader import load_config, pass_config
 from reconciler.core.passes import PassConfig, run_pass
 from reconciler.root.cli import assemble_cli
@@ -61,15 +61,11 @@ JOB_TABLES = {"procrastinate": "procrastinate_jobs", "graphile-worker": "_privat
               "pg-boss": "job", "table": "jobs",
               "django-tasks": "django_tasks_database_dbtaskresult", "celery": "celery_taskmeta"}
 """Each system's job table, as its source's statements name it."""
+NAMED_KIND = '[kinds."{}"]\nmax_run_seconds = 3600\n'
+"""A kind of its own beside ``"*"``, as a real ``[kinds]`` has: the source reads the
+running kinds and judges each by its own lease (an hour: past the live claims' age, short
+of the orphans' five hours)."""
 
-
-def job_table_reads(statements: list[str], table: str) -> int:
-    """The statements that read ``table``: any but a write whose FROM or JOIN names it
-    (a swap's ``UPDATE ... FROM`` writes it, and is not counted)."""
-    named = re.compile(rf'\b(FROM|JOIN)\s+("?\w+"?\.)?"?{re.escape(table)}"?(\s|$|\))')
-    return sum(1 for text in statements
-               if not text.lstrip().upper().startswith(("UPDATE", "INSERT", "DELETE"))
-               and named.search(text))
 
 
 def _quiet_ms(store: Any, config: PassConfig, runs: int) -> list[float]:
@@ -103,9 +99,10 @@ def _drain(store: Any, config: PassConfig, sent: list[str], table: str
 
 
 def measure(name: str, size: Size, runs: int, emit: Callable[[dict[str, Any]], None], *,
-            with_index: bool = False) -> None:
+            with_index: bool = False, named_kind: str | None = None) -> None:
     """Quiet pass and recovery for one system, each beside its own mechanism; with the
-    index docs/sources.md suggests added first when ``with_index``."""
+    index docs/sources.md suggests added first when ``with_index``; with ``[kinds]``
+    naming ``named_kind`` beside ``"*"`` when given."""
     from tests.pg_server import ThrowawayPostgres  # noqa: PLC0415 - the benchmark's server
 
     system: System = SYSTEMS[name]()
@@ -121,12 +118,14 @@ def measure(name: str, size: Size, runs: int, emit: Callable[[dict[str, Any]], N
                 conn.execute(system.user_index)
                 conn.execute("ANALYZE")
         config_file = Path(tmp) / "reconciler.toml"
-        config_file.write_text(system.source_toml)
+        config_file.write_text(system.source_toml + (NAMED_KIND.format(named_kind)
+                                                     if named_kind else ""))
         config = load_config(config_file, database_url=url, batch_size=BATCH_SIZE)
         store = assemble_cli(config, engine=engine).passes
         pass_cfg = pass_config(config.settings, "bench", config.kinds)
         base = {"source": name, "jobs": size.jobs, "running": size.running,
-                "user_index": with_index and system.user_index is not None}
+                "user_index": with_index and system.user_index is not None,
+                "named_kind": named_kind}
 
         system.keep_alive(conninfo)
         table = JOB_TABLES[name]
@@ -179,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
     parser.add_argument("--with-index", action="store_true",
                         help="add the index docs/sources.md suggests for the system first")
+    parser.add_argument("--named-kind", metavar="KIND",
+                        help="[kinds] names KIND (max_run_seconds = 3600) beside \"*\"")
     args = parser.parse_args(argv)
     size = SMOKE if args.smoke else Size(args.jobs, args.running, args.orphans)
     runs = 3 if args.smoke else args.runs
@@ -195,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{row['unit']:<7} {extra}", flush=True)
 
     for name in SYSTEMS if args.source == "all" else (args.source,):
-        measure(name, size, runs, emit, with_index=args.with_index)
+        measure(name, size, runs, emit, with_index=args.with_index,
+                named_kind=args.named_kind)
     return 0
 
 

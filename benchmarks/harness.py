@@ -7,6 +7,7 @@ Kept out of ``__main__`` so that the measurement modules (``recovery``, ``peers`
 from __future__ import annotations
 
 import json
+import re
 import sys
 import tempfile
 import time
@@ -134,6 +135,15 @@ def drain(store: PassStore, batch_size: int, progress: Progress = PROGRESS,
         progress.advance(decided)
         if len(report.decisions) < batch_size:
             return decided, passes
+
+
+def job_table_reads(statements: list[str], table: str) -> int:
+    """The statements that read ``table``: any but a write whose FROM or JOIN names it
+    (a swap's ``UPDATE ... FROM`` writes it, and is not counted)."""
+    named = re.compile(rf'\b(FROM|JOIN)\s+("?\w+"?\.)?"?{re.escape(table)}"?(\s|$|\))')
+    return sum(1 for text in statements
+               if not text.lstrip().upper().startswith(("UPDATE", "INSERT", "DELETE"))
+               and named.search(text))
 
 
 @contextmanager
