@@ -9,7 +9,6 @@ to sit in a command line (``ps`` shows those to every user) or an environment li
 
 from __future__ import annotations
 
-import difflib
 import logging
 import math
 import os
@@ -252,6 +251,9 @@ def unknown_variables(environ: Any) -> list[tuple[str, str | None]]:
         upper = name.upper()
         if not upper.startswith(ENV_PREFIX) or upper in known or upper in NON_SETTING_VARIABLES:
             continue
+        # Imported for a variable to name only, not by every command.
+        import difflib  # noqa: PLC0415
+
         close = difflib.get_close_matches(upper, sorted(known), n=1, cutoff=0.6)
         found.append((name, close[0] if close else None))
     return found
