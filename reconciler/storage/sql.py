@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from types import ModuleType
 from typing import Any, cast
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import sqlite
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.visitors import InternalTraversal
@@ -73,18 +72,9 @@ def wake_workers(conn: Connection) -> None:
         conn.execute(sa.select(sa.func.pg_notify(WAKE_CHANNEL, "")))
 
 
-def _postgresql() -> ModuleType:
-    """SQLAlchemy's PostgreSQL dialect, imported when a PostgreSQL statement is first built:
-    a command on SQLite never pays for it (a few hundred milliseconds, asyncpg's and
-    psycopg's dialect classes with it)."""
-    from sqlalchemy.dialects import postgresql  # noqa: PLC0415
-
-    return postgresql
-
-
 def insert_into(postgres: bool, table: sa.Table) -> Any:
     """The dialect's INSERT, which knows ON CONFLICT on both engines."""
-    return (_postgresql().insert if postgres else sqlite.insert)(table)
+    return (postgresql.insert if postgres else sqlite.insert)(table)
 
 
 def for_update(postgres: bool, query: sa.Select[Any], *, lock: bool,
@@ -152,7 +142,7 @@ def json_rows(postgres: bool, name: str, columns: Sequence[tuple[str, Any]]) -> 
     payload = sa.bindparam(f"{name}_rows", type_=sa.Text())
     if postgres:
         return (
-            sa.func.json_to_recordset(sa.cast(payload, _postgresql().JSON))
+            sa.func.json_to_recordset(sa.cast(payload, postgresql.JSON))
             .table_valued(*(sa.column(column, kind) for column, kind in columns))
             .render_derived(name=name, with_types=True)
         )
@@ -171,7 +161,7 @@ def in_batch(postgres: bool, column: Any) -> Any:
     """
     if postgres:
         return column == sa.any_(
-            sa.bindparam("batch_ids", type_=_postgresql().ARRAY(sa.BigInteger())))
+            sa.bindparam("batch_ids", type_=postgresql.ARRAY(sa.BigInteger())))
     each = sa.func.json_each(sa.bindparam("batch_ids", type_=sa.Text()))
     return column.in_(sa.select(each.table_valued("value").c.value))
 
@@ -182,8 +172,8 @@ def key_in(conn: Connection, column: sa.ColumnElement[Any], texts: Sequence[str]
     batch's keys as one parameter, not one each), ``IN`` elsewhere."""
     if conn.dialect.name != "postgresql":
         return column.in_(texts)
-    array = _postgresql().ARRAY(sa.String())
-    return column == sa.any_(sa.cast(sa.literal(list(texts), array), array))
+    return column == sa.any_(sa.cast(sa.literal(list(texts), postgresql.ARRAY(sa.String())),
+                                     postgresql.ARRAY(sa.String())))
 
 
 def unnest(name: str, columns: Sequence[tuple[str, sa.types.TypeEngine[Any], Sequence[Any]]]
@@ -191,7 +181,6 @@ def unnest(name: str, columns: Sequence[tuple[str, sa.types.TypeEngine[Any], Seq
     """Rows given column by column as one FROM item (PostgreSQL):
     ``unnest(CAST(:a AS type[]), ...) AS name(a, ...)``; one bound array per column, so the
     statement is the same text (and cached) whatever the batch's size."""
-    postgresql = _postgresql()
     arrays = [sa.cast(sa.literal(list(values), postgresql.ARRAY(type_)),
                       postgresql.ARRAY(type_))
               for _, type_, values in columns]
