@@ -18,7 +18,6 @@ that is not UTF-8 TOML, an unknown key or table, a value of the wrong type or ou
 from __future__ import annotations
 
 import os
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -140,6 +139,9 @@ def _read(path: Path) -> dict[str, Any]:
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start + 1} is "
                           f"0x{raw[exc.start]:02x}); TOML files are UTF-8") from None
+    # Imported with a file to read: a command given none does not pay for the parser.
+    import tomllib  # noqa: PLC0415
+
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

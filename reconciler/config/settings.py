@@ -9,25 +9,16 @@ to sit in a command line (``ps`` shows those to every user) or an environment li
 
 from __future__ import annotations
 
-import difflib
 import logging
 import math
 import os
 import re
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import (
-    Field,
-    PrivateAttr,
-    ValidationError,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 from pydantic.fields import FieldInfo
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from reconciler.config.fields import ENV_PREFIX, FIELDS
 from reconciler.core.brake import BrakeLimits
@@ -65,10 +56,18 @@ MIN_OPERATOR_TOKEN = 16
 MAX_OPERATOR_TOKEN = 500
 
 
-class Settings(BaseSettings):
-    """The reconciler's settings; invalid values fail with one clear line."""
+class Settings(BaseModel):
+    """The reconciler's settings; invalid values fail with one clear line.
 
-    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", frozen=True)
+    Built from keyword arguments only: ``load_settings`` (and ``load_config`` over it) is
+    what reads the environment and the config file. A plain model rather than
+    pydantic-settings' ``BaseSettings``, whose import (every provider it knows: cloud
+    secret stores, a CLI parser, dotenv) cost each command a tenth of a second to read a
+    few ``RECONCILER_*`` variables.
+    """
+
+    # validate_default: the declared defaults are checked like given values.
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
     database_url: str = setting("database_url")
     database_url_file: str = setting("database_url_file")
@@ -233,26 +232,29 @@ def load_settings(*, file_values: Mapping[str, Any] | None = None,
     """
     warn_unknown_variables(os.environ)
     given = {key: value for key, value in overrides.items() if value is not None}
+    from_env = environment_values(os.environ)
     from_file = dict(file_values or {})
     for key, value in from_file.items():
         _check_setting_type(file_name, key, value, Settings.model_fields[key])
     # database_url and database_url_file are one setting given two ways: either from a flag
     # or the environment wins over either from the file (not "give one, not both").
     url_keys = ("database_url", "database_url_file")
-    if any(k in given or os.environ.get(f"{ENV_PREFIX}{k.upper()}") for k in url_keys):
+    if any(k in given or from_env.get(k) for k in url_keys):
         from_file = {k: v for k, v in from_file.items() if k not in url_keys}
-    if not from_file:
-        try:
-            return Settings(**given)
-        except ValidationError as exc:
-            raise ConfigError(describe_validation_error(exc)) from None
     try:
-        with _file_values(from_file):
-            built = _SettingsWithFile(**given)
+        return Settings(**{**from_file, **from_env, **given})
     except ValidationError as exc:
+        if not from_file:
+            raise ConfigError(describe_validation_error(exc)) from None
         raise ConfigError(_describe(exc, file_name, from_file, given)) from None
-    # A plain Settings, already validated: callers see the one settings type.
-    return Settings.model_construct(_fields_set=built.model_fields_set, **built.model_dump())
+
+
+def environment_values(environ: Mapping[str, str]) -> dict[str, str]:
+    """The settings ``environ`` gives, as ``RECONCILER_<SETTING>`` (the name in any case),
+    by setting name; their text is validated with the rest."""
+    names = {f"{ENV_PREFIX}{name.upper()}": name for name in FIELDS}
+    return {names[key.upper()]: value for key, value in environ.items()
+            if key.upper() in names}
 
 
 def _check_setting_type(name: str, key: str, value: Any, field: FieldInfo) -> None:
@@ -275,43 +277,6 @@ def _check_setting_type(name: str, key: str, value: Any, field: FieldInfo) -> No
     if not ok:
         raise ConfigError(f"{name}: setting {key} must be {wanted}, not {type_name(value)} "
                           f"(got {value!r})")
-
-
-# The file's values, for the duration of one ``Settings`` construction.
-_FILE_VALUES: ContextVar[Mapping[str, Any] | None] = ContextVar("reconciler_file_settings",
-                                                               default=None)
-
-
-class _FileSettingsSource(PydanticBaseSettingsSource):
-    """The config file's top-level keys, consulted after the flags and the environment."""
-
-    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
-        return (_FILE_VALUES.get() or {}).get(field_name), field_name, False
-
-    def __call__(self) -> dict[str, Any]:
-        return dict(_FILE_VALUES.get() or {})
-
-
-class _SettingsWithFile(Settings):
-    """``Settings`` with the config file as its lowest-priority source."""
-
-    @classmethod
-    def settings_customise_sources(
-        cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return (init_settings, env_settings, dotenv_settings, file_secret_settings,
-                _FileSettingsSource(settings_cls))
-
-
-@contextmanager
-def _file_values(values: Mapping[str, Any]) -> Iterator[None]:
-    token = _FILE_VALUES.set(values)
-    try:
-        yield
-    finally:
-        _FILE_VALUES.reset(token)
 
 
 def _describe(exc: ValidationError, name: str, file_settings: Mapping[str, Any],
@@ -341,6 +306,9 @@ def unknown_variables(environ: Any) -> list[tuple[str, str | None]]:
         upper = name.upper()
         if not upper.startswith(ENV_PREFIX) or upper in known or upper in NON_SETTING_VARIABLES:
             continue
+        # Imported for a variable to name only, not by every command.
+        import difflib  # noqa: PLC0415
+
         close = difflib.get_close_matches(upper, sorted(known), n=1, cutoff=0.6)
         found.append((name, close[0] if close else None))
     return found

@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import sqlite3
 import sys
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from sqlalchemy.exc import DBAPIError
 
 from reconciler.core.vocabulary import DatabaseErrorCode
 from reconciler.errors import DatabaseUnavailableError, SchemaOutOfDateError
 from reconciler.redaction import redact
-from reconciler.storage.engines import DatabaseNotAnsweringError
+
+if TYPE_CHECKING:
+    import psycopg
 
 LINE_LIMIT = 200
 
@@ -60,27 +64,36 @@ def error_code(exc: BaseException) -> DatabaseErrorCode:
     if isinstance(exc, DatabaseUnavailableError):
         return DatabaseErrorCode.UNREACHABLE
     orig = exc.orig if isinstance(exc, DBAPIError) else exc
-    if isinstance(orig, DatabaseNotAnsweringError):
-        return DatabaseErrorCode.NO_ANSWER
     # psycopg is imported only by a PostgreSQL engine: with none loaded, no error is its.
     psycopg = sys.modules.get("psycopg")
-    if psycopg is not None and isinstance(orig, psycopg.errors.ConnectionTimeout):
-        return DatabaseErrorCode.UNREACHABLE
     if psycopg is not None and isinstance(orig, psycopg.Error):
-        state = orig.sqlstate
-        if state is None:
-            # No SQLSTATE: refused at connection time, or no server to talk to at all.
-            if "authentication failed" in str(orig):
-                return DatabaseErrorCode.AUTHENTICATION_FAILED
-            return (DatabaseErrorCode.UNREACHABLE if isinstance(orig, psycopg.OperationalError)
-                    else DatabaseErrorCode.OTHER)
-        return next((code for prefix, code in _SQLSTATES if state.startswith(prefix)),
-                    DatabaseErrorCode.OTHER)
+        return _psycopg_code(psycopg, orig)
     if isinstance(orig, sqlite3.Error):
         message = str(orig).lower()
         return next((code for fragment, code in _SQLITE_MESSAGES if fragment in message),
                     DatabaseErrorCode.OTHER)
     return DatabaseErrorCode.OTHER
+
+
+def _psycopg_code(psycopg: ModuleType, orig: psycopg.Error) -> DatabaseErrorCode:
+    """The code of a psycopg error (``psycopg``: the driver, already loaded)."""
+    # Loaded with the driver by the engine that raised ``orig``; imported here so that
+    # reading an error on SQLite never loads psycopg.
+    from reconciler.storage.answering import DatabaseNotAnsweringError  # noqa: PLC0415
+
+    if isinstance(orig, DatabaseNotAnsweringError):
+        return DatabaseErrorCode.NO_ANSWER
+    if isinstance(orig, psycopg.errors.ConnectionTimeout):
+        return DatabaseErrorCode.UNREACHABLE
+    state = orig.sqlstate
+    if state is None:
+        # No SQLSTATE: refused at connection time, or no server to talk to at all.
+        if "authentication failed" in str(orig):
+            return DatabaseErrorCode.AUTHENTICATION_FAILED
+        return (DatabaseErrorCode.UNREACHABLE if isinstance(orig, psycopg.OperationalError)
+                else DatabaseErrorCode.OTHER)
+    return next((code for prefix, code in _SQLSTATES if state.startswith(prefix)),
+                DatabaseErrorCode.OTHER)
 
 
 def error_line(exc: BaseException) -> str:

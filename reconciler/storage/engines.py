@@ -21,12 +21,9 @@ import math
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Final, TypeVar
+from typing import Any, Final
 
-import psycopg
-import psycopg.errors
 import sqlalchemy as sa
-from psycopg.abc import PQGen
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.engine.url import make_url
 from sqlalchemy.exc import ArgumentError
@@ -39,9 +36,6 @@ from reconciler.storage.clock import sqlite_clock
 READ_ONLY = "reconciler_read_only"
 ANSWER_MARGIN_SECONDS = 2.0
 """How much longer than its statement timeout the client waits for a reply."""
-
-RV = TypeVar("RV")
-
 
 @dataclass(frozen=True, slots=True)
 class DatabaseTimeouts:
@@ -140,6 +134,10 @@ def _postgresql_engine(url: sa.URL, timeouts: DatabaseTimeouts, **kwargs: Any) -
                 f"-c lock_timeout={_ms(timeouts.lock_seconds)}"]
     connect_args["options"] = " ".join(o for o in options if o)
     kwargs.setdefault("pool_pre_ping", True)
+    # The driver is imported here, by a PostgreSQL engine only: a command on SQLite never
+    # pays for psycopg (``tests/unit/test_startup.py``).
+    from reconciler.storage.answering import AnsweringConnection  # noqa: PLC0415
+
     engine = sa.create_engine(url, connect_args=connect_args, **kwargs)
     answer = _answer_seconds(timeouts.statement_seconds)
 
@@ -201,70 +199,6 @@ def _require_sqlite_file(url: sa.URL) -> None:
         f"no database at {str(path)!r}; run `reconciler db upgrade` to create it")
 
 
-class _Unset:
-    """Not given: the connection's own answer limit applies."""
-
-
-UNSET: Final = _Unset()
-
-
-class AnsweringConnection(psycopg.Connection[Any]):
-    """A psycopg connection that gives up on a server that does not answer.
-
-    Every exchange with the server (execute, fetch, commit, rollback, the pool's ping)
-    goes through ``wait``; it gets ``answer_seconds`` unless the caller set its own limit.
-    On expiry the connection is closed (SQLAlchemy then discards it) and the error says
-    how long it waited.
-    """
-
-    answer_seconds: float | None = None
-    """The limit for every exchange, set when the engine connects."""
-    transaction_answer_seconds: float | _Unset | None = UNSET
-    """A limit for the open transaction only (``limit_transaction``)."""
-
-    def wait(self, gen: PQGen[RV], interval: float = 0.1,
-             timeout: float | _Unset | None = UNSET) -> RV:
-        """Consume ``gen``; a reply later than the answer limit breaks the connection.
-
-        A caller's explicit ``timeout`` (None included: psycopg's own notification wait)
-        is kept as given.
-        """
-        if not isinstance(timeout, _Unset):
-            return super().wait(gen, interval, timeout)
-        limit = self.transaction_answer_seconds
-        if isinstance(limit, _Unset):
-            limit = self.answer_seconds
-        if limit is None:
-            return super().wait(gen, interval)
-        try:
-            return super().wait(gen, interval, limit)
-        except psycopg.OperationalError as exc:
-            if type(exc).__name__ != "_WaitTimeout":
-                raise
-            # Mid-exchange: the connection's state is unknown, so it is not reused.
-            self.pgconn.finish()
-            raise DatabaseNotAnsweringError(
-                f"the database did not answer within {limit:g}s") from None
-
-    def commit(self) -> None:
-        """Commit; a transaction's own answer limit ends with it."""
-        try:
-            super().commit()
-        finally:
-            self.transaction_answer_seconds = UNSET
-
-    def rollback(self) -> None:
-        """Roll back; a transaction's own answer limit ends with it."""
-        try:
-            super().rollback()
-        finally:
-            self.transaction_answer_seconds = UNSET
-
-
-class DatabaseNotAnsweringError(psycopg.OperationalError):
-    """The server did not reply in time; the connection was closed."""
-
-
 def limit_transaction(conn: Connection, *, statement_seconds: float | None,
                       lock_seconds: float | None) -> None:
     """Give the open transaction its own statement and lock timeouts (None: no limit).
@@ -278,6 +212,8 @@ def limit_transaction(conn: Connection, *, statement_seconds: float | None,
     conn.exec_driver_sql(
         f"SELECT set_config('statement_timeout', '{_ms(statement_seconds)}', true), "
         f"set_config('lock_timeout', '{_ms(lock_seconds)}', true)")
+    from reconciler.storage.answering import AnsweringConnection  # noqa: PLC0415
+
     dbapi = conn.connection.dbapi_connection
     if isinstance(dbapi, AnsweringConnection):
         dbapi.transaction_answer_seconds = _answer_seconds(statement_seconds)

@@ -12,7 +12,6 @@ from types import TracebackType
 from typing import Any, cast
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
 from models import StepLedgerEntry
@@ -22,7 +21,7 @@ from reconciler.errors import LeaseLost
 from reconciler.storage.clock import db_now, now_plus, seconds_since
 from reconciler.storage.engines import DatabaseTimeouts, create_engine, is_postgresql
 from reconciler.storage.schema import require_current
-from reconciler.storage.sql import key_in, unnest
+from reconciler.storage.sql import insert_into, key_in, unnest
 
 Step = PlanStep
 """One step of a run's plan: ``Step("fetch", "idempotent")``."""
@@ -110,8 +109,7 @@ class StepLedger:
 
 
 def _insert_missing(conn: Connection) -> Any:
-    dialect = postgresql if is_postgresql(conn) else sqlite
-    return dialect.insert(ENTRIES).on_conflict_do_nothing()
+    return insert_into(is_postgresql(conn), ENTRIES).on_conflict_do_nothing()
 
 
 class LedgerRun:

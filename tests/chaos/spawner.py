@@ -38,7 +38,7 @@ from typing import Any
 
 PRELOAD = (
     "sqlalchemy", "sqlalchemy.orm", "sqlalchemy.ext.compiler", "sqlalchemy.dialects.sqlite",
-    "sqlalchemy.dialects.postgresql", "psycopg", "pydantic", "pydantic_settings",
+    "sqlalchemy.dialects.postgresql", "psycopg", "pydantic",
     "alembic.config", "alembic.script", "alembic.runtime.migration", "alembic.command",
     "apscheduler.schedulers.background", "prometheus_client",
 )

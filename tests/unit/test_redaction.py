@@ -13,8 +13,9 @@ from reconciler.core.vocabulary import DatabaseErrorCode
 from reconciler.errors import DatabaseUnavailableError, SchemaOutOfDateError
 from reconciler.logs import LogfmtFormatter
 from reconciler.redaction import redact
+from reconciler.storage.answering import DatabaseNotAnsweringError
 from reconciler.storage.diagnosis import error_code, error_line
-from reconciler.storage.engines import DatabaseNotAnsweringError, display_url
+from reconciler.storage.engines import display_url
 from reconciler.views import printable
 
 SECRET = "Hunter2Secret"  # noqa: S105 - the value that must never show
