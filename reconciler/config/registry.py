@@ -178,7 +178,7 @@ REGISTRY: tuple[SourceEntry, ...] = (
                 source="reconciler.sources.table:TableSource", job_key="either",
                 engines=EVERY_ENGINE,
                 capabilities=Capabilities(heartbeat=False, error_field=True,
-                                          actions=_NO_ACTIONS)),
+                                          actions=frozenset(OperatorAction))),
     # Task ids are UUIDs; the backend keeps no heartbeat (a lease is max_run_seconds), and
     # our reason is the failed result's exception (its traceback's last line).
     SourceEntry(kind="django-tasks",
