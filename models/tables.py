@@ -338,8 +338,8 @@ class OperatorAction(Base):
     operator_action: Mapped[str] = mapped_column(String(16))
     action_outcome: Mapped[str] = mapped_column(String(16))
     refusal_reason: Mapped[str | None] = mapped_column(String(64))
-    actor: Mapped[str | None] = mapped_column(String(v.ACTOR_MAX_LENGTH))
-    note: Mapped[str | None] = mapped_column(String(v.NOTE_MAX_LENGTH))
+    acted_by: Mapped[str | None] = mapped_column(String(v.ACTOR_MAX_LENGTH))
+    operator_note: Mapped[str | None] = mapped_column(String(v.NOTE_MAX_LENGTH))
     acted_at: Mapped[datetime]
     status_before: Mapped[str | None] = mapped_column(String(16))
     status_after: Mapped[str | None] = mapped_column(String(16))

@@ -38,9 +38,9 @@ def upgrade() -> None:
                                       server_default=sa.text("'native'"), nullable=False))
         batch_op.add_column(sa.Column('job_key', sa.String(length=JOB_KEY_MAX_LENGTH),
                                       nullable=True))
-        batch_op.add_column(sa.Column('actor', sa.String(length=ACTOR_MAX_LENGTH),
+        batch_op.add_column(sa.Column('acted_by', sa.String(length=ACTOR_MAX_LENGTH),
                                       nullable=True))
-        batch_op.add_column(sa.Column('note', sa.String(length=NOTE_MAX_LENGTH),
+        batch_op.add_column(sa.Column('operator_note', sa.String(length=NOTE_MAX_LENGTH),
                                       nullable=True))
         batch_op.add_column(sa.Column('state_before', sa.String(length=STATE_MAX_LENGTH),
                                       nullable=True))
@@ -78,6 +78,6 @@ def downgrade() -> None:
     with op.batch_alter_table('operator_actions', schema=None) as batch_op:
         batch_op.drop_index('ix_operator_actions_job_source_job_key')
         batch_op.alter_column('job_id', existing_type=sa.BigInteger(), nullable=False)
-        for column in ('state_after', 'state_before', 'note', 'actor', 'job_key',
+        for column in ('state_after', 'state_before', 'operator_note', 'acted_by', 'job_key',
                        'job_source'):
             batch_op.drop_column(column)

@@ -202,6 +202,8 @@ def cmd_jobs_action(args: argparse.Namespace) -> int:
     view = {"job_id": args.job_id, "action": action.value, "applied": report.applied,
             "refusal": report.refusal, "line": report.line, "actor": actor,
             "note": args.note}
+    if not report.applied and not args.json:
+        raise ActionRefusedError(f"cannot {action} job {args.job_id}: {report.refusal}")
     _emit(args, view, lambda: [report.line])
     return 0 if report.applied else ActionRefusedError.exit_code
 

@@ -61,8 +61,8 @@ def record_action(conn: Connection, record: ActionRecord) -> None:
         operator_action=record.action.value,
         action_outcome=(ActionOutcome.REFUSED if record.refusal else ActionOutcome.APPLIED
                         ).value,
-        refusal_reason=record.refusal, actor=_cut(record.actor, ACTOR_MAX_LENGTH),
-        note=_cut(record.note, NOTE_MAX_LENGTH), acted_at=db_now(),
+        refusal_reason=record.refusal, acted_by=_cut(record.actor, ACTOR_MAX_LENGTH),
+        operator_note=_cut(record.note, NOTE_MAX_LENGTH), acted_at=db_now(),
         status_before=record.status_before, status_after=record.status_after,
         state_before=_cut(record.state_before, STATE_MAX_LENGTH),
         state_after=_cut(record.state_after, STATE_MAX_LENGTH),
@@ -80,8 +80,8 @@ def actions_about(conn: Connection, source: str, job_key: JobKey,
                                  actions.c.job_key == str(job_key))
         .order_by(actions.c.action_id.desc()).limit(limit))
     return [{"acted_at": r.acted_at, "action": r.operator_action,
-             "outcome": r.action_outcome, "refusal": r.refusal_reason, "actor": r.actor,
-             "note": r.note, "state_before": r.state_before, "state_after": r.state_after}
+             "outcome": r.action_outcome, "refusal": r.refusal_reason, "actor": r.acted_by,
+             "note": r.operator_note, "state_before": r.state_before, "state_after": r.state_after}
             for r in rows]
 
 
