@@ -104,8 +104,9 @@ def set_hold(conn: Connection, source: str, job_key: JobKey, actor: str | None) 
     """Hold the job; False when it was held already (another operator's hold stands)."""
     insert = insert_into(is_postgresql(conn), holds).values(
         job_source=source, job_key=str(job_key), held_by=_cut(actor, ACTOR_MAX_LENGTH),
-        held_at=db_now()).on_conflict_do_nothing()
-    return conn.execute(insert).rowcount == 1
+        held_at=db_now()).on_conflict_do_nothing().returning(holds.c.job_key)
+    # Whether a row came back, not the rowcount: a skipped conflict may report -1.
+    return conn.execute(insert).first() is not None
 
 
 def lift_hold(conn: Connection, source: str, job_key: JobKey) -> bool:
