@@ -131,7 +131,7 @@ class TestRealSystems:
         path = config_file(tmp_path, system.db.engine, system.config)
         job = system.live("idem.report")
         before = system.status(job)
-        code, out, err = cli(capsys, path, "jobs", action, str(job))
+        code, out, err = cli(capsys, path, "jobs", action, str(job), "--note", "checked")
         assert code == 6
         assert out == ""
         assert err.count("\n") == 1
@@ -156,7 +156,8 @@ class TestMappedTable:
 
     def test_show_list_and_hold(self, home: Home, tmp_path: Path,
                                 capsys: pytest.CaptureFixture[str]) -> None:
-        """The table's jobs are shown and listed; hold is refused naming the source."""
+        """The table's jobs are shown and listed; a hold is the reconciler's own, shown
+        with the job and its record."""
         path = config_file(tmp_path, home.engine, home.full)
         running = add(home, lease_in=300, activity_ago=1)
         waiting = add(home, status="pending", job_type="mail", attempts=0)
@@ -167,9 +168,18 @@ class TestMappedTable:
         listed = cli_json(capsys, path, "jobs", "list")
         assert [(j["job_id"], j["status"]) for j in listed] == [
             (waiting, "queued"), (running, "processing")]
-        code, _, err = cli(capsys, path, "jobs", "hold", str(running))
-        assert code == 6
-        assert "source table takes no hold" in err
+        code, out, err = cli(capsys, path, "jobs", "hold", str(running), "--as", "dana",
+                             "--note", "<b>looking</b>")
+        assert code == 0, err
+        assert "workers are not stopped" in out
+        try:
+            shown = cli_json(capsys, path, "jobs", "show", str(running))
+            assert shown["operator_hold"] is True
+            assert [(h["type"], h.get("action"), h.get("actor"), h.get("note"))
+                    for h in shown["history"]] == [
+                ("action", "hold", "dana", "<b>looking</b>")]
+        finally:
+            assert cli(capsys, path, "jobs", "unhold", str(running))[0] == 0
 
     def test_a_failed_job_shows_our_reason_and_decision(
             self, home: Home, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -130,6 +130,6 @@ class TestCelery:
         code, out, _ = cli(capsys, path, "jobs", "show", failed)
         assert code == 0
         assert "4242" not in out
-        code, _, err = cli(capsys, path, "jobs", "cancel", started)
+        code, _, err = cli(capsys, path, "jobs", "cancel", started, "--note", "n")
         assert code == 6
         assert "source celery takes no cancel" in err
