@@ -7,13 +7,12 @@ real passes; "changes nothing" is checked against the whole row.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any, cast
 
 import pytest
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Connection
 
 from models import OperatorAction as ActionRow
 from models import OperatorHold, ReconciliationDecision
@@ -38,13 +37,13 @@ SOURCE = "table"
 
 
 @pytest.fixture
-def table_home(home: Home) -> Iterator[Home]:
+def table_home(home: Home) -> Home:
     """The home-grown table, with no record of an earlier test's table jobs (on PostgreSQL
     the reconciler's tables are the session's, and every test's table counts from 1)."""
     with home.engine.begin() as conn:
         for table in (ACTIONS, HOLDS, DECISIONS):
             conn.execute(table.delete().where(table.c.job_source == SOURCE))
-    yield home
+    return home
 
 
 def desk_of(home: Home, config: TableConfig | None = None) -> OperatorDesk:
@@ -147,7 +146,8 @@ def test_a_held_stale_job_is_left_alone_until_unheld(table_home: Home) -> None:
     job = dead(table_home, job_type="mail.send", **steps("succeeded"))
     desk = desk_of(table_home)
     held = desk.act(OperatorAction.HOLD, str(job), actor="f", note="looking")
-    assert held.applied and "workers are not stopped" in held.line
+    assert held.applied
+    assert "workers are not stopped" in held.line
     assert desk.act(OperatorAction.HOLD, str(job), actor="f", note=None).refusal == \
         "already_held"
     before = row(table_home, job)
