@@ -162,7 +162,7 @@ REGISTRY: tuple[SourceEntry, ...] = (
                 source="reconciler.sources.procrastinate:ProcrastinateSource",
                 job_key="integer", engines=POSTGRESQL,
                 capabilities=Capabilities(heartbeat=True, error_field=False,
-                                          actions=_NO_ACTIONS)),
+                                          actions=frozenset(OperatorAction))),
     SourceEntry(kind="graphile-worker",
                 config="reconciler.sources.graphile_worker:GraphileWorkerConfig",
                 source="reconciler.sources.graphile_worker:GraphileWorkerSource",

@@ -111,9 +111,9 @@ class Metrics:
             self.pass_errors.labels(code=code.value)
         for action in OperatorAction:
             for source in SOURCES:
-                for outcome in ActionOutcome:
+                for result in ActionOutcome:
                     self.operator_actions.labels(action=action.value, source=source,
-                                                 outcome=outcome.value)
+                                                 outcome=result.value)
         self.observe_stuck({})
         self.observe_liveness(None)
 

@@ -35,6 +35,7 @@ from reconciler.storage.operator_record import (
     record_action,
     set_hold,
 )
+from reconciler.storage.step_ledger import restart_attempts
 
 UNMAPPED_STATUS = "status_not_mapped"
 """The refusal of a job in a status its system's actions cannot read or write back."""
@@ -64,6 +65,10 @@ class SystemActions(Protocol):
 
     def read(self, job_key: JobKey) -> ForeignJob | None:
         """The job, or None when the system has no such job."""
+
+    def refuses(self, action: OperatorAction, job: ForeignJob) -> str | None:
+        """Why the system cannot take ``action`` on the job in its shape (a code), before
+        the operator state machine is asked; None: nothing of its own against it."""
 
     def retry(self, job_key: JobKey, job: ForeignJob) -> str | None:
         """Queue the job again, runnable now, fenced on ``job``; its state after, or None
@@ -152,6 +157,9 @@ class ForeignDesk(RecordedDesk):
         """(refusal, state after, held after) of one action on a job as read."""
         if job.word is None:
             return UNMAPPED_STATUS, job.state, held
+        own = system.refuses(action, job)
+        if own is not None:
+            return own, job.state, held
         change = operator_change(action, job.word, held)
         if isinstance(change, Refusal):
             return change.value, job.state, held
@@ -167,4 +175,8 @@ class ForeignDesk(RecordedDesk):
         after = swap(key, job)
         if after is None:
             return Refusal.FENCE_LOST.value, job.state, held
+        if action is OperatorAction.RETRY:
+            # A fresh attempt budget: the system counts from the start again, and so does
+            # the step ledger, whose finished steps are kept (the run resumes after them).
+            restart_attempts(conn, self.source, key)
         return None, after, held

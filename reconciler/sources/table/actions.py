@@ -83,6 +83,10 @@ class TableActions:
         state = "" if values["status"] is None else str(values["status"])
         return ForeignJob(state, self._words.get(state), dict(values))
 
+    def refuses(self, action: OperatorAction, job: ForeignJob) -> str | None:
+        """Nothing of the table's own: its mapped statuses say it all."""
+        return None
+
     def _fenced(self, job_key: JobKey, job: ForeignJob) -> list[sa.ColumnElement[bool]]:
         read: dict[str, Any] = job.fence
         return [self._col("id_column") == job_key,
