@@ -173,7 +173,7 @@ REGISTRY: tuple[SourceEntry, ...] = (
                 source="reconciler.sources.pgboss:PgBossSource", job_key="text",
                 engines=POSTGRESQL,
                 capabilities=Capabilities(heartbeat=False, error_field=True,
-                                          actions=_NO_ACTIONS)),
+                                          actions=frozenset(OperatorAction))),
     SourceEntry(kind="table", config="reconciler.sources.table.config:TableConfig",
                 source="reconciler.sources.table:TableSource", job_key="either",
                 engines=EVERY_ENGINE,

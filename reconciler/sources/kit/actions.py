@@ -45,6 +45,15 @@ HOLD_LIMIT = ("the reconciler leaves it undecided while held; the system's own w
 """What a hold on a foreign job does not do, said on every hold."""
 
 
+class SystemRefusal(Exception):  # noqa: N818 - a refusal, not a failure
+    """A system's retry or cancel found its own reason not to apply (a code); the swap
+    changed nothing."""
+
+    def __init__(self, code: str) -> None:
+        super().__init__(code)
+        self.code = code
+
+
 @dataclass(frozen=True, slots=True)
 class ForeignJob:
     """One job as its system's actions read it."""
@@ -72,7 +81,8 @@ class SystemActions(Protocol):
 
     def retry(self, job_key: JobKey, job: ForeignJob) -> str | None:
         """Queue the job again, runnable now, fenced on ``job``; its state after, or None
-        when the swap missed (the job moved meanwhile: nothing changed)."""
+        when the swap missed (the job moved meanwhile: nothing changed). ``SystemRefusal``
+        when the system's own rules refuse it."""
 
     def cancel(self, job_key: JobKey, job: ForeignJob) -> str | None:
         """End the job cancelled (or failed ``operator_cancel``), fenced like ``retry``."""
@@ -172,7 +182,10 @@ class ForeignDesk(RecordedDesk):
                 return Refusal.NOT_HELD.value, job.state, held
             return None, job.state, False
         swap = system.retry if action is OperatorAction.RETRY else system.cancel
-        after = swap(key, job)
+        try:
+            after = swap(key, job)
+        except SystemRefusal as refused:
+            return refused.code, job.state, held
         if after is None:
             return Refusal.FENCE_LOST.value, job.state, held
         if action is OperatorAction.RETRY:
