@@ -168,7 +168,7 @@ REGISTRY: tuple[SourceEntry, ...] = (
                 source="reconciler.sources.graphile_worker:GraphileWorkerSource",
                 job_key="integer", engines=POSTGRESQL,
                 capabilities=Capabilities(heartbeat=False, error_field=True,
-                                          actions=_NO_ACTIONS)),
+                                          actions=frozenset(OperatorAction))),
     SourceEntry(kind="pg-boss", config="reconciler.sources.pgboss:PgBossConfig",
                 source="reconciler.sources.pgboss:PgBossSource", job_key="text",
                 engines=POSTGRESQL,
