@@ -186,7 +186,7 @@ REGISTRY: tuple[SourceEntry, ...] = (
                 source="reconciler.sources.django_tasks:DjangoTasksSource", job_key="text",
                 engines=EVERY_ENGINE,
                 capabilities=Capabilities(heartbeat=False, error_field=True,
-                                          actions=_NO_ACTIONS)),
+                                          actions=frozenset(OperatorAction))),
     # Liveness is its workers' answer to Celery's control ping over the broker; our reason
     # is the failed result's exception. On both engines its database result backend runs.
     SourceEntry(kind="celery", config="reconciler.sources.celery:CeleryConfig",
