@@ -149,7 +149,6 @@ class SourceEntry:
         return int(text)
 
 
-_NO_ACTIONS: frozenset[OperatorAction] = frozenset()
 
 REGISTRY: tuple[SourceEntry, ...] = (
     SourceEntry(kind="native", config="reconciler.config.tables:NativeConfig",
@@ -193,7 +192,7 @@ REGISTRY: tuple[SourceEntry, ...] = (
                 source="reconciler.sources.celery:CelerySource", job_key="text",
                 engines=EVERY_ENGINE,
                 capabilities=Capabilities(heartbeat=True, error_field=True,
-                                          actions=_NO_ACTIONS)),
+                                          actions=frozenset(OperatorAction))),
 )
 
 SOURCES: dict[str, SourceEntry] = {entry.kind: entry for entry in REGISTRY}

@@ -121,7 +121,7 @@ class TestCelery:
     def test_show_and_list(self, celery_project: CeleryProject, tmp_path: Path,  # noqa: F811
                            capsys: pytest.CaptureFixture[str]) -> None:
         """STARTED is processing (attempts: retries + 1), a FAILURE row shows no reason of
-        its own, an operator action is refused naming the source."""
+        its own, a retry of a running task is refused in one line."""
         config = CeleryConfig(broker_url=celery_project.broker_url)
         path = config_file(tmp_path, celery_project.engine, config)
         with celery_project.engine.begin() as conn:
@@ -138,6 +138,6 @@ class TestCelery:
         code, out, _ = cli(capsys, path, "jobs", "show", failed)
         assert code == 0
         assert "4242" not in out
-        code, _, err = cli(capsys, path, "jobs", "cancel", started, "--note", "n")
+        code, _, err = cli(capsys, path, "jobs", "retry", started, "--note", "n")
         assert code == 6
-        assert "source celery takes no cancel" in err
+        assert f"cannot retry job {started}: job_not_failed_or_cancelled" in err
