@@ -17,7 +17,6 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from reconciler.cli import main
-from reconciler.config.registry import entry_for
 from reconciler.config.tables import SourceSettings
 from reconciler.sources.table.config import TableConfig
 from tests.sources.factories import (
@@ -32,7 +31,6 @@ from tests.sources.test_table_source import KINDS as TABLE_KINDS
 from tests.sources.test_table_source import Home, add, dead
 from tests.sources.test_table_source import home as home  # noqa: PLC0414 - a fixture
 
-ACTIONS = ("hold", "unhold", "retry", "cancel")
 RUNNING = {"procrastinate": "doing", "graphile-worker": "locked", "pg-boss": "active"}
 """A running job's status in each system's own words."""
 
@@ -123,23 +121,6 @@ class TestRealSystems:
         code, out, _ = cli(capsys, path, "jobs", "show", str(job))
         assert code == 0
         assert f"resume ({decision['reason']})" in out
-
-    @pytest.mark.parametrize("action", ACTIONS)
-    def test_an_action_the_source_does_not_take_is_refused_by_name(
-            self, system: SystemFactory, tmp_path: Path, action: str,
-            capsys: pytest.CaptureFixture[str]) -> None:
-        """One line naming the source, a non-zero exit, and the job as it was."""
-        if entry_for(system.source_name).capabilities.actions:
-            pytest.skip(f"{system.source_name} takes every action (its own tests)")
-        path = config_file(tmp_path, system.db.engine, system.config)
-        job = system.live("idem.report")
-        before = system.status(job)
-        code, out, err = cli(capsys, path, "jobs", action, str(job), "--note", "checked")
-        assert code == 6
-        assert out == ""
-        assert err.count("\n") == 1
-        assert f"source {system.source_name} takes no {action}" in err
-        assert system.status(job) == before
 
     def test_a_job_the_source_lacks_is_named_with_the_source(
             self, system: SystemFactory, tmp_path: Path,
