@@ -188,6 +188,9 @@ class _MovedMeanwhile:
                            .values(**self._change))
         return job
 
+    def refuses(self, action: OperatorAction, job: ForeignJob) -> str | None:
+        return self._actions.refuses(action, job)
+
     def retry(self, job_key: JobKey, job: ForeignJob) -> str | None:
         return self._actions.retry(job_key, job)
 
