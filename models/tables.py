@@ -324,18 +324,27 @@ class JobArtifact(Base):
 
 
 class OperatorAction(Base):
-    """Every operator action on a job, recorded like a reconciler decision."""
+    """Every operator action on a job of any source, recorded like a reconciler decision:
+    which source, the job's key as it spells it, who, why, and the state it moved."""
 
     __tablename__ = "operator_actions"
 
     action_id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
-    job_id: Mapped[int] = mapped_column(BigInteger)
+    job_id: Mapped[int | None] = mapped_column(BigInteger)
+    """The native job's id; NULL for a foreign job (its ``job_key`` names it)."""
+    job_source: Mapped[str] = mapped_column(String(v.SOURCE_NAME_MAX_LENGTH),
+                                            server_default=text("'native'"))
+    job_key: Mapped[str] = mapped_column(JobKeyText)
     operator_action: Mapped[str] = mapped_column(String(16))
     action_outcome: Mapped[str] = mapped_column(String(16))
     refusal_reason: Mapped[str | None] = mapped_column(String(64))
+    acted_by: Mapped[str | None] = mapped_column(String(v.ACTOR_MAX_LENGTH))
+    operator_note: Mapped[str | None] = mapped_column(String(v.NOTE_MAX_LENGTH))
     acted_at: Mapped[datetime]
     status_before: Mapped[str | None] = mapped_column(String(16))
     status_after: Mapped[str | None] = mapped_column(String(16))
+    state_before: Mapped[str | None] = mapped_column(String(v.STATE_MAX_LENGTH))
+    state_after: Mapped[str | None] = mapped_column(String(v.STATE_MAX_LENGTH))
     generation_before: Mapped[int | None] = mapped_column(BigInteger)
     generation_after: Mapped[int | None] = mapped_column(BigInteger)
 
@@ -343,4 +352,17 @@ class OperatorAction(Base):
         CheckConstraint(one_of("operator_action", OPERATOR_ACTIONS), name="operator_action_known"),
         CheckConstraint(one_of("action_outcome", ACTION_OUTCOMES), name="action_outcome_known"),
         Index("ix_operator_actions_job_id", "job_id"),
+        Index("ix_operator_actions_job_source_job_key", "job_source", "job_key"),
     )
+
+
+class OperatorHold(Base):
+    """The reconciler's own hold on a foreign job (its system has no place for one): a
+    pass skips the job with ``operator_hold`` while the row exists."""
+
+    __tablename__ = "operator_holds"
+
+    job_source: Mapped[str] = mapped_column(String(v.SOURCE_NAME_MAX_LENGTH), primary_key=True)
+    job_key: Mapped[str] = mapped_column(JobKeyText, primary_key=True)
+    held_by: Mapped[str | None] = mapped_column(String(v.ACTOR_MAX_LENGTH))
+    held_at: Mapped[datetime]

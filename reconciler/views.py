@@ -77,10 +77,40 @@ def job_view(job: JobDetail, decisions: list[dict[str, Any]] | None = None
         "finished_at": _iso(job.finished_at),
         # A foreign job: its system's own status beside ours.
         **({} if job.source_status is None else {"source_status": job.source_status}),
-        **({} if decisions is None else {"decisions": [
-            {key: _iso(value) if isinstance(value, datetime) else value
-             for key, value in d.items()} for d in decisions]}),
+        **({} if decisions is None else {"decisions": [_isos(d) for d in decisions]}),
     }
+
+
+def _isos(record: dict[str, Any]) -> dict[str, Any]:
+    return {key: _iso(value) if isinstance(value, datetime) else value
+            for key, value in record.items()}
+
+
+def with_history(view: dict[str, Any], decisions: list[dict[str, Any]],
+                 actions: list[dict[str, Any]]) -> dict[str, Any]:
+    """``view`` with the operator actions on the job and, in time order (oldest first),
+    its ``history``: the decisions and the actions together. A note is the operator's
+    text, kept as written: ``--json`` escapes it, the human lines go through
+    ``printable``."""
+    entries = [(d["decided_at"], {"type": "decision", "at": d["decided_at"],
+                                  **{k: v for k, v in d.items() if k != "decided_at"}})
+               for d in decisions]
+    entries += [(a["acted_at"], {"type": "action", "at": a["acted_at"],
+                                 **{k: v for k, v in a.items() if k != "acted_at"}})
+                for a in actions]
+    entries.sort(key=lambda entry: entry[0])
+    return {**view, "decisions": [_isos(d) for d in decisions],
+            "actions": [_isos(a) for a in actions],
+            "history": [_isos(entry) for _, entry in entries]}
+
+
+def _history_line(entry: dict[str, Any]) -> str:
+    if entry["type"] == "decision":
+        return f"  {entry['at']} decided: {entry['disposition']} ({entry['reason']})"
+    outcome = entry["outcome"] + (f" ({entry['refusal']})" if entry["refusal"] else "")
+    line = (f"  {entry['at']} {entry['action']} by {entry['actor'] or 'unknown'}: {outcome}"
+            f"; {entry['state_before']} -> {entry['state_after']}")
+    return line + (f"; note: {entry['note']}" if entry["note"] else "")
 
 
 LIST_ID_WIDTH = (3, 36)
@@ -135,8 +165,11 @@ def job_lines(view: dict[str, Any], source_kind: str) -> list[str]:
              + (", held by an operator" if view["operator_hold"] else "")]
     lines += [f"  step {s['index']}: {s['name']} [{s.get('effect_kind', '?')}] {s['state']}"
               for s in view["steps"]]
-    lines += [f"  decided {d['decided_at']}: {d['disposition']} ({d['reason']})"
-              for d in view.get("decisions", [])]
+    if "history" in view:
+        lines += [_history_line(entry) for entry in view["history"]]
+    else:
+        lines += [f"  decided {d['decided_at']}: {d['disposition']} ({d['reason']})"
+                  for d in view.get("decisions", [])]
     return lines
 
 

@@ -95,11 +95,61 @@ def settings_parent(without: frozenset[str] = frozenset(), *,
 
 
 OPERATOR_HELP = {
-    "hold": "hold a job: workers do not claim it and the reconciler leaves it alone",
+    "hold": "hold a job: the reconciler leaves it alone (native workers do not claim it)",
     "unhold": "release an operator hold",
-    "retry": "requeue a failed or cancelled job with a fresh attempt budget",
-    "cancel": "cancel a queued or processing job (its worker is fenced out at once)",
+    "retry": "requeue a failed or cancelled job, in its system's own terms, with a fresh "
+             "attempt budget (--note required); or, with --reason, the jobs of a filter",
+    "cancel": "cancel a queued or running job, in its system's own terms (--note "
+              "required); or, with --reason, the jobs of a filter",
 }
+BULK_ACTIONS = frozenset({"retry", "cancel"})
+"""The actions the bulk form (``--reason``) takes."""
+NEEDS_NOTE = BULK_ACTIONS
+"""The actions that need ``--note``: a reason, kept in the record."""
+
+
+def _operator_arguments(acting: argparse.ArgumentParser, *, bulk: bool) -> None:
+    """An operator action's arguments: the job, who and why; the bulk form's filters."""
+    acting.add_argument("job_id", type=job_id_text, nargs="?" if bulk else None,
+                        help="the job's id as its source spells it")
+    acting.add_argument("--note", metavar="TEXT",
+                        help="why (kept in the record; required for retry and cancel)")
+    acting.add_argument("--as", dest="actor", metavar="NAME",
+                        help="who acts, as the record names them (default: the OS user)")
+    acting.add_argument("--json", action="store_true")
+    if not bulk:
+        return
+    acting.add_argument("--reason", choices=[r.value for r in Reason],
+                        help="bulk: the jobs whose latest decision has this reason")
+    acting.add_argument("--kind", metavar="GLOB", help="bulk: only kinds matching this glob")
+    acting.add_argument("--since", type=parse_duration, metavar="DURATION",
+                        help="bulk: only decisions younger than this (90s, 15m, 2h, 7d)")
+    acting.add_argument("--limit", type=positive_int, default=100,
+                        help="bulk: act on at most this many jobs (default 100)")
+    acting.add_argument("--dry-run", action="store_true",
+                        help="bulk: list the jobs it would act on, change nothing")
+    acting.add_argument("--yes", action="store_true",
+                        help="bulk: act without asking (else a yes typed on a terminal)")
+
+
+def check_operator_arguments(parser: argparse.ArgumentParser,
+                             args: argparse.Namespace) -> None:
+    """The rules argparse cannot say: a note for retry and cancel, and one job or a
+    filter (never both); a usage error (exit 2) otherwise."""
+    action = getattr(args, "jobs_command", None)
+    if args.command != "jobs" or action not in OPERATOR_HELP:
+        return
+    bulk = getattr(args, "reason", None) is not None
+    if action in NEEDS_NOTE and not (args.note or "").strip():
+        parser.error(f"jobs {action} needs --note TEXT (why: it is kept in the record)")
+    if bulk and args.job_id is not None:
+        parser.error(f"jobs {action} takes a job id or --reason, not both")
+    if not bulk and args.job_id is None:
+        parser.error(f"jobs {action} needs a job id, or --reason for the bulk form")
+    if not bulk and any(getattr(args, flag, None) not in (None, False)
+                        for flag in ("kind", "since", "dry_run", "yes")):
+        parser.error(f"--kind, --since, --dry-run and --yes go with --reason (jobs {action} "
+                     "--reason R ...)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -152,9 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
     why.add_argument("--json", action="store_true")
     for action, help_text in OPERATOR_HELP.items():
         acting = job_commands.add_parser(action, parents=[common], help=help_text)
-        acting.add_argument("job_id", type=job_id_text,
-                            help="the job's id as its source spells it")
-        acting.add_argument("--json", action="store_true")
+        _operator_arguments(acting, bulk=action in BULK_ACTIONS)
 
     # Reading the audit never runs a pass, so the shadow setting means nothing here; its
     # flag is this command's filter instead (dest ``shadow_only``, so it is never a setting).

@@ -18,12 +18,14 @@ from collections.abc import Callable
 from typing import Any
 
 from reconciler.cli.arguments import OPERATOR_HELP
+from reconciler.cli.bulk import bulk_action, operating_system_user
 from reconciler.cli.explain_view import explain_lines, explain_view
 from reconciler.cli.kinds_command import kinds_command
 from reconciler.config.fields import SETTING_FIELDS
 from reconciler.config.loader import Config, load_config
 from reconciler.config.registry import DEFAULT_SOURCE, is_native
 from reconciler.core.decisions import render_markdown, render_table
+from reconciler.core.operator_desk import OperatorDesk
 from reconciler.core.passes import explain_by_kind, run_pass
 from reconciler.core.vocabulary import JobKey, OperatorAction
 from reconciler.demos import DEMOS
@@ -51,6 +53,7 @@ from reconciler.views import (
     job_view,
     pass_view,
     printable,
+    with_history,
 )
 
 log = logging.getLogger("reconciler.cli")
@@ -135,13 +138,12 @@ def cmd_jobs_list(args: argparse.Namespace) -> int:
 def cmd_jobs_show(args: argparse.Namespace) -> int:
     config = _config(args)
     job_key = _job_key(config, args.job_id)  # a malformed id: one line, no database opened
-    jobs = assemble_cli(config).jobs
-    job = jobs.get_job(job_key)
+    cli = assemble_cli(config)
+    job = cli.jobs.get_job(job_key)
     if job is None:
         raise NotFoundError(_no_job(config, args.job_id))
-    # A foreign job's view also holds our latest decisions about it.
-    view = job_view(job, jobs.decisions_about(job.job_id, 10)
-                    if job.source_status is not None else None)
+    # Our decisions about the job and the operators' actions on it, in time order.
+    view = _with_actions(cli, job.job_id, job_view(job))
 
     _emit(args, view, lambda: job_lines(view, config.source_entry.kind))
     return 0
@@ -189,22 +191,37 @@ def cmd_jobs_action(args: argparse.Namespace) -> int:
             f"cannot {action} job {args.job_id}: source {entry.kind} takes no {action} "
             f"(operator commands it takes: "
             f"{', '.join(sorted(entry.capabilities.actions)) or 'none'})")
-    job_key = _job_key(config, args.job_id)
-    jobs = assemble_cli(config).jobs
-    applied, refusal = jobs.operator_action(job_key, action)
-    if refusal == "no_such_job":
+    actor = args.actor or operating_system_user()
+    if getattr(args, "reason", None) is not None:
+        return bulk_action(args, _desk(assemble_cli(config)), action, actor)
+    _job_key(config, args.job_id)  # a malformed id: one line, no database opened
+    cli = assemble_cli(config)
+    report = _desk(cli).act(action, args.job_id, actor=actor, note=args.note)
+    if report.refusal == "no_such_job":
         raise NotFoundError(_no_job(config, args.job_id))
-    if not applied:
-        raise ActionRefusedError(f"cannot {action} job {args.job_id}: {refusal}")
-    job = jobs.get_job(job_key)
-    view = job_view(job) if job is not None else {"job_id": job_key}
-    line = f"job {args.job_id}: {action} applied; status {view.get('status')}"
-    if action is OperatorAction.RETRY and view.get("operator_hold"):
-        # A retry never lifts a hold: the operator who held the job decides when it runs.
-        line += (f"; it is still held and will not run until `reconciler jobs unhold "
-                 f"{args.job_id}`")
-    _emit(args, view, lambda: [line])
-    return 0
+    view = {"job_id": args.job_id, "action": action.value, "applied": report.applied,
+            "refusal": report.refusal, "line": report.line, "actor": actor,
+            "note": args.note}
+    if not report.applied and not args.json:
+        raise ActionRefusedError(f"cannot {action} job {args.job_id}: {report.refusal}")
+    _emit(args, view, lambda: [report.line])
+    return 0 if report.applied else ActionRefusedError.exit_code
+
+
+def _desk(cli: CliParts) -> OperatorDesk:
+    if cli.desk is None:  # pragma: no cover - the registry lists actions it has no desk for
+        raise ActionRefusedError(f"source {cli.config.source_entry.kind} takes no action")
+    return cli.desk
+
+
+def _with_actions(cli: CliParts, job_key: JobKey, view: dict[str, Any]) -> dict[str, Any]:
+    """``jobs show``'s view with the operator actions and, in time order, the history."""
+    source = cli.config.source_entry.kind
+    decisions = cli.jobs.decisions_about(job_key, 50)
+    shown = with_history(view, decisions, cli.store.actions_about(source, job_key, 50))
+    if not is_native(cli.config.source) and cli.store.held_by_operator(source, job_key):
+        shown["operator_hold"] = True
+    return shown
 
 
 def cmd_decisions(args: argparse.Namespace) -> int:

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from reconciler.cli.arguments import build_parser
+from reconciler.cli.arguments import build_parser, check_operator_arguments
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: run one command; errors become one line on stderr and an exit code."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    check_operator_arguments(parser, args)
     # Imported once the arguments parse: --help and usage errors have exited above.
     from reconciler.cli.commands import run  # noqa: PLC0415
 

@@ -149,7 +149,6 @@ class SourceEntry:
         return int(text)
 
 
-_NO_ACTIONS: frozenset[OperatorAction] = frozenset()
 
 REGISTRY: tuple[SourceEntry, ...] = (
     SourceEntry(kind="native", config="reconciler.config.tables:NativeConfig",
@@ -162,23 +161,23 @@ REGISTRY: tuple[SourceEntry, ...] = (
                 source="reconciler.sources.procrastinate:ProcrastinateSource",
                 job_key="integer", engines=POSTGRESQL,
                 capabilities=Capabilities(heartbeat=True, error_field=False,
-                                          actions=_NO_ACTIONS)),
+                                          actions=frozenset(OperatorAction))),
     SourceEntry(kind="graphile-worker",
                 config="reconciler.sources.graphile_worker:GraphileWorkerConfig",
                 source="reconciler.sources.graphile_worker:GraphileWorkerSource",
                 job_key="integer", engines=POSTGRESQL,
                 capabilities=Capabilities(heartbeat=False, error_field=True,
-                                          actions=_NO_ACTIONS)),
+                                          actions=frozenset(OperatorAction))),
     SourceEntry(kind="pg-boss", config="reconciler.sources.pgboss:PgBossConfig",
                 source="reconciler.sources.pgboss:PgBossSource", job_key="text",
                 engines=POSTGRESQL,
                 capabilities=Capabilities(heartbeat=False, error_field=True,
-                                          actions=_NO_ACTIONS)),
+                                          actions=frozenset(OperatorAction))),
     SourceEntry(kind="table", config="reconciler.sources.table.config:TableConfig",
                 source="reconciler.sources.table:TableSource", job_key="either",
                 engines=EVERY_ENGINE,
                 capabilities=Capabilities(heartbeat=False, error_field=True,
-                                          actions=_NO_ACTIONS)),
+                                          actions=frozenset(OperatorAction))),
     # Task ids are UUIDs; the backend keeps no heartbeat (a lease is max_run_seconds), and
     # our reason is the failed result's exception (its traceback's last line).
     SourceEntry(kind="django-tasks",
@@ -186,14 +185,14 @@ REGISTRY: tuple[SourceEntry, ...] = (
                 source="reconciler.sources.django_tasks:DjangoTasksSource", job_key="text",
                 engines=EVERY_ENGINE,
                 capabilities=Capabilities(heartbeat=False, error_field=True,
-                                          actions=_NO_ACTIONS)),
+                                          actions=frozenset(OperatorAction))),
     # Liveness is its workers' answer to Celery's control ping over the broker; our reason
     # is the failed result's exception. On both engines its database result backend runs.
     SourceEntry(kind="celery", config="reconciler.sources.celery:CeleryConfig",
                 source="reconciler.sources.celery:CelerySource", job_key="text",
                 engines=EVERY_ENGINE,
                 capabilities=Capabilities(heartbeat=True, error_field=True,
-                                          actions=_NO_ACTIONS)),
+                                          actions=frozenset(OperatorAction))),
 )
 
 SOURCES: dict[str, SourceEntry] = {entry.kind: entry for entry in REGISTRY}

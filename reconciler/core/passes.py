@@ -216,7 +216,7 @@ def explain_by_kind(store: PassStore, job_ids: Sequence[JobKey], config: PassCon
     and why the source's liveness is not trusted now (None: it is)."""
     with store.pass_transaction(dry_run=True) as tx:
         explained = [(row.job_kind, plan_change(row, config.thresholds_for(row.job_kind)))
-                     for row in tx.jobs.evidence_for(job_ids)]
+                     for row in with_holds(tx, tx.jobs.evidence_for(job_ids))]
         return explained, tx.jobs.liveness_unknown()
 
 
@@ -258,7 +258,7 @@ def _run_pass(store: PassStore, config: PassConfig, *, dry_run: bool, after: Cur
     if dry_run:
         with store.pass_transaction(dry_run=True) as tx:
             rows = tx.jobs.candidates(config.batch_size, config.thresholds, after)
-            planned = plan_changes(rows, config)
+            planned = plan_changes(with_holds(tx, rows), config)
             braked = False
             if config.brake is not None and planned:
                 # The brake as the pass would apply it; its state is read, never kept.
@@ -288,7 +288,7 @@ def _run_pass(store: PassStore, config: PassConfig, *, dry_run: bool, after: Cur
                 tx.lease.keep_brake(None)
             pass_id = tx.audit.record_quiet_pass(config.instance, outcome)
             return PassReport(pass_id, outcome, shadow=config.shadow, liveness=liveness)
-        planned = plan_changes(rows, config)
+        planned = plan_changes(with_holds(tx, rows), config)
         braked = False
         if config.brake is not None:
             planned, braked = brake_planned(tx, config.brake, planned)
@@ -298,6 +298,19 @@ def _run_pass(store: PassStore, config: PassConfig, *, dry_run: bool, after: Cur
     return PassReport(pass_id, outcome, tuple(recorded), next_cursor(rows, config),
                       shadow=config.shadow, braked=braked, liveness=liveness,
                       held=held_back(planned))
+
+
+def with_holds(tx: PassUnit, rows: Sequence[Candidate]) -> Sequence[Candidate]:
+    """The candidates, those an operator holds by the reconciler's own hold (a foreign
+    job's, kept in this project's tables) marked held: the table then skips them with
+    ``operator_hold``, recorded once, as it does a native job its row holds."""
+    if not rows:
+        return rows
+    held = tx.audit.held_among(tx.jobs.source_name, [row.job_id for row in rows])
+    if not held:
+        return rows
+    return [replace(row, operator_hold=True) if str(row.job_id) in held else row
+            for row in rows]
 
 
 def outcome_of(liveness: LivenessUnknown | None) -> PassOutcome:

@@ -230,6 +230,10 @@ class AuditLog(Protocol):
     def record_quiet_pass(self, instance: str, outcome: PassOutcome) -> int:
         """Insert a pass that decided nothing (not leader, or nothing stale)."""
 
+    def held_among(self, source_name: str, job_ids: Sequence[JobKey]) -> set[str]:
+        """Those of ``job_ids`` (as text) an operator holds by the reconciler's own hold
+        (a foreign job's; a native job's hold is its row's, read with it)."""
+
     def finish_pass(self, pass_id: int, source_name: str,
                     decisions: Sequence[tuple[RecordedDecision, dict[str, Any]]], *,
                     shadow: bool = False, outcome: PassOutcome = PassOutcome.OK) -> None:
@@ -307,8 +311,17 @@ class OperatorStore(Protocol):
                        limit: int, *, shadow_only: bool = False) -> list[dict[str, Any]]:
         """Decision records as stored, newest first (``shadow_only``: of shadow passes)."""
 
-    def operator_action(self, job_id: int, action: str) -> tuple[bool, str | None]:
-        """Apply hold, unhold, retry or cancel; (applied, refusal reason)."""
+    def operator_action(self, job_id: int, action: str, *, actor: str | None = None,
+                        note: str | None = None) -> tuple[bool, str | None]:
+        """Apply hold, unhold, retry or cancel, recorded with who and why; (applied,
+        refusal reason)."""
+
+    def actions_about(self, source: str, job_key: JobKey, limit: int
+                      ) -> list[dict[str, Any]]:
+        """The operator actions on one job of ``source``, newest first."""
+
+    def held_by_operator(self, source: str, job_key: JobKey) -> bool:
+        """Whether an operator holds this job of a foreign ``source``."""
 
 
 class SourceJobs(Protocol):

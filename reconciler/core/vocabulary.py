@@ -217,3 +217,12 @@ STEP_NAME_MAX_LENGTH = 200
 """``step_runs.step_name``."""
 WORKER_NAME_MAX_LENGTH = 200
 """``job_runs.lease_owner`` and ``job_attempts.lease_owner``: the claiming worker's name."""
+SOURCE_NAME_MAX_LENGTH = 32
+"""``operator_actions.job_source`` and ``operator_holds.job_source``: a source's name."""
+ACTOR_MAX_LENGTH = 200
+"""``operator_actions.acted_by``: who acted (an operator token's name, an OS user)."""
+NOTE_MAX_LENGTH = 2000
+"""``operator_actions.operator_note``: the operator's reason, kept as written."""
+STATE_MAX_LENGTH = 64
+"""``operator_actions.state_before`` and ``state_after``: a job's state as its source
+reads it (its own status word, cut to this)."""

@@ -15,9 +15,11 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from reconciler.config.loader import Config
+from reconciler.core.operator_desk import OperatorDesk
 from reconciler.core.passes import PassConfig
 from reconciler.core.ports import OperatorStore, PassStore, SourceJobs
 from reconciler.root.checks import check, keep, source_factory
+from reconciler.root.desk import open_desk
 from reconciler.sources.jobs import open_jobs
 from reconciler.storage.diagnosis import error_code, error_line
 from reconciler.storage.engines import DatabaseTimeouts, create_engine
@@ -40,7 +42,9 @@ class CliParts:
     passes: PassStore
     """The configured ``[source]`` with the audit and the lease (the same store)."""
     jobs: SourceJobs
-    """The configured source's jobs as operators list, show and act on them."""
+    """The configured source's jobs as operators list and show them."""
+    desk: OperatorDesk | None
+    """The operator actions on the configured source (None: it takes none)."""
     close: Callable[[], None]
     """Release the engine."""
 
@@ -76,4 +80,4 @@ def assemble_cli(config: Config, *, engine: Engine | None = None) -> CliParts:
         raise
     store = SqlStore(engine, source_factory(config), timeouts=timeouts)
     return CliParts(config, store, store, open_jobs(engine, config.source, config.kinds, store),
-                    close)
+                    open_desk(engine, config, store), close)

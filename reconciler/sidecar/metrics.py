@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from reconciler.config.registry import SOURCES
 from reconciler.core.decisions import RULES
 from reconciler.core.passes import PassReport
 from reconciler.core.ports import LivenessUnknown, StuckCount, StuckWork
 from reconciler.core.vocabulary import (
+    ActionOutcome,
     DatabaseErrorCode,
     Disposition,
     LivenessDoubt,
+    OperatorAction,
     PassOutcome,
     Reason,
     StuckReason,
@@ -93,6 +96,10 @@ class Metrics:
             "reconciler_tick_batches",
             "Passes (batches) one scheduled tick ran; more than 1 when full batches followed",
             buckets=TICK_BATCHES_BUCKETS, registry=r)
+        self.operator_actions = Counter(
+            "reconciler_operator_actions",
+            "Operator actions (hold, unhold, retry, cancel) by source and outcome",
+            ["action", "source", "outcome"], registry=r)
         # Every bounded label value exists from the start, so rates and alerts see zeros.
         for outcome in PassOutcome:
             self.passes.labels(outcome=outcome.value)
@@ -102,6 +109,11 @@ class Metrics:
             self.shadow_decisions.labels(disposition=disposition.value, reason=reason.value)
         for code in DatabaseErrorCode:
             self.pass_errors.labels(code=code.value)
+        for action in OperatorAction:
+            for source in SOURCES:
+                for result in ActionOutcome:
+                    self.operator_actions.labels(action=action.value, source=source,
+                                                 outcome=result.value)
         self.observe_stuck({})
         self.observe_liveness(None)
 
@@ -133,6 +145,13 @@ class Metrics:
         for code in LivenessDoubt:
             self.liveness_unknown.labels(code=code.value).set(
                 int(unknown is not None and unknown.code is code))
+
+    def observe_action(self, action: OperatorAction, source: str,
+                       outcome: ActionOutcome) -> None:
+        """Count one operator action (the desk's ``ActionCounter``); ``source`` is a
+        registry kind, so every label is bounded (a note never is a label)."""
+        self.operator_actions.labels(action=action.value, source=source,
+                                     outcome=outcome.value).inc()
 
     def observe_tick(self, batches: int) -> None:
         """Count one scheduled tick and the passes (batches) it ran."""

@@ -24,6 +24,8 @@ from reconciler.core.vocabulary import (
 )
 from reconciler.storage.clock import db_now, now_plus
 from reconciler.storage.engines import is_postgresql
+from reconciler.storage.operator import NATIVE
+from reconciler.storage.operator_record import held_among
 from reconciler.storage.sql import (
     decisions,
     encode_rows,
@@ -174,6 +176,13 @@ class SqlAudit:
         return int(self.conn.execute(self.sql.quiet_pass, {
             "pass_instance": instance, "outcome_value": outcome.value,
         }).scalar_one())
+
+    def held_among(self, source_name: str, job_ids: Sequence[JobKey]) -> set[str]:
+        """Those of ``job_ids`` (as text) an operator holds by the reconciler's own hold;
+        none for the native source, whose holds are its job rows' (no statement)."""
+        if source_name == NATIVE:
+            return set()
+        return held_among(self.conn, source_name, job_ids)
 
     def finish_pass(self, pass_id: int, source_name: str,
                     recorded: Sequence[tuple[RecordedDecision, dict[str, Any]]], *,

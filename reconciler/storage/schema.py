@@ -24,7 +24,7 @@ UPGRADE_LOCK = 0x5C0A11  # an advisory lock key of our own, held while migrating
 # every CLI call, worker and replica start would otherwise pay (a third of a start-up);
 # Alembic is imported where migrations are read or run. A test keeps this equal to the
 # scripts' head.
-HEAD_REVISION = "0009"
+HEAD_REVISION = "0010"
 
 
 def _script_location() -> Path:

@@ -23,6 +23,7 @@ from models import (
     JobAttempt,
     JobRun,
     OperatorAction,
+    OperatorHold,
     ReconcilerLease,
     ReconciliationDecision,
     ReconciliationPass,
@@ -42,6 +43,7 @@ leases: sa.Table = cast(sa.Table, ReconcilerLease.__table__)
 sessions: sa.Table = cast(sa.Table, WorkerSession.__table__)
 artifacts: sa.Table = cast(sa.Table, JobArtifact.__table__)
 actions: sa.Table = cast(sa.Table, OperatorAction.__table__)
+holds: sa.Table = cast(sa.Table, OperatorHold.__table__)
 
 WAKE_CHANNEL = "reconciler_jobs"
 

@@ -300,3 +300,13 @@ class PassLedger:
                                   ENTRIES.c.job_key == moved.c.job_key,
                                   ENTRIES.c.attempt_number < moved.c.attempt)
                            .values(attempt_number=moved.c.attempt))
+
+
+def restart_attempts(conn: Connection, source_name: str, job_id: JobKey) -> None:
+    """An operator's retry restarted the job's attempt count in its system: its ledger
+    counts from 0 again (so the next run, whatever attempt it carries, opens), keeping
+    each step's state, so the run resumes at the first step not succeeded."""
+    conn.execute(ENTRIES.update().where(ENTRIES.c.source_name == source_name,
+                                        ENTRIES.c.job_key == job_key_text(job_id))
+                 .values(attempt_number=0, updated_at=db_now()))
+

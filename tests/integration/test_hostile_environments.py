@@ -658,12 +658,12 @@ def test_retry_of_a_held_job_says_it_stays_held(db_url: str, client: JobClient) 
             assert run_cli(db_url, "jobs", "hold", str(held)).returncode == 0
         claim.fail("boom", retryable=False)
 
-    retried = run_cli(db_url, "jobs", "retry", str(held))
+    retried = run_cli(db_url, "jobs", "retry", str(held), "--note", "checked")
     assert retried.returncode == 0, retried.stderr
     assert "status queued" in retried.stdout
     assert f"still held and will not run until `reconciler jobs unhold {held}`" in \
         retried.stdout
-    not_held = run_cli(db_url, "jobs", "retry", str(plain))
+    not_held = run_cli(db_url, "jobs", "retry", str(plain), "--note", "checked")
     assert not_held.returncode == 0, not_held.stderr
     assert "still held" not in not_held.stdout
 

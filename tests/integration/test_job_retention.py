@@ -60,7 +60,7 @@ def insert_job(engine: Engine, status: str, *, finished_days_ago: float | None,
             artifact_state=artifact_state, staged_at=created,
             settled_at=finished if settled else None))
         conn.execute(actions.insert().values(
-            job_id=job_id, operator_action="hold", action_outcome="applied",
+            job_id=job_id, job_key=str(job_id), operator_action="hold", action_outcome="applied",
             acted_at=created, status_before="queued", status_after="queued",
             generation_before=0, generation_after=0))
     return job_id

@@ -81,16 +81,24 @@ class TestDjangoTasks:
         assert "4242" not in out
         assert cli_json(capsys, path, "jobs", "show", own)["reason"] is None
 
-    def test_an_action_is_refused_by_name(self, django_db: DjangoDatabase,  # noqa: F811
-                                          tmp_path: Path,
-                                          capsys: pytest.CaptureFixture[str]) -> None:
+    def test_hold_from_the_command_line(self, django_db: DjangoDatabase,  # noqa: F811
+                                        tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+        """Applied, saying the workers are not stopped; again, refused in one line (exit
+        6); the task as it was."""
         tasks = DjangoTasksFactory(django_db)
         path = config_file(tmp_path, tasks.engine, tasks.config)
         job = tasks.live("idem.report")
         code, out, err = cli(capsys, path, "jobs", "hold", job)
-        assert (code, out, err.count("\n")) == (6, "", 1)
-        assert "source django-tasks takes no hold" in err
-        assert tasks.status(job) == "running"
+        assert code == 0, err
+        assert "workers are not stopped" in out
+        try:
+            code, out, err = cli(capsys, path, "jobs", "hold", job)
+            assert (code, out, err.count("\n")) == (6, "", 1)
+            assert f"cannot hold job {job}: already_held" in err
+            assert tasks.status(job) == "running"
+        finally:
+            assert cli(capsys, path, "jobs", "unhold", job)[0] == 0
 
 
 class TestCelery:
@@ -113,7 +121,7 @@ class TestCelery:
     def test_show_and_list(self, celery_project: CeleryProject, tmp_path: Path,  # noqa: F811
                            capsys: pytest.CaptureFixture[str]) -> None:
         """STARTED is processing (attempts: retries + 1), a FAILURE row shows no reason of
-        its own, an operator action is refused naming the source."""
+        its own, a retry of a running task is refused in one line."""
         config = CeleryConfig(broker_url=celery_project.broker_url)
         path = config_file(tmp_path, celery_project.engine, config)
         with celery_project.engine.begin() as conn:
@@ -130,6 +138,6 @@ class TestCelery:
         code, out, _ = cli(capsys, path, "jobs", "show", failed)
         assert code == 0
         assert "4242" not in out
-        code, _, err = cli(capsys, path, "jobs", "cancel", started)
+        code, _, err = cli(capsys, path, "jobs", "retry", started, "--note", "n")
         assert code == 6
-        assert "source celery takes no cancel" in err
+        assert f"cannot retry job {started}: job_not_failed_or_cancelled" in err

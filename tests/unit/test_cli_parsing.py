@@ -225,7 +225,8 @@ class TestRefusedCommandLines:
         before any database is opened."""
         monkeypatch.chdir(tmp_path)
         monkeypatch.delenv("RECONCILER_CONFIG", raising=False)
-        assert main(["jobs", command, "seven"]) == 2
+        note = [] if command == "show" else ["--note", "checked"]
+        assert main(["jobs", command, "seven", *note]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1
         assert "not a native job id: 'seven'" in err

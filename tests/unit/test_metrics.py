@@ -8,7 +8,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from reconciler.core.decisions import RULES
 from reconciler.core.passes import PassReport
 from reconciler.core.ports import RecordedDecision
-from reconciler.core.vocabulary import Disposition, PassOutcome, Reason, StuckReason
+from reconciler.core.vocabulary import (
+    ActionOutcome,
+    Disposition,
+    OperatorAction,
+    PassOutcome,
+    Reason,
+    StuckReason,
+)
 from reconciler.sidecar.metrics import Metrics
 
 RESUMED = RecordedDecision(1, Disposition.RESUME, Reason.RESUMED_FROM_UNSTARTED_STEP, 0, 3, 4)
@@ -112,3 +119,17 @@ class TestBrakeAndTicks:
         metrics.job_rows_deleted.inc(7)
         assert value(metrics, "reconciler_job_rows_deleted_total") == 7.0
         assert value(metrics, "reconciler_audit_rows_deleted_total") == 0.0
+
+
+class TestOperatorActions:
+    """reconciler_operator_actions_total: every label pair from the start, counted by the
+    desk's counter."""
+
+    def test_actions_are_counted_by_action_source_and_outcome(self) -> None:
+        """Zero before; one applied retry on the table moves only its own series."""
+        metrics = Metrics()
+        name = "reconciler_operator_actions_total"
+        assert value(metrics, name, action="cancel", source="pg-boss", outcome="refused") == 0
+        metrics.observe_action(OperatorAction.RETRY, "table", ActionOutcome.APPLIED)
+        assert value(metrics, name, action="retry", source="table", outcome="applied") == 1
+        assert value(metrics, name, action="retry", source="table", outcome="refused") == 0

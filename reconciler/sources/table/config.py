@@ -24,6 +24,7 @@ class TableConfig(SourceSettings):
     processing: str
     queued: str
     failed: str
+    cancelled: str | None = None
     schema: str | None = None
     kind_column: str | None = None
     reason_column: str | None = None

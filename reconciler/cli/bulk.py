@@ -1,0 +1,81 @@
+"""``reconciler jobs retry|cancel --reason R ...``: one action on the jobs whose latest
+decision matches the filters (the console's), each fenced and recorded on its own.
+
+It first says how many match, acts only with ``--yes`` or after a yes typed on a terminal,
+caps at ``--limit``, and ends with the counts applied and refused (exit 6 when any was
+refused). ``--dry-run`` lists them and changes nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import sys
+from datetime import UTC, datetime, timedelta
+
+from reconciler.core.operator_desk import ActionReport, OperatorDesk
+from reconciler.core.vocabulary import OperatorAction
+from reconciler.errors import ActionRefusedError
+from reconciler.views import printable
+
+PAST = {OperatorAction.RETRY: "retried", OperatorAction.CANCEL: "cancelled"}
+"""The bulk form's actions, as its count line says them."""
+
+
+def operating_system_user() -> str:
+    """Who acts when ``--as`` is not given: the operating-system user."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no name for this uid (a container's arbitrary user)
+        return "unknown"
+
+
+def _say(args: argparse.Namespace, line: str) -> None:
+    """A line for people; with ``--json`` on stderr, so stdout stays one JSON document."""
+    print(printable(line), file=sys.stderr if args.json else sys.stdout, flush=True)
+
+
+def _confirmed(args: argparse.Namespace, action: OperatorAction, count: int) -> bool:
+    if args.yes:
+        return True
+    if not sys.stdin.isatty():
+        _say(args, f"nothing changed: pass --yes to {action} them")
+        return False
+    print(f"{action} these {count} jobs? type yes: ", end="", file=sys.stderr, flush=True)
+    answer = sys.stdin.readline().strip().lower()
+    if answer not in ("y", "yes"):
+        _say(args, "nothing changed")
+        return False
+    return True
+
+
+def bulk_action(args: argparse.Namespace, desk: OperatorDesk, action: OperatorAction,
+                actor: str) -> int:
+    """Run the bulk form (see the module's docstring); the exit code."""
+    since = None if args.since is None else datetime.now(UTC) - timedelta(seconds=args.since)
+    targets = desk.bulk_targets(action, reason=args.reason, kind=args.kind, since=since,
+                                limit=args.limit)
+    filters = f"latest decision {args.reason}" + (f", kind {args.kind}" if args.kind else "")
+    _say(args, f"{len(targets)} {desk.source} jobs match ({filters}; at most "
+               f"{args.limit}) and can be {PAST[action]} now")
+    if args.dry_run or not targets or not _confirmed(args, action, len(targets)):
+        if args.dry_run:
+            for job_id in targets:
+                _say(args, f"  job {job_id}")
+        if args.json:
+            print(json.dumps({"matched": targets, "applied": [], "refused": [],
+                              "dry_run": bool(args.dry_run)}, indent=2))
+        return 0
+    reports: list[ActionReport] = []
+    for job_id in targets:
+        report = desk.act(action, job_id, actor=actor, note=args.note)
+        reports.append(report)
+        _say(args, report.line)
+    applied = [r.job_id for r in reports if r.applied]
+    refused = [{"job_id": r.job_id, "refusal": r.refusal} for r in reports if not r.applied]
+    _say(args, f"{action}: applied {len(applied)}, refused {len(refused)}")
+    if args.json:
+        print(json.dumps({"matched": targets, "applied": applied, "refused": refused,
+                          "dry_run": False}, indent=2))
+    return ActionRefusedError.exit_code if refused else 0

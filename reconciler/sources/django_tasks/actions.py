@@ -1,0 +1,113 @@
+"""Operator retry and cancel on Django's tasks framework (django-tasks-db), in its own
+statuses: ``READY`` and ``FAILED``. Django's task API has no retry and no cancel of its own.
+
+- **retry** (``FAILED``): ``READY``, as the backend's ``enqueue`` leaves a task (no start,
+  no end, no result, no error; ``run_after`` as it was, which a claim proved due), with
+  ``worker_ids`` emptied: the attempts Django counts, and the budget of the kind's
+  ``max_attempts``, start again. Its ``db_worker`` takes it.
+- **cancel** (``READY`` or ``RUNNING``): ``FAILED`` as the reconciler's own terminalization
+  writes it, the traceback's last line ``RuntimeError: operator_cancel`` (Django has no
+  cancelled status). A running task's worker is not stopped, and its end is written by id
+  only: a task that finishes afterwards overwrites the cancel (docs/sources.md).
+
+Fenced on the task as read (status, ``started_at``, ``worker_ids``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.engine import Connection
+
+from reconciler.core.kinds import KindRules
+from reconciler.core.vocabulary import JobKey, JobStatus, OperatorAction, OperatorStatusReason
+from reconciler.sources.django_tasks.source import (
+    EXCEPTION_CLASS_PATH,
+    DjangoTasksConfig,
+    failure_traceback,
+    task_key,
+)
+from reconciler.sources.kit.actions import ForeignJob
+from reconciler.sources.kit.shapes import constant
+from reconciler.storage.clock import db_now
+
+WORDS = {"READY": JobStatus.QUEUED, "RUNNING": JobStatus.PROCESSING,
+         "SUCCESSFUL": JobStatus.COMPLETED, "FAILED": JobStatus.FAILED}
+"""Django's task result statuses in this project's words."""
+
+
+class DjangoTasksActions:
+    """Retry and cancel on the backend's result table, on one transaction."""
+
+    limits: Mapping[OperatorAction, str] = {
+        OperatorAction.CANCEL: "Django has no cancelled status: FAILED with "
+                               "operator_cancel; a running task's worker is not stopped, "
+                               "and its end, if it comes, overwrites this",
+    }
+
+    def __init__(self, connection: Connection, config: DjangoTasksConfig,
+                 kinds: KindRules) -> None:
+        self._conn = connection
+        self._config = config
+        self._tasks = sa.table(config.table, *(sa.column(c) for c in (
+            "id", "status", "backend_name", "started_at", "finished_at", "worker_ids",
+            "return_value", "exception_class_path", "traceback")))
+
+    def _by_key(self, job_key: JobKey) -> list[sa.ColumnElement[bool]]:
+        tasks = self._tasks
+        where = [task_key(tasks.c.id) == str(job_key)]
+        if self._config.backend_name is not None:
+            where.append(tasks.c.backend_name == self._config.backend_name)
+        return where
+
+    def read(self, job_key: JobKey) -> ForeignJob | None:
+        """The task's status and claim as read, its row locked where the engine can."""
+        tasks = self._tasks
+        query = sa.select(tasks.c.status, tasks.c.started_at,
+                          sa.cast(tasks.c.worker_ids, sa.Text()).label("worker_ids")
+                          ).where(*self._by_key(job_key))
+        if self._conn.dialect.name == "postgresql":
+            query = query.with_for_update()
+        row = self._conn.execute(query).first()
+        if row is None:
+            return None
+        return ForeignJob(str(row.status), WORDS.get(str(row.status)), dict(row._mapping))
+
+    def refuses(self, action: OperatorAction, job: ForeignJob) -> str | None:
+        """Nothing of Django's own beyond its statuses."""
+        return None
+
+    def _swap(self, job_key: JobKey, job: ForeignJob, status: str,
+              values: dict[str, Any]) -> str | None:
+        tasks, read = self._tasks, job.fence
+        done = self._conn.execute(tasks.update().where(
+            *self._by_key(job_key), tasks.c.status == constant(read["status"]),
+            tasks.c.started_at.is_not_distinct_from(read["started_at"]),
+            sa.cast(tasks.c.worker_ids, sa.Text()).is_not_distinct_from(read["worker_ids"]))
+            .values(status=constant(status), **values))
+        return status if done.rowcount == 1 else None
+
+    def retry(self, job_key: JobKey, job: ForeignJob) -> str | None:
+        """``READY`` as enqueued, runnable now, its attempts from none."""
+        empty: Any = (sa.cast(sa.literal("[]"), JSONB)
+                      if self._conn.dialect.name == "postgresql" else "[]")
+        # ``run_after`` is left as it is: a claim of the task proved it due.
+        return self._swap(job_key, job, "READY", {
+            "started_at": None, "finished_at": None, "return_value": None,
+            "exception_class_path": "", "traceback": "", "worker_ids": empty})
+
+    def cancel(self, job_key: JobKey, job: ForeignJob) -> str | None:
+        """``FAILED`` with ``operator_cancel``, as a terminalization writes it."""
+        return self._swap(job_key, job, "FAILED", {
+            "finished_at": db_now(), "return_value": None,
+            "exception_class_path": EXCEPTION_CLASS_PATH,
+            "traceback": failure_traceback(OperatorStatusReason.OPERATOR_CANCEL.value)})
+
+
+def open_actions(connection: Connection, config: DjangoTasksConfig,
+                 kinds: KindRules) -> DjangoTasksActions:
+    """Django tasks' actions on ``connection`` (``kit.actions.ActionsOpener``)."""
+    return DjangoTasksActions(connection, config, kinds)

@@ -1,0 +1,195 @@
+"""The operator desk over a foreign source: what every system shares, once.
+
+A system gives its ``SystemActions`` (``reconciler/sources/<system>/actions.py``): how it
+reads one job (its own status, that status in this project's words, and what a swap must
+repeat), and its retry and cancel in its own terms, each one statement fenced on the job
+as read. Everything else is here: the operator state machine (``core.policy``), the
+reconciler's own hold (a row of ``operator_holds``: the system's workers are not stopped,
+a pass leaves the job undecided), the record, and the count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from sqlalchemy.engine import Connection, Engine
+
+from reconciler.core.kinds import KindRules
+from reconciler.core.operator_desk import ActionReport
+from reconciler.core.policy import Refusal, operator_change
+from reconciler.core.vocabulary import JobKey, JobStatus, OperatorAction
+from reconciler.storage.desks import (
+    ActionCounter,
+    RecordedDesk,
+    allowed_now,
+    not_counted,
+    refused_line,
+)
+from reconciler.storage.engines import read_only
+from reconciler.storage.operator_record import (
+    ActionRecord,
+    is_held,
+    lift_hold,
+    record_action,
+    set_hold,
+)
+from reconciler.storage.step_ledger import restart_attempts
+
+UNMAPPED_STATUS = "status_not_mapped"
+"""The refusal of a job in a status its system's actions cannot read or write back."""
+
+HOLD_LIMIT = ("the reconciler leaves it undecided while held; the system's own workers "
+              "are not stopped by a hold")
+"""What a hold on a foreign job does not do, said on every hold."""
+
+
+class SystemRefusal(Exception):  # noqa: N818 - a refusal, not a failure
+    """A system's retry or cancel found its own reason not to apply (a code); the swap
+    changed nothing."""
+
+    def __init__(self, code: str) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+@dataclass(frozen=True, slots=True)
+class ForeignJob:
+    """One job as its system's actions read it."""
+
+    state: str
+    """Its status as the system spells it (what the record keeps)."""
+    word: JobStatus | None
+    """That status in this project's words; None for one the actions cannot take."""
+    fence: Any
+    """What a swap repeats (the system's own columns as read)."""
+
+
+class SystemActions(Protocol):
+    """One system's retry and cancel, bound to a transaction's connection."""
+
+    limits: Mapping[OperatorAction, str]
+    """What an action cannot do on this system, said on the line it prints."""
+
+    def read(self, job_key: JobKey) -> ForeignJob | None:
+        """The job, or None when the system has no such job."""
+
+    def refuses(self, action: OperatorAction, job: ForeignJob) -> str | None:
+        """Why the system cannot take ``action`` on the job in its shape (a code), before
+        the operator state machine is asked; None: nothing of its own against it."""
+
+    def retry(self, job_key: JobKey, job: ForeignJob) -> str | None:
+        """Queue the job again, runnable now, fenced on ``job``; its state after, or None
+        when the swap missed (the job moved meanwhile: nothing changed). ``SystemRefusal``
+        when the system's own rules refuse it."""
+
+    def cancel(self, job_key: JobKey, job: ForeignJob) -> str | None:
+        """End the job cancelled (or failed ``operator_cancel``), fenced like ``retry``."""
+
+
+ActionsOpener = Callable[[Connection, Any, KindRules], SystemActions]
+"""Opens a system's actions on a connection, with its ``[source]`` config and kinds."""
+
+
+def held_state(state: str, held: bool) -> str:
+    """A state as the record keeps it, with the reconciler's own hold."""
+    return f"{state} (held)" if held else state
+
+
+class ForeignDesk(RecordedDesk):
+    """The desk over a foreign source (see the module's docstring)."""
+
+    def __init__(self, engine: Engine, source: str, config: Any, kinds: KindRules, *,
+                 opener: ActionsOpener, parse_key: Callable[[str], JobKey],
+                 counted: ActionCounter = not_counted) -> None:
+        super().__init__(engine, counted)
+        self.source = source
+        self._config = config
+        self._kinds = kinds
+        self._open = opener
+        self._parse = parse_key
+
+    def _key(self, job_id: str) -> JobKey | None:
+        try:
+            return self._parse(job_id)
+        except ValueError:
+            return None
+
+    def allowed(self, job_id: str) -> frozenset[OperatorAction]:
+        """The actions the job's current state allows (empty for an unknown job)."""
+        key = self._key(job_id)
+        if key is None:
+            return frozenset()
+        with self._engine.connect() as conn:
+            reading = read_only(conn)
+            job = self._open(reading, self._config, self._kinds).read(key)
+            held = job is not None and is_held(reading, self.source, key)
+            conn.rollback()
+        if job is None or job.word is None:
+            return frozenset()
+        return allowed_now(job.word, held)
+
+    def act(self, action: OperatorAction, job_id: str, *, actor: str,
+            note: str | None) -> ActionReport:
+        """Apply one action, fenced on the job as read now, and record it either way."""
+        key = self._key(job_id)
+        if key is None:
+            return self.report(action, job_id, Refusal.NO_SUCH_JOB.value,
+                               f"no {self.source} job with id {job_id}")
+        with self._engine.begin() as conn:
+            system = self._open(conn, self._config, self._kinds)
+            job = system.read(key)
+            if job is None:
+                return self.report(action, job_id, Refusal.NO_SUCH_JOB.value,
+                                   f"no {self.source} job with id {job_id}")
+            held = is_held(conn, self.source, key)
+            refusal, after, held_after = self._apply(conn, system, action, key, job,
+                                                     held=held, actor=actor)
+            before_text = held_state(job.state, held)
+            after_text = held_state(after, held_after)
+            record_action(conn, ActionRecord(
+                source=self.source, job_key=key, action=action, actor=actor, note=note,
+                refusal=refusal, state_before=before_text, state_after=after_text))
+        if refusal is not None:
+            line = refused_line(action, job_id, refusal)
+            if refusal == UNMAPPED_STATUS:
+                line = (f"job {job_id}: {action} refused ({refusal}): its status "
+                        f"{job.state!r} is not one the {self.source} actions can take back")
+            return self.report(action, job_id, refusal, line)
+        line = f"job {job_id}: {action} applied; {before_text} -> {after_text}"
+        limit = HOLD_LIMIT if action is OperatorAction.HOLD else system.limits.get(action)
+        return self.report(action, job_id, None, line + (f" ({limit})" if limit else ""))
+
+    def _apply(self, conn: Connection, system: SystemActions, action: OperatorAction,
+               key: JobKey, job: ForeignJob, *, held: bool, actor: str
+               ) -> tuple[str | None, str, bool]:
+        """(refusal, state after, held after) of one action on a job as read."""
+        if job.word is None:
+            return UNMAPPED_STATUS, job.state, held
+        own = system.refuses(action, job)
+        if own is not None:
+            return own, job.state, held
+        change = operator_change(action, job.word, held)
+        if isinstance(change, Refusal):
+            return change.value, job.state, held
+        if action is OperatorAction.HOLD:
+            if not set_hold(conn, self.source, key, actor):
+                return Refusal.ALREADY_HELD.value, job.state, held
+            return None, job.state, True
+        if action is OperatorAction.UNHOLD:
+            if not lift_hold(conn, self.source, key):
+                return Refusal.NOT_HELD.value, job.state, held
+            return None, job.state, False
+        swap = system.retry if action is OperatorAction.RETRY else system.cancel
+        try:
+            after = swap(key, job)
+        except SystemRefusal as refused:
+            return refused.code, job.state, held
+        if after is None:
+            return Refusal.FENCE_LOST.value, job.state, held
+        if action is OperatorAction.RETRY:
+            # A fresh attempt budget: the system counts from the start again, and so does
+            # the step ledger, whose finished steps are kept (the run resumes after them).
+            restart_attempts(conn, self.source, key)
+        return None, after, held

@@ -1,0 +1,113 @@
+"""Operator retry and cancel on pg-boss (10.x), as its own ``retry``, ``resume`` and
+``cancel`` write them, each naming the job's queue (its partition).
+
+- **retry**: a ``failed`` job goes to ``retry`` (its ``boss.retry``), a ``cancelled`` one to
+  ``created`` (its ``boss.resume``); runnable now (``start_after = now()``), with a fresh
+  budget: ``retry_count = 0`` and ``started_on`` cleared, so its next fetch counts the
+  first attempt again (pg-boss's own retry adds one to ``retry_limit`` instead).
+- **cancel** (``created``, ``retry`` or ``active``): ``cancelled``, ``completed_on = now()``,
+  as its ``boss.cancel``. pg-boss cannot stop a running handler: its worker runs on, and
+  its ``complete`` or ``fail`` afterwards changes nothing (they take ``active`` jobs only).
+
+Fenced on the job as read (state, ``started_on``, ``retry_count``); in a ``stately`` queue a
+retry that would give the queue a second job of the same state and key is refused
+(``pgboss_stately_conflict``), as pg-boss's unique index would refuse it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import UUID
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import IntegrityError
+
+from reconciler.core.kinds import KindRules
+from reconciler.core.vocabulary import JobKey, JobStatus, OperatorAction
+from reconciler.sources.kit.actions import ForeignJob, SystemRefusal
+from reconciler.sources.kit.shapes import constant
+from reconciler.sources.pgboss.source import PgBossConfig
+from reconciler.storage.clock import db_now
+
+WORDS = {"created": JobStatus.QUEUED, "retry": JobStatus.QUEUED,
+         "active": JobStatus.PROCESSING, "completed": JobStatus.COMPLETED,
+         "cancelled": JobStatus.CANCELLED, "failed": JobStatus.FAILED}
+"""pg-boss's job states in this project's words."""
+
+STATELY_CONFLICT = "pgboss_stately_conflict"
+"""The refusal of a retry that a stately queue's one-job-per-state-and-key rule forbids."""
+
+
+class PgBossActions:
+    """Retry and cancel on pg-boss's ``job`` table, on one transaction."""
+
+    limits: Mapping[OperatorAction, str] = {
+        OperatorAction.CANCEL: "pg-boss cannot stop a running handler: it runs on, and "
+                               "its completion changes nothing",
+    }
+
+    def __init__(self, connection: Connection, config: PgBossConfig,
+                 kinds: KindRules) -> None:
+        self._conn = connection
+        self._jobs = sa.table(
+            "job", sa.column("id", UUID(as_uuid=False)), sa.column("name"),
+            sa.column("state"), sa.column("started_on"), sa.column("retry_count"),
+            sa.column("start_after"), sa.column("completed_on"), schema=config.schema)
+
+    def _by_id(self, job_key: JobKey) -> sa.ColumnElement[bool]:
+        return self._jobs.c.id == sa.cast(sa.literal(str(job_key)), UUID(as_uuid=False))
+
+    def read(self, job_key: JobKey) -> ForeignJob | None:
+        """The job's queue, state, start and retries, its row locked."""
+        jobs = self._jobs
+        try:
+            with self._conn.begin_nested():
+                row = self._conn.execute(
+                    sa.select(jobs.c.name, sa.cast(jobs.c.state, sa.Text()).label("state"),
+                              jobs.c.started_on, jobs.c.retry_count)
+                    .where(self._by_id(job_key)).with_for_update()).first()
+        except sa.exc.DataError:  # not a UUID: no job of pg-boss's
+            return None
+        if row is None:
+            return None
+        return ForeignJob(str(row.state), WORDS.get(str(row.state)), dict(row._mapping))
+
+    def refuses(self, action: OperatorAction, job: ForeignJob) -> str | None:
+        """Nothing of pg-boss's own beyond its states."""
+        return None
+
+    def _swap(self, job_key: JobKey, job: ForeignJob, state: str,
+              values: dict[str, Any]) -> str | None:
+        jobs, read = self._jobs, job.fence
+        statement = (jobs.update().where(
+            jobs.c.name == read["name"], self._by_id(job_key),
+            sa.cast(jobs.c.state, sa.Text()) == read["state"],
+            jobs.c.started_on.is_not_distinct_from(read["started_on"]),
+            jobs.c.retry_count == read["retry_count"])
+            .values(state=constant(state), **values))
+        with self._conn.begin_nested():
+            done = self._conn.execute(statement)
+        return state if done.rowcount == 1 else None
+
+    def retry(self, job_key: JobKey, job: ForeignJob) -> str | None:
+        """``retry`` from failed, ``created`` from cancelled; runnable now, fresh count."""
+        state = "created" if job.fence["state"] == "cancelled" else "retry"
+        try:
+            return self._swap(job_key, job, state, {
+                "retry_count": 0, "started_on": None, "start_after": db_now(),
+                "completed_on": None})
+        except IntegrityError:
+            # The savepoint rolled the swap back; the queue's unique index keeps its shape.
+            raise SystemRefusal(STATELY_CONFLICT) from None
+
+    def cancel(self, job_key: JobKey, job: ForeignJob) -> str | None:
+        """``cancelled``, as pg-boss's cancel writes it."""
+        return self._swap(job_key, job, "cancelled", {"completed_on": db_now()})
+
+
+def open_actions(connection: Connection, config: PgBossConfig,
+                 kinds: KindRules) -> PgBossActions:
+    """pg-boss's actions on ``connection`` (``kit.actions.ActionsOpener``)."""
+    return PgBossActions(connection, config, kinds)

@@ -1,0 +1,148 @@
+"""Operator retry and cancel on a mapped table, in its mapped statuses.
+
+- **retry** (a job in the ``failed`` status, or the ``cancelled`` one where mapped):
+  ``status = queued``, ``resume_column`` = the first step its ``steps_column`` does not
+  record as succeeded, ``attempts_column = 0`` (a fresh attempt budget),
+  ``generation_column + 1``, ``reason_column`` cleared.
+- **cancel** (a ``queued`` or ``processing`` job): the ``cancelled`` status where
+  ``[source]`` maps one, else ``failed`` with ``reason_column = operator_cancel``;
+  ``generation_column + 1``. A running job's worker is not stopped: the table has no way
+  to reach it, and only its own next write against the generation (or status) can tell it.
+- A status the mapping does not name is refused (``status_not_mapped``).
+
+Each swap repeats the status and every fenced column as read (owner, attempts, generation,
+lease, activity) in its WHERE clause: a job that moved meanwhile is refused, unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from reconciler.core.kinds import KindRules
+from reconciler.core.policy import first_unfinished_step
+from reconciler.core.vocabulary import (
+    JobKey,
+    JobStatus,
+    OperatorAction,
+    OperatorStatusReason,
+    StepState,
+)
+from reconciler.sources.kit.actions import ForeignJob
+from reconciler.sources.kit.shapes import constant
+from reconciler.sources.table.config import TableConfig
+from reconciler.storage.sql import for_update
+
+FENCED_KEYS = ("owner_column", "attempts_column", "generation_column",
+               "lease_expires_column", "activity_column")
+"""The mapped columns a swap repeats as read, besides the status."""
+
+
+class TableActions:
+    """Retry and cancel on one mapped table, on one transaction's connection."""
+
+    limits: Mapping[OperatorAction, str] = {
+        OperatorAction.CANCEL: "a running job's worker is not stopped: the table cannot "
+                               "reach it",
+    }
+
+    def __init__(self, connection: Connection, config: TableConfig,
+                 kinds: KindRules) -> None:
+        self._conn = connection
+        self._config = config
+        self._columns = config.mapped_columns()
+        self._table = sa.table(config.table, *(sa.column(c) for c in self._columns.values()),
+                               schema=config.schema)
+        words = {config.processing: JobStatus.PROCESSING, config.queued: JobStatus.QUEUED,
+                 config.failed: JobStatus.FAILED}
+        if config.cancelled is not None:
+            words[config.cancelled] = JobStatus.CANCELLED
+        self._words = words
+
+    def _col(self, key: str) -> sa.ColumnElement[Any]:
+        return self._table.c[self._columns[key]]
+
+    def _has(self, key: str) -> bool:
+        return key in self._columns
+
+    def read(self, job_key: JobKey) -> ForeignJob | None:
+        """The row's status and fenced columns, locked where the engine has row locks."""
+        keys = [k for k in (*FENCED_KEYS, "plan_column", "steps_column") if self._has(k)]
+        query = sa.select(self._col("status_column").label("status"),
+                          *(self._col(k).label(k) for k in keys)).where(
+            self._col("id_column") == job_key)
+        row = self._conn.execute(for_update(self._conn.dialect.name == "postgresql", query,
+                                            lock=True, skip_locked=False)).first()
+        if row is None:
+            return None
+        values = row._mapping
+        state = "" if values["status"] is None else str(values["status"])
+        return ForeignJob(state, self._words.get(state), dict(values))
+
+    def refuses(self, action: OperatorAction, job: ForeignJob) -> str | None:
+        """Nothing of the table's own: its mapped statuses say it all."""
+        return None
+
+    def _fenced(self, job_key: JobKey, job: ForeignJob) -> list[sa.ColumnElement[bool]]:
+        read: dict[str, Any] = job.fence
+        return [self._col("id_column") == job_key,
+                self._col("status_column") == constant(job.state),
+                *(self._col(k).is_not_distinct_from(read[k]) for k in FENCED_KEYS
+                  if self._has(k))]
+
+    def _swap(self, job_key: JobKey, job: ForeignJob, status: str,
+              values: dict[str, Any]) -> str | None:
+        values[self._columns["status_column"]] = constant(status)
+        if self._has("generation_column"):
+            values[self._columns["generation_column"]] = self._col("generation_column") + 1
+        done = self._conn.execute(self._table.update().where(*self._fenced(job_key, job))
+                                  .values(values))
+        return status if done.rowcount == 1 else None
+
+    def retry(self, job_key: JobKey, job: ForeignJob) -> str | None:
+        """Back to the queued status at its first unfinished step, a fresh budget."""
+        values: dict[str, Any] = {}
+        if self._has("resume_column"):
+            values[self._columns["resume_column"]] = self._resume_at(job.fence)
+        if self._has("attempts_column"):
+            values[self._columns["attempts_column"]] = 0
+        if self._has("reason_column"):
+            values[self._columns["reason_column"]] = None
+        return self._swap(job_key, job, self._config.queued, values)
+
+    def cancel(self, job_key: JobKey, job: ForeignJob) -> str | None:
+        """The mapped cancelled status, else failed with ``operator_cancel``."""
+        values: dict[str, Any] = {}
+        status = self._config.cancelled
+        if status is None:
+            status = self._config.failed
+            if self._has("reason_column"):
+                values[self._columns["reason_column"]] = \
+                    OperatorStatusReason.OPERATOR_CANCEL.value
+        return self._swap(job_key, job, status, values)
+
+    def _resume_at(self, read: dict[str, Any]) -> int:
+        """The first step the row's results do not record as succeeded (0 when the plan
+        or the results cannot be read: rerunning is the caller's choice by retrying)."""
+        try:
+            plan = _json(read.get("plan_column"))
+            results = _json(read.get("steps_column")) or {}
+            succeeded = {int(index) for index, state in dict(results).items()
+                         if state == StepState.SUCCEEDED.value}
+            return first_unfinished_step(len(plan or ()), succeeded)
+        except (TypeError, ValueError):
+            return 0
+
+
+def _json(raw: Any) -> Any:
+    return json.loads(raw) if isinstance(raw, str | bytes) else raw
+
+
+def open_actions(connection: Connection, config: TableConfig,
+                 kinds: KindRules) -> TableActions:
+    """The table's actions on ``connection`` (``kit.actions.ActionsOpener``)."""
+    return TableActions(connection, config, kinds)

@@ -1,0 +1,170 @@
+"""Operator actions on Django's tasks framework (django-tasks-db), on SQLite and PostgreSQL,
+in its own statuses, with real ``db_worker`` processes: a retried task is run to the end by
+one, a cancelled one is read FAILED with ``operator_cancel`` by Django's own result API and
+never run, a held stale task waits for its unhold, and a task that moved meanwhile is
+refused."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from models import OperatorAction as ActionRow
+from models import OperatorHold, ReconciliationDecision
+from reconciler.config.registry import entry_for
+from reconciler.core.operator_desk import OperatorDesk
+from reconciler.core.vocabulary import Disposition, JobKey, OperatorAction, Reason
+from reconciler.root.cli import assemble_cli
+from reconciler.sources.django_tasks.actions import DjangoTasksActions
+from reconciler.sources.kit.actions import ForeignDesk, ForeignJob, SystemActions
+from tests.sources.django_tasks_support import DjangoDatabase, DjangoTasksFactory
+from tests.sources.support import Markers, Processes, by_job, config_for, reconcile_once, wait_until
+from tests.sources.test_django_tasks_workers import (
+    CONFIG,
+    KINDS,
+    django_result,
+    enqueue,
+    start_worker,
+)
+
+SOURCE = "django-tasks"
+LONG_AGO = 3600.0
+
+
+@pytest.fixture
+def project(django_db: DjangoDatabase) -> DjangoTasksFactory:
+    """The Django project's database, its task table empty, and no record of an earlier
+    test's tasks."""
+    factory = DjangoTasksFactory(django_db)
+    with factory.engine.begin() as conn:
+        for model in (ActionRow, OperatorHold, ReconciliationDecision):
+            table = cast(sa.Table, model.__table__)
+            conn.execute(table.delete().where(table.c.job_source == SOURCE))
+    return factory
+
+
+@pytest.fixture
+def markers(tmp_path: Path) -> Markers:
+    return Markers(tmp_path / "markers")
+
+
+def desk_of(project: DjangoTasksFactory) -> OperatorDesk:
+    desk = assemble_cli(config_for(project.engine, CONFIG, KINDS), engine=project.engine).desk
+    assert desk is not None
+    return desk
+
+
+def died(project: DjangoTasksFactory, task: str, markers: Markers) -> str:
+    """A task enqueued through Django, claimed by a worker that died long ago; it runs at
+    once when run again."""
+    job = enqueue(project, task, markers, hang=[])
+    project.claim(job, age=LONG_AGO)
+    return job
+
+
+def test_retry_of_a_terminalized_task_is_finished_by_a_db_worker(
+        project: DjangoTasksFactory, processes: Processes, markers: Markers) -> None:
+    """FAILED by a pass, retried with a note: READY as enqueued, its attempts from none;
+    a real ``db_worker`` runs it, and Django reads it SUCCESSFUL on its first attempt."""
+    job = died(project, "effect_work", markers)
+    outcome = by_job(reconcile_once(project.engine, CONFIG, KINDS))[job]
+    assert outcome.reason is Reason.WORKER_DIED_MID_STEP
+    desk = desk_of(project)
+    report = desk.act(OperatorAction.RETRY, job, actor="alice", note="not charged")
+    assert report.applied, report.line
+    assert report.line.endswith("FAILED -> READY")
+    row = project.row(job)
+    assert row is not None
+    assert (row["status"], row["worker_ids"], row["started_at"], row["traceback"]) == (
+        "READY", [], None, "")
+    worker = start_worker(processes, project, markers, "worker")
+    wait_until(lambda: project.status(job) == "completed", "the retried task to finish",
+               process=worker)
+    result = django_result(project, job)
+    assert (result["status"], result["attempts"]) == ("SUCCESSFUL", 1)
+
+
+def test_cancel_is_read_failed_by_django_and_never_run(
+        project: DjangoTasksFactory, processes: Processes, markers: Markers) -> None:
+    """A READY task cancelled: FAILED, ``RuntimeError: operator_cancel`` as Django's
+    result reads it; its worker runs a later task and never this one."""
+    job = enqueue(project, "pure_work", markers, hang=[])
+    desk = desk_of(project)
+    report = desk.act(OperatorAction.CANCEL, job, actor="bob", note="duplicate")
+    assert report.applied, report.line
+    worker = start_worker(processes, project, markers, "worker")
+    later = enqueue(project, "idem_work", markers, hang=[])
+    wait_until(lambda: project.status(later) == "completed", "a later task to run",
+               process=worker)
+    assert markers.of(job) == set()
+    result = django_result(project, job)
+    assert result["status"] == "FAILED"
+    [error] = result["errors"]
+    assert error["traceback"].strip().splitlines()[-1] == "RuntimeError: operator_cancel"
+    assert desk.act(OperatorAction.CANCEL, job, actor="bob", note="again").refusal == \
+        "job_terminal"
+
+
+def test_a_held_stale_task_is_left_alone_until_unheld(
+        project: DjangoTasksFactory, markers: Markers) -> None:
+    """Held: skipped ``operator_hold``, RUNNING still; unheld, the next pass decides it."""
+    job = died(project, "idem_work", markers)
+    desk = desk_of(project)
+    assert desk.act(OperatorAction.HOLD, job, actor="d", note=None).applied
+    held = by_job(reconcile_once(project.engine, CONFIG, KINDS))[job]
+    assert (held.disposition, held.reason) == (Disposition.SKIP, Reason.OPERATOR_HOLD)
+    assert project.status(job) == "running"
+    assert desk.act(OperatorAction.UNHOLD, job, actor="d", note=None).applied
+    resumed = by_job(reconcile_once(project.engine, CONFIG, KINDS))[job]
+    assert resumed.disposition is Disposition.RESUME
+
+
+class _ClaimedMeanwhile:
+    """The backend's actions, with a worker's claim landing after the read."""
+
+    def __init__(self, conn: Connection, config: Any, kinds: Any,
+                 project: DjangoTasksFactory) -> None:
+        self._actions = DjangoTasksActions(conn, config, kinds)
+        self._conn = conn
+        self._project = project
+        self.limits = self._actions.limits
+
+    def read(self, job_key: JobKey) -> ForeignJob | None:
+        job = self._actions.read(job_key)
+        table = self._project.table
+        self._conn.execute(table.update().where(table.c.id == _uuid(job_key))
+                           .values(status="RUNNING"))
+        return job
+
+    def refuses(self, action: OperatorAction, job: ForeignJob) -> str | None:
+        return self._actions.refuses(action, job)
+
+    def retry(self, job_key: JobKey, job: ForeignJob) -> str | None:
+        return self._actions.retry(job_key, job)
+
+    def cancel(self, job_key: JobKey, job: ForeignJob) -> str | None:
+        return self._actions.cancel(job_key, job)
+
+
+def _uuid(job_key: JobKey) -> uuid.UUID:
+    return uuid.UUID(str(job_key))
+
+
+def test_an_action_on_a_task_that_moved_meanwhile_is_refused(
+        project: DjangoTasksFactory, markers: Markers) -> None:
+    """A worker claimed it after the read: ``fence_lost``, recorded, nothing else."""
+    job = enqueue(project, "pure_work", markers, hang=[])
+
+    def opener(conn: Connection, config: Any, kinds: Any) -> SystemActions:
+        return _ClaimedMeanwhile(conn, config, kinds, project)
+
+    desk = ForeignDesk(project.engine, SOURCE, CONFIG, KINDS, opener=opener,
+                       parse_key=entry_for(SOURCE).parse_job_key)
+    report = desk.act(OperatorAction.CANCEL, job, actor="e", note="n")
+    assert (report.applied, report.refusal) == (False, "fence_lost")
+    assert project.status(job) == "running"

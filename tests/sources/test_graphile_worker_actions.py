@@ -1,0 +1,160 @@
+"""Operator actions on graphile-worker (PostgreSQL), through its own functions, with real
+graphile-worker workers (Node): a retried job is run to the end by one, a cancelled one is
+failed for good with ``operator_cancel`` and never run, a running one is refused, a held
+stale job waits for its unhold, and a job that moved meanwhile is refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from models import OperatorAction as ActionRow
+from models import OperatorHold, ReconciliationDecision
+from reconciler.config.registry import entry_for
+from reconciler.core.operator_desk import OperatorDesk
+from reconciler.core.vocabulary import Disposition, JobKey, OperatorAction, Reason
+from reconciler.root.cli import assemble_cli
+from reconciler.sources.graphile_worker.actions import GraphileWorkerActions
+from reconciler.sources.kit.actions import ForeignDesk, ForeignJob, SystemActions
+from tests.sources.factories import GraphileWorkerFactory
+from tests.sources.support import Markers, Processes, by_job, config_for, reconcile_once, wait_until
+from tests.sources.test_node_workers import KINDS, NodeSystem
+
+SOURCE = "graphile-worker"
+LONG_AGO = 3600.0
+
+
+@pytest.fixture
+def graphile(request: pytest.FixtureRequest, node_modules: Path, tmp_path: Path
+             ) -> NodeSystem:
+    """graphile-worker on empty tables, with no record of an earlier test's jobs."""
+    factory = GraphileWorkerFactory(request.getfixturevalue("graphile_db"),
+                                    request.getfixturevalue("graphile_schema"))
+    with factory.db.engine.begin() as conn:
+        for model in (ActionRow, OperatorHold, ReconciliationDecision):
+            table = cast(sa.Table, model.__table__)
+            conn.execute(table.delete().where(table.c.job_source == SOURCE))
+    return NodeSystem(SOURCE, factory, node_modules, Markers(tmp_path / "markers"))
+
+
+def factory_of(system: NodeSystem) -> GraphileWorkerFactory:
+    assert isinstance(system.factory, GraphileWorkerFactory)
+    return system.factory
+
+
+def desk_of(system: NodeSystem) -> OperatorDesk:
+    engine = system.factory.db.engine
+    desk = assemble_cli(config_for(engine, system.factory.config, KINDS), engine=engine).desk
+    assert desk is not None
+    return desk
+
+
+def died(system: NodeSystem, kind: str) -> int:
+    """A job whose worker died long ago; it runs at once when run again."""
+    factory = factory_of(system)
+    job = factory.add(kind, {"hang": []})
+    factory.claim(job, age=LONG_AGO)
+    return job
+
+
+def test_retry_of_a_terminalized_job_is_finished_by_a_graphile_worker(
+        graphile: NodeSystem, processes: Processes) -> None:
+    """Failed by a pass, retried with a note through ``reschedule_jobs``: waiting, its
+    attempts from 0; a real graphile-worker runs it to the end (and deletes it)."""
+    job = died(graphile, "effect.work")
+    engine = graphile.factory.db.engine
+    outcome = by_job(reconcile_once(engine, graphile.factory.config, KINDS))[job]
+    assert outcome.reason is Reason.WORKER_DIED_MID_STEP
+    desk = desk_of(graphile)
+    report = desk.act(OperatorAction.RETRY, str(job), actor="alice", note="not charged")
+    assert report.applied, report.line
+    row = graphile.row(job)
+    assert row is not None
+    assert (row["locked_at"], row["attempts"], row["runnable"]) == (None, 0, True)
+    worker = graphile.start(processes, "worker")
+    wait_until(lambda: graphile.done(job), "the retried job to finish", process=worker)
+    assert graphile.markers.has(f"{job}-done-1")
+
+
+def test_cancel_fails_a_waiting_job_for_good_and_it_never_runs(
+        graphile: NodeSystem, processes: Processes) -> None:
+    """``permanently_fail_jobs`` with ``operator_cancel``: never run by a worker."""
+    factory = factory_of(graphile)
+    job = factory.add("pure.work", {"hang": []})
+    desk = desk_of(graphile)
+    report = desk.act(OperatorAction.CANCEL, str(job), actor="bob", note="duplicate")
+    assert report.applied, report.line
+    assert (factory.status(job), factory.error_text(job)) == ("failed", "operator_cancel")
+    worker = graphile.start(processes, "worker")
+    later = factory.add("pure.work", {"hang": []})
+    wait_until(lambda: graphile.done(later), "a later job to run", process=worker)
+    assert graphile.markers.of(job) == set()
+
+
+def test_cancel_of_a_locked_job_is_refused(graphile: NodeSystem) -> None:
+    """A running job: ``graphile_worker_locked``, unchanged."""
+    factory = factory_of(graphile)
+    job = factory.live("idem.work")
+    before = graphile.row(job)
+    report = desk_of(graphile).act(OperatorAction.CANCEL, str(job), actor="c", note="n")
+    assert report.refusal == "graphile_worker_locked"
+    assert graphile.row(job) == before
+
+
+def test_a_held_stale_job_is_left_alone_until_unheld(graphile: NodeSystem) -> None:
+    """Held: skipped ``operator_hold``, unchanged; unheld, the next pass decides it."""
+    job = died(graphile, "idem.work")
+    desk = desk_of(graphile)
+    assert desk.act(OperatorAction.HOLD, str(job), actor="d", note=None).applied
+    engine = graphile.factory.db.engine
+    held = by_job(reconcile_once(engine, graphile.factory.config, KINDS))[job]
+    assert (held.disposition, held.reason) == (Disposition.SKIP, Reason.OPERATOR_HOLD)
+    assert factory_of(graphile).status(job) == "running"
+    assert desk.act(OperatorAction.UNHOLD, str(job), actor="d", note=None).applied
+    resumed = by_job(reconcile_once(engine, graphile.factory.config, KINDS))[job]
+    assert resumed.disposition is Disposition.RESUME
+
+
+class _ClaimedMeanwhile:
+    """graphile-worker's actions, with a worker's claim landing after the read."""
+
+    def __init__(self, conn: Connection, config: Any, kinds: Any) -> None:
+        self._actions = GraphileWorkerActions(conn, config, kinds)
+        self._conn = conn
+        self.limits = self._actions.limits
+
+    def read(self, job_key: JobKey) -> ForeignJob | None:
+        job = self._actions.read(job_key)
+        self._conn.execute(sa.text("UPDATE graphile_worker._private_jobs SET attempts = "
+                                   "attempts + 1 WHERE id = :id"), {"id": job_key})
+        return job
+
+    def refuses(self, action: OperatorAction, job: ForeignJob) -> str | None:
+        return self._actions.refuses(action, job)
+
+    def retry(self, job_key: JobKey, job: ForeignJob) -> str | None:
+        return self._actions.retry(job_key, job)
+
+    def cancel(self, job_key: JobKey, job: ForeignJob) -> str | None:
+        return self._actions.cancel(job_key, job)
+
+
+def test_an_action_on_a_job_that_moved_meanwhile_is_refused(graphile: NodeSystem) -> None:
+    """``fence_lost``, recorded; the job is as the system left it."""
+    factory = factory_of(graphile)
+    job = factory.add("pure.work", {"hang": []})
+
+    def opener(conn: Connection, config: Any, kinds: Any) -> SystemActions:
+        return _ClaimedMeanwhile(conn, config, kinds)
+
+    desk = ForeignDesk(factory.db.engine, SOURCE, factory.config, KINDS, opener=opener,
+                       parse_key=entry_for(SOURCE).parse_job_key)
+    before = graphile.row(job)
+    assert before is not None
+    report = desk.act(OperatorAction.CANCEL, str(job), actor="e", note="n")
+    assert (report.applied, report.refusal) == (False, "fence_lost")
+    assert graphile.row(job) == {**before, "attempts": before["attempts"] + 1}

@@ -1,0 +1,163 @@
+"""Operator actions on pg-boss (PostgreSQL), as its own retry, resume and cancel write them,
+with real pg-boss workers (Node): a retried job is run to the end by one, a cancelled one
+is read ``cancelled`` and never run, a held stale job waits for its unhold, and a job that
+moved meanwhile is refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from models import OperatorAction as ActionRow
+from models import OperatorHold, ReconciliationDecision
+from reconciler.config.registry import entry_for
+from reconciler.core.operator_desk import OperatorDesk
+from reconciler.core.vocabulary import Disposition, JobKey, OperatorAction, Reason
+from reconciler.root.cli import assemble_cli
+from reconciler.sources.kit.actions import ForeignDesk, ForeignJob, SystemActions
+from reconciler.sources.pgboss.actions import PgBossActions
+from tests.sources.factories import PgBossFactory
+from tests.sources.support import Markers, Processes, by_job, config_for, reconcile_once, wait_until
+from tests.sources.test_node_workers import KINDS, NodeSystem
+
+SOURCE = "pg-boss"
+LONG_AGO = 3600.0
+
+
+@pytest.fixture
+def boss(request: pytest.FixtureRequest, node_modules: Path, tmp_path: Path) -> NodeSystem:
+    """pg-boss on empty tables, with no record of an earlier test's pg-boss jobs."""
+    factory = PgBossFactory(request.getfixturevalue("pgboss_db"),
+                            request.getfixturevalue("pgboss_schema"))
+    with factory.db.engine.begin() as conn:
+        for model in (ActionRow, OperatorHold, ReconciliationDecision):
+            table = cast(sa.Table, model.__table__)
+            conn.execute(table.delete().where(table.c.job_source == SOURCE))
+    return NodeSystem(SOURCE, factory, node_modules, Markers(tmp_path / "markers"))
+
+
+def factory_of(system: NodeSystem) -> PgBossFactory:
+    assert isinstance(system.factory, PgBossFactory)
+    return system.factory
+
+
+def desk_of(system: NodeSystem) -> OperatorDesk:
+    engine = system.factory.db.engine
+    desk = assemble_cli(config_for(engine, system.factory.config, KINDS), engine=engine).desk
+    assert desk is not None
+    return desk
+
+
+def died(system: NodeSystem, kind: str) -> str:
+    """A job whose worker died long ago; it runs at once when run again."""
+    factory = factory_of(system)
+    job = factory.send(kind, {"hang": []}, expire_seconds=3600)
+    factory.claim(job, age=LONG_AGO)
+    return job
+
+
+def test_retry_of_a_terminalized_job_is_finished_by_a_pgboss_worker(
+        boss: NodeSystem, processes: Processes) -> None:
+    """Failed by a pass, retried with a note: ``retry``, runnable now, its retry count
+    from 0; a real pg-boss worker runs it to the end."""
+    job = died(boss, "effect.work")
+    engine = boss.factory.db.engine
+    outcome = by_job(reconcile_once(engine, boss.factory.config, KINDS))[job]
+    assert outcome.reason is Reason.WORKER_DIED_MID_STEP
+    desk = desk_of(boss)
+    report = desk.act(OperatorAction.RETRY, job, actor="alice", note="not charged")
+    assert report.applied, report.line
+    row = boss.row(job)
+    assert row is not None
+    assert (row["state"], row["retry_count"], row["runnable"], row["started_on"]) == (
+        "retry", 0, True, None)
+    worker = boss.start(processes, "worker")
+    wait_until(lambda: boss.done(job), "the retried job to finish", process=worker)
+    assert boss.markers.has(f"{job}-done-0")
+
+
+def test_cancel_is_read_cancelled_and_never_run_and_retry_resumes_it(
+        boss: NodeSystem, processes: Processes) -> None:
+    """pg-boss's cancel: ``cancelled``, never fetched; a retry is its resume (``created``),
+    and a worker then runs it."""
+    factory = factory_of(boss)
+    job = factory.send("pure.work", {"hang": []}, expire_seconds=3600)
+    desk = desk_of(boss)
+    report = desk.act(OperatorAction.CANCEL, job, actor="bob", note="duplicate")
+    assert report.applied, report.line
+    assert factory.status(job) == "cancelled"
+    worker = boss.start(processes, "worker")
+    later = factory.send("pure.work", {"hang": []}, expire_seconds=3600)
+    wait_until(lambda: boss.done(later), "a later job to run", process=worker)
+    assert boss.markers.of(job) == set()
+    assert desk.act(OperatorAction.CANCEL, job, actor="bob", note="again").refusal == \
+        "job_terminal"
+    resumed = desk.act(OperatorAction.RETRY, job, actor="bob", note="wanted after all")
+    assert resumed.applied, resumed.line
+    assert resumed.line.endswith("cancelled -> created")
+    wait_until(lambda: boss.done(job), "the resumed job to run", process=worker)
+
+
+def test_a_held_stale_job_is_left_alone_until_unheld(boss: NodeSystem) -> None:
+    """Held: skipped ``operator_hold``, unchanged; unheld, the next pass decides it."""
+    job = died(boss, "idem.work")
+    desk = desk_of(boss)
+    assert desk.act(OperatorAction.HOLD, job, actor="d", note=None).applied
+    engine = boss.factory.db.engine
+    held = by_job(reconcile_once(engine, boss.factory.config, KINDS))[job]
+    assert (held.disposition, held.reason) == (Disposition.SKIP, Reason.OPERATOR_HOLD)
+    assert factory_of(boss).status(job) == "running"
+    assert desk.act(OperatorAction.UNHOLD, job, actor="d", note=None).applied
+    resumed = by_job(reconcile_once(engine, boss.factory.config, KINDS))[job]
+    assert resumed.disposition is Disposition.RESUME
+
+
+class _RetriedMeanwhile:
+    """pg-boss's actions, with its own fetch of the job landing after the read."""
+
+    def __init__(self, conn: Connection, config: Any, kinds: Any) -> None:
+        self._actions = PgBossActions(conn, config, kinds)
+        self._conn = conn
+        self.limits = self._actions.limits
+
+    def read(self, job_key: JobKey) -> ForeignJob | None:
+        job = self._actions.read(job_key)
+        self._conn.execute(sa.text("UPDATE pgboss.job SET retry_count = retry_count + 1 "
+                                   "WHERE id = CAST(:id AS uuid)"), {"id": job_key})
+        return job
+
+    def refuses(self, action: OperatorAction, job: ForeignJob) -> str | None:
+        return self._actions.refuses(action, job)
+
+    def retry(self, job_key: JobKey, job: ForeignJob) -> str | None:
+        return self._actions.retry(job_key, job)
+
+    def cancel(self, job_key: JobKey, job: ForeignJob) -> str | None:
+        return self._actions.cancel(job_key, job)
+
+
+def test_an_action_on_a_job_that_moved_meanwhile_is_refused(boss: NodeSystem) -> None:
+    """``fence_lost``, recorded; the job is as the system left it."""
+    factory = factory_of(boss)
+    job = factory.live("idem.work")
+
+    def opener(conn: Connection, config: Any, kinds: Any) -> SystemActions:
+        return _RetriedMeanwhile(conn, config, kinds)
+
+    desk = ForeignDesk(factory.db.engine, SOURCE, factory.config, KINDS, opener=opener,
+                       parse_key=entry_for(SOURCE).parse_job_key)
+    before = boss.row(job)
+    assert before is not None
+    report = desk.act(OperatorAction.CANCEL, job, actor="e", note="n")
+    assert (report.applied, report.refusal) == (False, "fence_lost")
+    assert boss.row(job) == {**before, "retry_count": before["retry_count"] + 1}
+
+
+def test_an_id_that_is_no_uuid_names_no_job(boss: NodeSystem) -> None:
+    """``no_such_job``, nothing recorded."""
+    assert desk_of(boss).act(OperatorAction.RETRY, "job-7", actor="f", note="n").refusal \
+        == "no_such_job"

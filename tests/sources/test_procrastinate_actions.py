@@ -1,0 +1,195 @@
+"""Operator actions on Procrastinate (PostgreSQL), through its own functions, with real
+Procrastinate workers: a retried job is run to the end by one, a cancelled one is read
+``cancelled`` by Procrastinate and never run, a held stale job waits for its unhold, and a
+job that moved meanwhile is refused."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from models import OperatorAction as ActionRow
+from models import OperatorHold, ReconciliationDecision
+from reconciler.config.registry import entry_for
+from reconciler.core.operator_desk import OperatorDesk
+from reconciler.core.vocabulary import Disposition, JobKey, OperatorAction, Reason
+from reconciler.root.cli import assemble_cli
+from reconciler.sources.kit.actions import ForeignDesk, ForeignJob, SystemActions
+from reconciler.sources.procrastinate.actions import ProcrastinateActions
+from tests.sources.conftest import SourcesDatabase
+from tests.sources.factories import ProcrastinateFactory
+from tests.sources.support import (
+    Markers,
+    Process,
+    Processes,
+    by_job,
+    config_for,
+    reconcile_once,
+    wait_until,
+)
+from tests.sources.test_procrastinate_workers import KINDS, TIMEOUT_SECONDS
+
+SOURCE = "procrastinate"
+LONG_AGO = 3600.0
+
+
+@pytest.fixture
+def procrastinate(procrastinate_db: SourcesDatabase, procrastinate_schema: str
+                  ) -> ProcrastinateFactory:
+    """Procrastinate's tables, empty, and no record of an earlier test's jobs (its ids
+    start again at 1)."""
+    with procrastinate_db.engine.begin() as conn:
+        for model in (ActionRow, OperatorHold, ReconciliationDecision):
+            table = cast(sa.Table, model.__table__)
+            conn.execute(table.delete().where(table.c.job_source == SOURCE))
+    return ProcrastinateFactory(procrastinate_db, procrastinate_schema,
+                                session_timeout_seconds=TIMEOUT_SECONDS)
+
+
+@pytest.fixture
+def markers(tmp_path: Path) -> Markers:
+    return Markers(tmp_path / "markers")
+
+
+def desk_of(factory: ProcrastinateFactory) -> OperatorDesk:
+    desk = assemble_cli(config_for(factory.db.engine, factory.config, KINDS),
+                        engine=factory.db.engine).desk
+    assert desk is not None
+    return desk
+
+
+def worker(processes: Processes, factory: ProcrastinateFactory, markers: Markers) -> Process:
+    """A real Procrastinate worker process."""
+    db = factory.db
+    return processes.start("worker", [sys.executable, "-m", "tests.sources.procrastinate_app"], {
+        "SOURCES_PG_CONNINFO": db.conninfo(f"{factory.schema},public"),
+        "SOURCES_MARKERS": str(markers.folder), "SOURCES_DATABASE_URL": db.url,
+        "SOURCES_STALLED_SECONDS": str(TIMEOUT_SECONDS)}, cwd=Path(__file__).parents[2])
+
+
+def died(factory: ProcrastinateFactory, kind: str) -> int:
+    """A job whose worker died mid-task; it runs at once (no hang) when run again."""
+    job = factory.defer(kind, {"hang": []})
+    factory.claim(job, heartbeat_age=LONG_AGO)
+    return job
+
+
+def test_retry_of_a_terminalized_job_is_finished_by_a_procrastinate_worker(
+        procrastinate: ProcrastinateFactory, processes: Processes, markers: Markers) -> None:
+    """Failed by a pass (effectful, died mid-task), retried with a note: ``todo`` through
+    Procrastinate's retry function (its own ``retried`` event), attempts from 0, and a real worker
+    runs it to the end."""
+    job = died(procrastinate, "effect.work")
+    outcome = by_job(reconcile_once(procrastinate.db.engine, procrastinate.config, KINDS))[job]
+    assert outcome.reason is Reason.WORKER_DIED_MID_STEP
+    desk = desk_of(procrastinate)
+    assert desk.allowed(str(job)) == {OperatorAction.RETRY}
+    report = desk.act(OperatorAction.RETRY, str(job), actor="alice", note="not charged")
+    assert report.applied, report.line
+    assert report.line.endswith("failed -> todo")
+    row = procrastinate.row(job)
+    assert row is not None
+    assert (row["status"], row["attempts"]) == ("todo", 0)
+    assert procrastinate.events(job)[-1] == "retried"  # Procrastinate's own trigger
+    running = worker(processes, procrastinate, markers)
+    wait_until(lambda: procrastinate.status(job) == "completed", "the retried job to finish",
+               process=running)
+    assert markers.has(f"{job}-done-0")
+    again = desk.act(OperatorAction.RETRY, str(job), actor="alice", note="twice")
+    assert again.refusal == "job_not_failed_or_cancelled"
+
+
+def test_cancel_of_a_queued_job_is_read_cancelled_and_never_run(
+        procrastinate: ProcrastinateFactory, processes: Processes, markers: Markers) -> None:
+    """Procrastinate's cancel: ``cancelled`` in its own table; its worker runs a later job
+    and never this one; a cancelled job is not retried (its retry takes failed jobs)."""
+    job = procrastinate.defer("pure.work", {"hang": []})
+    desk = desk_of(procrastinate)
+    report = desk.act(OperatorAction.CANCEL, str(job), actor="bob", note="duplicate")
+    assert report.applied, report.line
+    assert procrastinate.status(job) == "cancelled"
+    running = worker(processes, procrastinate, markers)
+    later = procrastinate.defer("pure.work", {"hang": []})
+    wait_until(lambda: procrastinate.status(later) == "completed", "a later job to run",
+               process=running)
+    assert markers.of(job) == set()
+    refused = desk.act(OperatorAction.RETRY, str(job), actor="bob", note="after all")
+    assert refused.refusal == "procrastinate_cannot_retry"
+
+
+def test_cancel_of_a_running_job_asks_it_to_abort(
+        procrastinate: ProcrastinateFactory) -> None:
+    """A ``doing`` job: abort requested (the worker stops it where the task checks);
+    asked again, refused."""
+    job = procrastinate.live("idem.work")
+    desk = desk_of(procrastinate)
+    report = desk.act(OperatorAction.CANCEL, str(job), actor="c", note="stop it")
+    assert report.applied, report.line
+    assert "doing -> doing (abort requested)" in report.line
+    again = desk.act(OperatorAction.CANCEL, str(job), actor="c", note="again")
+    assert again.refusal == "abort_requested_already"
+
+
+def test_a_held_stale_job_is_left_alone_until_unheld(
+        procrastinate: ProcrastinateFactory) -> None:
+    """Held: its dead worker's job is skipped ``operator_hold``, unchanged; unheld, the
+    next pass resumes it through Procrastinate's retry."""
+    job = died(procrastinate, "idem.work")
+    desk = desk_of(procrastinate)
+    assert desk.act(OperatorAction.HOLD, str(job), actor="d", note=None).applied
+    engine = procrastinate.db.engine
+    held = by_job(reconcile_once(engine, procrastinate.config, KINDS))[job]
+    assert (held.disposition, held.reason) == (Disposition.SKIP, Reason.OPERATOR_HOLD)
+    assert procrastinate.row(job)["status"] == "doing"  # type: ignore[index]
+    assert desk.act(OperatorAction.UNHOLD, str(job), actor="d", note=None).applied
+    resumed = by_job(reconcile_once(engine, procrastinate.config, KINDS))[job]
+    assert resumed.disposition is Disposition.RESUME
+    assert procrastinate.status(job) == "queued"
+
+
+class _FinishedMeanwhile:
+    """Procrastinate's actions, with the job's worker finishing it after the read (on the
+    same transaction, as a write that committed just before the swap)."""
+
+    def __init__(self, conn: Connection, config: Any, kinds: Any) -> None:
+        self._actions = ProcrastinateActions(conn, config, kinds)
+        self._conn = conn
+        self.limits = self._actions.limits
+
+    def read(self, job_key: JobKey) -> ForeignJob | None:
+        job = self._actions.read(job_key)
+        self._conn.execute(sa.text("UPDATE procrastinate.procrastinate_jobs SET attempts = "
+                                   "attempts + 1 WHERE id = :id"), {"id": job_key})
+        return job
+
+    def refuses(self, action: OperatorAction, job: ForeignJob) -> str | None:
+        return self._actions.refuses(action, job)
+
+    def retry(self, job_key: JobKey, job: ForeignJob) -> str | None:
+        return self._actions.retry(job_key, job)
+
+    def cancel(self, job_key: JobKey, job: ForeignJob) -> str | None:
+        return self._actions.cancel(job_key, job)
+
+
+def test_an_action_on_a_job_that_moved_meanwhile_is_refused(
+        procrastinate: ProcrastinateFactory) -> None:
+    """The job changed after the action read it: ``fence_lost``, recorded, and the
+    function is never called (the job is as its worker left it)."""
+    job = procrastinate.live("idem.work")
+
+    def opener(conn: Connection, config: Any, kinds: Any) -> SystemActions:
+        return _FinishedMeanwhile(conn, config, kinds)
+
+    desk = ForeignDesk(procrastinate.db.engine, SOURCE, procrastinate.config, KINDS,
+                       opener=opener, parse_key=entry_for(SOURCE).parse_job_key)
+    before = procrastinate.row(job)
+    assert before is not None
+    report = desk.act(OperatorAction.CANCEL, str(job), actor="e", note="n")
+    assert (report.applied, report.refusal) == (False, "fence_lost")
+    assert procrastinate.row(job) == {**before, "attempts": before["attempts"] + 1}

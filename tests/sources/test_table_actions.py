@@ -1,0 +1,249 @@
+"""Operator actions on a mapped table (``kind = "table"``), SQLite and PostgreSQL: retry and
+cancel in the mapping's statuses, the reconciler's own hold, the fence, the record.
+
+The desk is the one the composition root builds for the configured source; the passes are
+real passes; "changes nothing" is checked against the whole row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, cast
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from models import OperatorAction as ActionRow
+from models import OperatorHold, ReconciliationDecision
+from reconciler.config.loader import pass_config
+from reconciler.config.registry import entry_for
+from reconciler.core.operator_desk import OperatorDesk
+from reconciler.core.passes import run_pass
+from reconciler.core.vocabulary import Disposition, JobKey, OperatorAction, Reason
+from reconciler.root.cli import assemble_cli
+from reconciler.sources.kit.actions import ForeignDesk, ForeignJob, SystemActions
+from reconciler.sources.table.actions import TableActions
+from reconciler.sources.table.config import TableConfig
+from tests.sources.support import config_for
+from tests.sources.test_table_source import KINDS, Home, dead, home, row, run, steps
+
+__all__ = ["home"]  # the fixture, found by name
+
+ACTIONS = cast(sa.Table, ActionRow.__table__)
+HOLDS = cast(sa.Table, OperatorHold.__table__)
+DECISIONS = cast(sa.Table, ReconciliationDecision.__table__)
+SOURCE = "table"
+
+
+@pytest.fixture
+def table_home(home: Home) -> Home:
+    """The home-grown table, with no record of an earlier test's table jobs (on PostgreSQL
+    the reconciler's tables are the session's, and every test's table counts from 1)."""
+    with home.engine.begin() as conn:
+        for table in (ACTIONS, HOLDS, DECISIONS):
+            conn.execute(table.delete().where(table.c.job_source == SOURCE))
+    return home
+
+
+def desk_of(home: Home, config: TableConfig | None = None) -> OperatorDesk:
+    """The desk the composition root builds for the mapping."""
+    desk = assemble_cli(config_for(home.engine, config or home.full, KINDS),
+                        engine=home.engine).desk
+    assert desk is not None
+    return desk
+
+
+def recorded(home: Home, job: int) -> list[dict[str, Any]]:
+    """The job's recorded actions, oldest first."""
+    with home.engine.connect() as conn:
+        return [dict(r._mapping) for r in conn.execute(
+            sa.select(ACTIONS).where(ACTIONS.c.job_source == SOURCE,
+                                     ACTIONS.c.job_key == str(job))
+            .order_by(ACTIONS.c.action_id))]
+
+
+def terminalized(home: Home) -> int:
+    """A job whose worker died inside its effectful step: a pass fails it."""
+    job = dead(home, job_type="mail.send", generation=4, **steps("succeeded", "started"))
+    assert run(home)[job].disposition is Disposition.TERMINALIZE
+    assert row(home, job)["status"] == "failed"
+    return job
+
+
+def test_retry_of_a_terminalized_job_queues_it_at_its_first_unfinished_step(
+        table_home: Home) -> None:
+    """The mapping's queued status, the resume column at the first step not succeeded, a
+    fresh attempt budget, a bumped generation; recorded with who, why, before and after."""
+    job = terminalized(table_home)
+    report = desk_of(table_home).act(OperatorAction.RETRY, str(job), actor="alice",
+                                     note="checked: not charged")
+    assert report.applied, report.line
+    after = row(table_home, job)
+    assert (after["status"], after["resume_step"], after["attempts"], after["generation"],
+            after["status_reason"]) == ("pending", 1, 0, 6, None)
+    [action] = recorded(table_home, job)
+    assert (action["operator_action"], action["action_outcome"], action["acted_by"],
+            action["operator_note"], action["state_before"], action["state_after"],
+            action["job_id"]) == ("retry", "applied", "alice", "checked: not charged",
+                                  "failed", "pending", None)
+
+
+def test_retry_of_a_queued_or_running_job_is_refused_and_changes_nothing(
+        table_home: Home) -> None:
+    """Only a failed (or cancelled) job is retried; the refusal is recorded too."""
+    job = dead(table_home, **steps("succeeded"))
+    before = row(table_home, job)
+    report = desk_of(table_home).act(OperatorAction.RETRY, str(job), actor="bob", note="n")
+    assert (report.applied, report.refusal) == (False, "job_not_failed_or_cancelled")
+    assert row(table_home, job) == before
+    assert [a["action_outcome"] for a in recorded(table_home, job)] == ["refused"]
+
+
+def test_cancel_writes_the_mapped_cancelled_status(table_home: Home) -> None:
+    """With ``cancelled`` mapped, a running job ends in it; cancelling again is refused."""
+    mapping = replace(table_home.full, cancelled="cancelled")
+    job = dead(table_home, **steps("succeeded"))
+    desk = desk_of(table_home, mapping)
+    assert desk.allowed(str(job)) == {OperatorAction.HOLD, OperatorAction.CANCEL}
+    report = desk.act(OperatorAction.CANCEL, str(job), actor="carol", note="duplicate")
+    assert report.applied, report.line
+    assert "worker is not stopped" in report.line
+    assert row(table_home, job)["status"] == "cancelled"
+    assert desk.allowed(str(job)) == {OperatorAction.RETRY}
+    again = desk.act(OperatorAction.CANCEL, str(job), actor="carol", note="again")
+    assert again.refusal == "job_terminal"
+    # The cancelled job retries like a failed one.
+    assert desk.act(OperatorAction.RETRY, str(job), actor="carol", note="after all").applied
+    assert row(table_home, job)["status"] == "pending"
+
+
+def test_cancel_without_a_cancelled_status_fails_it_with_operator_cancel(
+        table_home: Home) -> None:
+    """No ``cancelled`` in the mapping: its failed status, reason ``operator_cancel``."""
+    job = dead(table_home, status="pending")
+    report = desk_of(table_home).act(OperatorAction.CANCEL, str(job), actor="d", note="n")
+    assert report.applied, report.line
+    after = row(table_home, job)
+    assert (after["status"], after["status_reason"]) == ("failed", "operator_cancel")
+
+
+def test_a_status_the_mapping_does_not_name_is_refused(table_home: Home) -> None:
+    """A row in a status of its own (``archived``) is neither retried nor cancelled."""
+    job = dead(table_home, status="archived")
+    before = row(table_home, job)
+    desk = desk_of(table_home)
+    assert desk.allowed(str(job)) == frozenset()
+    for action in (OperatorAction.RETRY, OperatorAction.CANCEL, OperatorAction.HOLD):
+        report = desk.act(action, str(job), actor="e", note="n")
+        assert report.refusal == "status_not_mapped", report.line
+    assert row(table_home, job) == before
+
+
+def test_a_held_stale_job_is_left_alone_until_unheld(table_home: Home) -> None:
+    """Held, a dead worker's job is skipped ``operator_hold`` (recorded once over two
+    passes) and nothing about it changes; unheld, the next pass decides it."""
+    job = dead(table_home, job_type="mail.send", **steps("succeeded"))
+    desk = desk_of(table_home)
+    held = desk.act(OperatorAction.HOLD, str(job), actor="f", note="looking")
+    assert held.applied
+    assert "workers are not stopped" in held.line
+    assert desk.act(OperatorAction.HOLD, str(job), actor="f", note=None).refusal == \
+        "already_held"
+    before = row(table_home, job)
+    first = run(table_home)[job]
+    assert (first.disposition, first.reason) == (Disposition.SKIP, Reason.OPERATOR_HOLD)
+    config = config_for(table_home.engine, table_home.full, KINDS)
+    again = run_pass(assemble_cli(config, engine=table_home.engine).passes,
+                     replace(pass_config(config.settings, "actions-test", KINDS), brake=None))
+    assert [(d.job_id, d.reason) for d in again.decisions] == [(job, Reason.OPERATOR_HOLD)]
+    with table_home.engine.connect() as conn:
+        reasons = conn.execute(sa.select(DECISIONS.c.decision_reason).where(
+            DECISIONS.c.job_source == SOURCE, DECISIONS.c.job_id == str(job))).scalars()
+        assert list(reasons) == ["operator_hold"]  # recorded once
+    assert row(table_home, job) == before
+    assert desk.act(OperatorAction.UNHOLD, str(job), actor="f", note=None).applied
+    assert desk.act(OperatorAction.UNHOLD, str(job), actor="f", note=None).refusal == \
+        "not_held"
+    decided = run(table_home)[job]
+    assert decided.disposition is Disposition.RESUME
+    assert row(table_home, job)["status"] == "pending"
+
+
+class _MovedMeanwhile:
+    """The table's actions, with a worker's write landing between the read and the swap
+    (on the same transaction's connection, as a write that committed just before)."""
+
+    def __init__(self, conn: Connection, config: TableConfig, home: Home,
+                 **change: Any) -> None:
+        self._actions = TableActions(conn, config, KINDS)
+        self._conn = conn
+        self._home = home
+        self._change = change
+        self.limits = self._actions.limits
+
+    def read(self, job_key: JobKey) -> ForeignJob | None:
+        job = self._actions.read(job_key)
+        self._conn.execute(self._home.jobs.update().where(self._home.jobs.c.id == job_key)
+                           .values(**self._change))
+        return job
+
+    def refuses(self, action: OperatorAction, job: ForeignJob) -> str | None:
+        return self._actions.refuses(action, job)
+
+    def retry(self, job_key: JobKey, job: ForeignJob) -> str | None:
+        return self._actions.retry(job_key, job)
+
+    def cancel(self, job_key: JobKey, job: ForeignJob) -> str | None:
+        return self._actions.cancel(job_key, job)
+
+
+@pytest.mark.parametrize(("action", "status", "change"), [
+    (OperatorAction.CANCEL, "processing", {"attempts": 2, "claimed_by": "host-b:2"}),
+    (OperatorAction.RETRY, "failed", {"generation": 9}),
+])
+def test_an_action_on_a_job_that_moved_meanwhile_is_refused(
+        table_home: Home, action: OperatorAction, status: str, change: dict[str, Any]
+) -> None:
+    """A worker (or a pass) changed the job after the action read it: ``fence_lost``,
+    recorded, and the row is what the worker wrote, not what the operator would have."""
+    job = dead(table_home, status=status, generation=3, **steps("succeeded"))
+    entry = entry_for(SOURCE)
+
+    def opener(conn: Connection, config: Any, kinds: Any) -> SystemActions:
+        return _MovedMeanwhile(conn, config, table_home, **change)
+
+    desk = ForeignDesk(table_home.engine, SOURCE, table_home.full, KINDS, opener=opener,
+                       parse_key=entry.parse_job_key)
+    before = row(table_home, job)
+    report = desk.act(action, str(job), actor="g", note="n")
+    assert (report.applied, report.refusal) == (False, "fence_lost")
+    assert row(table_home, job) == {**before, **change}
+    assert [a["refusal_reason"] for a in recorded(table_home, job)] == ["fence_lost"]
+
+
+def test_an_unknown_job_is_neither_acted_on_nor_recorded(table_home: Home) -> None:
+    """No row with that id: ``no_such_job``, and no record."""
+    report = desk_of(table_home).act(OperatorAction.RETRY, "999", actor="h", note="n")
+    assert report.refusal == "no_such_job"
+    assert recorded(table_home, 999) == []
+
+
+def test_bulk_targets_are_the_jobs_whose_latest_decision_matches(table_home: Home) -> None:
+    """The terminalized jobs of a reason, newest first, only those a retry applies to now,
+    capped at the limit; a kind glob narrows them."""
+    first = dead(table_home, job_type="mail.send", **steps("succeeded", "started"))
+    second = dead(table_home, job_type="sms.send", **steps("succeeded", "started"))
+    outcomes = run(table_home)
+    reason = outcomes[first].reason
+    desk = desk_of(table_home)
+    assert desk.bulk_targets(OperatorAction.RETRY, reason=reason, kind=None, since=None,
+                             limit=10) == [str(second), str(first)]
+    assert desk.bulk_targets(OperatorAction.RETRY, reason=reason, kind="mail.*", since=None,
+                             limit=10) == [str(first)]
+    assert desk.bulk_targets(OperatorAction.RETRY, reason=reason, kind=None, since=None,
+                             limit=1) == [str(second)]
+    assert desk.act(OperatorAction.RETRY, str(first), actor="i", note="n").applied
+    # Retried, it is queued: a retry no longer applies.
+    assert desk.bulk_targets(OperatorAction.RETRY, reason=reason, kind=None, since=None,
+                             limit=10) == [str(second)]
