@@ -29,10 +29,10 @@ HELD_JOBS = 100
 CHART_HOURS = 24
 CHART_COUNT_CAP = 10_000
 MAX_JOB_ID_TEXT = 200
-# The columns of an operator action's record a page shows (``actor`` and ``note`` where
-# the record keeps them); everything else it holds stays unread.
+# The columns of an operator action's record a page shows; everything else it holds
+# stays unread.
 ACTION_FIELDS = ("action_id", "operator_action", "action_outcome", "refusal_reason",
-                 "acted_at", "status_before", "status_after", "actor", "note")
+                 "acted_at", "state_before", "state_after", "actor", "note")
 # What each refusal the desks report means, as the job page says it after a redirect.
 REFUSALS = {
     "no_such_job": "there is no such job",

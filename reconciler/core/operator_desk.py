@@ -5,11 +5,19 @@ port; the composition root builds it over the configured source."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
-from reconciler.core.vocabulary import OperatorAction
+from reconciler.core.vocabulary import ActionOutcome, OperatorAction
+
+ActionCounter = Callable[[OperatorAction, str, ActionOutcome], None]
+"""Counts one action by (action, source, outcome): the operator actions metric."""
+
+
+def not_counted(action: OperatorAction, source: str, outcome: ActionOutcome) -> None:
+    """The counter of a desk whose process exposes no metrics."""
 
 
 @dataclass(frozen=True, slots=True)

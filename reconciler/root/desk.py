@@ -10,9 +10,9 @@ from sqlalchemy.engine import Engine
 
 from reconciler.config.loader import Config
 from reconciler.config.registry import is_native
-from reconciler.core.operator_desk import OperatorDesk
+from reconciler.core.operator_desk import ActionCounter, OperatorDesk, not_counted
 from reconciler.sources.kit.actions import ActionsOpener, ForeignDesk
-from reconciler.storage.desks import ActionCounter, NativeDesk, not_counted
+from reconciler.storage.desks import NativeDesk
 from reconciler.storage.operator import OperatorSql
 
 __all__ = ["open_desk"]

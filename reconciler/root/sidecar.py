@@ -51,5 +51,6 @@ def assemble_sidecar(config: Config, *, instance: str | None = None) -> SidecarP
         passes=store, artifacts=store, job_retention=JobRetentionSql(engine),
         database_check=DatabaseCheck(lambda: check(probe, config), probe.dispose),
         errors=ErrorReading(code=error_code, line=error_line),
-        console=assemble_console(config, passes) if settings.console else None,
+        console=((lambda counted: assemble_console(config, passes, counted))
+                 if settings.console else None),
         close=engine.dispose)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from reconciler.config.settings import Settings
 from reconciler.console import Console
+from reconciler.core.operator_desk import ActionCounter
 from reconciler.core.passes import PassConfig
 from reconciler.core.ports import JobRetention, PassStore
 from reconciler.core.vocabulary import DatabaseErrorCode
@@ -56,8 +57,8 @@ class SidecarParts:
     job_retention: JobRetention
     database_check: DatabaseCheck
     errors: ErrorReading
-    console: Console | None
-    """The operator console (None: ``console = false``); it closes its own
-    engine."""
+    console: Callable[[ActionCounter], Console] | None
+    """Opens the operator console, given the counter of its operators' actions (None:
+    ``console = false``); the console closes its own engine."""
     close: Callable[[], None]
     """Release the engine (the probe and the console close their own)."""

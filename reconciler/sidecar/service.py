@@ -89,7 +89,8 @@ class Service:
         self.pass_overruns = Counter("reconciler_pass_overruns",
                                      "Scheduled passes skipped because the previous one ran on",
                                      registry=self.metrics.registry)
-        self.console = parts.console
+        self.console = (parts.console(self.metrics.observe_action)
+                        if parts.console is not None else None)
         self.housekeeping = Housekeeping(self.settings, parts.passes, parts.artifacts,
                                          parts.job_retention, self.metrics)
         self.cursor: Cursor | None = None

@@ -133,13 +133,17 @@ class ConsoleViewsSql(ReadViewsSql):
                 .order_by(decisions.c.decision_id.desc()).limit(limit)))
 
     def job_actions(self, source: str, job_id: str, limit: int) -> list[dict[str, Any]]:
-        """The operator actions recorded on one of this project's jobs, newest first (the
-        record keeps native jobs only, by their integer id)."""
-        if source != NATIVE or not job_id.isdigit() or len(job_id) >= 19:
-            return []
+        """The operator actions recorded on one job of any source (its key as the source
+        spells it), newest first, with who acted, the note, and the state before and after
+        as the source read it."""
         with self._read() as conn:
             return _records(conn.execute(
-                sa.select(actions).where(actions.c.job_id == int(job_id))
+                sa.select(actions.c.action_id, actions.c.operator_action,
+                          actions.c.action_outcome, actions.c.refusal_reason,
+                          actions.c.acted_at, actions.c.state_before, actions.c.state_after,
+                          actions.c.acted_by.label("actor"),
+                          actions.c.operator_note.label("note"))
+                .where(actions.c.job_source == source, actions.c.job_key == job_id)
                 .order_by(actions.c.action_id.desc()).limit(limit)))
 
     def held_and_parked(self, limit: int) -> tuple[list[JobDetail], list[JobDetail]]:

@@ -9,22 +9,18 @@ records the action (applied or refused) beside it.
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Callable
 from datetime import datetime
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from reconciler.core.operator_desk import ActionReport
+from reconciler.core.operator_desk import ActionCounter, ActionReport, not_counted
 from reconciler.core.policy import Refusal, operator_change
 from reconciler.core.vocabulary import ActionOutcome, JobStatus, OperatorAction
 from reconciler.storage.engines import read_only
 from reconciler.storage.operator import NATIVE, OperatorSql
 from reconciler.storage.operator_record import latest_decisions
 from reconciler.storage.sql import jobs
-
-ActionCounter = Callable[[OperatorAction, str, ActionOutcome], None]
-"""Counts one action by (action, source, outcome): the operator actions metric."""
 
 REFUSALS: dict[str, str] = {
     Refusal.NO_SUCH_JOB.value: "no such job",
@@ -37,10 +33,6 @@ REFUSALS: dict[str, str] = {
         "the job changed while the action was applied; nothing was changed, look again",
 }
 """Each refusal code in words, for the line an operator reads."""
-
-
-def not_counted(action: OperatorAction, source: str, outcome: ActionOutcome) -> None:
-    """The counter of a desk whose process exposes no metrics."""
 
 
 def allowed_now(status: JobStatus, held: bool) -> frozenset[OperatorAction]:

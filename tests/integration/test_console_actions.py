@@ -97,7 +97,7 @@ def test_an_operator_retries_a_terminalized_job_and_sees_the_outcome_and_the_rec
     timeline = shown.split("Decisions and operator actions over time")[1]
     assert timeline.index("operator <strong>retry</strong> applied") < \
         timeline.index("worker_died_mid_step")
-    assert "Status failed &rarr; queued" in timeline
+    assert "State failed &rarr; queued" in timeline
     assert offered(shown) == ["hold", "cancel"]  # queued again: held or cancelled now
 
 

@@ -17,16 +17,10 @@ from typing import Any, Protocol
 from sqlalchemy.engine import Connection, Engine
 
 from reconciler.core.kinds import KindRules
-from reconciler.core.operator_desk import ActionReport
+from reconciler.core.operator_desk import ActionCounter, ActionReport, not_counted
 from reconciler.core.policy import Refusal, operator_change
 from reconciler.core.vocabulary import JobKey, JobStatus, OperatorAction
-from reconciler.storage.desks import (
-    ActionCounter,
-    RecordedDesk,
-    allowed_now,
-    not_counted,
-    refused_line,
-)
+from reconciler.storage.desks import RecordedDesk, allowed_now, refused_line
 from reconciler.storage.engines import read_only
 from reconciler.storage.operator_record import (
     ActionRecord,
