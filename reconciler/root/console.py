@@ -8,7 +8,7 @@ from reconciler.config.loader import Config
 from reconciler.console import PAGE_STATEMENT_SECONDS, Console, open_console
 from reconciler.core.passes import PassConfig
 from reconciler.root.checks import source_factory
-from reconciler.sources.jobs import open_jobs
+from reconciler.root.jobs import open_jobs
 from reconciler.storage.console_views import ConsoleViewsSql
 from reconciler.storage.diagnosis import error_code
 from reconciler.storage.engines import DatabaseTimeouts, create_engine
