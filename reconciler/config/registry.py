@@ -6,26 +6,27 @@ command line and the console (how a job id is spelled, which operator commands a
 takes) and the conformance suite (which sources it must run, on which engines) all read
 this table.
 
-An entry names where its source lives (``"module:Name"``) instead of importing it: reading
-the registry imports no adapter, no database driver and no validation library, so
-``reconciler --help`` stays fast and a command imports only the source it is configured
-with (``SourceEntry.config_model`` and ``SourceEntry.open`` import it when first asked).
+An entry is a lazy declaration: a name and where its package is (``"module:Name"``),
+never an import. Reading the registry imports no adapter, no database driver and no
+validation library, so ``reconciler --help`` stays fast, the config, the views and the
+console read it freely, and a command imports only the source it is configured with
+(``SourceEntry.config_model`` and ``SourceEntry.bind`` import it when first asked).
 
-Adding a source is:
+Adding a source is (docs/architecture.md, "Adding a source", has the checklist):
 
 1. **one package** under ``reconciler/sources/`` holding its config model (a
    ``reconciler.config.tables.SourceSettings`` dataclass: the ``[source]`` keys besides
    ``kind``, with its ``kind`` as a class variable), its fence snapshot (a frozen slotted
-   ``reconciler.sources.kit.source.ForeignFence`` dataclass of what its swap repeats) and its
-   class (a ``reconciler.sources.kit.source.ForeignSource``: the SQL of what runs, what
-   expired, one swap, and ``listing``/``status_words`` for operators; opened as
-   ``Class(connection, config, kinds, lock=...)``);
+   ``reconciler.sources.kit.fences.ForeignFence`` dataclass of what its swap repeats) and
+   its ``DECLARATION`` (a ``reconciler.sources.kit.declaration.Declaration``: its config
+   model and the function declaring its ``System`` from a config: its shape, the SQL of
+   what runs, what expired, one swap, and its listing for operators);
 2. **one entry** below::
 
        SourceEntry(
            kind="my-system",             # its [source] kind; MyConfig.kind says the same
            config="reconciler.sources.my_system:MyConfig",
-           source="reconciler.sources.my_system:MySource",
+           source="reconciler.sources.my_system:DECLARATION",
            job_key="integer",            # its job ids: "integer", "text" or "either"
            engines=POSTGRESQL,           # the engines it runs on
            capabilities=Capabilities(
@@ -45,8 +46,9 @@ test checks each entry against the classes it names.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast, runtime_checkable
 
 from reconciler.core.vocabulary import JobKey, OperatorAction
 
@@ -57,9 +59,9 @@ if TYPE_CHECKING:
     from reconciler.core.ports import JobSource
 
 __all__ = [
-    "DEFAULT_SOURCE", "EVERY_ENGINE", "POSTGRESQL", "REGISTRY", "SOURCES", "Capabilities",
-    "KeyType", "Opener", "SourceEntry", "entry_for", "entry_of", "integer_keyed",
-    "is_native",
+    "DEFAULT_SOURCE", "EVERY_ENGINE", "POSTGRESQL", "REGISTRY", "SOURCES", "Bound",
+    "Capabilities", "Declared", "KeyType", "Opener", "SourceEntry", "entry_for", "entry_of",
+    "integer_keyed", "is_native",
 ]
 
 MAX_INTEGER_KEY = 2**63 - 1
@@ -72,9 +74,22 @@ KeyType = Literal["integer", "text", "either"]
 column holds them (a number when written in digits, else text)."""
 
 
+Bound = Callable[[Any, bool], "JobSource"]
+"""A source declared for one process, opened on each transaction's connection (a
+SQLAlchemy ``Connection``, typed loosely here so that the registry imports no driver)
+with or without the scans' row locks."""
+
+
+@runtime_checkable
+class Declared(Protocol):
+    """A foreign source's declaration (``reconciler.sources.kit.declaration``)."""
+
+    def bind(self, config: Any, kinds: KindRules) -> Bound:
+        """Its system declared from ``config`` once, opened per transaction."""
+
+
 class Opener(Protocol):
-    """How a source opens on one connection (the pass's transaction; a SQLAlchemy
-    ``Connection``, typed loosely here so that this declaration imports no driver)."""
+    """How the native source opens on one connection (the pass's transaction)."""
 
     def __call__(self, connection: Any, config: Any, kinds: KindRules, *,
                  lock: bool) -> JobSource: ...
@@ -113,7 +128,8 @@ class SourceEntry:
     config: str
     """Its config model, ``"module:Name"``."""
     source: str
-    """What opens it on a connection (its class, or a function), ``"module:Name"``."""
+    """Its declaration (a foreign source's ``DECLARATION``), or what opens it on a
+    connection (the native source's function), ``"module:Name"``."""
     job_key: KeyType
     engines: frozenset[str]
     capabilities: Capabilities
@@ -127,14 +143,27 @@ class SourceEntry:
         """Its config model (importing its module)."""
         return cast("type[SourceSettings]", _load(self.config))
 
-    def opener(self) -> Opener:
-        """What opens it (importing its module)."""
-        return cast(Opener, _load(self.source))
+    def declared(self) -> Declared | Opener:
+        """Its declaration or opener (importing its module)."""
+        return cast("Declared | Opener", _load(self.source))
+
+    def bind(self, config: Any, kinds: KindRules) -> Bound:
+        """The source declared from ``config`` once (for a process: what its declared
+        liveness remembers lives as long), opened on each connection given."""
+        target = self.declared()
+        if isinstance(target, Declared):
+            return target.bind(config, kinds)
+        opener = target
+
+        def opened(connection: Any, lock: bool) -> JobSource:
+            return opener(connection, config, kinds, lock=lock)
+
+        return opened
 
     def open(self, connection: Any, config: Any, kinds: KindRules, *,
              lock: bool) -> JobSource:
-        """The source bound to ``connection`` (a pass's SQLAlchemy ``Connection``)."""
-        return self.opener()(connection, config, kinds, lock=lock)
+        """The source bound to ``connection`` (a one-off: a check, an operator's read)."""
+        return self.bind(config, kinds)(connection, lock)
 
     def parse_job_key(self, text: str) -> JobKey:
         """A job id as this source spells it; ``ValueError`` naming the rule otherwise."""
@@ -158,23 +187,23 @@ REGISTRY: tuple[SourceEntry, ...] = (
                                           actions=frozenset(OperatorAction))),
     SourceEntry(kind="procrastinate",
                 config="reconciler.sources.procrastinate:ProcrastinateConfig",
-                source="reconciler.sources.procrastinate:ProcrastinateSource",
+                source="reconciler.sources.procrastinate:DECLARATION",
                 job_key="integer", engines=POSTGRESQL,
                 capabilities=Capabilities(heartbeat=True, error_field=False,
                                           actions=frozenset(OperatorAction))),
     SourceEntry(kind="graphile-worker",
                 config="reconciler.sources.graphile_worker:GraphileWorkerConfig",
-                source="reconciler.sources.graphile_worker:GraphileWorkerSource",
+                source="reconciler.sources.graphile_worker:DECLARATION",
                 job_key="integer", engines=POSTGRESQL,
                 capabilities=Capabilities(heartbeat=False, error_field=True,
                                           actions=frozenset(OperatorAction))),
     SourceEntry(kind="pg-boss", config="reconciler.sources.pgboss:PgBossConfig",
-                source="reconciler.sources.pgboss:PgBossSource", job_key="text",
+                source="reconciler.sources.pgboss:DECLARATION", job_key="text",
                 engines=POSTGRESQL,
                 capabilities=Capabilities(heartbeat=False, error_field=True,
                                           actions=frozenset(OperatorAction))),
     SourceEntry(kind="table", config="reconciler.sources.table.config:TableConfig",
-                source="reconciler.sources.table:TableSource", job_key="either",
+                source="reconciler.sources.table:DECLARATION", job_key="either",
                 engines=EVERY_ENGINE,
                 capabilities=Capabilities(heartbeat=False, error_field=True,
                                           actions=frozenset(OperatorAction))),
@@ -182,14 +211,14 @@ REGISTRY: tuple[SourceEntry, ...] = (
     # our reason is the failed result's exception (its traceback's last line).
     SourceEntry(kind="django-tasks",
                 config="reconciler.sources.django_tasks:DjangoTasksConfig",
-                source="reconciler.sources.django_tasks:DjangoTasksSource", job_key="text",
+                source="reconciler.sources.django_tasks:DECLARATION", job_key="text",
                 engines=EVERY_ENGINE,
                 capabilities=Capabilities(heartbeat=False, error_field=True,
                                           actions=frozenset(OperatorAction))),
     # Liveness is its workers' answer to Celery's control ping over the broker; our reason
     # is the failed result's exception. On both engines its database result backend runs.
     SourceEntry(kind="celery", config="reconciler.sources.celery:CeleryConfig",
-                source="reconciler.sources.celery:CelerySource", job_key="text",
+                source="reconciler.sources.celery:DECLARATION", job_key="text",
                 engines=EVERY_ENGINE,
                 capabilities=Capabilities(heartbeat=True, error_field=True,
                                           actions=frozenset(OperatorAction))),

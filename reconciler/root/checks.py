@@ -10,9 +10,8 @@ from reconciler.config.loader import Config
 from reconciler.config.registry import entry_of, is_native
 from reconciler.config.tables import SourceSettings
 from reconciler.core.kinds import KindRules
-from reconciler.core.ports import JobSource
 from reconciler.errors import DatabaseUnavailableError
-from reconciler.sources.kit.source import ForeignSource
+from reconciler.sources.kit.source import DeclaredSource
 from reconciler.storage.pass_store import SourceFactory
 from reconciler.storage.schema import require_current
 
@@ -54,7 +53,7 @@ def check_source(engine: Engine, config: Config) -> None:
 
 
 def open_foreign_source(connection: Connection, config: SourceSettings, kinds: KindRules, *,
-                        lock: bool = True) -> ForeignSource:
+                        lock: bool = True) -> DeclaredSource:
     """The foreign source a ``[source]`` table names, bound to ``connection``.
 
     ``lock=False`` for dry runs and explain: candidates are read without row locks. The
@@ -63,18 +62,13 @@ def open_foreign_source(connection: Connection, config: SourceSettings, kinds: K
     if is_native(config):
         raise ValueError(f"source kind {config.kind!r} is not a foreign source")
     source = entry_of(config).open(connection, config, kinds, lock=lock)
-    if not isinstance(source, ForeignSource):  # pragma: no cover - a registry mistake
-        raise TypeError(f"source kind {config.kind!r} opens no ForeignSource")
+    if not isinstance(source, DeclaredSource):  # pragma: no cover - a registry mistake
+        raise TypeError(f"source kind {config.kind!r} opens no declared source")
     return source
 
 
 def source_factory(config: Config) -> SourceFactory:
     """How a pass's transaction gets its job source: the configured ``[source]`` (native,
-    the default, honours ``[kinds]`` too), opened as its registry entry says (importing
-    only that source)."""
-    open_source, source, kinds = config.source_entry.opener(), config.source, config.kinds
-
-    def opened(conn: Connection, lock: bool) -> JobSource:
-        return open_source(conn, source, kinds, lock=lock)
-
-    return opened
+    the default, honours ``[kinds]`` too), declared once for the process as its registry
+    entry says (importing only that source) and bound to each transaction."""
+    return config.source_entry.bind(config.source, config.kinds)

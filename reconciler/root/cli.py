@@ -20,7 +20,7 @@ from reconciler.core.passes import PassConfig
 from reconciler.core.ports import OperatorStore, PassStore, SourceJobs
 from reconciler.root.checks import check, keep, source_factory
 from reconciler.root.desk import open_desk
-from reconciler.sources.jobs import open_jobs
+from reconciler.root.jobs import open_jobs
 from reconciler.storage.diagnosis import error_code, error_line
 from reconciler.storage.engines import DatabaseTimeouts, create_engine
 from reconciler.storage.sql_store import SqlStore

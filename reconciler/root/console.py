@@ -12,7 +12,7 @@ from reconciler.core.passes import PassConfig
 from reconciler.errors import ConfigError
 from reconciler.root.checks import source_factory
 from reconciler.root.desk import open_desk
-from reconciler.sources.jobs import open_jobs
+from reconciler.root.jobs import open_jobs
 from reconciler.storage.console_views import ConsoleViewsSql
 from reconciler.storage.diagnosis import error_code
 from reconciler.storage.engines import DatabaseTimeouts, create_engine

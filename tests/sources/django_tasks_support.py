@@ -30,10 +30,11 @@ from reconciler.core.kinds import KindRules
 from reconciler.core.ports import JobKey
 from reconciler.ledger import Step, StepLedger
 from reconciler.sources.django_tasks import (
+    DECLARATION,
     EXCEPTION_CLASS_PATH,
     DjangoTasksConfig,
-    DjangoTasksSource,
 )
+from reconciler.sources.kit.source import DeclaredSource
 from reconciler.storage.clock import now_plus
 from reconciler.storage.engines import create_engine
 from tests.conftest import REPO_ROOT
@@ -193,8 +194,8 @@ class DjangoTasksFactory:
             "exception_class_path", "traceback", "worker_ids")))
 
     def open_source(self, conn: Connection, kinds: KindRules, *,
-                    lock: bool = True) -> DjangoTasksSource:
-        return DjangoTasksSource(conn, self.config, kinds, lock=lock)
+                    lock: bool = True) -> DeclaredSource:
+        return DECLARATION.open(conn, self.config, kinds, lock=lock)
 
     def _json(self, value: Any) -> Any:
         text = json.dumps(value)

@@ -32,10 +32,11 @@ from reconciler.config.loader import SourceConfig
 from reconciler.core.kinds import KindRules
 from reconciler.core.ports import JobKey
 from reconciler.ledger import Step, StepLedger
-from reconciler.sources.graphile_worker import GraphileWorkerConfig, GraphileWorkerSource
-from reconciler.sources.kit.source import ForeignSource
-from reconciler.sources.pgboss import PgBossConfig, PgBossSource
-from reconciler.sources.procrastinate import ProcrastinateConfig, ProcrastinateSource
+from reconciler.sources import graphile_worker, pgboss, procrastinate
+from reconciler.sources.graphile_worker import GraphileWorkerConfig
+from reconciler.sources.kit.source import DeclaredSource
+from reconciler.sources.pgboss import PgBossConfig
+from reconciler.sources.procrastinate import ProcrastinateConfig
 from tests.sources.conftest import SourcesDatabase
 
 StepSpec = tuple[str, str, str | None]
@@ -54,7 +55,7 @@ class SystemFactory(Protocol):
     config: SourceConfig
 
     def open_source(self, conn: Connection, kinds: KindRules, *,
-                    lock: bool = True) -> ForeignSource: ...
+                    lock: bool = True) -> DeclaredSource: ...
     def died(self, kind: str, *, attempts_used: int = 1,
              steps: Sequence[StepSpec] | None = None) -> JobKey: ...
     def live(self, kind: str) -> JobKey: ...
@@ -104,8 +105,8 @@ class ProcrastinateFactory:
         self._queues = 0
 
     def open_source(self, conn: Connection, kinds: KindRules, *,
-                    lock: bool = True) -> ProcrastinateSource:
-        return ProcrastinateSource(conn, self.config, kinds, lock=lock)
+                    lock: bool = True) -> DeclaredSource:
+        return procrastinate.DECLARATION.open(conn, self.config, kinds, lock=lock)
 
     def _sql(self, sql: str, params: dict[str, Any] | None = None) -> list[Any]:
         with self.db.engine.begin() as conn:
@@ -204,8 +205,8 @@ class GraphileWorkerFactory:
         self.config = GraphileWorkerConfig(schema=schema)
 
     def open_source(self, conn: Connection, kinds: KindRules, *,
-                    lock: bool = True) -> GraphileWorkerSource:
-        return GraphileWorkerSource(conn, self.config, kinds, lock=lock)
+                    lock: bool = True) -> DeclaredSource:
+        return graphile_worker.DECLARATION.open(conn, self.config, kinds, lock=lock)
 
     def _sql(self, sql: str, params: dict[str, Any] | None = None) -> list[Any]:
         with self.db.engine.begin() as conn:
@@ -298,8 +299,8 @@ class PgBossFactory:
         self._queues: set[str] = set()
 
     def open_source(self, conn: Connection, kinds: KindRules, *,
-                    lock: bool = True) -> PgBossSource:
-        return PgBossSource(conn, self.config, kinds, lock=lock)
+                    lock: bool = True) -> DeclaredSource:
+        return pgboss.DECLARATION.open(conn, self.config, kinds, lock=lock)
 
     def _sql(self, sql: str, params: dict[str, Any] | None = None) -> list[Any]:
         with self.db.engine.begin() as conn:

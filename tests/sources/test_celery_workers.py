@@ -330,9 +330,9 @@ def test_rows_written_without_result_extended_are_left_alone_and_said_once(
     import sqlalchemy as sa  # noqa: PLC0415
     from celery.backends.database.models import Task as TaskRow  # noqa: PLC0415
 
-    from reconciler.sources.celery import source as celery_source  # noqa: PLC0415
+    from reconciler.sources.celery import liveness as celery_liveness  # noqa: PLC0415
 
-    celery_source._WARNED.clear()
+    celery_liveness._WARNED.clear()
     with celery_project.engine.begin() as conn:
         conn.execute(sa.insert(TaskRow.__table__).values(
             task_id="plain-1", status="STARTED",

@@ -16,7 +16,8 @@ from sqlalchemy.engine import Engine
 from reconciler.core.kinds import KindRule, KindRules
 from reconciler.core.vocabulary import Disposition, EffectKind, Reason
 from reconciler.errors import ConfigError
-from reconciler.sources.table import TableFence, TableSource
+from reconciler.sources.table import DECLARATION as TABLE
+from reconciler.sources.table import TableFence
 from reconciler.sources.table.config import TableConfig
 from reconciler.storage.clock import now_plus
 from tests.sources.support import by_job, explain, plan_changes, reconcile_once
@@ -321,7 +322,7 @@ class TestFence:
         """Between read and apply the row moved: nothing is written."""
         job = dead(home, **steps("started"))
         with home.engine.connect() as conn:
-            [found] = TableSource(conn, home.full, KINDS, lock=False).candidates(
+            [found] = TABLE.open(conn, home.full, KINDS, lock=False).candidates(
                 10, KINDS.resolve("").thresholds, None)
             conn.rollback()
         [planned] = plan_changes([found], KINDS)
@@ -329,14 +330,14 @@ class TestFence:
             conn.execute(home.jobs.update().where(home.jobs.c.id == job).values(**change))
         before = row(home, job)
         with home.engine.begin() as conn:
-            assert TableSource(conn, home.full, KINDS).apply([planned]) == {}
+            assert TABLE.open(conn, home.full, KINDS).apply([planned]) == {}
         assert row(home, job) == before
 
     def test_renewed_lease_is_not_swapped(self, home: Home) -> None:
         """The worker renewed its lease after the read: the time predicate fails."""
         job = dead(home, **steps("started"))
         with home.engine.connect() as conn:
-            [found] = TableSource(conn, home.full, KINDS, lock=False).candidates(
+            [found] = TABLE.open(conn, home.full, KINDS, lock=False).candidates(
                 10, KINDS.resolve("").thresholds, None)
             conn.rollback()
         [planned] = plan_changes([found], KINDS)
@@ -350,7 +351,7 @@ class TestFence:
         renewed = replace(planned, fence=replace(planned.fence, snapshot=replace(fence, columns=(
             tuple((k, lease if k == "lease_expires_column" else v) for k, v in fence.columns)))))
         with home.engine.begin() as conn:
-            assert TableSource(conn, home.full, KINDS).apply([renewed]) == {}
+            assert TABLE.open(conn, home.full, KINDS).apply([renewed]) == {}
         assert row(home, job)["status"] == "processing"
 
 
@@ -389,7 +390,7 @@ class TestTimestamps:
                          {"t": naive, "p": json.dumps(PLAN)})
         with home.engine.connect() as conn:
             conn.execute(sa.text("SET TimeZone = 'Pacific/Auckland'"))
-            [found] = TableSource(conn, home.full, KINDS, lock=False).candidates(
+            [found] = TABLE.open(conn, home.full, KINDS, lock=False).candidates(
                 10, KINDS.resolve("").thresholds, None)
             conn.rollback()
         assert found.activity_age_seconds is not None
@@ -402,13 +403,13 @@ class TestSchemaCheck:
     def test_present(self, home: Home) -> None:
         """The full mapping of the design example passes on the real table."""
         with home.engine.connect() as conn:
-            TableSource(conn, home.full, KINDS).check_schema()
+            TABLE.open(conn, home.full, KINDS).check_schema()
 
     def test_missing_column(self, home: Home) -> None:
         """A mapped column that is not there is named with its key."""
         config = replace(home.full, lease_expires_column="lease_expiry")
         with home.engine.connect() as conn, pytest.raises(ConfigError) as caught:
-            TableSource(conn, config, KINDS).check_schema()
+            TABLE.open(conn, config, KINDS).check_schema()
         assert "lease_expiry" in str(caught.value)
         assert "lease_expires_column" in str(caught.value)
         assert "\n" not in str(caught.value)
@@ -416,7 +417,7 @@ class TestSchemaCheck:
     def test_missing_table(self, home: Home) -> None:
         """A table that is not there is named."""
         with home.engine.connect() as conn, pytest.raises(ConfigError, match="job_queue"):
-            TableSource(conn, replace(home.full, table="job_queue"), KINDS).check_schema()
+            TABLE.open(conn, replace(home.full, table="job_queue"), KINDS).check_schema()
 
 
 class TestNothingStranded:
@@ -444,12 +445,12 @@ class TestNothingStranded:
         checked = self.checked_table(home)
         config = replace(home.full, table=checked, **{key: value})
         with home.engine.connect() as conn, pytest.raises(ConfigError) as caught:
-            TableSource(conn, config, KINDS).check_schema()
+            TABLE.open(conn, config, KINDS).check_schema()
         assert f"{key} = {value!r}" in str(caught.value)
         assert "CHECK" in str(caught.value)
         assert "\n" not in str(caught.value)
         with home.engine.connect() as conn:  # the right values pass
-            TableSource(conn, replace(home.full, table=checked), KINDS).check_schema()
+            TABLE.open(conn, replace(home.full, table=checked), KINDS).check_schema()
 
     @pytest.mark.parametrize("reconciler_engine", ["postgresql"], indirect=True)
     def test_a_status_value_outside_the_enum_is_refused(self, home: Home) -> None:
@@ -461,9 +462,9 @@ class TestNothingStranded:
             conn.execute(sa.text("ALTER TABLE jobs ALTER COLUMN status TYPE job_state "
                                  "USING status::job_state"))
         with home.engine.connect() as conn, pytest.raises(ConfigError, match="'pendng'"):
-            TableSource(conn, replace(home.full, queued="pendng"), KINDS).check_schema()
+            TABLE.open(conn, replace(home.full, queued="pendng"), KINDS).check_schema()
         with home.engine.connect() as conn:
-            TableSource(conn, home.full, KINDS).check_schema()
+            TABLE.open(conn, home.full, KINDS).check_schema()
 
     def test_a_status_value_no_row_holds_is_warned_about(
             self, home: Home, caplog: pytest.LogCaptureFixture) -> None:
@@ -474,7 +475,7 @@ class TestNothingStranded:
         add(home, status="pending")
         with caplog.at_level("WARNING", logger="reconciler.sources"), \
                 home.engine.connect() as conn:
-            TableSource(conn, replace(home.full, processing="running"), KINDS).check_schema()
+            TABLE.open(conn, replace(home.full, processing="running"), KINDS).check_schema()
         unseen = [r.getMessage() for r in caplog.records if "status_value_unseen" in
                   r.getMessage()]
         assert len(unseen) == 1

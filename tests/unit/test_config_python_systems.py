@@ -87,14 +87,14 @@ def test_refused_in_one_line(tmp_path: Path, text: str, names: list[str]) -> Non
 
 
 @pytest.mark.parametrize(("text", "expected"), [
-    ('kind = "django-tasks"', "DjangoTasksSource"),
-    ('kind = "celery"\nbroker_url = "redis://r:6379/0"', "CelerySource"),
+    ('kind = "django-tasks"', "django-tasks"),
+    ('kind = "celery"\nbroker_url = "redis://r:6379/0"', "celery"),
 ])
 def test_kind_to_class(tmp_path: Path, text: str, expected: str) -> None:
     """Built without touching a database or the broker."""
     config = load_config(_write(tmp_path, f"[source]\n{text}\n"))
     source = open_foreign_source(None, config.source, config.kinds)  # type: ignore[arg-type]
-    assert type(source).__name__ == expected
+    assert source.source_name == expected
 
 
 def _write(tmp_path: Path, text: str) -> Path:

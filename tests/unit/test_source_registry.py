@@ -86,7 +86,7 @@ def test_each_entry_opens_the_source_its_config_names() -> None:
     assert len(KINDS) == len(REGISTRY)
     for entry in REGISTRY:
         assert entry.config_model().kind == entry.kind
-        opened = getattr(entry.opener(), "source_name", entry.kind)
+        opened = getattr(entry.declared(), "name", entry.kind)
         assert opened == entry.kind
 
 
@@ -139,27 +139,33 @@ def test_integer_keyed_sources() -> None:
     assert not integer_keyed("no-such-source")
 
 
-HOOKS = frozenset({"__init__", "_wedge_guard", "_after_apply", "_swap", "_apply_one",
-                   "liveness_unknown", "stuck_work"})
-"""What ForeignSource declares for a subclass to replace, beside its abstract methods (its
-shape's plain values are a ``Shape``, not hooks)."""
+FOREIGN = [e for e in REGISTRY if e.kind != "native"]
 
 
-@pytest.mark.parametrize("entry", [e for e in REGISTRY if isinstance(e.open, type)],
-                         ids=lambda e: e.kind)
-def test_no_source_overrides_the_bases_private_methods(entry: object) -> None:
-    """A source declares what the base asks of it and the hooks it offers, nothing more."""
+@pytest.mark.parametrize("entry", FOREIGN, ids=lambda e: e.kind)
+def test_a_foreign_source_is_a_declaration_over_the_one_kit_class(entry: object) -> None:
+    """A foreign entry names its package's frozen ``Declaration`` (its config model and
+    how its ``System`` is declared); no module under ``reconciler/sources`` subclasses
+    the kit's ``DeclaredSource``, and a ``System`` is frozen data."""
+    import dataclasses  # noqa: PLC0415
+
     from reconciler.config.registry import SourceEntry  # noqa: PLC0415
-    from reconciler.sources.kit.source import ForeignSource  # noqa: PLC0415
+    from reconciler.sources.kit.declaration import Declaration  # noqa: PLC0415
+    from reconciler.sources.kit.system import System  # noqa: PLC0415
 
     assert isinstance(entry, SourceEntry)
-    cls = entry.open
-    assert isinstance(cls, type)
-    assert issubclass(cls, ForeignSource)
-    declared = ForeignSource.__abstractmethods__ | HOOKS
-    overridden = {name for name, value in vars(cls).items()
-                  if callable(value) and name in vars(ForeignSource)}
-    assert overridden <= declared
+    declared = entry.declared()
+    assert isinstance(declared, Declaration)
+    assert declared.config is entry.config_model()
+    assert System.__dataclass_params__.frozen  # type: ignore[attr-defined]
+    assert all(f.name != "connection" for f in dataclasses.fields(System))
+    subclasses = [f"{path}:{node.lineno}"
+                  for path in sorted((PACKAGE / "sources").rglob("*.py"))
+                  for node in ast.walk(ast.parse(path.read_text()))
+                  if isinstance(node, ast.ClassDef)
+                  and any(getattr(base, "id", getattr(base, "attr", None)) == "DeclaredSource"
+                          for base in node.bases)]
+    assert subclasses == []
 
 
 def test_a_fence_snapshot_is_the_sources_own_frozen_dataclass() -> None:

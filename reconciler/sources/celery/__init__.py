@@ -1,10 +1,9 @@
-"""Celery, through its result backend's table and its broker (docs/sources.md).
-
-Its shape, fences and writes are in ``source``;
-what every source shares is in ``reconciler.sources.kit``."""
+"""Celery, through its result backend's table and its broker (docs/sources.md): its
+declaration (``source.DECLARATION``: shape, fences and writes; ``liveness``: the broker's
+answers); what every source shares is in ``reconciler.sources.kit``."""
 
 from __future__ import annotations
 
-from reconciler.sources.celery.source import CeleryConfig, CelerySource
+from reconciler.sources.celery.source import DECLARATION, CeleryConfig
 
-__all__ = ["CeleryConfig", "CelerySource"]
+__all__ = ["DECLARATION", "CeleryConfig"]

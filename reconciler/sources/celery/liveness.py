@@ -12,17 +12,39 @@ Silence is evidence only where it can be trusted (``CeleryBroker.answers``):
   forgotten;
 - it does not answer, or holds none of the app's queues (a wrong URL or database
   number): nothing is gone, and nothing is written to it.
+
+``CeleryLiveness`` is the source's declared liveness: one per process (its broker's
+client and app kept across passes; the memory itself is in the broker), whose verdict,
+a ``Judgement``, the kit reads once per transaction.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
 
 from reconciler.core.kinds import KindRules
-from reconciler.core.vocabulary import LivenessDoubt
+from reconciler.core.ports import LivenessUnknown, StuckCount, StuckWork
+from reconciler.core.vocabulary import LivenessDoubt, StuckReason
 from reconciler.errors import ConfigError
 from reconciler.sources.celery.broker import CeleryBroker
+from reconciler.sources.celery.tables import ResultRows, queue_for
+from reconciler.sources.kit.shapes import constant
+
+log = logging.getLogger("reconciler.sources.celery")
+_WARNED: set[str] = set()
+"""Result tables already reported for rows lacking ``result_extended`` (once a process)."""
+
+UNEXTENDED_WHY = ("Celery wrote the row without result_extended, so a STARTED row has no "
+                  "task name, args, queue or worker to judge or re-run it by")
+UNEXTENDED_FIX = ("set result_extended = True (and task_track_started = True, without "
+                  "which a running task has no row at all) in the Celery app's config")
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,3 +123,64 @@ def _gone(broker: CeleryBroker, rows: Sequence[Running], kinds: KindRules,
         if over >= 0:
             gone[row.task_id] = over
     return gone
+
+
+@dataclass(frozen=True, slots=True)
+class CeleryLiveness:
+    """Whose task lost its worker, as the app's broker answers: the celery source's
+    declared liveness, made once per process from its config."""
+
+    broker: CeleryBroker
+    result: ResultRows
+    session_timeout_seconds: float
+    task_routes: Mapping[str, str]
+    task_default_queue: str
+
+    def queue_of(self, name: str, row: sa.Row[Any]) -> str:
+        """The queue a task was sent to: the row's (selected as ``queue`` where the table
+        keeps one), else where the app routes its name."""
+        queue = row.queue if self.result.queue is not None else None
+        return queue or queue_for(name, self.task_routes, self.task_default_queue)
+
+    def judge(self, conn: Connection, kinds: KindRules) -> Judgement:
+        """The broker's view of the STARTED rows (``judge``). The same read finds the rows
+        written without ``result_extended``."""
+        result, rows = self.result, self.result.sql_table
+        started = conn.execute(
+            sa.select(rows.c.task_id, result.name.label("name"), rows.c.worker,
+                      *([result.queue.label("queue")] if result.queue is not None else []))
+            .where(rows.c.status == constant("STARTED"))
+        ).all()
+        named = [Running(r.task_id, r.name, r.worker, self.queue_of(r.name, r))
+                 for r in started if r.name is not None]
+        if len(named) < len(started):
+            self._report_unextended(len(started) - len(named))
+        return judge(self.broker, named, kinds, self.session_timeout_seconds,
+                     unextended=len(started) - len(named))
+
+    def unknown(self, verdict: Judgement) -> LivenessUnknown | None:
+        """Why the broker's answers were not trusted this transaction (None: they were)."""
+        doubt = verdict.doubt
+        return None if doubt is None else LivenessUnknown(doubt, self.broker.where())
+
+    def stuck(self, verdict: Judgement) -> StuckWork:
+        """The rows written without ``result_extended`` (never decided) and, while the
+        broker's answers are doubted, the running tasks whose worker's liveness is
+        unknown."""
+        return {StuckReason.UNDECIDABLE: StuckCount(verdict.unextended),
+                StuckReason.LIVENESS_UNKNOWN: StuckCount(verdict.unknown)}
+
+    def check(self) -> None:
+        """The packages to reach the broker."""
+        self.broker.check()
+
+    def _report_unextended(self, count: int) -> None:
+        """STARTED rows without a name were written without ``result_extended``: left
+        alone, and said once a process, naming the setting (not which tasks)."""
+        table = self.result.sql_table.name
+        if table in _WARNED:
+            return
+        _WARNED.add(table)
+        log.warning("event=celery_rows_skipped count=%d missing_setting=result_extended "
+                    "detail=%s", count, json.dumps(
+                        f"STARTED rows without a task name are left alone: {UNEXTENDED_FIX}"))

@@ -35,9 +35,7 @@ PostgreSQL. What differs between the two tables is their ``ResultTable`` (celery
 
 from __future__ import annotations
 
-import json
-import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, ClassVar
@@ -49,52 +47,36 @@ from sqlalchemy.engine import Connection
 
 from reconciler.config.tables import SourceSettings
 from reconciler.core.evidence import StepFacts
-from reconciler.core.kinds import KindPolicy, KindRules
-from reconciler.core.ports import (
-    Candidate,
-    Fence,
-    JobKey,
-    LivenessUnknown,
-    PlannedChange,
-    StuckCount,
-    StuckWork,
-    Unjudged,
-)
-from reconciler.core.vocabulary import (
-    Disposition,
-    JobStatus,
-    Reason,
-    StuckReason,
-)
+from reconciler.core.kinds import KindPolicy
+from reconciler.core.ports import Candidate, Fence, JobKey, PlannedChange, Unjudged
+from reconciler.core.vocabulary import Disposition, JobStatus, Reason
 from reconciler.sources.celery.broker import REDIS_SCHEMES, CeleryBroker
-from reconciler.sources.celery.liveness import Judgement, Running, judge
+from reconciler.sources.celery.liveness import (
+    UNEXTENDED_FIX,
+    UNEXTENDED_WHY,
+    CeleryLiveness,
+    Judgement,
+)
 from reconciler.sources.celery.tables import (
     ResultRows,
+    ResultTable,
     attempt_of,
     call_arguments,
     failure_traceback,
-    queue_for,
     retries_of,
     shape_for,
 )
 from reconciler.sources.kit.batches import Batch, fence_of
 from reconciler.sources.kit.checks import require_columns
+from reconciler.sources.kit.declaration import Declaration
 from reconciler.sources.kit.fences import ForeignFence
-from reconciler.sources.kit.shapes import Shape, UtcTimes, candidate, constant
-from reconciler.sources.kit.source import ForeignSource
+from reconciler.sources.kit.shapes import Shape, candidate, constant
+from reconciler.sources.kit.system import Changed, Policies, Scope, System
 from reconciler.storage.sql import unnest
-
-log = logging.getLogger("reconciler.sources.celery")
-_WARNED: set[str] = set()
-"""Result tables already reported for rows lacking ``result_extended`` (once a process)."""
 
 CELERY_SERIALIZERS = ("json",)
 """The result serializers whose rows the celery source reads (args, kwargs, result): never
 pickle, which would run code chosen by whoever can write the result table."""
-UNEXTENDED_WHY = ("Celery wrote the row without result_extended, so a STARTED row has no "
-                  "task name, args, queue or worker to judge or re-run it by")
-UNEXTENDED_FIX = ("set result_extended = True (and task_track_started = True, without "
-                  "which a running task has no row at all) in the Celery app's config")
 _STATUS_WORDS = {"PENDING": JobStatus.QUEUED, "RECEIVED": JobStatus.QUEUED,
                  "RETRY": JobStatus.QUEUED, "STARTED": JobStatus.PROCESSING,
                  "SUCCESS": JobStatus.COMPLETED, "FAILURE": JobStatus.FAILED,
@@ -151,105 +133,53 @@ class CeleryFence(ForeignFence):
     """The broker's delivery tag of the task's unacknowledged message, when it holds one."""
 
 
-class CelerySource(ForeignSource):
-    """Celery's result rows, judged by its workers' answers to ping."""
+@dataclass(frozen=True, slots=True)
+class CelerySql:
+    """Celery's result table as SQL, and its broker's liveness (the declared one)."""
 
-    source_name = CeleryConfig.kind
+    table: str
+    shape: ResultTable
+    result: ResultRows
+    liveness: CeleryLiveness
 
-    def __init__(self, connection: Connection, config: CeleryConfig, kinds: KindRules, *,
-                 lock: bool = True, broker: CeleryBroker | None = None) -> None:
-        super().__init__(connection, kinds, lock=lock)
-        self._config = config
-        self._broker = broker or CeleryBroker(config.broker_url)
-        self._shape = shape_for(config.result_table)
-        self._result = ResultRows(config.result_table, self._shape)
-        self._rows = self._result.sql_table
-        self._judged: Judgement | None = None
-        # Celery writes naive UTC: write date_done so.
-        self._utc = UtcTimes(connection)
-        self.declared = Shape(key=self._rows.c.task_id, kind=self._result.name,
-                              locks=self._rows, scans_all_kinds=True)
+    @classmethod
+    def of(cls, config: CeleryConfig) -> CelerySql:
+        """The configured result table and the app's broker."""
+        shape = shape_for(config.result_table)
+        result = ResultRows(config.result_table, shape)
+        return cls(config.result_table, shape, result, CeleryLiveness(
+            CeleryBroker(config.broker_url), result, config.session_timeout_seconds,
+            config.task_routes, config.task_default_queue))
 
-    def check_schema(self) -> None:
-        """The extended result table, and the packages to reach its broker."""
-        require_columns(self._conn, self.source_name, self._config.result_table, None,
-                        {c: c for c in self._shape.columns()})
-        self._broker.check()
+    @property
+    def rows(self) -> sa.TableClause:
+        """The result table."""
+        return self.result.sql_table
+
+    def check_schema(self, conn: Connection) -> None:
+        """The extended result table (the broker is the liveness's to check)."""
+        require_columns(conn, CeleryConfig.kind, self.table, None,
+                        {c: c for c in self.shape.columns()})
 
     # -- SQL pieces ---------------------------------------------------------- #
 
-    def _started(self) -> list[sa.ColumnElement[bool]]:
-        return [self._rows.c.status == constant("STARTED"), self._result.name.is_not(None)]
-
-    def _judge(self) -> Judgement:
-        """The broker's view of the STARTED rows, once per transaction (``judge``). The
-        same read finds the rows written without ``result_extended``."""
-        if self._judged is not None:
-            return self._judged
-        result = self._result
-        started = self._conn.execute(
-            sa.select(self._rows.c.task_id, result.name.label("name"), self._rows.c.worker,
-                      *([result.queue.label("queue")] if result.queue is not None else []))
-            .where(self._rows.c.status == constant("STARTED"))
-        ).all()
-        rows = [Running(r.task_id, r.name, r.worker, self._queue_of(r.name, r))
-                for r in started if r.name is not None]
-        if len(rows) < len(started):
-            self._report_unextended(len(started) - len(rows))
-        self._judged = judge(self._broker, rows, self._kinds,
-                             self._config.session_timeout_seconds,
-                             unextended=len(started) - len(rows))
-        return self._judged
-
-    def _queue_of(self, name: str, row: sa.Row[Any]) -> str:
-        """The queue a task was sent to: the row's (selected as ``queue`` where the table
-        keeps one), else where the app routes its name."""
-        queue = row.queue if self._result.queue is not None else None
-        return queue or queue_for(name, self._config.task_routes,
-                                  self._config.task_default_queue)
-
-    def liveness_unknown(self) -> LivenessUnknown | None:
-        """Why the broker's answers were not trusted this transaction (None: they were)."""
-        doubt = self._judge().doubt
-        return None if doubt is None else LivenessUnknown(doubt, self._broker.where())
-
-    def stuck_work(self) -> StuckWork:
-        """The expired tasks awaiting a decision, the rows written without
-        ``result_extended`` (never decided) and, while the broker's answers are doubted,
-        the running tasks whose worker's liveness is unknown."""
-        work = super().stuck_work()
-        judged = self._judge()
-        work[StuckReason.UNDECIDABLE] = StuckCount(judged.unextended)
-        work[StuckReason.LIVENESS_UNKNOWN] = StuckCount(judged.unknown)
-        return work
-
-    def _report_unextended(self, count: int) -> None:
-        """STARTED rows without a name were written without ``result_extended``: left
-        alone, and said once a process, naming the setting (not which tasks)."""
-        table = self._config.result_table
-        if table in _WARNED:
-            return
-        _WARNED.add(table)
-        log.warning("event=celery_rows_skipped count=%d missing_setting=result_extended "
-                    "detail=%s", count, json.dumps(
-                        f"STARTED rows without a task name are left alone: {UNEXTENDED_FIX}"))
-
-    def unjudged(self, job_id: JobKey | None = None) -> Unjudged | None:
+    def unjudged(self, conn: Connection, job_id: JobKey | None) -> Unjudged | None:
         """The STARTED rows without a task name (written without ``result_extended``),
         which no pass judges; for operators (``jobs explain``, ``reconciler kinds``)."""
-        rows = self._rows
+        rows = self.rows
         query = sa.select(sa.func.count()).select_from(rows).where(
-            rows.c.status == constant("STARTED"), self._result.name.is_(None))
+            rows.c.status == constant("STARTED"), self.result.name.is_(None))
         if job_id is not None:
             query = query.where(rows.c.task_id == str(job_id))
-        count = int(self._conn.execute(query).scalar_one())
+        count = int(conn.execute(query).scalar_one())
         if not count:
             return None
         return Unjudged(count, "result_extended", UNEXTENDED_WHY, UNEXTENDED_FIX)
 
-    def _running(self, policies: Mapping[str, KindPolicy]) -> sa.Select[Any]:
-        rows, result = self._rows, self._result
-        gone = self._judge().gone if policies else {}
+    def running(self, scope: Scope, policies: Policies) -> sa.Select[Any]:
+        """Every STARTED row with a task name, and how far past its worker's silence."""
+        rows, result = self.rows, self.result
+        gone = _judged(scope).gone if policies else {}
         over: sa.ColumnElement[Any] = sa.literal(-1.0, sa.Float())
         if gone:
             over = sa.case({k: sa.literal(v, sa.Float()) for k, v in gone.items()},
@@ -258,20 +188,22 @@ class CelerySource(ForeignSource):
         return sa.select(
             rows.c.task_id.label("job_id"), result.name.label("job_kind"), rows.c.worker,
             rows.c.date_done, result.args.label("args"), result.kwargs.label("kwargs"),
-            *optional, *result.attempt_columns(self._tx.ledger, self._tx.history),
+            *optional, *result.attempt_columns(scope.ledger, scope.history),
             over.label("lease_expired_seconds"),
-        ).where(*self._started())
+        ).where(rows.c.status == constant("STARTED"), result.name.is_not(None))
 
-    def _expired(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[bool]:
-        gone = self._judge().gone
-        return self._rows.c.task_id.in_(sorted(gone)) if gone else sa.false()
+    def expired(self, scope: Scope, policies: Policies) -> sa.ColumnElement[bool]:
+        """The tasks the broker's verdict found gone."""
+        gone = _judged(scope).gone
+        return self.rows.c.task_id.in_(sorted(gone)) if gone else sa.false()
 
-    def _candidate(self, row: sa.Row[Any], policy: KindPolicy, steps: StepFacts | None,
-                   position: bool) -> Candidate:
-        judged, shape = self._judge(), self._shape
+    def candidate(self, scope: Scope, row: sa.Row[Any], policy: KindPolicy,
+                  steps: StepFacts | None, position: bool) -> Candidate:
+        """One STARTED row's facts; its worker, retries and stamp are the fence."""
+        judged, shape = _judged(scope), self.shape
         over = judged.gone.get(row.job_id)
         arguments = call_arguments(row.args, row.kwargs, shape)
-        queue = self._queue_of(row.job_kind, row)
+        queue = self.liveness.queue_of(row.job_kind, row)
         snapshot = CeleryFence(row.worker, retries_of(row, shape),
                                row.date_done if shape.stamps_every_write else None,
                                row.job_kind, arguments, queue, judged.unacked.get(row.job_id))
@@ -288,13 +220,9 @@ class CelerySource(ForeignSource):
 
     # -- for operators ------------------------------------------------------ #
 
-    def status_words(self) -> Mapping[str, JobStatus]:
-        """Celery's task states in this project's words."""
-        return _STATUS_WORDS
-
-    def listing(self) -> sa.Select[Any]:
+    def listing(self, conn: Connection) -> sa.Select[Any]:
         """Every result row (Celery writes one once a worker starts or ends a task)."""
-        rows, result = self._rows, self._result
+        rows, result = self.rows, self.result
         retries = sa.literal(0) if result.retries is None else sa.func.coalesce(result.retries, 0)
         created = sa.null() if result.created is None else sa.type_coerce(result.created,
                                                                          sa.DateTime())
@@ -308,17 +236,12 @@ class CelerySource(ForeignSource):
             sa.type_coerce(rows.c.date_done, sa.DateTime()).label("updated_at"),
             rows.c.id.label("row_number"))
 
-    def listing_order(self, jobs: sa.Subquery) -> list[sa.ColumnElement[Any]]:
-        """Newest first by the table's autoincrement ``id``: ``celery_taskmeta`` keeps no
-        creation time and a ``STARTED`` row no time at all (``date_done`` is NULL until the
-        task ends), while ``id`` follows the order the rows were first written."""
-        return [jobs.c.row_number.desc()]
-
     # -- applying ------------------------------------------------------------ #
 
-    def _swap(self, batch: Batch) -> dict[JobKey, int | None]:
-        self._utc()
-        judged = self._judge()
+    def swap(self, scope: Scope, batch: Batch) -> Changed:
+        """The rows still as read, in Celery's RETRY or FAILURE shape, each then handed
+        over to the broker (re-published or revoked)."""
+        judged = _judged(scope)
         if not judged.may_swap:
             return {}  # a broker that does not answer, or not the app's: nothing is written
         resume = batch.disposition is Disposition.RESUME
@@ -329,14 +252,14 @@ class CelerySource(ForeignSource):
                 if wedged or str(change.decision.job_id) in judged.gone]
         held = [(c, f) for c, f in held if not (resume and f.arguments is None)]
         changes, fences = [c for c, _ in held], [f for _, f in held]
-        rows = self._rows
+        rows = self.rows
         still = [] if batch.stalled is None else [batch.stalled]
-        values = self._result.written(batch.reason, resume=resume)
-        done = {task_id for fenced in self._fenced(changes, fences)
-                for task_id in self._conn.execute(
+        values = self.result.written(batch.reason, resume=resume)
+        done = {task_id for fenced in self._fenced(scope, changes, fences)
+                for task_id in scope.conn.execute(
                     rows.update().where(rows.c.status == constant("STARTED"), *fenced, *still)
                     .values(values).returning(rows.c.task_id)).scalars()}
-        changed: dict[JobKey, int | None] = {}
+        changed: Changed = {}
         for change, seen in zip(changes, fences, strict=True):
             task_id = str(change.decision.job_id)
             if task_id not in done:
@@ -347,15 +270,15 @@ class CelerySource(ForeignSource):
             changed[change.decision.job_id] = attempts
         return changed
 
-    def _fenced(self, changes: Sequence[PlannedChange], fences: Sequence[CeleryFence]
-                ) -> list[list[sa.ColumnElement[bool]]]:
+    def _fenced(self, scope: Scope, changes: Sequence[PlannedChange],
+                fences: Sequence[CeleryFence]) -> list[list[sa.ColumnElement[bool]]]:
         """The WHERE clauses of the swap's statements, each row only as read: one statement
         over the batch's snapshots on PostgreSQL, one per change on SQLite (in process, a
         statement per change costs no round trip)."""
-        rows, result = self._rows, self._result
+        rows, result = self.rows, self.result
         if not changes:
             return []
-        if self._conn.dialect.name == "postgresql":
+        if scope.postgres:
             seen = unnest("seen", [
                 ("task_id", sa.Text(), [str(c.decision.job_id) for c in changes]),
                 ("worker", sa.Text(), [f.worker for f in fences]),
@@ -371,7 +294,7 @@ class CelerySource(ForeignSource):
             where = [key, rows.c.worker.is_not_distinct_from(worker)]
             if result.retries is not None:
                 where.append(result.retries.is_not_distinct_from(retries))
-            if self._shape.stamps_every_write:
+            if self.shape.stamps_every_write:
                 where.append(rows.c.date_done.is_not_distinct_from(stamped))
             statements.append(where)
         return statements
@@ -380,11 +303,41 @@ class CelerySource(ForeignSource):
                    retries: int) -> None:
         """After a row swapped in, before the pass commits: its held message taken out of
         the broker, then the task re-published (resume) or revoked on the live workers."""
-        held_back = seen.unacked_tag is not None and not self._broker.take_unacked(
+        broker = self.liveness.broker
+        held_back = seen.unacked_tag is not None and not broker.take_unacked(
             seen.unacked_tag)
         if resume and not held_back and seen.arguments is not None:
             args, kwargs = seen.arguments
-            self._broker.publish(task_id, seen.name, args=args, kwargs=kwargs,
-                                 queue=seen.queue, retries=retries)
+            broker.publish(task_id, seen.name, args=args, kwargs=kwargs,
+                           queue=seen.queue, retries=retries)
         elif not resume:
-            self._broker.revoke(task_id)
+            broker.revoke(task_id)
+
+
+def _judged(scope: Scope) -> Judgement:
+    """The broker's verdict the kit read for this transaction."""
+    if not isinstance(scope.verdict, Judgement):  # pragma: no cover - the kit's mistake
+        raise TypeError("the celery source's functions need the broker's verdict")
+    return scope.verdict
+
+
+def by_row_number(jobs: sa.Subquery) -> list[sa.ColumnElement[Any]]:
+    """Newest first by the table's autoincrement ``id``: ``celery_taskmeta`` keeps no
+    creation time and a ``STARTED`` row no time at all (``date_done`` is NULL until the
+    task ends), while ``id`` follows the order the rows were first written."""
+    return [jobs.c.row_number.desc()]
+
+
+def declare(config: CeleryConfig) -> System:
+    """Celery's result rows, judged by its workers' answers to ping."""
+    sql = CelerySql.of(config)
+    return System(
+        # Celery writes naive UTC: date_done is written so.
+        shape=Shape(key=sql.rows.c.task_id, kind=sql.result.name, locks=sql.rows,
+                    scans_all_kinds=True, naive_utc="swap"),
+        running=sql.running, expired=sql.expired, candidate=sql.candidate, swap=sql.swap,
+        check_schema=sql.check_schema, listing=sql.listing, status_words=_STATUS_WORDS,
+        listing_order=by_row_number, unjudged=sql.unjudged, liveness=sql.liveness)
+
+
+DECLARATION = Declaration(CeleryConfig, declare)

@@ -1,14 +1,13 @@
-"""Django's tasks (``django_tasks`` database backend) as a job source.
-
-Its shape, fences and writes are in ``source``;
-what every source shares is in ``reconciler.sources.kit``."""
+"""Django's tasks (``django_tasks`` database backend) as a job source: its declaration
+(``source.DECLARATION``: shape, fences and writes); what every source shares is in
+``reconciler.sources.kit``."""
 
 from __future__ import annotations
 
 from reconciler.sources.django_tasks.source import (
+    DECLARATION,
     EXCEPTION_CLASS_PATH,
     DjangoTasksConfig,
-    DjangoTasksSource,
 )
 
-__all__ = ["EXCEPTION_CLASS_PATH", "DjangoTasksConfig", "DjangoTasksSource"]
+__all__ = ["DECLARATION", "EXCEPTION_CLASS_PATH", "DjangoTasksConfig"]

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -52,14 +52,15 @@ from sqlalchemy.sql.visitors import InternalTraversal
 
 from reconciler.config.tables import SourceSettings
 from reconciler.core.evidence import StepFacts
-from reconciler.core.kinds import KindPolicy, KindRules
-from reconciler.core.ports import Candidate, Fence, JobKey, PlannedChange
+from reconciler.core.kinds import KindPolicy
+from reconciler.core.ports import Candidate, Fence, PlannedChange
 from reconciler.core.vocabulary import Disposition, JobStatus, Reason
 from reconciler.sources.kit.batches import Batch, fence_of
 from reconciler.sources.kit.checks import require_columns
+from reconciler.sources.kit.declaration import Declaration
 from reconciler.sources.kit.fences import ForeignFence
-from reconciler.sources.kit.shapes import Shape, UtcTimes, by_kind, candidate, constant
-from reconciler.sources.kit.source import ForeignSource
+from reconciler.sources.kit.shapes import Shape, by_kind, candidate, constant
+from reconciler.sources.kit.system import Changed, Policies, Scope, System
 from reconciler.storage.clock import db_now, seconds_since
 from reconciler.storage.sql import unnest
 
@@ -134,59 +135,63 @@ def _task_key_dashed(element: task_key, compiler: Any, **kw: Any) -> str:
     return str(compiler.process(sa.func.lower(dashed), **kw))
 
 
-class DjangoTasksSource(ForeignSource):
-    """django-tasks-db's task results, leased by their kind's ``max_run_seconds``."""
+@dataclass(frozen=True, slots=True)
+class DjangoTasksSql:
+    """django-tasks-db's own SQL over its table, named by the config."""
 
-    source_name = DjangoTasksConfig.kind
+    table: str
+    backend_name: str | None
+    tasks: sa.TableClause
+    key: sa.ColumnElement[Any]
 
-    def __init__(self, connection: Connection, config: DjangoTasksConfig, kinds: KindRules,
-                 *, lock: bool = True) -> None:
-        super().__init__(connection, kinds, lock=lock)
-        self._config = config
-        self._tasks = sa.table(config.table, sa.column("id", sa.Uuid()),
-                               *(sa.column(c) for c in COLUMNS[1:]))
-        # Django stores UTC: read and write its timestamps so.
-        self._utc = UtcTimes(connection)
-        self.declared = Shape(key=task_key(self._tasks.c.id),
-                              kind=self._tasks.c.task_path, locks=self._tasks,
-                              scans_all_kinds=True)
+    @classmethod
+    def of(cls, config: DjangoTasksConfig) -> DjangoTasksSql:
+        """Its table (and the rows of ``backend_name`` when the config names one)."""
+        tasks = sa.table(config.table, sa.column("id", sa.Uuid()),
+                         *(sa.column(c) for c in COLUMNS[1:]))
+        return cls(config.table, config.backend_name, tasks, task_key(tasks.c.id))
 
-    def check_schema(self) -> None:
+    def check_schema(self, conn: Connection) -> None:
         """The backend's table and the columns this source reads and writes."""
-        require_columns(self._conn, self.source_name, self._config.table, None,
+        require_columns(conn, DjangoTasksConfig.kind, self.table, None,
                         {c: c for c in COLUMNS})
 
     # -- SQL pieces ---------------------------------------------------------- #
 
     def _lease_over(self, max_run: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
         """Seconds past ``started_at + max_run`` (negative while it runs; NULL: no lease)."""
-        return seconds_since(self._tasks.c.started_at) - max_run
+        return seconds_since(self.tasks.c.started_at) - max_run
 
-    def _max_run(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[Any]:
-        return by_kind(self.declared.kind, policies, lambda p: p.max_run_seconds)
+    def _max_run(self, policies: Policies) -> sa.ColumnElement[Any]:
+        return by_kind(self.tasks.c.task_path, policies, lambda p: p.max_run_seconds)
 
-    def _running(self, policies: Mapping[str, KindPolicy]) -> sa.Select[Any]:
-        self._utc()
-        tasks = self._tasks
-        query = sa.select(
-            self.declared.key.label("job_id"), tasks.c.task_path.label("job_kind"),
-            tasks.c.started_at, sa.cast(tasks.c.worker_ids, sa.Text()).label("worker_ids"),
-            self._lease_over(self._max_run(policies)).label("lease_expired_seconds"),
-        ).where(tasks.c.status == constant("RUNNING"))
-        if self._config.backend_name is not None:
-            query = query.where(tasks.c.backend_name == self._config.backend_name)
+    def _ours(self, query: sa.Select[Any]) -> sa.Select[Any]:
+        if self.backend_name is not None:
+            query = query.where(self.tasks.c.backend_name == self.backend_name)
         return query
 
-    def _expired(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[bool]:
+    def running(self, scope: Scope, policies: Policies) -> sa.Select[Any]:
+        """Every ``RUNNING`` task, its claim and how far past its lease."""
+        tasks = self.tasks
+        return self._ours(sa.select(
+            self.key.label("job_id"), tasks.c.task_path.label("job_kind"),
+            tasks.c.started_at, sa.cast(tasks.c.worker_ids, sa.Text()).label("worker_ids"),
+            self._lease_over(self._max_run(policies)).label("lease_expired_seconds"),
+        ).where(tasks.c.status == constant("RUNNING")))
+
+    def expired(self, scope: Scope, policies: Policies) -> sa.ColumnElement[bool]:
+        """Started longer ago than its kind's ``max_run_seconds``."""
         return sa.func.coalesce(self._lease_over(self._max_run(policies)) >= 0, False)
 
-    def _wedge_guard(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[bool]:
-        # Only under a declared run time: a task with no lease at all is never reclaimed on
-        # time alone, not even as wedged.
+    def wedge_guard(self, scope: Scope, policies: Policies) -> sa.ColumnElement[bool]:
+        """Only under a declared run time: a task with no lease at all is never reclaimed
+        on time alone, not even as wedged."""
         return self._max_run(policies).is_not(None)
 
-    def _candidate(self, row: sa.Row[Any], policy: KindPolicy, steps: StepFacts | None,
-                   position: bool) -> Candidate:
+    @staticmethod
+    def candidate(scope: Scope, row: sa.Row[Any], policy: KindPolicy,
+                  steps: StepFacts | None, position: bool) -> Candidate:
+        """One ``RUNNING`` task's facts; its claim as read is the fence."""
         over = row.lease_expired_seconds
         attempts = _attempts(row.worker_ids)
         snapshot = DjangoTasksFence(row.started_at, row.worker_ids, policy.max_run_seconds)
@@ -201,14 +206,10 @@ class DjangoTasksSource(ForeignSource):
 
     # -- for operators ------------------------------------------------------ #
 
-    def status_words(self) -> Mapping[str, JobStatus]:
-        """Django's task result statuses in this project's words."""
-        return _STATUS_WORDS
-
-    def listing(self) -> sa.Select[Any]:
+    def listing(self, conn: Connection) -> sa.Select[Any]:
         """Every task result of the backend (of ``backend_name`` when the config names one)."""
-        tasks = self._tasks
-        length = ("jsonb_array_length" if self._conn.dialect.name == "postgresql"
+        tasks = self.tasks
+        length = ("jsonb_array_length" if conn.dialect.name == "postgresql"
                   else "json_array_length")
         # Only a traceback the reconciler wrote names a reason: the task's own never shows.
         ours = sa.case(*((tasks.c.traceback == failure_traceback(r.value), r.value)
@@ -217,29 +218,26 @@ class DjangoTasksSource(ForeignSource):
         def when(column: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
             return sa.type_coerce(column, sa.DateTime())
 
-        query = sa.select(
-            self.declared.key.label("job_id"), tasks.c.task_path.label("job_kind"),
+        return self._ours(sa.select(
+            self.key.label("job_id"), tasks.c.task_path.label("job_kind"),
             tasks.c.status.label("source_status"),
             sa.func.coalesce(getattr(sa.func, length)(tasks.c.worker_ids), 0)
             .label("attempts"),
             sa.null().label("max_attempts"), ours.label("reason"),
             when(tasks.c.enqueued_at).label("created_at"),
             when(sa.func.coalesce(tasks.c.finished_at, tasks.c.started_at,
-                                  tasks.c.enqueued_at)).label("updated_at"))
-        if self._config.backend_name is not None:
-            query = query.where(tasks.c.backend_name == self._config.backend_name)
-        return query
+                                  tasks.c.enqueued_at)).label("updated_at")))
 
     # -- applying ------------------------------------------------------------ #
 
-    def _swap(self, batch: Batch) -> dict[JobKey, int | None]:
-        self._utc()
+    def swap(self, scope: Scope, batch: Batch) -> Changed:
+        """``READY`` or ``FAILED`` as the backend writes them, per lease of the batch."""
         by_lease: dict[float | None, list[PlannedChange]] = {}
         for change in batch.changes:
             lease = fence_of(change, DjangoTasksFence).max_run_seconds
             by_lease.setdefault(None if batch.wedged_after_seconds is not None else lease,
                                 []).append(change)
-        changed: dict[JobKey, int | None] = {}
+        changed: Changed = {}
         for max_run, changes in by_lease.items():
             if batch.stalled is not None:
                 still = batch.stalled
@@ -248,18 +246,18 @@ class DjangoTasksSource(ForeignSource):
             else:
                 limit = sa.literal(float(max_run), sa.Float())
                 still = sa.func.coalesce(self._lease_over(limit) >= 0, False)
-            changed.update(self._swap_set(batch, changes, still))
+            changed.update(self._swap_set(scope, batch, changes, still))
         return changed
 
-    def _swap_set(self, batch: Batch, changes: Sequence[PlannedChange],
-                  still: sa.ColumnElement[bool]) -> dict[JobKey, int | None]:
+    def _swap_set(self, scope: Scope, batch: Batch, changes: Sequence[PlannedChange],
+                  still: sa.ColumnElement[bool]) -> Changed:
         """The changes of one lease swapped in, each row only as its decision read it: one
         UPDATE on PostgreSQL, one per change on SQLite; the tasks changed, their attempts."""
-        tasks = self._tasks
+        tasks = self.tasks
         fences = [fence_of(change, DjangoTasksFence) for change in changes]
         ids = [uuid.UUID(str(change.decision.job_id)) for change in changes]
         worker_ids = sa.cast(tasks.c.worker_ids, sa.Text())
-        if self._conn.dialect.name == "postgresql":
+        if scope.postgres:
             seen = unnest("seen", [
                 ("id", sa.Uuid(), ids),
                 ("started_at", sa.DateTime(timezone=True), [f.started_at for f in fences]),
@@ -279,16 +277,31 @@ class DjangoTasksSource(ForeignSource):
                       "return_value": sa.null(),
                       "exception_class_path": EXCEPTION_CLASS_PATH,
                       "traceback": failure_traceback(batch.reason)}
-        done = {key for fenced in statements for key in self._conn.execute(
+        done = {key for fenced in statements for key in scope.conn.execute(
             tasks.update().where(tasks.c.status == constant("RUNNING"), *fenced, still)
-            .values(values).returning(self.declared.key)).scalars()}
-        changed: dict[JobKey, int | None] = {}
+            .values(values).returning(self.key)).scalars()}
+        changed: Changed = {}
         for change, fence in zip(changes, fences, strict=True):
             if str(change.decision.job_id) in done:
                 attempts = _attempts(fence.worker_ids)
                 batch.ledger.fence(change.decision.job_id, attempts + 1)
                 changed[change.decision.job_id] = attempts
         return changed
+
+
+def declare(config: DjangoTasksConfig) -> System:
+    """django-tasks-db's task results, leased by their kind's ``max_run_seconds``."""
+    sql = DjangoTasksSql.of(config)
+    return System(
+        # Django stores UTC: its timestamps are read and written so.
+        shape=Shape(key=sql.key, kind=sql.tasks.c.task_path, locks=sql.tasks,
+                    scans_all_kinds=True, naive_utc="scan"),
+        running=sql.running, expired=sql.expired, candidate=sql.candidate, swap=sql.swap,
+        check_schema=sql.check_schema, listing=sql.listing, status_words=_STATUS_WORDS,
+        wedge_guard=sql.wedge_guard)
+
+
+DECLARATION = Declaration(DjangoTasksConfig, declare)
 
 
 def _attempts(worker_ids: str | None) -> int:

@@ -1,10 +1,8 @@
-"""graphile-worker as a job source.
-
-Its shape, fences and writes are in ``source``;
-what every source shares is in ``reconciler.sources.kit``."""
+"""graphile-worker as a job source: its declaration (``source.DECLARATION``: shape,
+fences and writes); what every source shares is in ``reconciler.sources.kit``."""
 
 from __future__ import annotations
 
-from reconciler.sources.graphile_worker.source import GraphileWorkerConfig, GraphileWorkerSource
+from reconciler.sources.graphile_worker.source import DECLARATION, GraphileWorkerConfig
 
-__all__ = ["GraphileWorkerConfig", "GraphileWorkerSource"]
+__all__ = ["DECLARATION", "GraphileWorkerConfig"]

@@ -19,7 +19,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, ClassVar
@@ -31,14 +30,15 @@ from sqlalchemy.engine import Connection
 
 from reconciler.config.tables import SourceSettings
 from reconciler.core.evidence import StepFacts
-from reconciler.core.kinds import KindPolicy, KindRules
-from reconciler.core.ports import Candidate, Fence, JobKey
+from reconciler.core.kinds import KindPolicy
+from reconciler.core.ports import Candidate, Fence
 from reconciler.core.vocabulary import Disposition, JobStatus
 from reconciler.sources.kit.batches import Batch, fence_of
 from reconciler.sources.kit.checks import require_schema
+from reconciler.sources.kit.declaration import Declaration
 from reconciler.sources.kit.fences import ForeignFence
 from reconciler.sources.kit.shapes import Shape, candidate, per_kind
-from reconciler.sources.kit.source import ForeignSource
+from reconciler.sources.kit.system import Changed, Policies, Scope, System
 from reconciler.storage.clock import db_now, now_plus, seconds_since
 from reconciler.storage.sql import unnest
 
@@ -69,38 +69,33 @@ class GraphileWorkerFence(ForeignFence):
     max_attempts: int
 
 
-class GraphileWorkerSource(ForeignSource):
-    """graphile-worker's jobs, leased by their kind's ``max_run_seconds`` (else 4 hours)."""
+@dataclass(frozen=True, slots=True)
+class GraphileWorkerSql:
+    """graphile-worker's own SQL over its tables, named by the config."""
 
-    source_name = GraphileWorkerConfig.kind
+    schema: str
+    jobs: sa.TableClause
+    tasks: sa.TableClause
+    queues: sa.TableClause
 
-    def __init__(self, connection: Connection, config: GraphileWorkerConfig,
-                 kinds: KindRules, *, lock: bool = True) -> None:
-        super().__init__(connection, kinds, lock=lock)
-        self._config = config
+    @classmethod
+    def of(cls, config: GraphileWorkerConfig) -> GraphileWorkerSql:
+        """Its tables in the configured schema."""
         schema = config.schema
-        self._jobs = sa.table(
+        return cls(schema, sa.table(
             "_private_jobs", sa.column("id"), sa.column("task_id"), sa.column("job_queue_id"),
             sa.column("locked_at"), sa.column("locked_by"), sa.column("attempts"),
             sa.column("max_attempts"), sa.column("run_at"), sa.column("updated_at"),
             sa.column("created_at"), sa.column("last_error"),
-            schema=schema)
-        self._tasks = sa.table("_private_tasks", sa.column("id"), sa.column("identifier"),
-                               schema=schema)
-        self._queues = sa.table("_private_job_queues", sa.column("id"),
-                                sa.column("locked_at"), sa.column("locked_by"), schema=schema)
-        self.declared = Shape(
-            key=self._jobs.c.id, kind=self._tasks.c.identifier, locks=self._jobs,
-            # Not its primary key's order: a quiet scan reads the locked rows (by the index
-            # docs/sources.md suggests, else in one sequential read) instead of walking
-            # the key.
-            scan_order=self._jobs.c.id + sa.literal_column("0"),
-            # Its task identifiers: every job names one (a foreign key).
-            kind_catalogue=sa.select(self._tasks.c.identifier))
+            schema=schema),
+            sa.table("_private_tasks", sa.column("id"), sa.column("identifier"),
+                     schema=schema),
+            sa.table("_private_job_queues", sa.column("id"), sa.column("locked_at"),
+                     sa.column("locked_by"), schema=schema))
 
-    def check_schema(self) -> None:
+    def check_schema(self, conn: Connection) -> None:
         """graphile-worker's private tables and its ``permanently_fail_jobs``."""
-        require_schema(self._conn, self.source_name, self._config.schema, {
+        require_schema(conn, GraphileWorkerConfig.kind, self.schema, {
             "_private_jobs": ("id", "task_id", "job_queue_id", "locked_at", "locked_by",
                               "attempts", "max_attempts", "run_at", "last_error"),
             "_private_tasks": ("id", "identifier"),
@@ -110,13 +105,14 @@ class GraphileWorkerSource(ForeignSource):
 
     # -- SQL pieces ---------------------------------------------------------- #
 
-    def _lease_seconds(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[Any]:
-        by_kind = per_kind(self.declared.kind, {k: p.max_run_seconds
-                                                 for k, p in policies.items()})
+    def _lease_seconds(self, policies: Policies) -> sa.ColumnElement[Any]:
+        by_kind = per_kind(self.tasks.c.identifier, {k: p.max_run_seconds
+                                                     for k, p in policies.items()})
         return sa.func.coalesce(by_kind, LOCK_TIMEOUT_SECONDS)
 
-    def _running(self, policies: Mapping[str, KindPolicy]) -> sa.Select[Any]:
-        jobs, tasks = self._jobs, self._tasks
+    def running(self, scope: Scope, policies: Policies) -> sa.Select[Any]:
+        """Every locked job, its claim's age and how far past its lease."""
+        jobs, tasks = self.jobs, self.tasks
         claim_age = seconds_since(jobs.c.locked_at)
         return (
             sa.select(jobs.c.id.label("job_id"), tasks.c.identifier.label("job_kind"),
@@ -127,11 +123,14 @@ class GraphileWorkerSource(ForeignSource):
             .where(jobs.c.locked_at.is_not(None))
         )
 
-    def _expired(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[bool]:
-        return self._jobs.c.locked_at < now_plus(-self._lease_seconds(policies))
+    def expired(self, scope: Scope, policies: Policies) -> sa.ColumnElement[bool]:
+        """Locked longer than its lease."""
+        return self.jobs.c.locked_at < now_plus(-self._lease_seconds(policies))
 
-    def _candidate(self, row: sa.Row[Any], policy: KindPolicy, steps: StepFacts | None,
-                   position: bool) -> Candidate:
+    @staticmethod
+    def candidate(scope: Scope, row: sa.Row[Any], policy: KindPolicy,
+                  steps: StepFacts | None, position: bool) -> Candidate:
+        """One locked job's facts; its lock and attempts are the fence."""
         lease = policy.max_run_seconds or LOCK_TIMEOUT_SECONDS
         overrun = float(row.claim_age) - lease
         attempts, max_attempts = int(row.attempts), int(row.max_attempts)
@@ -147,13 +146,9 @@ class GraphileWorkerSource(ForeignSource):
 
     # -- for operators ------------------------------------------------------ #
 
-    def status_words(self) -> Mapping[str, JobStatus]:
-        """graphile-worker keeps no status: locked, failed for good, or waiting to run."""
-        return _STATUS_WORDS
-
-    def listing(self) -> sa.Select[Any]:
+    def listing(self, conn: Connection) -> sa.Select[Any]:
         """Every job graphile-worker still holds (it deletes the ones that succeed)."""
-        jobs, tasks = self._jobs, self._tasks
+        jobs, tasks = self.jobs, self.tasks
         status = sa.case((jobs.c.locked_at.is_not(None), sa.literal("locked", sa.Text())),
                          (jobs.c.attempts >= jobs.c.max_attempts, sa.literal("failed", sa.Text())),
                          else_=sa.literal("queued", sa.Text()))
@@ -167,8 +162,10 @@ class GraphileWorkerSource(ForeignSource):
 
     # -- applying ------------------------------------------------------------ #
 
-    def _swap(self, batch: Batch) -> dict[JobKey, int | None]:
-        jobs, queues = self._jobs, self._queues
+    def swap(self, scope: Scope, batch: Batch) -> Changed:
+        """Unlocked as its own stale-lock reset does, then failed for good by its own
+        function (terminalize); one statement each per batch."""
+        jobs, queues, conn = self.jobs, self.queues, scope.conn
         fences = [fence_of(change, GraphileWorkerFence) for change in batch.changes]
         seen = unnest("seen", [
             ("id", sa.BigInteger(), [change.decision.job_id for change in batch.changes]),
@@ -180,7 +177,7 @@ class GraphileWorkerSource(ForeignSource):
                  else batch.stalled)
         # Unlocked as its own stale-lock reset does; rows whose fence no longer holds are
         # not returned.
-        unlocked = self._conn.execute(
+        unlocked = conn.execute(
             jobs.update()
             .where(jobs.c.id == seen.c.id, jobs.c.locked_at == seen.c.locked_at,
                    jobs.c.locked_by.is_not_distinct_from(seen.c.locked_by),
@@ -196,11 +193,10 @@ class GraphileWorkerSource(ForeignSource):
             # Each named queue locked by the same pool for these jobs: free it too.
             queue = unnest("queue", [("id", sa.Integer(), [r.job_queue_id for r in held]),
                                      ("locked_by", sa.Text(), [r.locked_by for r in held])])
-            self._conn.execute(queues.update()
-                               .where(queues.c.id == queue.c.id,
-                                      queues.c.locked_by.is_not_distinct_from(
-                                          queue.c.locked_by))
-                               .values(locked_at=None, locked_by=None))
+            conn.execute(queues.update()
+                         .where(queues.c.id == queue.c.id,
+                                queues.c.locked_by.is_not_distinct_from(queue.c.locked_by))
+                         .values(locked_at=None, locked_by=None))
         ids = [row.id for row in unlocked]
         by_id = {change.decision.job_id: fence
                  for change, fence in zip(batch.changes, fences, strict=True)}
@@ -210,15 +206,37 @@ class GraphileWorkerSource(ForeignSource):
             # ones), all in one call.
             failed: sa.Function[Any] = sa.Function(
                 "permanently_fail_jobs", sa.literal(ids, sa.ARRAY(sa.BigInteger())),
-                sa.literal(batch.reason, sa.Text()), packagenames=(self._config.schema,))
-            self._conn.execute(sa.select(sa.func.count()).select_from(failed))
+                sa.literal(batch.reason, sa.Text()), packagenames=(self.schema,))
+            conn.execute(sa.select(sa.func.count()).select_from(failed))
         for job_id in ids:
             batch.ledger.fence(job_id, by_id[job_id].attempts + 1)
         return {job_id: by_id[job_id].max_attempts if terminal else by_id[job_id].attempts
                 for job_id in ids}
 
-    def _after_apply(self, changed: Mapping[JobKey, int | None]) -> None:
-        if changed:
-            # Its workers listen on jobs:insert; a nudge saves them a poll interval.
-            payload = json.dumps({"r": 0, "count": len(changed)})
-            self._conn.execute(sa.select(sa.func.pg_notify("jobs:insert", payload)))
+
+def nudge(conn: Connection, changed: Changed) -> None:
+    """Its workers listen on ``jobs:insert``: a nudge after the swaps saves them a poll."""
+    if changed:
+        payload = json.dumps({"r": 0, "count": len(changed)})
+        conn.execute(sa.select(sa.func.pg_notify("jobs:insert", payload)))
+
+
+def declare(config: GraphileWorkerConfig) -> System:
+    """graphile-worker's jobs, leased by their kind's ``max_run_seconds`` (else 4 hours)."""
+    sql = GraphileWorkerSql.of(config)
+    return System(
+        shape=Shape(
+            key=sql.jobs.c.id, kind=sql.tasks.c.identifier, locks=sql.jobs,
+            # Not its primary key's order: a quiet scan reads the locked rows (by the index
+            # docs/sources.md suggests, else in one sequential read) instead of walking
+            # the key.
+            scan_order=sql.jobs.c.id + sa.literal_column("0"),
+            # Its task identifiers: every job names one (a foreign key).
+            kind_catalogue=sa.select(sql.tasks.c.identifier)),
+        running=sql.running, expired=sql.expired, candidate=sql.candidate, swap=sql.swap,
+        check_schema=sql.check_schema, listing=sql.listing,
+        # graphile-worker keeps no status: locked, failed for good, or waiting to run.
+        status_words=_STATUS_WORDS, after_apply=nudge)
+
+
+DECLARATION = Declaration(GraphileWorkerConfig, declare)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -141,7 +141,8 @@ class UtcTimes:
     """Makes PostgreSQL read and write ``timestamp`` (without time zone) columns as UTC for
     the rest of the connection's transaction, whatever the role's TimeZone: called before
     the first time is read or written by a source whose system stores naive UTC. Set once
-    per transaction (a source lives for one); nothing to do on SQLite."""
+    per transaction (the kit keeps one in each transaction's state); nothing to do on
+    SQLite."""
 
     def __init__(self, conn: Connection) -> None:
         self._conn = conn
@@ -161,7 +162,7 @@ def reason_text(change: PlannedChange) -> str:
 @dataclass(frozen=True, slots=True)
 class Shape:
     """What a system is, as plain values the kit reads (it never calls back for them):
-    built once by the source from its config and the connection's dialect."""
+    built once by the system's declaration from its config alone."""
 
     key: sa.ColumnElement[Any]
     """The job's id, in the scan's FROM; pages and cursors follow it."""
@@ -187,7 +188,12 @@ class Shape:
     count chains the audit's resumes on that counter."""
     scans_all_kinds: bool = False
     """Whether the scans may judge every kind alike unread (``AllKinds``): its SQL reads
-    policies only through ``by_kind`` and ``_reconciled``, never iterating over them."""
+    policies only through ``by_kind`` and the kit's kind filter, never iterating over
+    them."""
+    naive_utc: Literal["scan", "swap"] | None = None
+    """Where its timestamps are naive UTC, when the kit first sets the transaction's
+    TimeZone to UTC: before the scans read (and the swaps write), or before the swaps
+    only; None: never (``UtcTimes``)."""
 
     def order(self, postgres: bool) -> sa.ColumnElement[Any]:
         """The scans' order: the declared one, else on PostgreSQL the key in its own

@@ -1,17 +1,17 @@
-"""The shape every foreign source shares: scans in pages by key, evidence, set-wise swaps.
+"""The one kit class: a declared system bound to one transaction, as the pass's port.
 
-A subclass says, in SQL, what a running job of its system is, which of them lost their
-owner or outlived their lease, and how a batch of changes is swapped in through the
-system's own shapes, in one statement over the batch's fence snapshots (``unnest``) where
-the system allows it; this class pages, locks, reads the step ledger once per batch and builds the
-candidates. Per-kind values (``max_run_seconds``, ``wedged_after_seconds``) enter the SQL
-as one ``CASE`` over the kinds actually running, which are few.
+A system declares, in SQL, what a running job of it is, which of them lost their owner or
+outlived their lease, and how a batch of changes is swapped in through its own shapes
+(``kit.system.System``); ``DeclaredSource`` pages, locks, reads the step ledger once per
+batch, builds the candidates and counts for the brake, calling those declared functions
+with what they need and never called back by them. Per-kind values
+(``max_run_seconds``, ``wedged_after_seconds``) enter the SQL as one ``CASE`` over the
+kinds actually running, which are few.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from abc import abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -19,7 +19,6 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from reconciler.core.decisions import Thresholds
-from reconciler.core.evidence import StepFacts
 from reconciler.core.kinds import KindPolicy, KindRules
 from reconciler.core.ports import (
     Candidate,
@@ -29,86 +28,71 @@ from reconciler.core.ports import (
     PlannedChange,
     StuckCount,
     StuckWork,
+    Unjudged,
 )
-from reconciler.core.vocabulary import StuckReason
-from reconciler.sources.kit.batches import Batch, batches, fence_of
+from reconciler.core.vocabulary import JobStatus, StuckReason
+from reconciler.sources.kit.batches import batches, fence_of
 from reconciler.sources.kit.fences import ForeignFence, LedgerMark, with_ledger
 from reconciler.sources.kit.history import with_lost_attempts
-from reconciler.sources.kit.listing import SourceListing
 from reconciler.sources.kit.scan import expired_scan
-from reconciler.sources.kit.shapes import AllKinds, Shape, acting, by_kind
+from reconciler.sources.kit.shapes import AllKinds, acting, by_kind
+from reconciler.sources.kit.system import Changed, Scope, System
 from reconciler.sources.kit.transaction import SourceTransaction
 from reconciler.storage.clock import now_plus, seconds_since
 
 
-class ForeignSource(SourceListing):
-    """A job source over a foreign system's tables, bound to the pass's connection; what
-    it shows operators is declared as a ``SourceListing``."""
+class DeclaredSource:
+    """A declared foreign system bound to one connection (the pass's transaction, or an
+    operator's read) and the kinds' rules: the ``JobSource`` port, and what operators
+    see of the system."""
 
-    source_name: str
-    declared: Shape
-    """The system's shape (key, kind, lock target, order, catalogue, activity, flags), set
-    by the source's constructor: values the kit reads, never calls back for."""
-
-    def __init__(self, connection: Connection, kinds: KindRules, *, lock: bool = True) -> None:
+    def __init__(self, name: str, system: System, connection: Connection, kinds: KindRules,
+                 *, lock: bool = True) -> None:
+        self.source_name = name
+        self.system = system
         self._conn = connection
         self._kinds = kinds
         self._lock = lock
         # What the transaction reads and owes is kept apart from the declaration, in one
-        # object made for it (the registry opens a source per transaction).
-        self._tx = SourceTransaction(connection, self.source_name)
+        # object made for it (the declaration is bound anew per transaction).
+        self._tx = SourceTransaction(connection, name)
 
     @property
     def connection(self) -> Connection:
         """The connection (the pass's transaction, or an operator's read) it is bound to."""
         return self._conn
 
-    # -- what a source declares beside ``declared`` -------------------------- #
+    # -- what operators see ------------------------------------------------- #
 
-    @abstractmethod
     def check_schema(self) -> None:
-        """Raise one ``ConfigError`` line when the system's tables or functions are missing."""
+        """Raise one ``ConfigError`` line when the system's tables or functions (or its
+        liveness's outside end) are missing."""
+        self.system.check_schema(self._conn)
+        if self.system.liveness is not None:
+            self.system.liveness.check()
 
-    @abstractmethod
-    def _running(self, policies: Mapping[str, KindPolicy]) -> sa.Select[Any]:
-        """Every running job with the columns ``_candidate`` reads, unfiltered by lease:
-        ``job_id``, ``job_kind`` and ``lease_expired_seconds`` (seconds past the lease's
-        end under ``policies``, negative while it runs, NULL when it has none) labelled,
-        the rest its own."""
+    def listing(self) -> sa.Select[Any]:
+        """Every job of the system, for operators (``reconciler jobs list|show``)."""
+        return self.system.listing(self._conn)
 
-    @abstractmethod
-    def _expired(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[bool]:
-        """True for a running job whose owner is gone or whose lease has run out (never NULL
-        for a job of a kind in ``policies``)."""
+    def status_words(self) -> Mapping[str, JobStatus]:
+        """The system's statuses (``source_status``) in this project's words."""
+        return self.system.status_words
 
-    @abstractmethod
-    def _candidate(self, row: sa.Row[Any], policy: KindPolicy, steps: StepFacts | None,
-                   position: bool) -> Candidate:
-        """One row of ``_running`` as candidate facts."""
+    def listing_order(self, jobs: sa.Subquery) -> list[sa.ColumnElement[Any]]:
+        """The order of ``jobs list`` over ``listing()`` as the subquery ``jobs``: the
+        declared one, else newest first, by creation where the system keeps it, else by id
+        (which grows with each new job in the systems that keep no creation time)."""
+        if self.system.listing_order is not None:
+            return self.system.listing_order(jobs)
+        return [jobs.c.created_at.desc().nulls_last(), jobs.c.job_id.desc()]
 
-
-    # -- what a subclass may declare (each has a default) -------------------- #
-
-    def _wedge_guard(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[bool]:
-        """What else must hold for a live job to be looked at as wedged (by default
-        nothing more)."""
-        return sa.true()
-
-    def _swap(self, batch: Batch) -> dict[JobKey, int | None]:
-        """Swap a batch of changes in, set-wise where the system allows it; the jobs
-        changed and their generation after. A job whose fence no longer holds is left out.
-        By default one ``_apply_one`` per change (a source that cannot swap set-wise)."""
-        changed: dict[JobKey, int | None] = {}
-        for change in batch.changes:
-            swapped, generation = self._apply_one(batch, change)
-            if swapped:
-                changed[change.decision.job_id] = generation
-        return changed
-
-    def _apply_one(self, batch: Batch, change: PlannedChange) -> tuple[bool, int | None]:
-        """Swap one change of ``batch`` in; (changed, generation after). Needed only by a
-        source that keeps the default ``_swap``."""
-        raise NotImplementedError(f"{type(self).__name__} swaps set-wise only")
+    def unjudged(self, job_id: JobKey | None = None) -> Unjudged | None:
+        """Running jobs (``job_id``: only that one) whose rows lack what a pass reads, so
+        that no pass can judge them; None where every running row is judged."""
+        if self.system.unjudged is None:
+            return None
+        return self.system.unjudged(self._conn, job_id)
 
     # -- the port ------------------------------------------------------------ #
 
@@ -128,11 +112,11 @@ class ForeignSource(SourceListing):
         policies = self._policies()
         if not policies or limit <= 0:
             return []
-        key = self.declared.key
+        key = self.system.shape.key
         expired = self._expired(policies)
         rows = self._conn.execute(expired_scan(
             self._running(policies).where(self._reconciled(policies)), expired,
-            self._order(), self.declared.locks, limit=limit,
+            self._order(), self.system.shape.locks, limit=limit,
             after=None if after is None or after.position is None else after.position[0],
             locking=self._lock and self._conn.dialect.name == "postgresql")).all()
         if rows:  # the brake's counts, read with the candidates (``kit.scan``)
@@ -157,7 +141,7 @@ class ForeignSource(SourceListing):
         if not job_ids:
             return []
         policies = self._policies(reconciled_only=False)
-        key = self.declared.key
+        key = self.system.shape.key
         # Compared as text: an id from the command line names a job whatever the key's
         # type (a number, a UUID, a text key of digits), and this reads a handful of rows.
         named = sa.cast(key, sa.String()).in_([str(k) for k in job_ids])
@@ -177,11 +161,17 @@ class ForeignSource(SourceListing):
                    if ledger is None
                    or read.get(str(change.decision.job_id)) == ledger.last_write]
         self._tx.brake_counts = None  # the brake's counts are of the jobs before these swaps
-        changed: dict[JobKey, int | None] = {}
-        for batch in batches(holding, self._still_stalled, self._tx.ledger):
-            changed.update(self._swap(batch))
+        changed: Changed = {}
+        swapping = batches(holding, self._still_stalled, self._tx.ledger)
+        if swapping:
+            if self.system.shape.naive_utc is not None:
+                self._tx.utc()
+            scope = self._scope(judged=True)
+            for batch in swapping:
+                changed.update(self.system.swap(scope, batch))
         self._tx.ledger.fence_pending()
-        self._after_apply(changed)
+        if self.system.after_apply is not None:
+            self.system.after_apply(self._conn, changed)
         return changed
 
     def park(self, skipped: Sequence[PlannedChange]) -> int:
@@ -195,17 +185,27 @@ class ForeignSource(SourceListing):
         gate of ours: the pass reports those it skipped)."""
         policies = self._policies()
         if not policies:
-            return {}
+            return self._stuck_beside({})
         expired = self._running(policies).where(self._reconciled(policies),
                                                 self._expired(policies)).subquery()
         count, oldest = self._conn.execute(
             sa.select(sa.func.count(), sa.func.max(expired.c.lease_expired_seconds))).one()
-        return {StuckReason.AWAITING_DECISION: StuckCount(
-            int(count), None if oldest is None else float(oldest))}
+        return self._stuck_beside({StuckReason.AWAITING_DECISION: StuckCount(
+            int(count), None if oldest is None else float(oldest))})
+
+    def _stuck_beside(self, work: StuckWork) -> StuckWork:
+        """The kit's count with what the declared liveness adds (the running jobs it
+        cannot judge, by reason)."""
+        liveness = self.system.liveness
+        if liveness is None:
+            return work
+        return {**work, **liveness.stuck(self._scope(judged=True).verdict)}
 
     def liveness_unknown(self) -> LivenessUnknown | None:
-        """None: by default a source's liveness is in its own tables, read with its jobs."""
-        return None
+        """Why the declared liveness's verdict was not trusted this transaction; None when
+        it was, or where liveness is in the system's own tables, read with its jobs."""
+        liveness = self.system.liveness
+        return None if liveness is None else liveness.unknown(self._scope(judged=True).verdict)
 
     def kind_read(self, job_id: JobKey) -> str | None:
         """The kind of a job this transaction's scans read (None: none read)."""
@@ -248,22 +248,36 @@ class ForeignSource(SourceListing):
         return int(self._conn.execute(sa.select(sa.func.count()).select_from(stale))
                    .scalar_one())
 
-    # -- shared helpers ------------------------------------------------------ #
+    # -- the declaration, called with what it needs -------------------------- #
 
-    def _after_apply(
-            self, changed: Mapping[JobKey, int | None]) -> None:
-        """A hook after the swaps (graphile-worker wakes its workers here)."""
+    def _scope(self, *, judged: bool) -> Scope:
+        """What a declared function is given; ``judged``: with the declared liveness's
+        verdict for this transaction, read the first time it is asked for."""
+        liveness = self.system.liveness
+        if judged and liveness is not None and self._tx.verdict is None:
+            self._tx.verdict = liveness.judge(self._conn, self._kinds)
+        return Scope(self._conn, self._tx.ledger, self._tx.history,
+                     self._tx.verdict if judged else None)
+
+    def _running(self, policies: Mapping[str, KindPolicy]) -> sa.Select[Any]:
+        if self.system.shape.naive_utc == "scan":
+            self._tx.utc()
+        # Only a read of some kinds' jobs judges their liveness (not the list of kinds).
+        return self.system.running(self._scope(judged=bool(policies)), policies)
+
+    def _expired(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[bool]:
+        return self.system.expired(self._scope(judged=True), policies)
 
     def _policies(self, *, reconciled_only: bool = True) -> Mapping[str, KindPolicy]:
         """The policies of the kinds running now (few: task or queue names), read once per
         source (one pass's transaction); every kind unread (``AllKinds``) where the source
         allows it and ``[kinds]`` set the scans' keys alike for every kind."""
-        if self.declared.scans_all_kinds and self.declared.kind_catalogue is None:
+        if self.system.shape.scans_all_kinds and self.system.shape.kind_catalogue is None:
             every = AllKinds.of(self._kinds)
             if every is not None:
                 return every if every.alike.reconcile or not reconciled_only else {}
         if self._tx.running_kinds is None:
-            catalogue = self.declared.kind_catalogue
+            catalogue = self.system.shape.kind_catalogue
             if catalogue is None:
                 catalogue = sa.select(self._running({}).subquery().c.job_kind).distinct()
             kinds = self._conn.execute(catalogue).scalars()
@@ -275,14 +289,17 @@ class ForeignSource(SourceListing):
     def _reconciled(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[bool]:
         if isinstance(policies, AllKinds):
             return sa.true()
-        return self.declared.kind.in_(sorted(policies))
+        return self.system.shape.kind.in_(sorted(policies))
 
     def _stalled(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[bool]:
         """No activity (the job's own, else recorded steps) for the kind's
         ``wedged_after_seconds``."""
-        wedged = by_kind(self.declared.kind, policies,
+        wedged = by_kind(self.system.shape.kind, policies,
                          lambda p: p.thresholds.wedged_after_seconds)
-        return sa.and_(self._wedge_guard(policies), self._silent_for(wedged))
+        guard = self.system.wedge_guard
+        return sa.and_(sa.true() if guard is None else guard(self._scope(judged=True),
+                                                              policies),
+                       self._silent_for(wedged))
 
     def _may_be_wedged(self, policies: Mapping[str, KindPolicy]) -> bool:
         """Whether any job of this source has ledger records older than the shortest
@@ -290,7 +307,7 @@ class ForeignSource(SourceListing):
         system keeps no activity of ours), so without such records the wedged scan, a
         read of every running job, is skipped. A system that keeps its own activity is
         always scanned."""
-        if self.declared.activity is not None:
+        if self.system.shape.activity is not None:
             return True
         shortest = min(p.thresholds.wedged_after_seconds for p in (
             [policies.alike] if isinstance(policies, AllKinds) else policies.values()))
@@ -302,33 +319,35 @@ class ForeignSource(SourceListing):
         return self._silent_for(sa.literal(seconds, sa.Float()))
 
     def _silent_for(self, seconds: sa.ColumnElement[Any]) -> sa.ColumnElement[bool]:
-        activity = self.declared.activity
+        activity = self.system.shape.activity
         if activity is not None:
             return sa.func.coalesce(seconds_since(activity) >= seconds, False)
-        last = self._tx.ledger.last_write(sa.cast(self.declared.key, sa.String()))
+        last = self._tx.ledger.last_write(sa.cast(self.system.shape.key, sa.String()))
         return last < now_plus(-seconds)
 
     def _order(self) -> sa.ColumnElement[Any]:
-        return self.declared.order(self._conn.dialect.name == "postgresql")
+        return self.system.shape.order(self._conn.dialect.name == "postgresql")
 
     def _locked(self, query: sa.Select[Any]) -> sa.Select[Any]:
         if not self._lock or self._conn.dialect.name != "postgresql":
             return query
-        return query.with_for_update(skip_locked=True, of=self.declared.locks)
+        return query.with_for_update(skip_locked=True, of=self.system.shape.locks)
 
     def _build(self, rows: Sequence[sa.Row[Any]], policies: Mapping[str, KindPolicy],
                *, position: bool) -> list[Candidate]:
         rows = [r for r in rows if r.job_kind in policies]
         self._tx.kinds_read.update((str(r.job_id), r.job_kind) for r in rows)
-        if not self.declared.steps_in_ledger:
+        shape, facts = self.system.shape, self.system.candidate
+        scope = self._scope(judged=bool(rows))
+        if not shape.steps_in_ledger:
             # Plans live in the system's own rows: no ledger read.
             return with_lost_attempts(self._tx.history, [
-                self._candidate(r, policies[r.job_kind], None, position) for r in rows],
-                counted=self.declared.counts_attempts)
+                facts(scope, r, policies[r.job_kind], None, position) for r in rows],
+                counted=shape.counts_attempts)
         keys = [r.job_id for r in rows]
         steps, seen = self._tx.ledger.facts(keys)
         # The fence carries the job's last ledger write as read, so the swap repeats it.
         return with_lost_attempts(self._tx.history, [
-            with_ledger(self._candidate(r, policies[r.job_kind], steps.get(str(r.job_id)),
-                                         position), LedgerMark(seen.get(str(r.job_id))))
-            for r in rows], counted=self.declared.counts_attempts)
+            with_ledger(facts(scope, r, policies[r.job_kind], steps.get(str(r.job_id)),
+                              position), LedgerMark(seen.get(str(r.job_id))))
+            for r in rows], counted=shape.counts_attempts)

@@ -1,9 +1,10 @@
 """The state of one pass's transaction for one foreign source, made by the kit.
 
-A declaration (a source's shape) holds none of it: what the transaction has read (the
-kinds running, the brake's counts, each scanned job's kind) and the ports of this
-project's own tables it writes through (the step ledger, with the fences its swaps ask
-for, and the audit's history) live here, one object per transaction.
+A declaration (a system's ``System``) holds none of it: what the transaction has read (the
+kinds running, the brake's counts, each scanned job's kind, the liveness verdict, whether
+its times are read as UTC yet) and the ports of this project's own tables it writes
+through (the step ledger, with the fences its swaps ask for, and the audit's history)
+live here, one object per transaction.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from sqlalchemy.engine import Connection
 
 from reconciler.core.kinds import KindPolicy
+from reconciler.sources.kit.shapes import UtcTimes
 from reconciler.storage.audit import AuditHistory
 from reconciler.storage.step_ledger import PassLedger
 
@@ -18,7 +20,8 @@ from reconciler.storage.step_ledger import PassLedger
 class SourceTransaction:
     """What one transaction of a pass read and owes, for one source."""
 
-    __slots__ = ("brake_counts", "history", "kinds_read", "ledger", "running_kinds")
+    __slots__ = ("brake_counts", "history", "kinds_read", "ledger", "running_kinds", "utc",
+                 "verdict")
 
     def __init__(self, conn: Connection, source_name: str) -> None:
         self.ledger = PassLedger(conn, source_name)
@@ -32,3 +35,7 @@ class SourceTransaction:
         until a swap changes them."""
         self.kinds_read: dict[str, str] = {}
         """Each scanned job's kind, by key text, for the audit's rows."""
+        self.verdict: object | None = None
+        """The declared liveness's verdict, once read (one per transaction)."""
+        self.utc = UtcTimes(conn)
+        """Sets the transaction's TimeZone to UTC once, for a system of naive UTC times."""

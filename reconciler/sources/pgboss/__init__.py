@@ -1,10 +1,8 @@
-"""pg-boss as a job source.
-
-Its shape, fences and writes are in ``source``;
-what every source shares is in ``reconciler.sources.kit``."""
+"""pg-boss as a job source: its declaration (``source.DECLARATION``: shape, fences and
+writes); what every source shares is in ``reconciler.sources.kit``."""
 
 from __future__ import annotations
 
-from reconciler.sources.pgboss.source import PgBossConfig, PgBossSource
+from reconciler.sources.pgboss.source import DECLARATION, PgBossConfig
 
-__all__ = ["PgBossConfig", "PgBossSource"]
+__all__ = ["DECLARATION", "PgBossConfig"]

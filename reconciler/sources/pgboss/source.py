@@ -23,7 +23,6 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, ClassVar
@@ -36,14 +35,15 @@ from sqlalchemy.engine import Connection
 
 from reconciler.config.tables import SourceSettings
 from reconciler.core.evidence import StepFacts
-from reconciler.core.kinds import KindPolicy, KindRules
-from reconciler.core.ports import Candidate, Fence, JobKey
+from reconciler.core.kinds import KindPolicy
+from reconciler.core.ports import Candidate, Fence
 from reconciler.core.vocabulary import Disposition, JobStatus
 from reconciler.sources.kit.batches import Batch, fence_of
 from reconciler.sources.kit.checks import require_schema
+from reconciler.sources.kit.declaration import Declaration
 from reconciler.sources.kit.fences import ForeignFence
 from reconciler.sources.kit.shapes import Shape, candidate, constant, per_kind
-from reconciler.sources.kit.source import ForeignSource
+from reconciler.sources.kit.system import Changed, Policies, Scope, System
 from reconciler.storage.clock import db_now, now_plus, seconds_since
 from reconciler.storage.sql import unnest
 
@@ -72,38 +72,32 @@ class PgBossFence(ForeignFence):
     lease_seconds: float
 
 
-class PgBossSource(ForeignSource):
-    """pg-boss's jobs, leased by their kind's ``max_run_seconds`` (else ``expire_in``)."""
+@dataclass(frozen=True, slots=True)
+class PgBossSql:
+    """pg-boss's own SQL over its tables, named by the config."""
 
-    source_name = PgBossConfig.kind
+    schema: str
+    jobs: sa.TableClause
+    queues: sa.TableClause
+    state_type: ENUM
 
-    def __init__(self, connection: Connection, config: PgBossConfig, kinds: KindRules, *,
-                 lock: bool = True) -> None:
-        super().__init__(connection, kinds, lock=lock)
-        self._config = config
-        self._state_type = ENUM(*JOB_STATES, name="job_state", schema=config.schema,
-                                create_type=False)
-        self._jobs = sa.table(
+    @classmethod
+    def of(cls, config: PgBossConfig) -> PgBossSql:
+        """Its tables in the configured schema."""
+        return cls(config.schema, sa.table(
             "job", sa.column("id", UUID(as_uuid=False)), sa.column("name"), sa.column("state"),
             sa.column("retry_count"), sa.column("retry_limit"), sa.column("started_on"),
             sa.column("start_after"), sa.column("expire_in"), sa.column("policy"),
             sa.column("singleton_key"), sa.column("completed_on"), sa.column("keep_until"),
             sa.column("dead_letter"), sa.column("data", JSONB), sa.column("output", JSONB),
             sa.column("created_on"),
-            schema=config.schema)
-        self._queues = sa.table("queue", sa.column("name"), schema=config.schema)
-        self.declared = Shape(
-            key=self._jobs.c.id, kind=self._jobs.c.name, locks=self._jobs,
-            # A uuid's bytes compare as the uuid does; the (name, id) primary key does not
-            # serve this order, so a quiet scan is one read of the active rows, not a walk
-            # of the whole key.
-            scan_order=sa.func.uuid_send(self._jobs.c.id),
-            # Its queues: every job names one (a foreign key).
-            kind_catalogue=sa.select(self._queues.c.name))
+            schema=config.schema),
+            sa.table("queue", sa.column("name"), schema=config.schema),
+            ENUM(*JOB_STATES, name="job_state", schema=config.schema, create_type=False))
 
-    def check_schema(self) -> None:
+    def check_schema(self, conn: Connection) -> None:
         """pg-boss's job table and the columns this source reads and writes."""
-        require_schema(self._conn, self.source_name, self._config.schema, {
+        require_schema(conn, PgBossConfig.kind, self.schema, {
             "job": ("id", "name", "state", "retry_count", "retry_limit", "started_on",
                     "start_after", "expire_in", "policy", "singleton_key", "completed_on",
                     "keep_until", "dead_letter", "data", "output")},
@@ -112,15 +106,16 @@ class PgBossSource(ForeignSource):
     # -- SQL pieces ---------------------------------------------------------- #
 
     def _expire_seconds(self) -> sa.ColumnElement[Any]:
-        return sa.cast(sa.func.extract("epoch", self._jobs.c.expire_in), sa.Float())
+        return sa.cast(sa.func.extract("epoch", self.jobs.c.expire_in), sa.Float())
 
-    def _lease_seconds(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[Any]:
-        by_kind = per_kind(self.declared.kind, {k: p.max_run_seconds
-                                                 for k, p in policies.items()})
+    def _lease_seconds(self, policies: Policies) -> sa.ColumnElement[Any]:
+        by_kind = per_kind(self.jobs.c.name, {k: p.max_run_seconds
+                                              for k, p in policies.items()})
         return sa.func.coalesce(by_kind, self._expire_seconds())
 
-    def _running(self, policies: Mapping[str, KindPolicy]) -> sa.Select[Any]:
-        jobs = self._jobs
+    def running(self, scope: Scope, policies: Policies) -> sa.Select[Any]:
+        """Every ``active`` job, its start's age and how far past its lease."""
+        jobs = self.jobs
         claim_age = seconds_since(jobs.c.started_on)
         return (
             sa.select(jobs.c.id.label("job_id"), jobs.c.name.label("job_kind"),
@@ -131,11 +126,14 @@ class PgBossSource(ForeignSource):
             .where(jobs.c.state == constant("active"))
         )
 
-    def _expired(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[bool]:
-        return self._jobs.c.started_on < now_plus(-self._lease_seconds(policies))
+    def expired(self, scope: Scope, policies: Policies) -> sa.ColumnElement[bool]:
+        """Started longer ago than its lease."""
+        return self.jobs.c.started_on < now_plus(-self._lease_seconds(policies))
 
-    def _candidate(self, row: sa.Row[Any], policy: KindPolicy, steps: StepFacts | None,
-                   position: bool) -> Candidate:
+    @staticmethod
+    def candidate(scope: Scope, row: sa.Row[Any], policy: KindPolicy,
+                  steps: StepFacts | None, position: bool) -> Candidate:
+        """One ``active`` job's facts; its queue, start and retries are the fence."""
         lease = policy.max_run_seconds or float(row.expire_seconds)
         overrun = float(row.claim_age) - lease
         retries = int(row.retry_count)
@@ -149,13 +147,9 @@ class PgBossSource(ForeignSource):
 
     # -- for operators ------------------------------------------------------ #
 
-    def status_words(self) -> Mapping[str, JobStatus]:
-        """pg-boss's job states in this project's words."""
-        return _STATUS_WORDS
-
-    def listing(self) -> sa.Select[Any]:
+    def listing(self, conn: Connection) -> sa.Select[Any]:
         """Every pg-boss job of every queue."""
-        jobs = self._jobs
+        jobs = self.jobs
         started = sa.case((jobs.c.started_on.is_not(None), 1), else_=0)
         return sa.select(
             jobs.c.id.label("job_id"), jobs.c.name.label("job_kind"),
@@ -169,23 +163,24 @@ class PgBossSource(ForeignSource):
 
     # -- applying ------------------------------------------------------------ #
 
-    def _swap(self, batch: Batch) -> dict[JobKey, int | None]:
+    def swap(self, scope: Scope, batch: Batch) -> Changed:
+        """The batch in one statement, else (a unique index broken) each change alone."""
         try:
             # A savepoint: a unique index a concurrent insert (or two jobs of one stately
             # queue and key in the same batch) makes us violate costs this batch's
             # statement, not the pass; each of its changes is then swapped alone.
-            with self._conn.begin_nested():
-                return self._swap_set(batch)
+            with scope.conn.begin_nested():
+                return self._swap_set(scope.conn, batch)
         except sa.exc.IntegrityError:
             if len(batch.changes) == 1:
                 return {}
-        changed: dict[JobKey, int | None] = {}
+        changed: Changed = {}
         for change in batch.changes:
-            changed.update(self._swap(dataclasses.replace(batch, changes=(change,))))
+            changed.update(self.swap(scope, dataclasses.replace(batch, changes=(change,))))
         return changed
 
-    def _swap_set(self, batch: Batch) -> dict[JobKey, int | None]:
-        jobs = self._jobs
+    def _swap_set(self, conn: Connection, batch: Batch) -> Changed:
+        jobs = self.jobs
         fences = [fence_of(change, PgBossFence) for change in batch.changes]
         seen = unnest("seen", [
             ("id", UUID(as_uuid=False), [str(c.decision.job_id) for c in batch.changes]),
@@ -201,12 +196,12 @@ class PgBossSource(ForeignSource):
                   jobs.c.state == constant("active"), jobs.c.started_on == seen.c.started_on,
                   jobs.c.retry_count == seen.c.retry_count, still)
         if batch.disposition is Disposition.RESUME:
-            swapped = self._requeue(fenced)
+            swapped = self._requeue(conn, fenced)
         else:
-            swapped = self._fail(fenced, batch.reason)
+            swapped = self._fail(conn, fenced, batch.reason)
         retries = {str(c.decision.job_id): f.retry_count
                    for c, f in zip(batch.changes, fences, strict=True)}
-        changed: dict[JobKey, int | None] = {}
+        changed: Changed = {}
         for job_id in swapped:
             batch.ledger.fence(job_id, retries[job_id] + 1)
             changed[job_id] = retries[job_id]
@@ -214,27 +209,29 @@ class PgBossSource(ForeignSource):
 
     def _stately_sibling(self, state: str) -> sa.ColumnElement[bool]:
         """Another job of the same stately queue and singleton key already in ``state``."""
-        jobs, other = self._jobs, self._jobs.alias("sibling")
+        jobs, other = self.jobs, self.jobs.alias("sibling")
         return sa.and_(jobs.c.policy == constant("stately"), sa.exists().where(
             other.c.name == jobs.c.name, other.c.id != jobs.c.id,
             other.c.state == constant(state), other.c.policy == constant("stately"),
             sa.func.coalesce(other.c.singleton_key, "") ==
             sa.func.coalesce(jobs.c.singleton_key, "")))
 
-    def _requeue(self, fenced: tuple[sa.ColumnElement[bool], ...]) -> list[str]:
-        jobs = self._jobs
+    def _requeue(self, conn: Connection, fenced: tuple[sa.ColumnElement[bool], ...]
+                 ) -> list[str]:
+        jobs = self.jobs
         retry_held, created_held = self._stately_sibling("retry"), self._stately_sibling(
             "created")
         state = sa.cast(sa.case((retry_held, constant("created")), else_=constant("retry")),
-                        self._state_type)
-        return [str(job_id) for job_id in self._conn.execute(
+                        self.state_type)
+        return [str(job_id) for job_id in conn.execute(
             jobs.update().where(*fenced, sa.not_(sa.and_(retry_held, created_held)))
             .values(state=state, start_after=db_now()).returning(jobs.c.id)).scalars()]
 
-    def _fail(self, fenced: tuple[sa.ColumnElement[bool], ...], reason: str) -> list[str]:
-        jobs = self._jobs
+    def _fail(self, conn: Connection, fenced: tuple[sa.ColumnElement[bool], ...],
+              reason: str) -> list[str]:
+        jobs = self.jobs
         output = sa.func.jsonb_build_object("reason", reason, "message", reason)
-        failed = self._conn.execute(
+        failed = conn.execute(
             jobs.update().where(*fenced)
             .values(state=constant("failed"), completed_on=db_now(), output=output)
             .returning(jobs.c.id, jobs.c.name, jobs.c.data, jobs.c.output, jobs.c.retry_limit,
@@ -246,5 +243,24 @@ class PgBossSource(ForeignSource):
         if copies:
             # As pg-boss's own fail does: a copy of each failed job into its dead-letter
             # queue.
-            self._conn.execute(jobs.insert(), copies)
+            conn.execute(jobs.insert(), copies)
         return [str(f.id) for f in failed]
+
+
+def declare(config: PgBossConfig) -> System:
+    """pg-boss's jobs, leased by their kind's ``max_run_seconds`` (else ``expire_in``)."""
+    sql = PgBossSql.of(config)
+    return System(
+        shape=Shape(
+            key=sql.jobs.c.id, kind=sql.jobs.c.name, locks=sql.jobs,
+            # A uuid's bytes compare as the uuid does; the (name, id) primary key does not
+            # serve this order, so a quiet scan is one read of the active rows, not a walk
+            # of the whole key.
+            scan_order=sa.func.uuid_send(sql.jobs.c.id),
+            # Its queues: every job names one (a foreign key).
+            kind_catalogue=sa.select(sql.queues.c.name)),
+        running=sql.running, expired=sql.expired, candidate=sql.candidate, swap=sql.swap,
+        check_schema=sql.check_schema, listing=sql.listing, status_words=_STATUS_WORDS)
+
+
+DECLARATION = Declaration(PgBossConfig, declare)

@@ -1,10 +1,8 @@
-"""Procrastinate as a job source.
-
-Its shape, fences and writes are in ``source``;
-what every source shares is in ``reconciler.sources.kit``."""
+"""Procrastinate as a job source: its declaration (``source.DECLARATION``: shape, fences
+and writes); what every source shares is in ``reconciler.sources.kit``."""
 
 from __future__ import annotations
 
-from reconciler.sources.procrastinate.source import ProcrastinateConfig, ProcrastinateSource
+from reconciler.sources.procrastinate.source import DECLARATION, ProcrastinateConfig
 
-__all__ = ["ProcrastinateConfig", "ProcrastinateSource"]
+__all__ = ["DECLARATION", "ProcrastinateConfig"]

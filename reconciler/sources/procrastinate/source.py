@@ -22,12 +22,12 @@
 Its functions update one job per call (a lookup, a lock and a plpgsql call each: three to
 five times the time of the batch's one ``UPDATE``, measured at a thousand jobs); that
 ``UPDATE`` writes the same columns, and its triggers record the same events.
-``check_schema`` requires the two functions: the schema version whose writes these are.
+Its schema check requires the two functions: the schema version whose writes these are.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -40,14 +40,15 @@ from sqlalchemy.engine import Connection
 
 from reconciler.config.tables import SourceSettings
 from reconciler.core.evidence import StepFacts
-from reconciler.core.kinds import KindPolicy, KindRules
-from reconciler.core.ports import Candidate, Fence, JobKey
+from reconciler.core.kinds import KindPolicy
+from reconciler.core.ports import Candidate, Fence
 from reconciler.core.vocabulary import Disposition, JobStatus
 from reconciler.sources.kit.batches import Batch, fence_of
 from reconciler.sources.kit.checks import require_schema
+from reconciler.sources.kit.declaration import Declaration
 from reconciler.sources.kit.fences import ForeignFence
 from reconciler.sources.kit.shapes import Shape, candidate, constant
-from reconciler.sources.kit.source import ForeignSource
+from reconciler.sources.kit.system import Changed, Policies, Scope, System
 from reconciler.storage.clock import now_plus, seconds_since
 from reconciler.storage.sql import unnest
 
@@ -81,36 +82,34 @@ class ProcrastinateFence(ForeignFence):
     attempts: int
 
 
-class ProcrastinateSource(ForeignSource):
-    """Procrastinate's jobs, judged by its workers' heartbeats."""
+@dataclass(frozen=True, slots=True)
+class ProcrastinateSql:
+    """Procrastinate's own SQL over its tables, named by the config."""
 
-    source_name = ProcrastinateConfig.kind
+    schema: str | None
+    timeout: float
+    jobs: sa.TableClause
+    workers: sa.TableClause
+    status_type: ENUM
 
-    def __init__(self, connection: Connection, config: ProcrastinateConfig, kinds: KindRules,
-                 *, lock: bool = True) -> None:
-        super().__init__(connection, kinds, lock=lock)
-        self._config = config
-        self._timeout = float(config.session_timeout_seconds)
+    @classmethod
+    def of(cls, config: ProcrastinateConfig) -> ProcrastinateSql:
+        """Its tables in the configured schema, and its workers' silence allowed."""
         schema = config.schema
-        self._jobs = sa.table("procrastinate_jobs", sa.column("id"), sa.column("task_name"),
-                              sa.column("status"), sa.column("attempts"),
-                              sa.column("worker_id"), sa.column("abort_requested"),
-                              sa.column("scheduled_at"), schema=schema)
-        self._status_type = ENUM(*_STATUS_WORDS, name="procrastinate_job_status",
-                                 schema=schema, create_type=False)
-        self._workers = sa.table("procrastinate_workers", sa.column("id"),
-                                 sa.column("last_heartbeat"), schema=schema)
-        self.declared = Shape(
-            key=self._jobs.c.id, kind=self._jobs.c.task_name, locks=self._jobs,
-            # Not the order of its (id, lock) index of waiting and running jobs: a quiet
-            # scan reads the running rows by its running-jobs indexes instead of walking
-            # them all.
-            scan_order=self._jobs.c.id + sa.literal_column("0"), scans_all_kinds=True)
+        return cls(
+            schema, float(config.session_timeout_seconds),
+            sa.table("procrastinate_jobs", sa.column("id"), sa.column("task_name"),
+                     sa.column("status"), sa.column("attempts"), sa.column("worker_id"),
+                     sa.column("abort_requested"), sa.column("scheduled_at"), schema=schema),
+            sa.table("procrastinate_workers", sa.column("id"), sa.column("last_heartbeat"),
+                     schema=schema),
+            ENUM(*_STATUS_WORDS, name="procrastinate_job_status", schema=schema,
+                 create_type=False))
 
-    def check_schema(self) -> None:
+    def check_schema(self, conn: Connection) -> None:
         """Procrastinate's tables, columns and the two functions whose writes this source
         repeats set-wise (the schema version it was written against)."""
-        require_schema(self._conn, self.source_name, self._config.schema, {
+        require_schema(conn, ProcrastinateConfig.kind, self.schema, {
             "procrastinate_jobs": ("id", "task_name", "status", "attempts", "worker_id",
                                    "abort_requested", "scheduled_at"),
             "procrastinate_workers": ("id", "last_heartbeat")},
@@ -119,28 +118,32 @@ class ProcrastinateSource(ForeignSource):
     # -- SQL pieces ---------------------------------------------------------- #
 
     def _owner_gone(self) -> sa.ColumnElement[bool]:
-        workers = self._workers
+        workers = self.workers
         return sa.or_(workers.c.id.is_(None),
-                      workers.c.last_heartbeat < now_plus(-self._timeout))
+                      workers.c.last_heartbeat < now_plus(-self.timeout))
 
-    def _running(self, policies: Mapping[str, KindPolicy]) -> sa.Select[Any]:
-        jobs, workers = self._jobs, self._workers
+    def running(self, scope: Scope, policies: Policies) -> sa.Select[Any]:
+        """Every ``doing`` job with its worker's heartbeat."""
+        jobs, workers = self.jobs, self.workers
         heartbeat_age = seconds_since(workers.c.last_heartbeat)
         return (
             sa.select(jobs.c.id.label("job_id"), jobs.c.task_name.label("job_kind"),
                       jobs.c.attempts, jobs.c.worker_id,
                       workers.c.id.label("worker_row"),
                       self._owner_gone().label("owner_gone"),
-                      (heartbeat_age - self._timeout).label("lease_expired_seconds"))
+                      (heartbeat_age - self.timeout).label("lease_expired_seconds"))
             .select_from(jobs.outerjoin(workers, workers.c.id == jobs.c.worker_id))
             .where(jobs.c.status == constant("doing"))
         )
 
-    def _expired(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[bool]:
+    def expired(self, scope: Scope, policies: Policies) -> sa.ColumnElement[bool]:
+        """Its worker's row gone or silent past the timeout."""
         return self._owner_gone()
 
-    def _candidate(self, row: sa.Row[Any], policy: KindPolicy, steps: StepFacts | None,
-                   position: bool) -> Candidate:
+    @staticmethod
+    def candidate(scope: Scope, row: sa.Row[Any], policy: KindPolicy,
+                  steps: StepFacts | None, position: bool) -> Candidate:
+        """One ``doing`` job's facts; its worker and finished attempts are the fence."""
         gone = bool(row.owner_gone)
         expired = row.lease_expired_seconds
         return candidate(
@@ -154,13 +157,9 @@ class ProcrastinateSource(ForeignSource):
 
     # -- for operators ------------------------------------------------------ #
 
-    def status_words(self) -> Mapping[str, JobStatus]:
-        """Procrastinate's job statuses in this project's words."""
-        return _STATUS_WORDS
-
-    def listing(self) -> sa.Select[Any]:
+    def listing(self, conn: Connection) -> sa.Select[Any]:
         """Every Procrastinate job (it keeps no times on the job row)."""
-        jobs = self._jobs
+        jobs = self.jobs
         running = sa.case((jobs.c.status == constant("doing"), 1), else_=0)
         return sa.select(
             jobs.c.id.label("job_id"), jobs.c.task_name.label("job_kind"),
@@ -171,8 +170,10 @@ class ProcrastinateSource(ForeignSource):
 
     # -- applying ------------------------------------------------------------ #
 
-    def _swap(self, batch: Batch) -> dict[JobKey, int | None]:
-        jobs, workers = self._jobs, self._workers
+    def swap(self, scope: Scope, batch: Batch) -> Changed:
+        """What its retry or finish function writes, for the batch's rows still as
+        decided, in one statement."""
+        jobs, workers = self.jobs, self.workers
         fences = [fence_of(change, ProcrastinateFence) for change in batch.changes]
         seen = unnest("seen", [
             ("id", sa.BigInteger(), [change.decision.job_id for change in batch.changes]),
@@ -193,8 +194,8 @@ class ProcrastinateSource(ForeignSource):
         # triggers record the events as for the function's own UPDATE.
         values = (self._retried() if batch.disposition is Disposition.RESUME
                   else self._failed())
-        with self._search_path():  # its triggers name its tables unqualified
-            after = {row.id: int(row.attempts) for row in self._conn.execute(
+        with self._search_path(scope.conn):  # its triggers name its tables unqualified
+            after = {row.id: int(row.attempts) for row in scope.conn.execute(
                 jobs.update().where(jobs.c.id == fenced.c.id).values(values)
                 .returning(jobs.c.id, jobs.c.attempts))}
         before = {change.decision.job_id: fence.attempts
@@ -207,34 +208,50 @@ class ProcrastinateSource(ForeignSource):
         """``procrastinate_retry_job_v2(id, NULL, NULL, NULL, NULL)`` of a running job:
         ``todo``, runnable now, one more attempt; a job with an abort requested is failed
         instead and keeps its attempts."""
-        jobs = self._jobs
+        jobs = self.jobs
         aborting = jobs.c.abort_requested.is_(True)
         return {"status": sa.cast(sa.case((aborting, constant("failed")),
-                                          else_=constant("todo")), self._status_type),
+                                          else_=constant("todo")), self.status_type),
                 "attempts": sa.case((aborting, jobs.c.attempts), else_=jobs.c.attempts + 1),
                 "scheduled_at": sa.case((aborting, jobs.c.scheduled_at), else_=sa.null())}
 
     def _failed(self) -> dict[str, Any]:
         """``procrastinate_finish_job_v1(id, 'failed', false)`` of a running job."""
-        jobs = self._jobs
+        jobs = self.jobs
         return {"status": constant("failed"), "abort_requested": False,
                 "attempts": jobs.c.attempts + 1}
 
     @contextmanager
-    def _search_path(self) -> Iterator[None]:
+    def _search_path(self, conn: Connection) -> Iterator[None]:
         """Procrastinate's trigger functions name its tables unqualified: put its schema
         first in the search path for the swap, then restore the transaction's own path."""
-        schema = self._config.schema
-        if schema is None:
+        if self.schema is None:
             yield
             return
-        first = f"{self._conn.dialect.identifier_preparer.quote_identifier(schema)}, "
+        first = f"{conn.dialect.identifier_preparer.quote_identifier(self.schema)}, "
         # Read and set in one statement: the path set is ours, then the previous one.
-        path = self._conn.execute(sa.select(sa.func.set_config(
+        path = conn.execute(sa.select(sa.func.set_config(
             "search_path", sa.literal(first) + sa.func.current_setting("search_path"), True))
         ).scalar_one()
         previous = str(path)[len(first):]
         try:
             yield
         finally:
-            self._conn.execute(sa.select(sa.func.set_config("search_path", previous, True)))
+            conn.execute(sa.select(sa.func.set_config("search_path", previous, True)))
+
+
+def declare(config: ProcrastinateConfig) -> System:
+    """Procrastinate's jobs, judged by its workers' heartbeats."""
+    sql = ProcrastinateSql.of(config)
+    return System(
+        shape=Shape(
+            key=sql.jobs.c.id, kind=sql.jobs.c.task_name, locks=sql.jobs,
+            # Not the order of its (id, lock) index of waiting and running jobs: a quiet
+            # scan reads the running rows by its running-jobs indexes instead of walking
+            # them all.
+            scan_order=sql.jobs.c.id + sa.literal_column("0"), scans_all_kinds=True),
+        running=sql.running, expired=sql.expired, candidate=sql.candidate, swap=sql.swap,
+        check_schema=sql.check_schema, listing=sql.listing, status_words=_STATUS_WORDS)
+
+
+DECLARATION = Declaration(ProcrastinateConfig, declare)

@@ -42,20 +42,15 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Connection
 
 from reconciler.core.evidence import StepFacts, StepRows
-from reconciler.core.kinds import KindPolicy, KindRules
-from reconciler.core.ports import Candidate, Fence, JobKey, PlannedChange
+from reconciler.core.kinds import KindPolicy
+from reconciler.core.ports import Candidate, Fence, PlannedChange
 from reconciler.core.vocabulary import Disposition, JobStatus
 from reconciler.sources.kit.batches import Batch, fence_of
 from reconciler.sources.kit.checks import require_columns
+from reconciler.sources.kit.declaration import Declaration
 from reconciler.sources.kit.fences import ForeignFence
-from reconciler.sources.kit.shapes import (
-    Shape,
-    UtcTimes,
-    by_kind,
-    candidate,
-    constant,
-)
-from reconciler.sources.kit.source import ForeignSource
+from reconciler.sources.kit.shapes import Shape, by_kind, candidate, constant
+from reconciler.sources.kit.system import Changed, Policies, Scope, System
 from reconciler.sources.table.checks import (
     TIME_KEYS,
     UNREADABLE_TIMESTAMP,
@@ -79,57 +74,59 @@ class TableFence(ForeignFence):
     max_run_seconds: float | None
 
 
-class TableSource(ForeignSource):
-    """A mapped home-grown job table."""
+@dataclass(frozen=True, slots=True)
+class TableSql:
+    """A mapped table's SQL, column by column as the config maps them."""
 
-    source_name = TableConfig.kind
+    config: TableConfig
+    columns: Mapping[str, str]
+    """Every mapped column by the key that maps it."""
+    table: sa.TableClause
+    kind: sa.ColumnElement[Any]
 
-    def __init__(self, connection: Connection, config: TableConfig, kinds: KindRules, *,
-                 lock: bool = True) -> None:
-        super().__init__(connection, kinds, lock=lock)
-        self._config = config
-        self._columns = config.mapped_columns()
-        self._table = sa.table(config.table, *(sa.column(c) for c in self._columns.values()),
-                               schema=config.schema)
-        # A ``timestamp`` (without time zone) column is UTC: read it so before the first age.
-        self._utc = UtcTimes(connection)
-        # A NULL kind is the table's name, as with no kind column: never an invisible job.
+    @classmethod
+    def of(cls, config: TableConfig) -> TableSql:
+        """The mapped table and its kind (a NULL kind is the table's name, as with no
+        kind column: never an invisible job)."""
+        columns = config.mapped_columns()
+        table = sa.table(config.table, *(sa.column(c) for c in columns.values()),
+                         schema=config.schema)
         kind: sa.ColumnElement[Any] = sa.literal(config.table)
-        if self._has("kind_column"):
-            kind = sa.func.coalesce(self._col("kind_column"), kind)
-        self.declared = Shape(
-            key=self._col("id_column"), kind=kind, locks=self._table,
-            activity=self._col("activity_column") if self._has("activity_column") else None,
-            # Plans and step results live in the table when mapped: the ledger is not read.
-            steps_in_ledger=not self._has("plan_column"),
-            counts_attempts=self._has("attempts_column"), scans_all_kinds=True)
+        if "kind_column" in columns:
+            kind = sa.func.coalesce(table.c[columns["kind_column"]], kind)
+        return cls(config, columns, table, kind)
 
     def _col(self, key: str) -> sa.ColumnElement[Any]:
-        return self._table.c[self._columns[key]]
+        return self.table.c[self.columns[key]]
 
     def _has(self, key: str) -> bool:
-        return key in self._columns
+        return key in self.columns
 
-    def check_schema(self) -> None:
+    @property
+    def key(self) -> sa.ColumnElement[Any]:
+        """The job's id column."""
+        return self._col("id_column")
+
+    def check_schema(self, conn: Connection) -> None:
         """The table and every mapped column, or one line naming the first missing; the
         mapped status values, or one line naming the one the column refuses."""
-        found = require_columns(self._conn, self.source_name, self._config.table,
-                                self._config.schema, self._columns)
-        check_status_values(self._conn, self.source_name, self._config,
-                            found[self._config.status_column])
+        found = require_columns(conn, TableConfig.kind, self.config.table,
+                                self.config.schema, self.columns)
+        check_status_values(conn, TableConfig.kind, self.config,
+                            found[self.config.status_column])
 
     # -- SQL pieces ---------------------------------------------------------- #
 
-    def _unreadable_times(self) -> list[tuple[str, sa.ColumnElement[bool]]]:
+    def _unreadable_times(self, conn: Connection) -> list[tuple[str, sa.ColumnElement[bool]]]:
         """Each mapped time column with its "holds what is not a time" test: SQLite only, as
         PostgreSQL's time columns hold nothing else."""
-        if self._conn.dialect.name != "sqlite":
+        if conn.dialect.name != "sqlite":
             return []
         return [(key, unreadable_time(self._col(key))) for key in TIME_KEYS if self._has(key)]
 
-    def _lease_over(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[Any]:
+    def _lease_over(self, policies: Policies) -> sa.ColumnElement[Any]:
         """Seconds past the lease's end (negative while it runs); NULL with no lease."""
-        return self._lease_over_by(by_kind(self.declared.kind, policies,
+        return self._lease_over_by(by_kind(self.kind, policies,
                                            lambda p: p.max_run_seconds))
 
     def _lease_over_by(self, max_run: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
@@ -141,9 +138,9 @@ class TableSource(ForeignSource):
                                     by_activity)
         return by_activity
 
-    def _running(self, policies: Mapping[str, KindPolicy]) -> sa.Select[Any]:
-        self._utc()
-        fields = [self.declared.key.label("job_id"), self.declared.kind.label("job_kind"),
+    def running(self, scope: Scope, policies: Policies) -> sa.Select[Any]:
+        """Every job in the processing status, with each mapped column the facts read."""
+        fields = [self.key.label("job_id"), self.kind.label("job_kind"),
                   self._lease_over(policies).label("lease_expired_seconds")]
         for key in ("owner_column", "attempts_column", "max_attempts_column",
                     "generation_column", "lease_expires_column", "activity_column",
@@ -152,23 +149,25 @@ class TableSource(ForeignSource):
                 fields.append(self._col(key).label(key))
         if self._has("activity_column"):
             fields.append(seconds_since(self._col("activity_column")).label("activity_age"))
-        fields += [test.label(f"unreadable_{key}") for key, test in self._unreadable_times()]
+        fields += [test.label(f"unreadable_{key}")
+                   for key, test in self._unreadable_times(scope.conn)]
         return sa.select(*fields).where(
-            self._col("status_column") == constant(self._config.processing))
+            self._col("status_column") == constant(self.config.processing))
 
-    def _expired(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[bool]:
-        if self._conn.dialect.name == "postgresql":
+    def expired(self, scope: Scope, policies: Policies) -> sa.ColumnElement[bool]:
+        """Its lease ended (or, on SQLite, a time that cannot be read)."""
+        if scope.postgres:
             return sa.func.coalesce(self._ended(policies), False)
         # An unreadable time is a candidate too: judged reconcile_error, never left unseen.
         return sa.or_(sa.func.coalesce(self._lease_over(policies) >= 0, False),
-                      *(test for _, test in self._unreadable_times()))
+                      *(test for _, test in self._unreadable_times(scope.conn)))
 
-    def _ended(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[Any]:
+    def _ended(self, policies: Policies) -> sa.ColumnElement[Any]:
         """``_lease_over >= 0`` as comparisons of times (PostgreSQL): a scan's filter on
         every running row, where the seconds as a number cost a numeric EXTRACT each."""
         by_activity: sa.ColumnElement[Any] = sa.null()
         if self._has("activity_column"):
-            max_run = by_kind(self.declared.kind, policies, lambda p: p.max_run_seconds)
+            max_run = by_kind(self.kind, policies, lambda p: p.max_run_seconds)
             by_activity = (self._col("activity_column")
                            <= now_plus(-sa.cast(max_run, sa.Float())))
         if not self._has("lease_expires_column"):
@@ -176,15 +175,16 @@ class TableSource(ForeignSource):
         lease = self._col("lease_expires_column")
         return sa.case((lease.is_not(None), lease <= db_now()), else_=by_activity)
 
-    def _wedge_guard(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[bool]:
-        # Only under a known live lease: a job with no lease at all is never reclaimed on
-        # time alone, not even as wedged.
+    def wedge_guard(self, scope: Scope, policies: Policies) -> sa.ColumnElement[bool]:
+        """Only under a known live lease: a job with no lease at all is never reclaimed
+        on time alone, not even as wedged."""
         return self._lease_over(policies).is_not(None)
 
     # -- evidence ------------------------------------------------------------ #
 
-    def _candidate(self, row: sa.Row[Any], policy: KindPolicy, steps: StepFacts | None,
-                   position: bool) -> Candidate:
+    def candidate(self, scope: Scope, row: sa.Row[Any], policy: KindPolicy,
+                  steps: StepFacts | None, position: bool) -> Candidate:
+        """One row's facts: its own plan where mapped; each fenced column as read."""
         values = row._mapping
         over = values["lease_expired_seconds"]
         attempts = int(values.get("attempts_column") or 0) if self._has("attempts_column") \
@@ -194,8 +194,8 @@ class TableSource(ForeignSource):
         activity = values.get("activity_age")
         own_plan: tuple[str | None, StepRows] | None = None
         unreadable: tuple[tuple[str, str | int], ...] = next(
-            ((("error_code", UNREADABLE_TIMESTAMP), ("column", self._columns[key]))
-             for key, _ in self._unreadable_times() if values[f"unreadable_{key}"]), ())
+            ((("error_code", UNREADABLE_TIMESTAMP), ("column", self.columns[key]))
+             for key, _ in self._unreadable_times(scope.conn) if values[f"unreadable_{key}"]), ())
         if self._has("plan_column"):
             # The table's own plan and results: a NULL plan is unresumable, not one step.
             raw = values["plan_column"]
@@ -203,7 +203,7 @@ class TableSource(ForeignSource):
             if results is None:
                 results = ()
                 unreadable = unreadable or (("error_code", UNREADABLE_STEPS),
-                                            ("column", self._columns["steps_column"]))
+                                            ("column", self.columns["steps_column"]))
             own_plan = (raw if raw is None or isinstance(raw, str) else json.dumps(raw),
                         results)
         found = candidate(
@@ -232,12 +232,7 @@ class TableSource(ForeignSource):
 
     # -- for operators ------------------------------------------------------ #
 
-    def status_words(self) -> Mapping[str, JobStatus]:
-        """The three mapped statuses; any other value is shown as the table holds it."""
-        return {self._config.processing: JobStatus.PROCESSING,
-                self._config.queued: JobStatus.QUEUED, self._config.failed: JobStatus.FAILED}
-
-    def listing(self) -> sa.Select[Any]:
+    def listing(self, conn: Connection) -> sa.Select[Any]:
         """Every row of the mapped table (times are not mapped, so none are shown)."""
         def mapped(key: str) -> sa.ColumnElement[Any]:
             return self._col(key) if self._has(key) else sa.null()
@@ -245,7 +240,7 @@ class TableSource(ForeignSource):
         attempts = self._col("attempts_column") if self._has("attempts_column") else \
             sa.literal(0)
         return sa.select(
-            self.declared.key.label("job_id"), self.declared.kind.label("job_kind"),
+            self.key.label("job_id"), self.kind.label("job_kind"),
             sa.cast(self._col("status_column"), sa.String()).label("source_status"),
             attempts.label("attempts"), mapped("max_attempts_column").label("max_attempts"),
             mapped("reason_column").label("reason"), sa.null().label("created_at"),
@@ -253,26 +248,29 @@ class TableSource(ForeignSource):
 
     # -- applying ------------------------------------------------------------ #
 
-    def _swap(self, batch: Batch) -> dict[JobKey, int | None]:
-        if self._conn.dialect.name != "postgresql":
+    def swap(self, scope: Scope, batch: Batch) -> Changed:
+        """The batch's changes, each row only as read: one statement per kind's lease
+        on PostgreSQL, one per change on SQLite."""
+        if not scope.postgres:
             # SQLite runs in process: a statement per change costs no round trip.
-            return super()._swap(batch)
-        self._utc()
+            return {change.decision.job_id: generation for change in batch.changes
+                    for swapped, generation in [self._apply_one(scope.conn, batch, change)]
+                    if swapped}
         by_lease: dict[float | None, list[PlannedChange]] = {}
         for change in batch.changes:
             by_lease.setdefault(fence_of(change, TableFence).max_run_seconds,
                                 []).append(change)
-        changed: dict[JobKey, int | None] = {}
+        changed: Changed = {}
         for max_run, changes in by_lease.items():
-            changed.update(self._swap_set(batch, max_run, changes))
+            changed.update(self._swap_set(scope.conn, batch, max_run, changes))
         return changed
 
-    def _swap_set(self, batch: Batch, max_run: float | None,
-                  changes: Sequence[PlannedChange]) -> dict[JobKey, int | None]:
+    def _swap_set(self, conn: Connection, batch: Batch, max_run: float | None,
+                  changes: Sequence[PlannedChange]) -> Changed:
         """One ``UPDATE ... FROM jsonb_populate_recordset(NULL::<table>, :rows)`` for the
         changes of one kind's lease (PostgreSQL): the snapshots as rows of the table's own
         type, so each fenced column compares with its own type, whatever the user's."""
-        names = self._columns
+        names = self.columns
         key_name = names["id_column"]
         resume = batch.disposition is Disposition.RESUME and self._has("resume_column")
         rows = []
@@ -282,25 +280,25 @@ class TableSource(ForeignSource):
             if resume:
                 row[names["resume_column"]] = change.decision.resume_step_index or 0
             rows.append(row)
-        row_type = self._conn.dialect.identifier_preparer.format_table(self._table)
+        row_type = conn.dialect.identifier_preparer.format_table(self.table)
         # Sent as text: the values are the row's as read (datetimes included), each parsed
         # back by its column's own type.
         snapshots = sa.cast(sa.literal(json.dumps(rows, default=str), sa.Text()), JSONB)
         seen = (sa.func.jsonb_populate_recordset(sa.literal_column(f"NULL::{row_type}"),
                                                  snapshots)
                 .table_valued(*{name for row in rows for name in row}).alias("seen"))
-        where = [self.declared.key == seen.c[key_name],
-                 self._col("status_column") == constant(self._config.processing)]
+        where = [self.key == seen.c[key_name],
+                 self._col("status_column") == constant(self.config.processing)]
         where += [self._col(key).is_not_distinct_from(seen.c[names[key]])
                   for key in self._fence_keys()]
         where.append(self._still(batch, max_run))
         values = self._swap_values(batch)
         if resume:
             values[names["resume_column"]] = seen.c[names["resume_column"]]
-        done = {str(key) for key in self._conn.execute(
-            self._table.update().where(*where).values(values)
-            .returning(self.declared.key)).scalars()}
-        changed: dict[JobKey, int | None] = {}
+        done = {str(key) for key in conn.execute(
+            self.table.update().where(*where).values(values)
+            .returning(self.key)).scalars()}
+        changed: Changed = {}
         for change in changes:
             if str(change.decision.job_id) in done:
                 changed[change.decision.job_id] = self._swapped(batch, change)
@@ -317,13 +315,13 @@ class TableSource(ForeignSource):
         """What a swap writes besides the resume step: status, reason, generation."""
         values: dict[str, Any] = {}
         if batch.disposition is Disposition.RESUME:
-            values[self._columns["status_column"]] = constant(self._config.queued)
+            values[self.columns["status_column"]] = constant(self.config.queued)
         else:
-            values[self._columns["status_column"]] = constant(self._config.failed)
+            values[self.columns["status_column"]] = constant(self.config.failed)
         if self._has("reason_column"):
-            values[self._columns["reason_column"]] = constant(batch.reason)
+            values[self.columns["reason_column"]] = constant(batch.reason)
         if self._has("generation_column"):
-            values[self._columns["generation_column"]] = self._col("generation_column") + 1
+            values[self.columns["generation_column"]] = self._col("generation_column") + 1
         return values
 
     def _swapped(self, batch: Batch, change: PlannedChange) -> int | None:
@@ -337,21 +335,49 @@ class TableSource(ForeignSource):
             return int(snapshot["attempts_column"] or 0)
         return None
 
-    def _apply_one(self, batch: Batch, change: PlannedChange) -> tuple[bool, int | None]:
-        self._utc()
+    def _apply_one(self, conn: Connection, batch: Batch, change: PlannedChange
+                   ) -> tuple[bool, int | None]:
+        """One change swapped in alone (SQLite); (changed, generation after)."""
         decision = change.decision
         fence = fence_of(change, TableFence)
-        where = [self.declared.key == decision.job_id,
-                 self._col("status_column") == constant(self._config.processing)]
+        where = [self.key == decision.job_id,
+                 self._col("status_column") == constant(self.config.processing)]
         where += [self._col(key).is_not_distinct_from(value) for key, value in fence.columns]
         where.append(self._still(batch, fence.max_run_seconds))
         values = self._swap_values(batch)
         if decision.disposition is Disposition.RESUME and self._has("resume_column"):
-            values[self._columns["resume_column"]] = decision.resume_step_index or 0
-        done = self._conn.execute(self._table.update().where(*where).values(values))
+            values[self.columns["resume_column"]] = decision.resume_step_index or 0
+        done = conn.execute(self.table.update().where(*where).values(values))
         if done.rowcount != 1:
             return False, None
         return True, self._swapped(batch, change)
+
+
+
+
+def declare(config: TableConfig) -> System:
+    """A mapped home-grown job table."""
+    sql = TableSql.of(config)
+    has = config.mapped_columns()
+    return System(
+        shape=Shape(
+            key=sql.key, kind=sql.kind, locks=sql.table,
+            activity=sql.table.c[has["activity_column"]] if "activity_column" in has
+            else None,
+            # Plans and step results live in the table when mapped: the ledger is not read.
+            steps_in_ledger="plan_column" not in has,
+            counts_attempts="attempts_column" in has, scans_all_kinds=True,
+            # A ``timestamp`` (without time zone) column is UTC: read it so.
+            naive_utc="scan"),
+        running=sql.running, expired=sql.expired, candidate=sql.candidate, swap=sql.swap,
+        check_schema=sql.check_schema, listing=sql.listing,
+        # The three mapped statuses; any other value is shown as the table holds it.
+        status_words={config.processing: JobStatus.PROCESSING,
+                      config.queued: JobStatus.QUEUED, config.failed: JobStatus.FAILED},
+        wedge_guard=sql.wedge_guard)
+
+
+DECLARATION = Declaration(TableConfig, declare)
 
 
 def _step_rows(raw: Any) -> StepRows | None:

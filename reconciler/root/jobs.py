@@ -1,4 +1,7 @@
-"""Jobs as operators see them, through the configured source (``reconciler jobs ...``).
+"""Jobs as operators see them, through the configured source (``reconciler jobs ...``):
+the operator read model the command line's and the console's roles both assemble (a
+composition of this project's store, its audit and the configured source, so it lives
+in the root beside them, not among the sources).
 
 The native source's jobs are this project's ``job_runs`` (the store's read views and
 operator actions). A foreign source's jobs are its system's own rows, read through its
@@ -19,12 +22,13 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from reconciler.config.registry import DEFAULT_SOURCE, entry_of, is_native
+from reconciler.config.registry import DEFAULT_SOURCE, is_native
 from reconciler.config.tables import SourceSettings
 from reconciler.core.kinds import KindRules
 from reconciler.core.ports import JobDetail, OperatorStore, SourceJobs, Unjudged
 from reconciler.core.vocabulary import JobKey, JobStatus, Reason
-from reconciler.sources.kit.source import ForeignSource
+from reconciler.root.checks import open_foreign_source
+from reconciler.sources.kit.source import DeclaredSource
 from reconciler.storage.audit import AuditHistory
 from reconciler.storage.engines import read_only
 
@@ -85,11 +89,11 @@ class ForeignJobs:
         self._engine = engine
         self._source = source
         self._kinds = kinds
-        self._entry = entry_of(source)
+        self._name = source.kind
 
     def list_jobs(self, status: str | None, limit: int) -> list[JobDetail]:
         """Newest first, as the source orders its jobs (``listing_order``)."""
-        def read(source: ForeignSource) -> list[JobDetail]:
+        def read(source: DeclaredSource) -> list[JobDetail]:
             jobs = source.listing().subquery()
             query = sa.select(jobs).order_by(*source.listing_order(jobs)).limit(limit)
             if status is not None:
@@ -103,7 +107,7 @@ class ForeignJobs:
 
     def get_job(self, job_id: JobKey) -> JobDetail | None:
         """One job as its system spells its id, or None."""
-        def read(source: ForeignSource) -> JobDetail | None:
+        def read(source: DeclaredSource) -> JobDetail | None:
             jobs = source.listing().subquery()
             row = source.connection.execute(
                 sa.select(jobs).where(sa.cast(jobs.c.job_id, sa.String()) == str(job_id))
@@ -115,7 +119,7 @@ class ForeignJobs:
     def decisions_about(self, job_id: JobKey, limit: int) -> list[dict[str, Any]]:
         """The audit's decisions about the job, newest first."""
         with self._engine.connect() as conn:
-            return decisions_about(conn, self._entry.kind, job_id, limit)
+            return decisions_about(conn, self._name, job_id, limit)
 
     def operator_action(self, job_id: JobKey, action: str) -> tuple[bool, str | None]:
         """None reach a foreign system here: the command line refuses them by name."""
@@ -125,22 +129,21 @@ class ForeignJobs:
         """The running jobs (``job_id``: only that one) the source cannot judge, and why."""
         return self._with_source(lambda source: source.unjudged(job_id))
 
-    def _with_source(self, read: Callable[[ForeignSource], T]) -> T:
+    def _with_source(self, read: Callable[[DeclaredSource], T]) -> T:
         with self._opened() as source:
             return read(source)
 
     @contextmanager
-    def _opened(self) -> Iterator[ForeignSource]:
+    def _opened(self) -> Iterator[DeclaredSource]:
         with self._engine.connect() as conn:
-            source = self._entry.open(read_only(conn), self._source, self._kinds, lock=False)
-            if not isinstance(source, ForeignSource):  # pragma: no cover - registry mistake
-                raise TypeError(f"source {self._entry.kind} opens no ForeignSource")
+            source = open_foreign_source(read_only(conn), self._source, self._kinds,
+                                         lock=False)
             try:
                 yield source
             finally:
                 conn.rollback()
 
-    def _detail(self, source: ForeignSource, row: sa.Row[Any]) -> JobDetail:
+    def _detail(self, source: DeclaredSource, row: sa.Row[Any]) -> JobDetail:
         raw = None if row.source_status is None else str(row.source_status)
         word = source.status_words().get(raw or "")
         kind = "" if row.job_kind is None else str(row.job_kind)
