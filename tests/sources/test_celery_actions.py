@@ -10,16 +10,14 @@ from typing import Any, cast
 
 import pytest
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection
 
 from models import OperatorAction as ActionRow
 from models import OperatorHold, ReconciliationDecision
-from reconciler.config.registry import entry_for
 from reconciler.core.operator_desk import OperatorDesk
-from reconciler.core.vocabulary import Disposition, JobKey, OperatorAction, Reason
+from reconciler.core.vocabulary import Disposition, OperatorAction, Reason
 from reconciler.root.cli import assemble_cli
 from reconciler.sources.celery.actions import CeleryActions
-from reconciler.sources.kit.actions import ForeignDesk, ForeignJob, SystemActions
+from tests.sources.actions_support import desk_moving_after_read
 from tests.sources.celery_support import CeleryProject, kill_worker
 from tests.sources.support import Markers, Processes, config_for, reconcile_once, wait_until
 from tests.sources.test_celery_workers import (
@@ -129,31 +127,6 @@ def recover_any(project: CeleryProject, task_id: str, worker: Any) -> Any:
     return wait_until(decided, f"a decision on task {task_id}", timeout=30, process=worker)
 
 
-class _FinishedMeanwhile:
-    """Celery's actions, with the task's worker writing its end after the read."""
-
-    def __init__(self, conn: Connection, project: CeleryProject) -> None:
-        self._actions = CeleryActions(conn, config(project), KINDS)
-        self._conn = conn
-        self._table = project.table
-        self.limits = self._actions.limits
-
-    def read(self, job_key: JobKey) -> ForeignJob | None:
-        job = self._actions.read(job_key)
-        self._conn.execute(sa.text(f"UPDATE {self._table} SET status = 'SUCCESS' "
-                                   "WHERE task_id = :id"), {"id": job_key})
-        return job
-
-    def refuses(self, action: OperatorAction, job: ForeignJob) -> str | None:
-        return self._actions.refuses(action, job)
-
-    def retry(self, job_key: JobKey, job: ForeignJob) -> str | None:
-        return self._actions.retry(job_key, job)
-
-    def cancel(self, job_key: JobKey, job: ForeignJob) -> str | None:
-        return self._actions.cancel(job_key, job)
-
-
 def test_an_action_on_a_task_that_moved_meanwhile_is_refused(
         project: CeleryProject, processes: Processes, markers: Markers) -> None:
     """Its worker ended it after the read: ``fence_lost``, nothing revoked or written."""
@@ -162,11 +135,11 @@ def test_an_action_on_a_task_that_moved_meanwhile_is_refused(
     wait_until(lambda: markers.has(f"{result.id}-started-1"), "the task to start",
                process=first)
 
-    def opener(conn: Connection, _config: Any, _kinds: Any) -> SystemActions:
-        return _FinishedMeanwhile(conn, project)
-
-    desk = ForeignDesk(project.engine, SOURCE, config(project), KINDS, opener=opener,
-                       parse_key=entry_for(SOURCE).parse_job_key)
+    desk = desk_moving_after_read(
+        project.engine, SOURCE, config(project), KINDS, actions=CeleryActions,
+        move=lambda conn, key: conn.execute(sa.text(
+            f"UPDATE {project.table} SET status = 'SUCCESS' WHERE task_id = :id"),
+            {"id": key}))
     report = desk.act(OperatorAction.CANCEL, result.id, actor="e", note="n")
     assert (report.applied, report.refusal) == (False, "fence_lost")
     assert project.status(result.id) == "SUCCESS"

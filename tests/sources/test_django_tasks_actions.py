@@ -8,20 +8,18 @@ from __future__ import annotations
 
 import uuid
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 import pytest
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection
 
 from models import OperatorAction as ActionRow
 from models import OperatorHold, ReconciliationDecision
-from reconciler.config.registry import entry_for
 from reconciler.core.operator_desk import OperatorDesk
 from reconciler.core.vocabulary import Disposition, JobKey, OperatorAction, Reason
 from reconciler.root.cli import assemble_cli
 from reconciler.sources.django_tasks.actions import DjangoTasksActions
-from reconciler.sources.kit.actions import ForeignDesk, ForeignJob, SystemActions
+from tests.sources.actions_support import desk_moving_after_read
 from tests.sources.django_tasks_support import DjangoDatabase, DjangoTasksFactory
 from tests.sources.support import Markers, Processes, by_job, config_for, reconcile_once, wait_until
 from tests.sources.test_django_tasks_workers import (
@@ -124,33 +122,6 @@ def test_a_held_stale_task_is_left_alone_until_unheld(
     assert resumed.disposition is Disposition.RESUME
 
 
-class _ClaimedMeanwhile:
-    """The backend's actions, with a worker's claim landing after the read."""
-
-    def __init__(self, conn: Connection, config: Any, kinds: Any,
-                 project: DjangoTasksFactory) -> None:
-        self._actions = DjangoTasksActions(conn, config, kinds)
-        self._conn = conn
-        self._project = project
-        self.limits = self._actions.limits
-
-    def read(self, job_key: JobKey) -> ForeignJob | None:
-        job = self._actions.read(job_key)
-        table = self._project.table
-        self._conn.execute(table.update().where(table.c.id == _uuid(job_key))
-                           .values(status="RUNNING"))
-        return job
-
-    def refuses(self, action: OperatorAction, job: ForeignJob) -> str | None:
-        return self._actions.refuses(action, job)
-
-    def retry(self, job_key: JobKey, job: ForeignJob) -> str | None:
-        return self._actions.retry(job_key, job)
-
-    def cancel(self, job_key: JobKey, job: ForeignJob) -> str | None:
-        return self._actions.cancel(job_key, job)
-
-
 def _uuid(job_key: JobKey) -> uuid.UUID:
     return uuid.UUID(str(job_key))
 
@@ -160,11 +131,10 @@ def test_an_action_on_a_task_that_moved_meanwhile_is_refused(
     """A worker claimed it after the read: ``fence_lost``, recorded, nothing else."""
     job = enqueue(project, "pure_work", markers, hang=[])
 
-    def opener(conn: Connection, config: Any, kinds: Any) -> SystemActions:
-        return _ClaimedMeanwhile(conn, config, kinds, project)
-
-    desk = ForeignDesk(project.engine, SOURCE, CONFIG, KINDS, opener=opener,
-                       parse_key=entry_for(SOURCE).parse_job_key)
+    desk = desk_moving_after_read(
+        project.engine, SOURCE, CONFIG, KINDS, actions=DjangoTasksActions,
+        move=lambda conn, key: conn.execute(project.table.update().where(
+            project.table.c.id == _uuid(key)).values(status="RUNNING")))
     report = desk.act(OperatorAction.CANCEL, job, actor="e", note="n")
     assert (report.applied, report.refusal) == (False, "fence_lost")
     assert project.status(job) == "running"

@@ -6,20 +6,18 @@ stale job waits for its unhold, and a job that moved meanwhile is refused."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 import pytest
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection
 
 from models import OperatorAction as ActionRow
 from models import OperatorHold, ReconciliationDecision
-from reconciler.config.registry import entry_for
 from reconciler.core.operator_desk import OperatorDesk
-from reconciler.core.vocabulary import Disposition, JobKey, OperatorAction, Reason
+from reconciler.core.vocabulary import Disposition, OperatorAction, Reason
 from reconciler.root.cli import assemble_cli
 from reconciler.sources.graphile_worker.actions import GraphileWorkerActions
-from reconciler.sources.kit.actions import ForeignDesk, ForeignJob, SystemActions
+from tests.sources.actions_support import desk_moving_after_read
 from tests.sources.factories import GraphileWorkerFactory
 from tests.sources.support import Markers, Processes, by_job, config_for, reconcile_once, wait_until
 from tests.sources.test_node_workers import KINDS, NodeSystem
@@ -119,40 +117,16 @@ def test_a_held_stale_job_is_left_alone_until_unheld(graphile: NodeSystem) -> No
     assert resumed.disposition is Disposition.RESUME
 
 
-class _ClaimedMeanwhile:
-    """graphile-worker's actions, with a worker's claim landing after the read."""
-
-    def __init__(self, conn: Connection, config: Any, kinds: Any) -> None:
-        self._actions = GraphileWorkerActions(conn, config, kinds)
-        self._conn = conn
-        self.limits = self._actions.limits
-
-    def read(self, job_key: JobKey) -> ForeignJob | None:
-        job = self._actions.read(job_key)
-        self._conn.execute(sa.text("UPDATE graphile_worker._private_jobs SET attempts = "
-                                   "attempts + 1 WHERE id = :id"), {"id": job_key})
-        return job
-
-    def refuses(self, action: OperatorAction, job: ForeignJob) -> str | None:
-        return self._actions.refuses(action, job)
-
-    def retry(self, job_key: JobKey, job: ForeignJob) -> str | None:
-        return self._actions.retry(job_key, job)
-
-    def cancel(self, job_key: JobKey, job: ForeignJob) -> str | None:
-        return self._actions.cancel(job_key, job)
-
-
 def test_an_action_on_a_job_that_moved_meanwhile_is_refused(graphile: NodeSystem) -> None:
     """``fence_lost``, recorded; the job is as the system left it."""
     factory = factory_of(graphile)
     job = factory.add("pure.work", {"hang": []})
 
-    def opener(conn: Connection, config: Any, kinds: Any) -> SystemActions:
-        return _ClaimedMeanwhile(conn, config, kinds)
-
-    desk = ForeignDesk(factory.db.engine, SOURCE, factory.config, KINDS, opener=opener,
-                       parse_key=entry_for(SOURCE).parse_job_key)
+    desk = desk_moving_after_read(
+        factory.db.engine, SOURCE, factory.config, KINDS, actions=GraphileWorkerActions,
+        move=lambda conn, key: conn.execute(sa.text(
+            "UPDATE graphile_worker._private_jobs SET attempts = attempts + 1 WHERE id = :id"),
+            {"id": key}))
     before = graphile.row(job)
     assert before is not None
     report = desk.act(OperatorAction.CANCEL, str(job), actor="e", note="n")

@@ -7,20 +7,18 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 import pytest
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection
 
 from models import OperatorAction as ActionRow
 from models import OperatorHold, ReconciliationDecision
-from reconciler.config.registry import entry_for
 from reconciler.core.operator_desk import OperatorDesk
-from reconciler.core.vocabulary import Disposition, JobKey, OperatorAction, Reason
+from reconciler.core.vocabulary import Disposition, OperatorAction, Reason
 from reconciler.root.cli import assemble_cli
-from reconciler.sources.kit.actions import ForeignDesk, ForeignJob, SystemActions
 from reconciler.sources.procrastinate.actions import ProcrastinateActions
+from tests.sources.actions_support import desk_moving_after_read
 from tests.sources.conftest import SourcesDatabase
 from tests.sources.factories import ProcrastinateFactory
 from tests.sources.support import (
@@ -152,42 +150,17 @@ def test_a_held_stale_job_is_left_alone_until_unheld(
     assert procrastinate.status(job) == "queued"
 
 
-class _FinishedMeanwhile:
-    """Procrastinate's actions, with the job's worker finishing it after the read (on the
-    same transaction, as a write that committed just before the swap)."""
-
-    def __init__(self, conn: Connection, config: Any, kinds: Any) -> None:
-        self._actions = ProcrastinateActions(conn, config, kinds)
-        self._conn = conn
-        self.limits = self._actions.limits
-
-    def read(self, job_key: JobKey) -> ForeignJob | None:
-        job = self._actions.read(job_key)
-        self._conn.execute(sa.text("UPDATE procrastinate.procrastinate_jobs SET attempts = "
-                                   "attempts + 1 WHERE id = :id"), {"id": job_key})
-        return job
-
-    def refuses(self, action: OperatorAction, job: ForeignJob) -> str | None:
-        return self._actions.refuses(action, job)
-
-    def retry(self, job_key: JobKey, job: ForeignJob) -> str | None:
-        return self._actions.retry(job_key, job)
-
-    def cancel(self, job_key: JobKey, job: ForeignJob) -> str | None:
-        return self._actions.cancel(job_key, job)
-
-
 def test_an_action_on_a_job_that_moved_meanwhile_is_refused(
         procrastinate: ProcrastinateFactory) -> None:
     """The job changed after the action read it: ``fence_lost``, recorded, and the
     function is never called (the job is as its worker left it)."""
     job = procrastinate.live("idem.work")
 
-    def opener(conn: Connection, config: Any, kinds: Any) -> SystemActions:
-        return _FinishedMeanwhile(conn, config, kinds)
-
-    desk = ForeignDesk(procrastinate.db.engine, SOURCE, procrastinate.config, KINDS,
-                       opener=opener, parse_key=entry_for(SOURCE).parse_job_key)
+    desk = desk_moving_after_read(
+        procrastinate.db.engine, SOURCE, procrastinate.config, KINDS, actions=ProcrastinateActions,
+        move=lambda conn, key: conn.execute(sa.text(
+            "UPDATE procrastinate.procrastinate_jobs SET attempts = attempts + 1 "
+            "WHERE id = :id"), {"id": key}))
     before = procrastinate.row(job)
     assert before is not None
     report = desk.act(OperatorAction.CANCEL, str(job), actor="e", note="n")

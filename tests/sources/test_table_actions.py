@@ -12,19 +12,17 @@ from typing import Any, cast
 
 import pytest
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection
 
 from models import OperatorAction as ActionRow
 from models import OperatorHold, ReconciliationDecision
 from reconciler.config.loader import pass_config
-from reconciler.config.registry import entry_for
 from reconciler.core.operator_desk import OperatorDesk
 from reconciler.core.passes import run_pass
-from reconciler.core.vocabulary import Disposition, JobKey, OperatorAction, Reason
+from reconciler.core.vocabulary import Disposition, OperatorAction, Reason
 from reconciler.root.cli import assemble_cli
-from reconciler.sources.kit.actions import ForeignDesk, ForeignJob, SystemActions
 from reconciler.sources.table.actions import TableActions
 from reconciler.sources.table.config import TableConfig
+from tests.sources.actions_support import desk_moving_after_read
 from tests.sources.support import config_for
 from tests.sources.test_table_source import KINDS, Home, dead, home, row, run, steps
 
@@ -170,34 +168,6 @@ def test_a_held_stale_job_is_left_alone_until_unheld(table_home: Home) -> None:
     assert row(table_home, job)["status"] == "pending"
 
 
-class _MovedMeanwhile:
-    """The table's actions, with a worker's write landing between the read and the swap
-    (on the same transaction's connection, as a write that committed just before)."""
-
-    def __init__(self, conn: Connection, config: TableConfig, home: Home,
-                 **change: Any) -> None:
-        self._actions = TableActions(conn, config, KINDS)
-        self._conn = conn
-        self._home = home
-        self._change = change
-        self.limits = self._actions.limits
-
-    def read(self, job_key: JobKey) -> ForeignJob | None:
-        job = self._actions.read(job_key)
-        self._conn.execute(self._home.jobs.update().where(self._home.jobs.c.id == job_key)
-                           .values(**self._change))
-        return job
-
-    def refuses(self, action: OperatorAction, job: ForeignJob) -> str | None:
-        return self._actions.refuses(action, job)
-
-    def retry(self, job_key: JobKey, job: ForeignJob) -> str | None:
-        return self._actions.retry(job_key, job)
-
-    def cancel(self, job_key: JobKey, job: ForeignJob) -> str | None:
-        return self._actions.cancel(job_key, job)
-
-
 @pytest.mark.parametrize(("action", "status", "change"), [
     (OperatorAction.CANCEL, "processing", {"attempts": 2, "claimed_by": "host-b:2"}),
     (OperatorAction.RETRY, "failed", {"generation": 9}),
@@ -208,13 +178,10 @@ def test_an_action_on_a_job_that_moved_meanwhile_is_refused(
     """A worker (or a pass) changed the job after the action read it: ``fence_lost``,
     recorded, and the row is what the worker wrote, not what the operator would have."""
     job = dead(table_home, status=status, generation=3, **steps("succeeded"))
-    entry = entry_for(SOURCE)
-
-    def opener(conn: Connection, config: Any, kinds: Any) -> SystemActions:
-        return _MovedMeanwhile(conn, config, table_home, **change)
-
-    desk = ForeignDesk(table_home.engine, SOURCE, table_home.full, KINDS, opener=opener,
-                       parse_key=entry.parse_job_key)
+    desk = desk_moving_after_read(
+        table_home.engine, SOURCE, table_home.full, KINDS, actions=TableActions,
+        move=lambda conn, key: conn.execute(table_home.jobs.update().where(
+            table_home.jobs.c.id == key).values(**change)))
     before = row(table_home, job)
     report = desk.act(action, str(job), actor="g", note="n")
     assert (report.applied, report.refusal) == (False, "fence_lost")

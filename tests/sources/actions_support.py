@@ -1,0 +1,53 @@
+"""The race every source's operator actions are tested for: the job moves between the
+action's read and its swap (a worker's claim, its end, another operator), on the same
+transaction, as a write that committed just before the swap looks to the fence."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from sqlalchemy.engine import Connection, Engine
+
+from reconciler.config.registry import entry_for
+from reconciler.core.kinds import KindRules
+from reconciler.core.vocabulary import JobKey, OperatorAction
+from reconciler.sources.kit.actions import ForeignDesk, ForeignJob, SystemActions
+
+Move = Callable[[Connection, JobKey], object]
+"""The system's own write on the job, run right after the action read it."""
+
+
+class MovedAfterRead:
+    """A system's actions whose every read is followed by ``move``."""
+
+    def __init__(self, actions: SystemActions, conn: Connection, move: Move) -> None:
+        self._actions = actions
+        self._conn = conn
+        self._move = move
+        self.limits: Mapping[OperatorAction, str] = actions.limits
+
+    def read(self, job_key: JobKey) -> ForeignJob | None:
+        job = self._actions.read(job_key)
+        self._move(self._conn, job_key)
+        return job
+
+    def refuses(self, action: OperatorAction, job: ForeignJob) -> str | None:
+        return self._actions.refuses(action, job)
+
+    def retry(self, job_key: JobKey, job: ForeignJob) -> str | None:
+        return self._actions.retry(job_key, job)
+
+    def cancel(self, job_key: JobKey, job: ForeignJob) -> str | None:
+        return self._actions.cancel(job_key, job)
+
+
+def desk_moving_after_read(engine: Engine, source: str, config: Any, kinds: KindRules, *,
+                           actions: Callable[[Connection, Any, KindRules], SystemActions],
+                           move: Move) -> ForeignDesk:
+    """The source's desk over ``actions``, with ``move`` landing after each read."""
+    def opener(conn: Connection, config: Any, kinds: KindRules) -> SystemActions:
+        return MovedAfterRead(actions(conn, config, kinds), conn, move)
+
+    return ForeignDesk(engine, source, config, kinds, opener=opener,
+                       parse_key=entry_for(source).parse_job_key)
