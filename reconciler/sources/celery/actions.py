@@ -36,7 +36,7 @@ from reconciler.sources.celery.tables import (
     queue_for,
     shape_for,
 )
-from reconciler.sources.kit.actions import ForeignJob
+from reconciler.sources.kit.actions import ForeignJob, read_locked
 from reconciler.sources.kit.shapes import UtcTimes, constant
 from reconciler.storage.clock import db_now
 
@@ -81,13 +81,8 @@ class CeleryActions:
             columns.append(result.retries.label("retries"))
         if result.queue is not None:
             columns.append(result.queue.label("queue"))
-        query = sa.select(*columns).where(rows.c.task_id == str(job_key))
-        if self._conn.dialect.name == "postgresql":
-            query = query.with_for_update()
-        row = self._conn.execute(query).first()
-        if row is None:
-            return None
-        return ForeignJob(str(row.status), WORDS.get(str(row.status)), dict(row._mapping))
+        return read_locked(self._conn, sa.select(*columns).where(rows.c.task_id == str(job_key)),
+                           "status", WORDS)
 
     def refuses(self, action: OperatorAction, job: ForeignJob) -> str | None:
         """A revoked task is not re-run under its id; nor one whose call is not known."""

@@ -30,7 +30,7 @@ from reconciler.sources.django_tasks.source import (
     failure_traceback,
     task_key,
 )
-from reconciler.sources.kit.actions import ForeignJob
+from reconciler.sources.kit.actions import ForeignJob, read_locked
 from reconciler.sources.kit.shapes import constant
 from reconciler.storage.clock import db_now
 
@@ -69,12 +69,7 @@ class DjangoTasksActions:
         query = sa.select(tasks.c.status, tasks.c.started_at,
                           sa.cast(tasks.c.worker_ids, sa.Text()).label("worker_ids")
                           ).where(*self._by_key(job_key))
-        if self._conn.dialect.name == "postgresql":
-            query = query.with_for_update()
-        row = self._conn.execute(query).first()
-        if row is None:
-            return None
-        return ForeignJob(str(row.status), WORDS.get(str(row.status)), dict(row._mapping))
+        return read_locked(self._conn, query, "status", WORDS)
 
     def refuses(self, action: OperatorAction, job: ForeignJob) -> str | None:
         """Nothing of Django's own beyond its statuses."""

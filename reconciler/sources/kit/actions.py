@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from reconciler.core.kinds import KindRules
@@ -84,6 +85,20 @@ class SystemActions(Protocol):
 
 ActionsOpener = Callable[[Connection, Any, KindRules], SystemActions]
 """Opens a system's actions on a connection, with its ``[source]`` config and kinds."""
+
+
+def read_locked(conn: Connection, query: sa.Select[Any], status: str,
+                words: Mapping[str, JobStatus]) -> ForeignJob | None:
+    """The one job ``query`` finds, its row locked for the action's swap on PostgreSQL
+    (SQLite's write lock is the transaction's), in our words by its ``status`` column;
+    None when the system has no such job."""
+    if conn.dialect.name == "postgresql":
+        query = query.with_for_update()
+    row = conn.execute(query).first()
+    if row is None:
+        return None
+    state = str(row._mapping[status])
+    return ForeignJob(state, words.get(state), dict(row._mapping))
 
 
 def held_state(state: str, held: bool) -> str:
