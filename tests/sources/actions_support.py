@@ -27,8 +27,8 @@ class MovedAfterRead:
         self._move = move
         self.limits: Mapping[OperatorAction, str] = actions.limits
 
-    def read(self, job_key: JobKey) -> ForeignJob | None:
-        job = self._actions.read(job_key)
+    def read(self, job_key: JobKey, *, lock: bool) -> ForeignJob | None:
+        job = self._actions.read(job_key, lock=lock)
         self._move(self._conn, job_key)
         return job
 

@@ -72,7 +72,7 @@ class CeleryActions:
         # Celery writes naive UTC: write date_done so.
         self._utc = UtcTimes(connection)
 
-    def read(self, job_key: JobKey) -> ForeignJob | None:
+    def read(self, job_key: JobKey, *, lock: bool) -> ForeignJob | None:
         """The row's status, claim and call, locked where the engine can."""
         rows, result = self._rows, self._result
         columns = [rows.c.status, rows.c.worker, rows.c.date_done, result.name.label("name"),
@@ -82,7 +82,7 @@ class CeleryActions:
         if result.queue is not None:
             columns.append(result.queue.label("queue"))
         return read_locked(self._conn, sa.select(*columns).where(rows.c.task_id == str(job_key)),
-                           "status", WORDS)
+                           "status", WORDS, lock=lock)
 
     def refuses(self, action: OperatorAction, job: ForeignJob) -> str | None:
         """A revoked task is not re-run under its id; nor one whose call is not known."""

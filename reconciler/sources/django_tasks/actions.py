@@ -63,13 +63,13 @@ class DjangoTasksActions:
             where.append(tasks.c.backend_name == self._config.backend_name)
         return where
 
-    def read(self, job_key: JobKey) -> ForeignJob | None:
+    def read(self, job_key: JobKey, *, lock: bool) -> ForeignJob | None:
         """The task's status and claim as read, its row locked where the engine can."""
         tasks = self._tasks
         query = sa.select(tasks.c.status, tasks.c.started_at,
                           sa.cast(tasks.c.worker_ids, sa.Text()).label("worker_ids")
                           ).where(*self._by_key(job_key))
-        return read_locked(self._conn, query, "status", WORDS)
+        return read_locked(self._conn, query, "status", WORDS, lock=lock)
 
     def refuses(self, action: OperatorAction, job: ForeignJob) -> str | None:
         """Nothing of Django's own beyond its statuses."""

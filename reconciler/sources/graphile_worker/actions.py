@@ -32,7 +32,7 @@ from reconciler.core.vocabulary import (
     OperatorStatusReason,
 )
 from reconciler.sources.graphile_worker.source import GraphileWorkerConfig
-from reconciler.sources.kit.actions import ForeignJob
+from reconciler.sources.kit.actions import ForeignJob, locked
 
 LOCKED = "graphile_worker_locked"
 """The refusal of a cancel of a locked (running) job."""
@@ -58,12 +58,12 @@ class GraphileWorkerActions:
                               sa.column("locked_by"), sa.column("attempts"),
                               sa.column("max_attempts"), schema=config.schema)
 
-    def read(self, job_key: JobKey) -> ForeignJob | None:
-        """The job's lock and attempts, its row locked."""
+    def read(self, job_key: JobKey, *, lock: bool) -> ForeignJob | None:
+        """The job's lock and attempts, its row locked with ``lock``."""
         jobs = self._jobs
-        row = self._conn.execute(
+        row = self._conn.execute(locked(
             sa.select(jobs.c.locked_at, jobs.c.locked_by, jobs.c.attempts, jobs.c.max_attempts)
-            .where(jobs.c.id == job_key).with_for_update()).first()
+            .where(jobs.c.id == job_key), lock)).first()
         if row is None:
             return None
         state = ("locked" if row.locked_at is not None

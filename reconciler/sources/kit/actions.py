@@ -67,8 +67,10 @@ class SystemActions(Protocol):
     limits: Mapping[OperatorAction, str]
     """What an action cannot do on this system, said on the line it prints."""
 
-    def read(self, job_key: JobKey) -> ForeignJob | None:
-        """The job, or None when the system has no such job."""
+    def read(self, job_key: JobKey, *, lock: bool) -> ForeignJob | None:
+        """The job, or None when the system has no such job; its row locked for the swap
+        with ``lock`` (an action), read as it is without (a look: what ``allowed`` offers
+        waits behind no worker and writes no lock)."""
 
     def refuses(self, action: OperatorAction, job: ForeignJob) -> str | None:
         """Why the system cannot take ``action`` on the job in its shape (a code), before
@@ -87,14 +89,17 @@ ActionsOpener = Callable[[Connection, Any, KindRules], SystemActions]
 """Opens a system's actions on a connection, with its ``[source]`` config and kinds."""
 
 
+def locked(query: sa.Select[Any], lock: bool) -> sa.Select[Any]:
+    """``query`` locking the rows it reads (``FOR UPDATE``) when ``lock``."""
+    return query.with_for_update() if lock else query
+
+
 def read_locked(conn: Connection, query: sa.Select[Any], status: str,
-                words: Mapping[str, JobStatus]) -> ForeignJob | None:
-    """The one job ``query`` finds, its row locked for the action's swap on PostgreSQL
-    (SQLite's write lock is the transaction's), in our words by its ``status`` column;
-    None when the system has no such job."""
-    if conn.dialect.name == "postgresql":
-        query = query.with_for_update()
-    row = conn.execute(query).first()
+                words: Mapping[str, JobStatus], *, lock: bool) -> ForeignJob | None:
+    """The one job ``query`` finds, with ``lock`` its row locked for the action's swap on
+    PostgreSQL (SQLite's write lock is the transaction's), in our words by its ``status``
+    column; None when the system has no such job."""
+    row = conn.execute(locked(query, lock and conn.dialect.name == "postgresql")).first()
     if row is None:
         return None
     state = str(row._mapping[status])
@@ -132,7 +137,7 @@ class ForeignDesk(RecordedDesk):
             return frozenset()
         with self._engine.connect() as conn:
             reading = read_only(conn)
-            job = self._open(reading, self._config, self._kinds).read(key)
+            job = self._open(reading, self._config, self._kinds).read(key, lock=False)
             held = job is not None and is_held(reading, self.source, key)
             conn.rollback()
         if job is None or job.word is None:
@@ -148,7 +153,7 @@ class ForeignDesk(RecordedDesk):
                                f"no {self.source} job with id {job_id}")
         with self._engine.begin() as conn:
             system = self._open(conn, self._config, self._kinds)
-            job = system.read(key)
+            job = system.read(key, lock=True)
             if job is None:
                 return self.report(action, job_id, Refusal.NO_SUCH_JOB.value,
                                    f"no {self.source} job with id {job_id}")

@@ -26,7 +26,7 @@ from sqlalchemy.exc import IntegrityError
 
 from reconciler.core.kinds import KindRules
 from reconciler.core.vocabulary import JobKey, JobStatus, OperatorAction
-from reconciler.sources.kit.actions import ForeignJob, SystemRefusal
+from reconciler.sources.kit.actions import ForeignJob, SystemRefusal, read_locked
 from reconciler.sources.kit.shapes import constant
 from reconciler.sources.pgboss.source import PgBossConfig
 from reconciler.storage.clock import db_now
@@ -59,20 +59,17 @@ class PgBossActions:
     def _by_id(self, job_key: JobKey) -> sa.ColumnElement[bool]:
         return self._jobs.c.id == sa.cast(sa.literal(str(job_key)), UUID(as_uuid=False))
 
-    def read(self, job_key: JobKey) -> ForeignJob | None:
-        """The job's queue, state, start and retries, its row locked."""
+    def read(self, job_key: JobKey, *, lock: bool) -> ForeignJob | None:
+        """The job's queue, state, start and retries, its row locked with ``lock``."""
         jobs = self._jobs
         try:
             with self._conn.begin_nested():
-                row = self._conn.execute(
-                    sa.select(jobs.c.name, sa.cast(jobs.c.state, sa.Text()).label("state"),
-                              jobs.c.started_on, jobs.c.retry_count)
-                    .where(self._by_id(job_key)).with_for_update()).first()
+                return read_locked(self._conn, sa.select(
+                    jobs.c.name, sa.cast(jobs.c.state, sa.Text()).label("state"),
+                    jobs.c.started_on, jobs.c.retry_count).where(self._by_id(job_key)),
+                    "state", WORDS, lock=lock)
         except sa.exc.DataError:  # not a UUID: no job of pg-boss's
             return None
-        if row is None:
-            return None
-        return ForeignJob(str(row.state), WORDS.get(str(row.state)), dict(row._mapping))
 
     def refuses(self, action: OperatorAction, job: ForeignJob) -> str | None:
         """Nothing of pg-boss's own beyond its states."""

@@ -26,7 +26,7 @@ from sqlalchemy.engine import Connection
 
 from reconciler.core.kinds import KindRules
 from reconciler.core.vocabulary import JobKey, JobStatus, OperatorAction
-from reconciler.sources.kit.actions import ForeignJob
+from reconciler.sources.kit.actions import ForeignJob, locked
 from reconciler.sources.procrastinate.source import ProcrastinateConfig
 
 WORDS = {"todo": JobStatus.QUEUED, "doing": JobStatus.PROCESSING,
@@ -65,13 +65,14 @@ class ProcrastinateActions:
             return name
         return f"{self._conn.dialect.identifier_preparer.quote_identifier(self._schema)}.{name}"
 
-    def read(self, job_key: JobKey) -> ForeignJob | None:
-        """The job's status, attempts, worker and abort flag, its row locked."""
+    def read(self, job_key: JobKey, *, lock: bool) -> ForeignJob | None:
+        """The job's status, attempts, worker and abort flag, its row locked with
+        ``lock``."""
         jobs = self._jobs
-        row = self._conn.execute(
+        row = self._conn.execute(locked(
             sa.select(sa.cast(jobs.c.status, sa.Text()).label("status"), jobs.c.attempts,
                       jobs.c.worker_id, jobs.c.abort_requested)
-            .where(jobs.c.id == job_key).with_for_update()).first()
+            .where(jobs.c.id == job_key), lock)).first()
         if row is None:
             return None
         state = str(row.status)
@@ -138,7 +139,7 @@ class ProcrastinateActions:
         return None if done is None else self._status(job_key)
 
     def _status(self, job_key: JobKey) -> str:
-        read: Any = self.read(job_key)
+        read: Any = self.read(job_key, lock=False)
         return str(read.state)
 
 

@@ -69,14 +69,14 @@ class TableActions:
     def _has(self, key: str) -> bool:
         return key in self._columns
 
-    def read(self, job_key: JobKey) -> ForeignJob | None:
+    def read(self, job_key: JobKey, *, lock: bool) -> ForeignJob | None:
         """The row's status and fenced columns, locked where the engine has row locks."""
         keys = [k for k in (*FENCED_KEYS, "plan_column", "steps_column") if self._has(k)]
         query = sa.select(self._col("status_column").label("status"),
                           *(self._col(k).label(k) for k in keys)).where(
             self._col("id_column") == job_key)
         row = self._conn.execute(for_update(self._conn.dialect.name == "postgresql", query,
-                                            lock=True, skip_locked=False)).first()
+                                            lock=lock, skip_locked=False)).first()
         if row is None:
             return None
         values = row._mapping
