@@ -25,9 +25,9 @@ calls any write through a superseded claim. Sessions: ``register_session`` (a re
 replaces the previous one), ``heartbeat_session``, ``stop_session``. Operators, through
 the native desk as the command line and the console take it: ``operator`` (hold, unhold,
 retry or cancel one job, with an actor and a note or none) and ``operator_bulk`` (the bulk
-retry or cancel over a decision reason, capped). The reconciler: ``reconcile`` (two replicas, batch 1, 2 or 50;
-no leader in front of a pass), ``lead`` (the chores' leader lease: take, renew, give up),
-``dry_run``. Time: ``time_passes`` (0.5 s to 120 s). A few
+retry or cancel over a decision reason, capped). The reconciler: ``reconcile`` (two
+replicas, batch 1, 2 or 50; no leader in front of a pass), ``lead`` (the chores' leader
+lease: take, renew, give up), ``dry_run``. Time: ``time_passes`` (0.5 s to 120 s). A few
 rules string these together the way real processes do, so short runs reach deep states:
 ``work`` (run steps in order, maybe leave one running), ``die_mid_step``, ``worker_alive``
 (time passes while the heart beats, with or without progress: a wedged handler),
@@ -115,9 +115,9 @@ from models import (
 from reconciler.config.settings import Settings
 from reconciler.core.decisions import Thresholds
 from reconciler.core.passes import PassConfig, PassReport, run_pass
+from reconciler.core.vocabulary import OperatorAction as Act
 from reconciler.sidecar.service import LEADER_LEASE_NAME
 from reconciler.storage.claims import StepNotStartedError
-from reconciler.core.vocabulary import OperatorAction as Act
 from reconciler.storage.desks import NativeDesk
 from reconciler.storage.engines import create_engine
 from reconciler.storage.operator import NATIVE
