@@ -372,7 +372,8 @@ class JobDetail:
     job_kind: str
     job_status: str
     status_reason: str | None
-    attempt_count: int
+    attempt_count: int | None
+    """None: the system keeps no count of the job's attempts (django-celery-results)."""
     max_attempts: int
     resume_step_index: int | None
     """None: the job will not run again (a foreign job that ended), so resumes nowhere."""
