@@ -134,7 +134,7 @@ def job_list_lines(views: list[dict[str, Any]]) -> list[str]:
     ids = [printable(str(v["job_id"])) for v in views]
     kinds = [printable(v["job_kind"]) for v in views]
     statuses = [printable(v["status"]) for v in views]
-    attempts = [f"{v['attempts_used']}/{v['max_attempts']}" for v in views]
+    attempts = [_attempts(v) for v in views]
     steps = [str(v["resume_step_index"]) if _resumes(v) else "-" for v in views]
     wide = (_width(ids, "JOB", LIST_ID_WIDTH), _width(kinds, "KIND", LIST_KIND_WIDTH),
             _width(statuses, "STATUS", (6, 11)), _width(attempts, "ATTEMPTS", (8, 12)))
@@ -149,6 +149,12 @@ def job_list_lines(views: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _attempts(view: dict[str, Any]) -> str:
+    """Attempts used of the budget; ``?`` where the system keeps no count."""
+    used = view["attempts_used"]
+    return f"{'?' if used is None else used}/{view['max_attempts']}"
+
+
 def _resumes(view: dict[str, Any]) -> bool:
     return view["resume_step_index"] is not None and view["status"] in _RESUMABLE
 
@@ -160,7 +166,7 @@ def job_lines(view: dict[str, Any], source_kind: str) -> list[str]:
            else "")
     lines = [f"job {view['job_id']} ({view['job_kind']}): {view['status']}"
              + (f" ({view['reason']})" if view["reason"] else "") + own,
-             f"  attempts {view['attempts_used']}/{view['max_attempts']}"
+             f"  attempts {_attempts(view)}"
              + (f", resumes at step {view['resume_step_index']}" if _resumes(view) else "")
              + (", held by an operator" if view["operator_hold"] else "")]
     lines += [f"  step {s['index']}: {s['name']} [{s.get('effect_kind', '?')}] {s['state']}"

@@ -365,14 +365,14 @@ class JobDetail:
 
     A foreign source's job has its id as its system spells it, its status in this
     project's words where one fits (``source_status``: the system's own), and no times
-    where the system keeps none.
+    nor attempt count (None) where the system keeps none.
     """
 
     job_id: JobKey
     job_kind: str
     job_status: str
     status_reason: str | None
-    attempt_count: int
+    attempt_count: int | None
     max_attempts: int
     resume_step_index: int | None
     """None: the job will not run again (a foreign job that ended), so resumes nowhere."""

@@ -152,7 +152,8 @@ class ForeignJobs:
         return JobDetail(
             job_id=row.job_id, job_kind=kind,
             job_status=word.value if word is not None else (raw or "unknown"),
-            status_reason=reason, attempt_count=int(row.attempts or 0),
+            status_reason=reason,
+            attempt_count=None if row.attempts is None else int(row.attempts),
             max_attempts=int(budget) if budget is not None
             else self._kinds.resolve(kind).max_attempts,
             # Only a job that will run (again) has a step it resumes at.

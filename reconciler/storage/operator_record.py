@@ -91,6 +91,13 @@ def is_held(conn: Connection, source: str, job_key: JobKey) -> bool:
         holds.c.job_source == source, holds.c.job_key == str(job_key))).first() is not None
 
 
+def not_held(source: str, job_key: sa.ColumnElement[Any]) -> sa.ColumnElement[bool]:
+    """True where no operator holds the foreign job whose key is ``job_key`` (a column of
+    the system's table): one probe of ``operator_holds``' key per row it is asked of."""
+    return ~sa.exists().where(holds.c.job_source == source,
+                              holds.c.job_key == sa.cast(job_key, sa.String()))
+
+
 def held_among(conn: Connection, source: str, job_keys: Sequence[JobKey]) -> set[str]:
     """Those of ``job_keys`` (as text) an operator holds: one statement per batch."""
     if not job_keys:

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import getpass
 import json
+import os
+import pty
+import subprocess
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any, cast
@@ -17,6 +20,7 @@ from models import OperatorAction as ActionRow
 from reconciler.storage.engines import create_engine
 from reconciler.storage.schema import downgrade, upgrade
 from reconciler.worker import JobClient
+from tests.cli_runner import ARGV0, REPO_ROOT, settings_env
 from tests.conftest import run_cli
 from tests.helpers import job_row
 from tests.integration.test_operator_actions import (
@@ -154,3 +158,51 @@ def test_the_bulk_form_takes_no_job_id_and_hold_takes_no_filter(db_url: str) -> 
     assert _bulk(db_url, "7").returncode == 2
     assert run_cli(db_url, "jobs", "hold", "--reason", DIED).returncode == 2
     assert run_cli(db_url, "jobs", "retry", "--note", "n").returncode == 2
+
+
+def test_a_job_changed_between_the_bulk_preview_and_the_act_is_refused_exit_6(
+        client: JobClient, engine: Engine, db_url: str) -> None:
+    """Two real operators: the bulk form counts three failed jobs and asks on its terminal;
+    meanwhile another operator's process retries one of them. Confirmed, the bulk form
+    retries the two still failed, refuses the third (queued now: its line says why, the
+    record keeps it refused and unchanged), ends with the counts, and exits 6."""
+    jobs = [terminalized(client, engine) for _ in range(3)]
+    controller, terminal = pty.openpty()
+    bulk = subprocess.Popen(
+        [*ARGV0, "jobs", "retry", "--reason", DIED, "--note", "bulk", "--as", "alice"],
+        stdin=terminal, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=settings_env(db_url), cwd=REPO_ROOT)
+    os.close(terminal)
+    try:
+        assert bulk.stderr is not None
+        prompt = ""
+        while not prompt.endswith("type yes: "):  # counted, and asking
+            char = bulk.stderr.read(1)
+            assert char, f"the bulk form ended before asking: {bulk.communicate()}"
+            prompt += char
+        assert prompt == "retry these 3 jobs? type yes: "
+        other = run_cli(db_url, "jobs", "retry", str(jobs[1]), "--note", "mine", "--as",
+                        "bob", process=True)
+        assert other.returncode == 0, other.stderr
+        os.write(controller, b"yes\n")
+        out, err = bulk.communicate(timeout=60)
+    finally:
+        os.close(controller)
+        if bulk.poll() is None:
+            bulk.kill()
+            bulk.wait()
+    assert bulk.returncode == 6, err
+    lines = out.splitlines()
+    assert lines[0] == f"3 native jobs match (latest decision {DIED}; at most 100) and can " \
+        "be retried now"
+    assert f"job {jobs[1]}: retry refused (job_not_failed_or_cancelled)" in out
+    assert lines[-1] == "retry: applied 2, refused 1"
+    assert {job_row(engine, job)["job_status"] for job in jobs} == {"queued"}
+    with engine.connect() as conn:
+        recorded = conn.execute(
+            sa.select(ACTIONS.c.job_key, ACTIONS.c.acted_by, ACTIONS.c.action_outcome,
+                      ACTIONS.c.generation_before, ACTIONS.c.generation_after)
+            .where(ACTIONS.c.job_key == str(jobs[1])).order_by(ACTIONS.c.action_id)).all()
+    [theirs, ours] = [tuple(r) for r in recorded]
+    assert theirs[1:3] == ("bob", "applied")
+    assert ours == (str(jobs[1]), "alice", "refused", theirs[4], theirs[4])

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from tests.sources.celery_support import (  # noqa: F401 - fixtures, found by na
     celery_live_worker,
     celery_project,
     declare_queues,
+    django_celery_project,
     redis_server,
     redis_url,
 )
@@ -147,6 +149,52 @@ class TestCommandLine:
         assert cli_json(capsys, path, "jobs", "show", failed)["resume_step_index"] is None
         code, out, _ = cli(capsys, path, "jobs", "show", started)
         assert "resumes at step 0" in out
+
+    def test_attempts_on_celerys_table_are_its_retries_plus_one_or_unknown(
+            self, celery_project: CeleryProject, tmp_path: Path,  # noqa: F811
+            capsys: pytest.CaptureFixture[str]) -> None:
+        """A row with ``retries = 2`` (result_extended) shows attempts 3; a row written
+        without result_extended keeps no count and shows it unknown, not 1."""
+        path = _config(tmp_path, celery_project, '[kinds."*"]', "max_attempts = 4")
+        counted = _row(celery_project, "FAILURE", "app.charge")
+        with celery_project.engine.begin() as conn:
+            conn.execute(sa.text("UPDATE celery_taskmeta SET retries = 2 WHERE task_id = :id"),
+                         {"id": counted})
+        uncounted = _row(celery_project, "STARTED", None)
+        shown = {j["job_id"]: j["attempts_used"] for j in cli_json(capsys, path, "jobs", "list")}
+        assert shown == {counted: 3, uncounted: None}
+        assert "attempts 3/4" in cli(capsys, path, "jobs", "show", counted)[1]
+        assert "attempts ?/4" in cli(capsys, path, "jobs", "show", uncounted)[1]
+
+    def test_attempts_on_django_celery_results_are_unknown(
+            self, django_celery_project: CeleryProject, tmp_path: Path,  # noqa: F811
+            capsys: pytest.CaptureFixture[str]) -> None:
+        """django-celery-results' ``TaskResult`` keeps no retry count (its ``meta`` keeps
+        only the children): ``jobs list``, ``jobs show`` and the console show the task's
+        attempts as unknown, never a made-up 1."""
+        project = django_celery_project
+        path = _config(tmp_path, project, f'result_table = "{project.table}"',
+                       '[kinds."*"]', "max_attempts = 3")
+        task_id = str(uuid.uuid4())
+        with project.engine.begin() as conn:
+            # As the backend's ``_store_result`` writes a failure with result_extended.
+            conn.execute(sa.text(
+                f"INSERT INTO {project.table} (task_id, status, task_name, task_args, "
+                "task_kwargs, worker, content_type, content_encoding, result, date_created, "
+                "date_done, traceback, meta) VALUES (:id, 'FAILURE', 'app.charge', "
+                "'\"()\"', '\"{}\"', 'w@tests', 'application/json', 'utf-8', "
+                "'{\"exc_type\": \"ValueError\"}', :now, :now, 'Traceback', "
+                "'{\"children\": []}')"), {"id": task_id, "now": datetime.now(UTC)})
+        [listed] = cli_json(capsys, path, "jobs", "list")
+        assert (listed["job_id"], listed["attempts_used"]) == (task_id, None)
+        code, out, _ = cli(capsys, path, "jobs", "list")
+        assert code == 0
+        assert " ?/3 " in out.splitlines()[1]
+        assert cli_json(capsys, path, "jobs", "show", task_id)["attempts_used"] is None
+        assert "attempts ?/3" in cli(capsys, path, "jobs", "show", task_id)[1]
+        status, page = _page(path, f"/jobs/celery/{task_id}")
+        assert status == 200
+        assert "attempts ?/3" in page
 
 
 def _page(path: Path, target: str) -> tuple[int, str]:

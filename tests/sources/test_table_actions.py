@@ -16,6 +16,7 @@ import sqlalchemy as sa
 from models import OperatorAction as ActionRow
 from models import OperatorHold, ReconciliationDecision
 from reconciler.config.loader import pass_config
+from reconciler.core.brake import BrakeLimits
 from reconciler.core.operator_desk import OperatorDesk
 from reconciler.core.passes import run_pass
 from reconciler.core.vocabulary import Disposition, OperatorAction, Reason
@@ -24,7 +25,7 @@ from reconciler.sources.table.actions import TableActions
 from reconciler.sources.table.config import TableConfig
 from tests.sources.actions_support import desk_moving_after_read
 from tests.sources.support import config_for
-from tests.sources.test_table_source import KINDS, Home, dead, home, row, run, steps
+from tests.sources.test_table_source import KINDS, Home, add, dead, home, row, run, steps
 
 __all__ = ["home"]  # the fixture, found by name
 
@@ -214,3 +215,25 @@ def test_bulk_targets_are_the_jobs_whose_latest_decision_matches(table_home: Hom
     # Retried, it is queued: a retry no longer applies.
     assert desk.bulk_targets(OperatorAction.RETRY, reason=reason, kind=None, since=None,
                              limit=10) == [str(second)]
+
+
+def test_held_stale_jobs_do_not_engage_the_mass_staleness_brake(table_home: Home) -> None:
+    """Four of ten running jobs are stale and held, two stale and not, four live: the brake
+    (engaged at half the running jobs stale) counts the held ones as a native source does,
+    not at all, so the pass decides the two unheld dead jobs instead of braking."""
+    held = [dead(table_home, job_type="mail.send", **steps("succeeded")) for _ in range(4)]
+    loose = [dead(table_home, job_type="mail.send", **steps("succeeded")) for _ in range(2)]
+    for _ in range(4):
+        add(table_home, job_type="mail.send", lease_in=300, activity_ago=1)
+    desk = desk_of(table_home)
+    for job in held:
+        assert desk.act(OperatorAction.HOLD, str(job), actor="f", note=None).applied
+    config = config_for(table_home.engine, table_home.full, KINDS)
+    limits = BrakeLimits(min_jobs=3, stale_fraction=0.5, hold_seconds=120)
+    report = run_pass(assemble_cli(config, engine=table_home.engine).passes,
+                      replace(pass_config(config.settings, "brake-test", KINDS), brake=limits))
+    decided = {d.job_id: (d.disposition, d.reason) for d in report.decisions}
+    assert {job: decided[job] for job in held} == {
+        job: (Disposition.SKIP, Reason.OPERATOR_HOLD) for job in held}
+    assert {decided[job][0] for job in loose} == {Disposition.RESUME}
+    assert {row(table_home, job)["status"] for job in loose} == {"pending"}

@@ -438,7 +438,8 @@ class TestNothingStranded:
         assert row(home, job)["status"] == "pending"
 
     @pytest.mark.parametrize(("key", "value"), [("queued", "pendng"), ("failed", "faild"),
-                                                ("processing", "running")])
+                                                ("processing", "running"),
+                                                ("cancelled", "canceled")])
     def test_a_status_value_a_check_constraint_forbids_is_refused(
             self, home: Home, key: str, value: str) -> None:
         """With ``CHECK (status IN (...))`` a misspelt value is one line naming it."""
@@ -463,6 +464,9 @@ class TestNothingStranded:
                                  "USING status::job_state"))
         with home.engine.connect() as conn, pytest.raises(ConfigError, match="'pendng'"):
             TABLE.open(conn, replace(home.full, queued="pendng"), KINDS).check_schema()
+        with home.engine.connect() as conn, pytest.raises(
+                ConfigError, match="cancelled = 'cancelled' is not a value of column"):
+            TABLE.open(conn, replace(home.full, cancelled="cancelled"), KINDS).check_schema()
         with home.engine.connect() as conn:
             TABLE.open(conn, home.full, KINDS).check_schema()
 
@@ -475,7 +479,10 @@ class TestNothingStranded:
         add(home, status="pending")
         with caplog.at_level("WARNING", logger="reconciler.sources"), \
                 home.engine.connect() as conn:
-            TABLE.open(conn, replace(home.full, processing="running"), KINDS).check_schema()
+            # No row is cancelled yet, as on any table before an operator's first cancel:
+            # the mapped value draws no warning.
+            TABLE.open(conn, replace(home.full, processing="running", cancelled="cancelled"),
+                       KINDS).check_schema()
         unseen = [r.getMessage() for r in caplog.records if "status_value_unseen" in
                   r.getMessage()]
         assert len(unseen) == 1

@@ -22,10 +22,12 @@ session), ``heartbeat``, ``report_progress``, ``start_step`` / ``finish_step`` /
 ``fail_step`` / ``wait_step`` at the worker's next step, ``stage_artifact``, ``complete``,
 ``fail``, ``release``; ``crash`` forgets a claim object without a write; ``stale_write``
 calls any write through a superseded claim. Sessions: ``register_session`` (a restart
-replaces the previous one), ``heartbeat_session``, ``stop_session``. Operators: hold,
-unhold, retry, cancel. The reconciler: ``reconcile`` (two replicas, batch 1, 2 or 50;
-no leader in front of a pass), ``lead`` (the chores' leader lease: take, renew, give up),
-``dry_run``. Time: ``time_passes`` (0.5 s to 120 s). A few
+replaces the previous one), ``heartbeat_session``, ``stop_session``. Operators, through
+the native desk as the command line and the console take it: ``operator`` (hold, unhold,
+retry or cancel one job, with an actor and a note or none) and ``operator_bulk`` (the bulk
+retry or cancel over a decision reason, capped). The reconciler: ``reconcile`` (two
+replicas, batch 1, 2 or 50; no leader in front of a pass), ``lead`` (the chores' leader
+lease: take, renew, give up), ``dry_run``. Time: ``time_passes`` (0.5 s to 120 s). A few
 rules string these together the way real processes do, so short runs reach deep states:
 ``work`` (run steps in order, maybe leave one running), ``die_mid_step``, ``worker_alive``
 (time passes while the heart beats, with or without progress: a wedged handler),
@@ -56,7 +58,10 @@ live and whose activity is recent), takes the oldest expired leases first, and r
 exactly what it did; an effectful step that started and never finished is never started
 again after the reconciler requeued its job; a job ended ``worker_died_mid_step`` is never
 claimed again (unless an operator retries it); a dry run, a refused write, a repeated
-enqueue and a refused leader lease write nothing.
+enqueue and a refused leader lease write nothing; every operator action, applied or
+refused, is recorded once with the native source, the job's key, who, the note and the
+state before and after; the bulk form picks exactly the jobs whose latest decision matches
+and whose state allows the action, newest decision first, up to its cap.
 
 What it cannot see: races between two processes inside one pass's transaction (SQLite
 serialises them); those belong to the chaos harness.
@@ -110,9 +115,12 @@ from models import (
 from reconciler.config.settings import Settings
 from reconciler.core.decisions import Thresholds
 from reconciler.core.passes import PassConfig, PassReport, run_pass
+from reconciler.core.vocabulary import OperatorAction as Act
 from reconciler.sidecar.service import LEADER_LEASE_NAME
 from reconciler.storage.claims import StepNotStartedError
+from reconciler.storage.desks import NativeDesk
 from reconciler.storage.engines import create_engine
+from reconciler.storage.operator import NATIVE
 from reconciler.storage.sql_store import SqlStore
 from reconciler.worker import Claim, JobClient, LeaseLost, Step
 from tests.helpers import fresh_database
@@ -139,6 +147,9 @@ IDEMPOTENCY_KEYS = ("order-1", "order-2", "order-3")
 WORKERS = ("w1", "w2")
 ERROR_CODES = ("boom", "timeout")
 ARTIFACT_NAMES = ("report.pdf", "summary.csv")
+ACTORS = ("alice", "bob")
+NOTES = st.none() | st.sampled_from(("refund checked", "<b>not charged</b>"))
+BULK_REASONS = ("worker_died_mid_step", "resume_exhausted", "crash_loop", "operator_hold")
 
 LEASE_SECONDS = 10.0
 STALE_AFTER_SECONDS = 5.0
@@ -282,6 +293,7 @@ class StoreMachine(RuleBasedStateMachine):
             retry_backoff_seconds=BACKOFF_SECONDS,
             retry_backoff_max_seconds=BACKOFF_MAX_SECONDS))
         self.store: SqlStore = self.client.store
+        self.desk = NativeDesk(self.engine, self.store)
         self.model: dict[int, JobModel] = {}
         self.keys: dict[str, int] = {}
         self.refs: dict[int, ClaimRef] = {}
@@ -731,31 +743,62 @@ class StoreMachine(RuleBasedStateMachine):
 
     # -- operators --------------------------------------------------------------------------
 
-    @rule(job_id=jobs, action=st.sampled_from(("hold", "unhold", "retry", "cancel")))
-    def operator(self, job_id: int, action: str) -> None:
-        job = self.model[job_id]
-        status_before, generation_before = job.status, job.generation
-        refusal: str | None = None
-        if action in ("hold", "unhold"):
+    @rule(job_id=jobs, action=st.sampled_from(tuple(Act)),
+          actor=st.sampled_from(ACTORS), note=NOTES)
+    def operator(self, job_id: int, action: Act, actor: str,
+                 note: str | None) -> None:
+        self._act(job_id, action, actor, note)
+
+    @rule(action=st.sampled_from((Act.RETRY, Act.CANCEL)),
+          reason=st.none() | st.sampled_from(BULK_REASONS), limit=st.integers(1, 3),
+          actor=st.sampled_from(ACTORS))
+    def operator_bulk(self, action: Act, reason: str | None, limit: int,
+                      actor: str) -> None:
+        """The bulk form: the jobs whose latest decision matches, whose state allows the
+        action now, newest decision first, capped; then each acted on, fenced, alone."""
+        (targets, _, _) = self._call(self.desk.bulk_targets, action, reason=reason,
+                                     kind=None, since=None, limit=limit)
+        latest: dict[int, tuple[int, str]] = {}
+        for d in rows(self.engine, DECISIONS, DECISIONS.c.shadow_mode == sa.false()):
+            latest[int(d["job_id"])] = (int(d["decision_id"]), d["decision_reason"])
+        matching = sorted((j for j, (_, r) in latest.items() if reason in (None, r)),
+                          key=lambda j: latest[j][0], reverse=True)
+        expected = [str(j) for j in matching
+                    if self._refusal(self.model[j], action) is None][:limit]
+        assert targets == expected, f"bulk {action} over {reason}: {targets} != {expected}"
+        event(f"bulk {action}: {len(targets)} jobs")
+        for key in targets:
+            self._act(int(key), action, actor, "bulk")
+
+    def _refusal(self, job: JobModel, action: Act) -> str | None:
+        """What the operator state machine refuses ``action`` on ``job`` for, or None."""
+        if action in (Act.HOLD, Act.UNHOLD):
             if job.status in TERMINAL:
-                refusal = "job_terminal"
-            elif job.hold == (action == "hold"):
-                refusal = "already_held" if job.hold else "not_held"
-        elif action == "retry":
-            if job.status not in ("failed", "cancelled"):
-                refusal = "job_not_failed_or_cancelled"
-        elif job.status in TERMINAL:
-            refusal = "job_terminal"
-        (applied, reason), _, window = self._call(self.store.operator_action, job_id, action)
+                return "job_terminal"
+            if job.hold == (action is Act.HOLD):
+                return "already_held" if job.hold else "not_held"
+            return None
+        if action is Act.RETRY:
+            return (None if job.status in ("failed", "cancelled")
+                    else "job_not_failed_or_cancelled")
+        return "job_terminal" if job.status in TERMINAL else None
+
+    def _act(self, job_id: int, action: Act, actor: str, note: str | None) -> None:
+        """One action through the native desk, as the CLI and the console take it."""
+        job = self.model[job_id]
+        status_before, generation_before, held_before = job.status, job.generation, job.hold
+        refusal = self._refusal(job, action)
+        report, _, window = self._call(self.desk.act, action, str(job_id), actor=actor,
+                                       note=note)
         event(f"operator {action}: {'applied' if refusal is None else refusal}")
-        assert (applied, reason) == (refusal is None, refusal), (
-            f"{action} on a {job.status} job: got {(applied, reason)}, expected refusal "
-            f"{refusal}")
+        assert (report.applied, report.refusal) == (refusal is None, refusal), (
+            f"{action} on a {job.status} job: got {report}, expected refusal {refusal}")
+        assert report.job_id == str(job_id)
         if refusal is None:
             job.parked = False
-            if action in ("hold", "unhold"):
-                job.hold = action == "hold"
-            elif action == "retry":
+            if action in (Act.HOLD, Act.UNHOLD):
+                job.hold = action is Act.HOLD
+            elif action is Act.RETRY:
                 job.status, job.reason = "queued", "operator_retry"
                 job.attempts = 0
                 job.requeued.append((job.generation, "operator"))
@@ -770,11 +813,19 @@ class StoreMachine(RuleBasedStateMachine):
                 job.generation += 1
                 self._adopt(job, window, lease_expires_at=None)
         [*_, last] = rows(self.engine, ACTIONS, ACTIONS.c.job_id == job_id)
-        assert (last["operator_action"], last["action_outcome"], last["refusal_reason"],
-                last["status_before"], last["status_after"], last["generation_before"],
+
+        def state(status: str, held: bool) -> str:
+            return f"{status} (held)" if held else status
+
+        assert (last["job_source"], last["job_key"], last["acted_by"], last["operator_note"],
+                last["operator_action"], last["action_outcome"], last["refusal_reason"],
+                last["status_before"], last["status_after"], last["state_before"],
+                last["state_after"], last["generation_before"],
                 last["generation_after"]) == (
-            action, "applied" if refusal is None else "refused", refusal, status_before,
-            job.status, generation_before, job.generation)
+            NATIVE, str(job_id), actor, note, action.value,
+            "applied" if refusal is None else "refused", refusal, status_before, job.status,
+            state(status_before, held_before), state(job.status, job.hold),
+            generation_before, job.generation), f"the record of {action} on job {job_id}"
 
     # -- the reconciler ---------------------------------------------------------------------
 

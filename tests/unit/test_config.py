@@ -282,6 +282,16 @@ class TestTableSource:
         assert source.owner_column is None
         assert source.plan_column is None
 
+    @pytest.mark.parametrize("value", ["processing", "pending", "failed"])
+    def test_a_cancelled_status_another_key_maps_is_refused(self, tmp_path: Path,
+                                                             value: str) -> None:
+        """``cancelled`` naming the processing, queued or failed value would make a
+        cancelled job read as running, waiting or failed: one line names it."""
+        message = refused(write(tmp_path, TABLE_EXAMPLE + f'cancelled = "{value}"\n'))
+        assert f"cancelled ({value!r}) must differ from processing, queued and failed" in \
+            message
+        assert "\n" not in message.strip()
+
     def test_plan_without_steps_is_refused(self, tmp_path: Path) -> None:
         """A plan without step results would rerun finished steps: refused."""
         text = "\n".join(line for line in TABLE_EXAMPLE.splitlines()

@@ -14,7 +14,9 @@ PostgreSQL. What differs between the two tables is their ``ResultTable`` (celery
   blocking code does not answer ping while it works).
 - **Attempts**: ``retries + 1``; the budget is the kind's ``max_attempts``. A table without
   a retry count: one past the reconciler's own resumes of the task (or the step ledger's
-  attempt, when the task counted more).
+  attempt, when the task counted more). ``jobs list`` / ``jobs show`` show only what the
+  row keeps: ``retries + 1``, or unknown on django-celery-results (no retry count) and on
+  a ``celery_taskmeta`` row written without ``result_extended`` (``retries`` NULL).
 - **Fence**: (``status = 'STARTED'``, ``worker``, ``retries``) as read, and ``date_done`` as
   read where every write stamps it, in the WHERE clause of one UPDATE per batch over the
   batch's snapshots (PostgreSQL: ``FROM unnest(...)``; SQLite: one per row); a row whose
@@ -223,7 +225,9 @@ class CelerySql:
     def listing(self, conn: Connection) -> sa.Select[Any]:
         """Every result row (Celery writes one once a worker starts or ends a task)."""
         rows, result = self.rows, self.result
-        retries = sa.literal(0) if result.retries is None else sa.func.coalesce(result.retries, 0)
+        # Attempts as the row keeps them: ``retries + 1`` where the table has the column and
+        # the row a value (result_extended), else unknown (NULL), never a made-up 1.
+        attempts = sa.null() if result.retries is None else result.retries + 1
         created = sa.null() if result.created is None else sa.type_coerce(result.created,
                                                                          sa.DateTime())
         # Only a traceback the reconciler wrote names a reason: the task's own never shows.
@@ -231,7 +235,7 @@ class CelerySql:
                          for r in Reason), else_=sa.null())
         return sa.select(
             rows.c.task_id.label("job_id"), result.name.label("job_kind"),
-            rows.c.status.label("source_status"), (retries + 1).label("attempts"),
+            rows.c.status.label("source_status"), attempts.label("attempts"),
             sa.null().label("max_attempts"), ours.label("reason"), created.label("created_at"),
             sa.type_coerce(rows.c.date_done, sa.DateTime()).label("updated_at"),
             rows.c.id.label("row_number"))

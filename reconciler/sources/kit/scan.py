@@ -13,25 +13,30 @@ row is returned: a quiet pass never pays for them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import sqlalchemy as sa
 
+Unheld = Callable[[sa.ColumnElement[Any]], sa.ColumnElement[bool]]
+"""Given a job's key column, true where no operator holds the job."""
+
 
 def expired_scan(running: sa.Select[Any], expired: sa.ColumnElement[bool],
                  order: sa.ColumnElement[Any], target: Any, *, limit: int,
-                 after: Any | None, locking: bool) -> sa.Select[Any]:
+                 after: Any | None, locking: bool, unheld: Unheld) -> sa.Select[Any]:
     """The expired rows of ``running`` (every running job of a reconciled kind, with
     ``job_id`` labelled) after the key ``after``, in ``order``, at most ``limit``, locked
     in ``target`` when ``locking``; each row with ``running_total`` and
-    ``expired_total``, the brake's counts."""
+    ``expired_total``, the brake's counts (a held job is not counted stale: it is stale
+    on purpose, as a native held job is)."""
     if not locking:
         # Nothing to lock (SQLite, a dry run): the candidates' columns are kept with the
         # read and taken from it.
         kept = running.add_columns(expired.label("expired"), order.label("scan_key"))
         read = kept.cte("running").prefix_with("MATERIALIZED")
         scan = sa.select(*(read.c[c.name] for c in running.selected_columns),
-                         *_totals(read)).select_from(read)
+                         *_totals(read, unheld)).select_from(read)
     else:
         # Only what counting, ordering and finding each row again need is kept (a quiet
         # pass stores a few narrow columns of each running job, not its candidate's); the
@@ -50,7 +55,7 @@ def expired_scan(running: sa.Select[Any], expired: sa.ColumnElement[bool],
         chosen = sa.select(read.c.row_table, read.c.row_ctid).where(read.c.expired.is_(True))
         if after is not None:
             chosen = chosen.where(read.c.job_id > after)
-        return (running.add_columns(*_totals(read))
+        return (running.add_columns(*_totals(read, unheld))
                 .where(sa.tuple_(table, ctid).in_(chosen))
                 .order_by(order).limit(limit)
                 .with_for_update(skip_locked=True, of=target))
@@ -60,8 +65,9 @@ def expired_scan(running: sa.Select[Any], expired: sa.ColumnElement[bool],
     return scan
 
 
-def _totals(read: Any) -> list[sa.Label[Any]]:
-    """The brake's counts over the kept read: every row, and the expired ones."""
+def _totals(read: Any, unheld: Unheld) -> list[sa.Label[Any]]:
+    """The brake's counts over the kept read: every row, and the expired unheld ones."""
     counted = sa.select(sa.func.count()).select_from(read)
     return [counted.scalar_subquery().label("running_total"),
-            counted.where(read.c.expired.is_(True)).scalar_subquery().label("expired_total")]
+            counted.where(read.c.expired.is_(True), unheld(read.c.job_id))
+            .scalar_subquery().label("expired_total")]

@@ -39,6 +39,7 @@ from reconciler.sources.kit.shapes import AllKinds, acting, by_kind
 from reconciler.sources.kit.system import Changed, Scope, System
 from reconciler.sources.kit.transaction import SourceTransaction
 from reconciler.storage.clock import now_plus, seconds_since
+from reconciler.storage.operator_record import not_held
 
 
 class DeclaredSource:
@@ -118,7 +119,8 @@ class DeclaredSource:
             self._running(policies).where(self._reconciled(policies)), expired,
             self._order(), self.system.shape.locks, limit=limit,
             after=None if after is None or after.position is None else after.position[0],
-            locking=self._lock and self._conn.dialect.name == "postgresql")).all()
+            locking=self._lock and self._conn.dialect.name == "postgresql",
+            unheld=self._unheld)).all()
         if rows:  # the brake's counts, read with the candidates (``kit.scan``)
             self._tx.brake_counts = (int(rows[0].running_total), int(rows[0].expired_total))
         found = self._build(rows, policies, position=True)
@@ -230,20 +232,22 @@ class DeclaredSource:
                    .add_columns(self._expired(policies).label("expired")).subquery())
         count, expired = self._conn.execute(sa.select(
             sa.func.count(),
-            sa.func.count().filter(running.c.expired.is_(True)))).one()
+            sa.func.count().filter(running.c.expired.is_(True),
+                                   self._unheld(running.c.job_id)))).one()
         self._tx.brake_counts = (int(count), int(expired))
         return int(count)
 
     def stale_count(self, limit: int) -> int:
-        """Expired running jobs of reconciled kinds, up to ``limit`` (as counted by the
-        scan or ``running_count`` in this transaction, when they were)."""
+        """Expired running jobs of reconciled kinds no operator holds, up to ``limit`` (as
+        counted by the scan or ``running_count`` in this transaction, when they were)."""
         if self._tx.brake_counts is not None:
             return min(self._tx.brake_counts[1], limit)
         policies = self._policies()
         if not policies:
             return 0
-        stale = (self._running(policies).where(self._reconciled(policies),
-                                               self._expired(policies))
+        running = self._running(policies)
+        stale = (running.where(self._reconciled(policies), self._expired(policies),
+                               self._unheld(running.selected_columns.job_id))
                  .limit(limit).subquery())
         return int(self._conn.execute(sa.select(sa.func.count()).select_from(stale))
                    .scalar_one())
@@ -264,6 +268,12 @@ class DeclaredSource:
             self._tx.utc()
         # Only a read of some kinds' jobs judges their liveness (not the list of kinds).
         return self.system.running(self._scope(judged=bool(policies)), policies)
+
+    def _unheld(self, key: sa.ColumnElement[Any]) -> sa.ColumnElement[bool]:
+        """True where no operator holds the job: a held job is stale on purpose and the
+        brake does not count it (``operator_holds``, probed by key, only for the expired
+        rows a count reads)."""
+        return not_held(self.source_name, key)
 
     def _expired(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[bool]:
         return self.system.expired(self._scope(judged=True), policies)

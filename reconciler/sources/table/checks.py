@@ -4,9 +4,10 @@ A status value the table refuses would fail every swap; one it accepts but nothi
 strands the jobs written with it (``queued = "pendng"``: requeued, never claimed) or finds
 none (``processing = "running"``: 0 candidates for ever). So the mapped values are checked
 at ``db upgrade --config`` and at start: a value the column's enum or a CHECK constraint on
-the column forbids is refused in one line; one never seen in the column is warned about in
-one line. The checks only read (a CHECK is evaluated over a one-row probe, never by writing
-to the table).
+the column forbids is refused in one line (the optional ``cancelled`` too); one never seen
+in the column is warned about in one line (not ``cancelled``: only an operator writes it).
+The checks only read (a CHECK is evaluated over a one-row probe, never by writing to the
+table).
 
 SQLite keeps any value in any column, so a time column may hold what its engine cannot
 read as a time (an epoch integer, ``'yesterday'``): such a job is a ``reconcile_error``
@@ -38,8 +39,12 @@ UNREADABLE_TIMESTAMP = "unreadable_timestamp"
 
 
 def status_values(config: TableConfig) -> dict[str, str]:
-    """The mapped status values by their config key."""
-    return {"processing": config.processing, "queued": config.queued, "failed": config.failed}
+    """The mapped status values by their config key (``cancelled`` where mapped)."""
+    values = {"processing": config.processing, "queued": config.queued,
+              "failed": config.failed}
+    if config.cancelled is not None:
+        values["cancelled"] = config.cancelled
+    return values
 
 
 def check_status_values(conn: Connection, source: str, config: TableConfig,
@@ -60,6 +65,8 @@ def check_status_values(conn: Connection, source: str, config: TableConfig,
                                   f"constraint on column {name!r} of table {config.table!r}")
     table = sa.table(config.table, sa.column(name), schema=config.schema)
     for key, value in status_values(config).items():
+        if key == "cancelled":
+            continue  # only an operator's cancel writes it: no row holds it until one does
         seen = conn.execute(sa.select(sa.literal(1)).select_from(table)
                             .where(table.c[name] == constant(value)).limit(1)).first()
         if seen is None:

@@ -43,6 +43,9 @@ class TableConfig(SourceSettings):
         if self.processing in (self.queued, self.failed):
             raise ValueError(f"processing ({self.processing!r}) must differ from queued and "
                              "failed")
+        if self.cancelled in (self.processing, self.queued, self.failed):
+            raise ValueError(f"cancelled ({self.cancelled!r}) must differ from processing, "
+                             "queued and failed")
         if (self.plan_column is None) != (self.steps_column is None):
             raise ValueError("plan_column and steps_column are mapped together (a plan "
                              "without step results would rerun finished steps)")

@@ -1,0 +1,100 @@
+"""The console acts on a foreign source (issue 27): a named operator retries and cancels a
+mapped table's jobs from their job pages, over HTTP, on SQLite and PostgreSQL; the record
+says who and why, and the table's rows end in the mapping's queued and cancelled statuses.
+
+The console is the one ``reconciler run`` serves for a ``[source] kind = "table"``,
+assembled by the composition root; the job that is retried was failed by a real pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+from urllib.parse import quote_plus
+
+from reconciler.config.loader import Config
+from reconciler.config.settings import Settings
+from reconciler.root.sidecar import assemble_sidecar
+from reconciler.sidecar.service import Service
+from tests.console_support import fetch
+from tests.integration.test_console_actions import csrf_of, offered, post, sign_in
+from tests.sources.test_table_actions import (
+    SOURCE,
+    recorded,
+    table_home,
+    terminalized,
+)
+from tests.sources.test_table_source import KINDS, Home, add, home, row
+
+__all__ = ["home", "table_home"]  # the fixtures, found by name
+
+ALICE = "alice-token-0123456789"
+READER = "reader-token-0123456789"
+
+
+@contextmanager
+def served(home: Home, tmp_path: Path) -> Iterator[str]:
+    """``reconciler run``'s HTTP server (no scheduled passes) over the mapped table, with
+    alice as the one operator; its base URL."""
+    tokens = tmp_path / "operators"
+    tokens.write_text(f"alice {ALICE}\n")
+    settings = Settings(database_url=home.engine.url.render_as_string(hide_password=False),
+                        metrics_port=0, console_token=READER,
+                        console_operator_tokens_file=str(tokens))
+    mapping = replace(home.full, cancelled="cancelled")
+    service = Service(assemble_sidecar(Config(settings=settings, source=mapping,
+                                              kinds=KINDS)))
+    service.start_http()
+    assert service.http is not None
+    try:
+        yield f"http://127.0.0.1:{service.http.server_address[1]}"
+    finally:
+        service.http.shutdown()
+        service.http.server_close()
+        service.close()
+
+
+def _act(base: str, cookie: str, job: int, action: str, note: str) -> str:
+    """One action from the job page's form; the page it redirects to."""
+    page = fetch(base + f"/jobs/{SOURCE}/{job}", headers={"Cookie": cookie})
+    assert page.status == 200, page.body
+    assert action in offered(page.body)
+    acted = post(base, f"/jobs/{SOURCE}/{job}", cookie,
+                 f"csrf={csrf_of(page)}&action={action}&note={quote_plus(note)}")
+    assert acted.status == 303, acted.body
+    assert acted.headers["location"] == (
+        f"/jobs/{SOURCE}/{job}?acted={action}&outcome=applied")
+    return fetch(base + acted.headers["location"], headers={"Cookie": cookie}).body
+
+
+def test_an_operator_retries_and_cancels_table_jobs_from_their_pages(
+        table_home: Home, tmp_path: Path) -> None:
+    """A job a pass failed offers retry; retried, its row is in the mapping's queued
+    status at its first unfinished step. A queued job offers cancel; cancelled, its row
+    is in the mapped cancelled status. Each page then says applied, and the record keeps
+    alice and her note, with the row's state before and after."""
+    failed = terminalized(table_home)
+    waiting = add(table_home, status="pending", claimed_by=None, attempts=0,
+                  job_type="mail.send")
+    with served(table_home, tmp_path) as base:
+        cookie = sign_in(base, ALICE)
+        retried = _act(base, cookie, failed, "retry", "refund checked, not charged")
+        cancelled = _act(base, cookie, waiting, "cancel", "customer asked")
+    for page, action in ((retried, "retry"), (cancelled, "cancel")):
+        assert f'id="outcome">{action} applied' in page
+        assert "signed in as <strong>alice</strong>" in page
+    assert "refund checked, not charged" in retried
+    assert "customer asked" in cancelled
+    assert (row(table_home, failed)["status"], row(table_home, failed)["resume_step"]) == (
+        "pending", 1)
+    assert row(table_home, waiting)["status"] == "cancelled"
+    [retry] = recorded(table_home, failed)
+    [cancel] = recorded(table_home, waiting)
+    assert (retry["operator_action"], retry["action_outcome"], retry["acted_by"],
+            retry["operator_note"]) == ("retry", "applied", "alice",
+                                        "refund checked, not charged")
+    assert (cancel["operator_action"], cancel["action_outcome"], cancel["acted_by"],
+            cancel["operator_note"]) == ("cancel", "applied", "alice", "customer asked")
+    assert (retry["state_before"], cancel["state_after"]) == ("failed", "cancelled")
