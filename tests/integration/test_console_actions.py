@@ -91,8 +91,12 @@ def test_an_operator_retries_a_terminalized_job_and_sees_the_outcome_and_the_rec
         assert acted.status == 303
         assert acted.headers["location"] == f"/jobs/native/{job}?acted=retry&outcome=applied"
         shown = fetch(base + acted.headers["location"], headers={"Cookie": cookie}).body
+        metrics = fetch(base + "/metrics").body
     assert job_row(engine, job)["job_status"] == "queued"
     assert recorded(engine, seeded) == [(job, "retry", "applied")]
+    # The sidecar counts the console's actions (its one process that exposes metrics).
+    assert re.search(r'reconciler_operator_actions_total\{action="retry",outcome="applied",'
+                     r'source="native"\} 1\.0', metrics), metrics
     assert re.search(r'id="outcome">retry applied', shown)
     timeline = shown.split("Decisions and operator actions over time")[1]
     assert timeline.index("operator <strong>retry</strong> applied") < \
