@@ -1,18 +1,26 @@
-"""The race every source's operator actions are tested for: the job moves between the
-action's read and its swap (a worker's claim, its end, another operator), on the same
-transaction, as a write that committed just before the swap looks to the fence."""
+"""What every source's operator-action tests share: the desk the composition root builds,
+a clean slate of this project's records of the source, and the race every source is
+tested for: the job moves between the action's read and its swap (a worker's claim, its
+end, another operator), on the same transaction, as a write that committed just before
+the swap looks to the fence."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
+import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
+from models import OperatorAction as ActionRow
+from models import OperatorHold, ReconciliationDecision
 from reconciler.config.registry import entry_for
 from reconciler.core.kinds import KindRules
+from reconciler.core.operator_desk import OperatorDesk
 from reconciler.core.vocabulary import JobKey, OperatorAction
+from reconciler.root.cli import assemble_cli
 from reconciler.sources.kit.actions import ForeignDesk, ForeignJob, SystemActions
+from tests.sources.support import config_for
 
 Move = Callable[[Connection, JobKey], object]
 """The system's own write on the job, run right after the action read it."""
@@ -51,3 +59,19 @@ def desk_moving_after_read(engine: Engine, source: str, config: Any, kinds: Kind
 
     return ForeignDesk(engine, source, config, kinds, opener=opener,
                        parse_key=entry_for(source).parse_job_key)
+
+
+def desk_for(engine: Engine, source_config: Any, kinds: KindRules) -> OperatorDesk:
+    """The desk the composition root builds for ``source_config``'s source."""
+    desk = assemble_cli(config_for(engine, source_config, kinds), engine=engine).desk
+    assert desk is not None
+    return desk
+
+
+def forget_source(engine: Engine, source: str) -> None:
+    """This project's records of ``source``'s jobs (actions, holds, decisions) removed, so
+    a test starts with none of an earlier test's."""
+    with engine.begin() as conn:
+        for model in (ActionRow, OperatorHold, ReconciliationDecision):
+            table = cast(sa.Table, model.__table__)
+            conn.execute(table.delete().where(table.c.job_source == source))

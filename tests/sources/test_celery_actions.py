@@ -6,20 +6,17 @@ is refused."""
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
 
-from models import OperatorAction as ActionRow
-from models import OperatorHold, ReconciliationDecision
 from reconciler.core.operator_desk import OperatorDesk
 from reconciler.core.vocabulary import Disposition, OperatorAction, Reason
-from reconciler.root.cli import assemble_cli
 from reconciler.sources.celery.actions import CeleryActions
-from tests.sources.actions_support import desk_moving_after_read
+from tests.sources.actions_support import desk_for, desk_moving_after_read, forget_source
 from tests.sources.celery_support import CeleryProject, kill_worker
-from tests.sources.support import Markers, Processes, config_for, reconcile_once, wait_until
+from tests.sources.support import Markers, Processes, reconcile_once, wait_until
 from tests.sources.test_celery_workers import (
     KINDS,
     config,
@@ -37,18 +34,12 @@ SOURCE = "celery"
 @pytest.fixture
 def project(celery_project: CeleryProject) -> CeleryProject:
     """The Celery app's broker and results, with no record of an earlier test's tasks."""
-    with celery_project.engine.begin() as conn:
-        for model in (ActionRow, OperatorHold, ReconciliationDecision):
-            table = cast(sa.Table, model.__table__)
-            conn.execute(table.delete().where(table.c.job_source == SOURCE))
+    forget_source(celery_project.engine, SOURCE)
     return celery_project
 
 
 def desk_of(project: CeleryProject) -> OperatorDesk:
-    desk = assemble_cli(config_for(project.engine, config(project), KINDS),
-                        engine=project.engine).desk
-    assert desk is not None
-    return desk
+    return desk_for(project.engine, config(project), KINDS)
 
 
 def test_retry_republishes_with_the_same_id_and_the_callers_result_completes(

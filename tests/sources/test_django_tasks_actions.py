@@ -8,20 +8,15 @@ from __future__ import annotations
 
 import uuid
 from pathlib import Path
-from typing import cast
 
 import pytest
-import sqlalchemy as sa
 
-from models import OperatorAction as ActionRow
-from models import OperatorHold, ReconciliationDecision
 from reconciler.core.operator_desk import OperatorDesk
 from reconciler.core.vocabulary import Disposition, JobKey, OperatorAction, Reason
-from reconciler.root.cli import assemble_cli
 from reconciler.sources.django_tasks.actions import DjangoTasksActions
-from tests.sources.actions_support import desk_moving_after_read
+from tests.sources.actions_support import desk_for, desk_moving_after_read, forget_source
 from tests.sources.django_tasks_support import DjangoDatabase, DjangoTasksFactory
-from tests.sources.support import Markers, Processes, by_job, config_for, reconcile_once, wait_until
+from tests.sources.support import Markers, Processes, by_job, reconcile_once, wait_until
 from tests.sources.test_django_tasks_workers import (
     CONFIG,
     KINDS,
@@ -39,10 +34,7 @@ def project(django_db: DjangoDatabase) -> DjangoTasksFactory:
     """The Django project's database, its task table empty, and no record of an earlier
     test's tasks."""
     factory = DjangoTasksFactory(django_db)
-    with factory.engine.begin() as conn:
-        for model in (ActionRow, OperatorHold, ReconciliationDecision):
-            table = cast(sa.Table, model.__table__)
-            conn.execute(table.delete().where(table.c.job_source == SOURCE))
+    forget_source(factory.engine, SOURCE)
     return factory
 
 
@@ -52,9 +44,7 @@ def markers(tmp_path: Path) -> Markers:
 
 
 def desk_of(project: DjangoTasksFactory) -> OperatorDesk:
-    desk = assemble_cli(config_for(project.engine, CONFIG, KINDS), engine=project.engine).desk
-    assert desk is not None
-    return desk
+    return desk_for(project.engine, CONFIG, KINDS)
 
 
 def died(project: DjangoTasksFactory, task: str, markers: Markers) -> str:

@@ -6,20 +6,16 @@ moved meanwhile is refused."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import cast
 
 import pytest
 import sqlalchemy as sa
 
-from models import OperatorAction as ActionRow
-from models import OperatorHold, ReconciliationDecision
 from reconciler.core.operator_desk import OperatorDesk
 from reconciler.core.vocabulary import Disposition, OperatorAction, Reason
-from reconciler.root.cli import assemble_cli
 from reconciler.sources.pgboss.actions import PgBossActions
-from tests.sources.actions_support import desk_moving_after_read
+from tests.sources.actions_support import desk_for, desk_moving_after_read, forget_source
 from tests.sources.factories import PgBossFactory
-from tests.sources.support import Markers, Processes, by_job, config_for, reconcile_once, wait_until
+from tests.sources.support import Markers, Processes, by_job, reconcile_once, wait_until
 from tests.sources.test_node_workers import KINDS, NodeSystem
 
 SOURCE = "pg-boss"
@@ -31,10 +27,7 @@ def boss(request: pytest.FixtureRequest, node_modules: Path, tmp_path: Path) -> 
     """pg-boss on empty tables, with no record of an earlier test's pg-boss jobs."""
     factory = PgBossFactory(request.getfixturevalue("pgboss_db"),
                             request.getfixturevalue("pgboss_schema"))
-    with factory.db.engine.begin() as conn:
-        for model in (ActionRow, OperatorHold, ReconciliationDecision):
-            table = cast(sa.Table, model.__table__)
-            conn.execute(table.delete().where(table.c.job_source == SOURCE))
+    forget_source(factory.db.engine, SOURCE)
     return NodeSystem(SOURCE, factory, node_modules, Markers(tmp_path / "markers"))
 
 
@@ -45,9 +38,7 @@ def factory_of(system: NodeSystem) -> PgBossFactory:
 
 def desk_of(system: NodeSystem) -> OperatorDesk:
     engine = system.factory.db.engine
-    desk = assemble_cli(config_for(engine, system.factory.config, KINDS), engine=engine).desk
-    assert desk is not None
-    return desk
+    return desk_for(engine, system.factory.config, KINDS)
 
 
 def died(system: NodeSystem, kind: str) -> str:

@@ -7,18 +7,14 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import cast
 
 import pytest
 import sqlalchemy as sa
 
-from models import OperatorAction as ActionRow
-from models import OperatorHold, ReconciliationDecision
 from reconciler.core.operator_desk import OperatorDesk
 from reconciler.core.vocabulary import Disposition, OperatorAction, Reason
-from reconciler.root.cli import assemble_cli
 from reconciler.sources.procrastinate.actions import ProcrastinateActions
-from tests.sources.actions_support import desk_moving_after_read
+from tests.sources.actions_support import desk_for, desk_moving_after_read, forget_source
 from tests.sources.conftest import SourcesDatabase
 from tests.sources.factories import ProcrastinateFactory
 from tests.sources.support import (
@@ -26,7 +22,6 @@ from tests.sources.support import (
     Process,
     Processes,
     by_job,
-    config_for,
     reconcile_once,
     wait_until,
 )
@@ -41,10 +36,7 @@ def procrastinate(procrastinate_db: SourcesDatabase, procrastinate_schema: str
                   ) -> ProcrastinateFactory:
     """Procrastinate's tables, empty, and no record of an earlier test's jobs (its ids
     start again at 1)."""
-    with procrastinate_db.engine.begin() as conn:
-        for model in (ActionRow, OperatorHold, ReconciliationDecision):
-            table = cast(sa.Table, model.__table__)
-            conn.execute(table.delete().where(table.c.job_source == SOURCE))
+    forget_source(procrastinate_db.engine, SOURCE)
     return ProcrastinateFactory(procrastinate_db, procrastinate_schema,
                                 session_timeout_seconds=TIMEOUT_SECONDS)
 
@@ -55,10 +47,7 @@ def markers(tmp_path: Path) -> Markers:
 
 
 def desk_of(factory: ProcrastinateFactory) -> OperatorDesk:
-    desk = assemble_cli(config_for(factory.db.engine, factory.config, KINDS),
-                        engine=factory.db.engine).desk
-    assert desk is not None
-    return desk
+    return desk_for(factory.db.engine, factory.config, KINDS)
 
 
 def worker(processes: Processes, factory: ProcrastinateFactory, markers: Markers) -> Process:

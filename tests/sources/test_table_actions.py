@@ -23,7 +23,7 @@ from reconciler.core.vocabulary import Disposition, OperatorAction, Reason
 from reconciler.root.cli import assemble_cli
 from reconciler.sources.table.actions import TableActions
 from reconciler.sources.table.config import TableConfig
-from tests.sources.actions_support import desk_moving_after_read
+from tests.sources.actions_support import desk_for, desk_moving_after_read
 from tests.sources.support import config_for
 from tests.sources.test_table_source import KINDS, Home, add, dead, home, row, run, steps
 
@@ -47,10 +47,7 @@ def table_home(home: Home) -> Home:
 
 def desk_of(home: Home, config: TableConfig | None = None) -> OperatorDesk:
     """The desk the composition root builds for the mapping."""
-    desk = assemble_cli(config_for(home.engine, config or home.full, KINDS),
-                        engine=home.engine).desk
-    assert desk is not None
-    return desk
+    return desk_for(home.engine, config or home.full, KINDS)
 
 
 def recorded(home: Home, job: int) -> list[dict[str, Any]]:
