@@ -46,7 +46,7 @@ from sqlalchemy.engine import Engine
 
 from benchmarks.foreign_base import Size
 from benchmarks.foreign_systems import HomeGrownTable
-from benchmarks.harness import counting_statements
+from benchmarks.harness import counting_statements, row_printer
 from reconciler.cli.bulk import bulk_action
 from reconciler.config.loader import config_from
 from reconciler.core.operator_desk import OperatorDesk
@@ -274,14 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     if jobs < 1:
         parser.error("--jobs must be at least 1")
 
-    def emit(row: dict[str, Any]) -> None:
-        if args.json:
-            print(json.dumps(row), flush=True)
-            return
-        extra = " ".join(f"{k}={v}" for k, v in row.items()
-                         if k not in ("source", "measurement", "value", "unit"))
-        print(f"{row['source']:<8} {row['measurement']:<12} {row['value']:>8} "
-              f"{row['unit']:<7} {extra}", flush=True)
+    emit = row_printer(args.json, 8)
 
     for name in SOURCES if args.source == "all" else (args.source,):
         measure(SOURCES[name], jobs, emit)

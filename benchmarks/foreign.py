@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import statistics
 import sys
 import tempfile
@@ -47,7 +46,7 @@ import psycopg
 
 from benchmarks.foreign_base import Size, System
 from benchmarks.foreign_python import SYSTEMS
-from benchmarks.harness import counting_statements, job_table_reads
+from benchmarks.harness import counting_statements, job_table_reads, row_printer
 from reconciler.config.loader import load_config, pass_config
 from reconciler.core.passes import PassConfig, run_pass
 from reconciler.root.cli import assemble_cli
@@ -186,14 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 < size.orphans <= size.running <= size.jobs:
         parser.error("need 0 < --orphans <= --running <= --jobs")
 
-    def emit(row: dict[str, Any]) -> None:
-        if args.json:
-            print(json.dumps(row), flush=True)
-            return
-        extra = " ".join(f"{k}={v}" for k, v in row.items()
-                         if k not in ("source", "measurement", "value", "unit"))
-        print(f"{row['source']:<16} {row['measurement']:<11} {row['value']:>10} "
-              f"{row['unit']:<7} {extra}", flush=True)
+    emit = row_printer(args.json, 16)
 
     for name in SYSTEMS if args.source == "all" else (args.source,):
         measure(name, size, runs, emit, with_index=args.with_index,

@@ -159,3 +159,18 @@ def counting_statements(engine: Engine) -> Iterator[list[str]]:
         yield statements
     finally:
         sa.event.remove(engine, "before_cursor_execute", count)
+
+
+def row_printer(as_json: bool, source_width: int) -> Callable[[dict[str, Any]], None]:
+    """Print a measurement row: one JSON object a line, or aligned columns (source,
+    measurement, value, unit, then the rest as ``key=value``)."""
+    def emit(row: dict[str, Any]) -> None:
+        if as_json:
+            print(json.dumps(row), flush=True)
+            return
+        extra = " ".join(f"{k}={v}" for k, v in row.items()
+                         if k not in ("source", "measurement", "value", "unit"))
+        print(f"{row['source']:<{source_width}} {row['measurement']:<12} "
+              f"{row['value']:>10} {row['unit']:<7} {extra}", flush=True)
+
+    return emit
