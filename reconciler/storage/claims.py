@@ -18,12 +18,14 @@ from reconciler.core.evidence import PlanStep
 from reconciler.core.ports import ClaimedJob
 from reconciler.core.vocabulary import (
     ArtifactState,
+    DatabaseErrorCode,
     JobStatus,
     StepState,
 )
 from reconciler.storage import transitions
 from reconciler.storage.clock import db_now, now_plus
-from reconciler.storage.engines import is_postgresql
+from reconciler.storage.diagnosis import error_code
+from reconciler.storage.engines import is_postgresql, lock_wait
 from reconciler.storage.sql import (
     artifacts,
     insert_into,
@@ -34,6 +36,8 @@ from reconciler.storage.sql import (
 )
 
 SINGLETON_RETRIES = 5
+CLAIM_LOCK_WAIT_SECONDS = 1.0
+"""How long a claim waits for SQLite's write lock before it claims nothing this time."""
 
 
 class StepNotStartedError(ValueError):
@@ -103,10 +107,20 @@ class ClaimsSql:
 
     def _claim_once(self, worker: str, lease_seconds: float, kinds: Sequence[str] | None,
                     session_id: int | None) -> ClaimedJob | None:
-        with self.engine.begin() as conn:
-            return transitions.claim(conn, worker, uuid.uuid4().hex,
-                                     lease_seconds=lease_seconds, kinds=kinds,
-                                     session_id=session_id)
+        # A claim is a poll: on a SQLite database whose write lock another writer holds, it
+        # gives up after CLAIM_LOCK_WAIT_SECONDS (nothing claimed) instead of the busy
+        # timeout, so a worker told to stop is never kept in a claim for half a minute.
+        with self.engine.connect() as conn:
+            claiming = lock_wait(conn, CLAIM_LOCK_WAIT_SECONDS)
+            try:
+                with claiming.begin():
+                    return transitions.claim(claiming, worker, uuid.uuid4().hex,
+                                             lease_seconds=lease_seconds, kinds=kinds,
+                                             session_id=session_id)
+            except sa.exc.OperationalError as exc:
+                if error_code(exc) is DatabaseErrorCode.LOCK_TIMEOUT:
+                    return None
+                raise
 
     def _fence(self, conn: Connection, job_id: int, token: str, *extra: Any,
                **changes: Any) -> sa.Row[Any]:

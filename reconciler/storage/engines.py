@@ -34,6 +34,7 @@ from reconciler.redaction import redact
 from reconciler.storage.clock import sqlite_clock
 
 READ_ONLY = "reconciler_read_only"
+LOCK_WAIT = "reconciler_lock_wait_seconds"
 ANSWER_MARGIN_SECONDS = 2.0
 """How much longer than its statement timeout the client waits for a reply."""
 
@@ -180,8 +181,15 @@ def _sqlite_engine(url: sa.URL, timeouts: DatabaseTimeouts, must_exist: bool,
 
     @sa.event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:
-        read_only = conn.get_execution_options().get(READ_ONLY, False)
-        conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
+        options = conn.get_execution_options()
+        # A transaction that asked for a shorter wait on the write lock gets it, and the
+        # next one on this connection the engine's again (set only when it changes).
+        wanted = _ms(options[LOCK_WAIT]) if LOCK_WAIT in options else busy_ms
+        held = conn.connection.info
+        if held.get("busy_ms", busy_ms) != wanted:
+            conn.exec_driver_sql(f"PRAGMA busy_timeout = {wanted}")
+            held["busy_ms"] = wanted
+        conn.exec_driver_sql("BEGIN" if options.get(READ_ONLY, False) else "BEGIN IMMEDIATE")
 
     return engine
 
@@ -241,6 +249,12 @@ def _ms(seconds: float | None) -> int:
 
 def _answer_seconds(statement_seconds: float | None) -> float | None:
     return None if statement_seconds is None else statement_seconds + ANSWER_MARGIN_SECONDS
+
+
+def lock_wait(conn: Connection, seconds: float) -> Connection:
+    """Bound how long a connection's transactions wait for SQLite's write lock (its busy
+    timeout) to ``seconds``; PostgreSQL's lock waits are bounded by its lock timeout."""
+    return conn.execution_options(**{LOCK_WAIT: seconds})
 
 
 def read_only(conn: Connection) -> Connection:

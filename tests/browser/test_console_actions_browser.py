@@ -67,7 +67,7 @@ def test_an_operator_retries_a_terminalized_job_and_sees_the_outcome_and_the_rec
         assert browser.find_element(By.ID, "outcome").text == "retry applied."
         record = browser.find_element(By.CSS_SELECTOR, "article.action-record")
         assert "operator retry applied" in record.text
-        assert "Status failed → queued" in record.text
+        assert "State failed → queued" in record.text
         assert "refund" not in browser.current_url
         assert "signed in as alice" in browser.find_element(By.ID, "signed-in-as").text
     assert job_row(engine, job)["job_status"] == "queued"

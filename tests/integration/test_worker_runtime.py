@@ -711,6 +711,9 @@ def test_worker_whose_session_write_hangs_still_exits_after_a_short_timeout(
         # write lock with it; PostgreSQL locks the row.
         conn.execute(SESSIONS.update().where(SESSIONS.c.session_id == session["session_id"])
                      .values(host_name=SESSIONS.c.host_name))
+        # Its claim loop (three slots free, a poll every 0.1 s) is now inside a claim that
+        # waits for the same lock: the stop must not wait for that claim's busy timeout.
+        time.sleep(1.0)
         signalled = time.monotonic()
         proc.process.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=40) == 0, proc.stderr()
