@@ -479,8 +479,13 @@ def test_wedged_worker_is_failed_not_requeued_while_an_active_one_is_left_alone(
         report = run_pass(store, config(stale=0.0, wedged=0.5))
 
         # The next beat after the decision is refused; on a busy machine it may come late.
-        wait_until(hung.lost.is_set, "the wedged worker's heartbeat to be refused",
-                   timeout=30.0)
+        # A beat that failed otherwise ends the wait at once and is named, as is what the
+        # pass decided.
+        decided = [(d.job_id, d.disposition.value, d.reason.value) for d in report.decisions]
+        wait_until(lambda: hung.lost.is_set() or hung.errors,
+                   f"the wedged worker's heartbeat to be refused (the pass decided "
+                   f"{decided})", timeout=30.0)
+        assert not hung.errors, hung.errors
         assert not moving.lost.is_set()
     stored = assert_terminalized(engine, report, wedged, Reason.WORKER_WEDGED,
                                  outcome="abandoned")
