@@ -482,7 +482,7 @@ def test_wedged_worker_is_failed_not_requeued_while_an_active_one_is_left_alone(
         # A beat that failed otherwise ends the wait at once and is named, as is what the
         # pass decided.
         decided = [(d.job_id, d.disposition.value, d.reason.value) for d in report.decisions]
-        wait_until(lambda: hung.lost.is_set() or hung.errors,
+        wait_until(lambda: hung.lost.is_set() or bool(hung.errors),
                    f"the wedged worker's heartbeat to be refused (the pass decided "
                    f"{decided})", timeout=30.0)
         assert not hung.errors, hung.errors
