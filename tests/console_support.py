@@ -19,6 +19,7 @@ from sqlalchemy.engine import Engine
 from reconciler.config.settings import Settings
 from reconciler.core.decisions import Thresholds
 from reconciler.core.passes import PassConfig, run_pass
+from reconciler.sidecar.service import Service
 from reconciler.storage.sql import decisions
 from reconciler.storage.sql_store import SqlStore
 from reconciler.worker import JobClient, Step
@@ -90,7 +91,14 @@ def seed(engine: Engine, client: JobClient) -> Seeded:
 @contextmanager
 def served(db_url: str, **settings: object) -> Iterator[str]:
     """The sidecar's HTTP server (no scheduled passes) with the console; its base URL."""
-    service = sidecar_service(Settings(database_url=db_url, metrics_port=0, **settings))
+    with serving(sidecar_service(Settings(database_url=db_url, metrics_port=0,
+                                          **settings))) as base:
+        yield base
+
+
+@contextmanager
+def serving(service: Service) -> Iterator[str]:
+    """``service``'s HTTP server (no scheduled passes) while the block runs; its base URL."""
     service.start_http()
     assert service.http is not None
     try:

@@ -18,7 +18,7 @@ from reconciler.config.loader import Config
 from reconciler.config.settings import Settings
 from reconciler.root.sidecar import assemble_sidecar
 from reconciler.sidecar.service import Service
-from tests.console_support import fetch
+from tests.console_support import fetch, serving
 from tests.integration.test_console_actions import csrf_of, offered, post, sign_in
 from tests.sources.test_table_actions import (
     SOURCE,
@@ -44,16 +44,9 @@ def served(home: Home, tmp_path: Path) -> Iterator[str]:
                         metrics_port=0, console_token=READER,
                         console_operator_tokens_file=str(tokens))
     mapping = replace(home.full, cancelled="cancelled")
-    service = Service(assemble_sidecar(Config(settings=settings, source=mapping,
-                                              kinds=KINDS)))
-    service.start_http()
-    assert service.http is not None
-    try:
-        yield f"http://127.0.0.1:{service.http.server_address[1]}"
-    finally:
-        service.http.shutdown()
-        service.http.server_close()
-        service.close()
+    with serving(Service(assemble_sidecar(Config(settings=settings, source=mapping,
+                                                 kinds=KINDS)))) as base:
+        yield base
 
 
 def _act(base: str, cookie: str, job: int, action: str, note: str) -> str:
