@@ -29,6 +29,7 @@ from reconciler.core.ports import JobDetail, OperatorStore, SourceJobs, Unjudged
 from reconciler.core.vocabulary import JobKey, JobStatus, Reason
 from reconciler.root.checks import open_foreign_source
 from reconciler.sources.kit.source import DeclaredSource
+from reconciler.sources.kit.system import Wanted
 from reconciler.storage.audit import AuditHistory
 from reconciler.storage.engines import read_only
 
@@ -94,13 +95,13 @@ class ForeignJobs:
     def list_jobs(self, status: str | None, limit: int) -> list[JobDetail]:
         """Newest first, as the source orders its jobs (``listing_order``)."""
         def read(source: DeclaredSource) -> list[JobDetail]:
-            jobs = source.listing().subquery()
+            words = source.status_words()
+            raws = None if status is None else frozenset(
+                raw for raw, word in words.items() if word.value == status) or frozenset({status})
+            jobs = source.listing(Wanted(limit=limit, statuses=raws)).subquery()
             query = sa.select(jobs).order_by(*source.listing_order(jobs)).limit(limit)
-            if status is not None:
-                words = source.status_words()
-                query = query.where(jobs.c.source_status.in_(
-                    sorted(raw for raw, word in words.items() if word.value == status)
-                    or [status]))
+            if raws is not None:
+                query = query.where(jobs.c.source_status.in_(sorted(raws)))
             return [self._detail(source, row) for row in source.connection.execute(query)]
 
         return self._with_source(read)
@@ -108,7 +109,7 @@ class ForeignJobs:
     def get_job(self, job_id: JobKey) -> JobDetail | None:
         """One job as its system spells its id, or None."""
         def read(source: DeclaredSource) -> JobDetail | None:
-            jobs = source.listing().subquery()
+            jobs = source.listing(Wanted(job_id=str(job_id))).subquery()
             row = source.connection.execute(
                 sa.select(jobs).where(sa.cast(jobs.c.job_id, sa.String()) == str(job_id))
             ).first()

@@ -36,7 +36,7 @@ from reconciler.sources.kit.fences import ForeignFence, LedgerMark, with_ledger
 from reconciler.sources.kit.history import with_lost_attempts
 from reconciler.sources.kit.scan import expired_scan
 from reconciler.sources.kit.shapes import AllKinds, acting, by_kind
-from reconciler.sources.kit.system import Changed, Scope, System
+from reconciler.sources.kit.system import Changed, Scope, System, Wanted
 from reconciler.sources.kit.transaction import SourceTransaction
 from reconciler.storage.clock import now_plus, seconds_since
 from reconciler.storage.operator_record import not_held
@@ -72,8 +72,12 @@ class DeclaredSource:
         if self.system.liveness is not None:
             self.system.liveness.check()
 
-    def listing(self) -> sa.Select[Any]:
-        """Every job of the system, for operators (``reconciler jobs list|show``)."""
+    def listing(self, wanted: Wanted | None = None) -> sa.Select[Any]:
+        """The system's jobs, for operators (``reconciler jobs list|show``): every one, or
+        at least what ``wanted`` names where the system narrows its listing itself (the
+        caller still filters, orders and limits)."""
+        if wanted is not None and self.system.listing_for is not None:
+            return self.system.listing_for(self._conn, wanted)
         return self.system.listing(self._conn)
 
     def status_words(self) -> Mapping[str, JobStatus]:

@@ -69,6 +69,16 @@ class Liveness(Protocol):
         """One ``ConfigError`` line when its outside end cannot be reached at all."""
 
 
+@dataclass(frozen=True, slots=True)
+class Wanted:
+    """What an operator's read wants of a system's listing: the newest ``limit`` jobs
+    (only of the system's own ``statuses`` when given), or the one job ``job_id``."""
+
+    limit: int | None = None
+    statuses: frozenset[str] | None = None
+    job_id: str | None = None
+
+
 Running = Callable[[Scope, Policies], sa.Select[Any]]
 Predicate = Callable[[Scope, Policies], sa.ColumnElement[bool]]
 
@@ -110,3 +120,7 @@ class System:
     """Running jobs whose rows lack what a pass reads (None: every running row is judged)."""
     liveness: Liveness | None = None
     """Owner liveness outside its tables (None: read with its jobs, in ``expired``)."""
+    listing_for: Callable[[Connection, Wanted], sa.Select[Any]] | None = None
+    """``listing`` narrowed to what a read wants, for a system whose jobs live outside
+    SQL and are copied in for each read, so that ``jobs list --limit 50`` copies few
+    (None: ``listing``, narrowed in SQL)."""
