@@ -229,7 +229,7 @@ REGISTRY: tuple[SourceEntry, ...] = (
                 source="reconciler.sources.rq:DECLARATION", job_key="text",
                 engines=EVERY_ENGINE,
                 capabilities=Capabilities(heartbeat=True, error_field=True,
-                                          actions=frozenset())),
+                                          actions=frozenset(OperatorAction))),
 )
 
 SOURCES: dict[str, SourceEntry] = {entry.kind: entry for entry in REGISTRY}

@@ -26,7 +26,7 @@ from sqlalchemy.engine import Connection
 from reconciler.core.evidence import StepFacts
 from reconciler.core.kinds import KindPolicy
 from reconciler.core.ports import Candidate, Fence
-from reconciler.core.vocabulary import Disposition, JobStatus
+from reconciler.core.vocabulary import Disposition
 from reconciler.sources.kit.batches import Batch, fence_of
 from reconciler.sources.kit.declaration import Declaration
 from reconciler.sources.kit.shapes import Shape, by_kind, candidate, constant
@@ -34,15 +34,9 @@ from reconciler.sources.kit.system import Changed, Policies, Scope, System
 from reconciler.sources.rq import keys, writes
 from reconciler.sources.rq.config import RqConfig
 from reconciler.sources.rq.kinds import UNREADABLE_KIND
+from reconciler.sources.rq.listing import STATUS_WORDS, RqListing
 from reconciler.sources.rq.snapshot import STARTED, RqLiveness, Snapshot
 from reconciler.sources.rq.writes import RqFence
-
-STATUS_WORDS = {"created": JobStatus.QUEUED, "queued": JobStatus.QUEUED,
-                "deferred": JobStatus.QUEUED, "scheduled": JobStatus.QUEUED,
-                "started": JobStatus.PROCESSING, "finished": JobStatus.COMPLETED,
-                "failed": JobStatus.FAILED, "stopped": JobStatus.FAILED,
-                "canceled": JobStatus.CANCELLED}
-"""RQ's ``JobStatus`` values in this project's words."""
 
 
 def _judged(scope: Scope) -> Snapshot:
@@ -132,16 +126,6 @@ class RqSql:
         """Nothing in SQL: RQ's keys are read from Redis by each pass, which says when
         they cannot be (the installed RQ is the liveness's check)."""
 
-    def listing(self, conn: Connection) -> sa.Select[Any]:
-        """The started jobs of the watched queues, for operators (read from Redis now)."""
-        self.liveness.load(conn)
-        t = STARTED.c
-        return sa.select(
-            t.job_id.label("job_id"), t.job_kind.label("job_kind"),
-            t.status.label("source_status"), t.attempt.label("attempts"),
-            sa.null().label("max_attempts"), sa.null().label("reason"),
-            sa.null().label("created_at"), sa.null().label("updated_at"))
-
 
 def _unreadable(found: Candidate) -> Candidate:
     """A job whose kind cannot be read: judged ``reconcile_error``, never by a guess."""
@@ -152,12 +136,13 @@ def _unreadable(found: Candidate) -> Candidate:
 def declare(config: RqConfig) -> System:
     """RQ's started jobs, judged on one snapshot of Redis per transaction."""
     sql = RqSql(config)
+    shown = RqListing(config, sql.liveness.client)
     return System(
         shape=Shape(key=STARTED.c.job_id, kind=STARTED.c.job_kind, locks=STARTED,
                     scans_all_kinds=True, counts_attempts=True, judged_first=True),
         running=sql.running, expired=sql.expired, candidate=sql.candidate, swap=sql.swap,
-        check_schema=sql.check_schema, listing=sql.listing, status_words=STATUS_WORDS,
-        liveness=sql.liveness)
+        check_schema=sql.check_schema, listing=shown.every, listing_for=shown.narrowed,
+        status_words=STATUS_WORDS, liveness=sql.liveness)
 
 
 DECLARATION = Declaration(RqConfig, declare)
