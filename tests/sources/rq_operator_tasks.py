@@ -50,7 +50,7 @@ def ledger_charge(hang: str = "") -> str:
     with StepLedger(os.environ["RECONCILER_DATABASE_URL"]) as ledger:
         run = ledger.run("rq", job_id, attempt, PLAN)
         for index in run.pending():
-            name = PLAN[index].name
+            name = PLAN[index].step_name
             with run.step(index):
                 (folder / f"{job_id}-step-{name}-{attempt}").write_text(str(os.getpid()))
                 if attempt == 1 and hang == name:

@@ -1,0 +1,77 @@
+"""The step ledger from inside an RQ job (``reconciler.ledger.StepLedger``, source
+``rq``), with the reconciler's own tables on SQLite and PostgreSQL and real ``rq
+worker`` processes SIGKILLed mid-job: a pass resumes the job at the first step that never
+started, and a new worker runs only the steps left; a job killed inside an effectful step
+is failed with ``worker_died_mid_step``, read through RQ's own ``Job.fetch``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from reconciler.core.vocabulary import Disposition, Reason
+from tests.sources.rq_support import RqProject, rq_project, sigkill, wait_status, worker_argv
+from tests.sources.support import Markers, Process, Processes, by_job, reconcile_once, wait_until
+from tests.sources.test_rq_workers import KINDS
+
+__all__ = ["rq_project"]  # a fixture, found by name
+LEDGER_CHARGE = "tests.sources.rq_operator_tasks.ledger_charge"
+REPO = Path(__file__).parents[2]
+
+
+@pytest.fixture
+def markers(tmp_path: Path) -> Markers:
+    return Markers(tmp_path / "markers")
+
+
+def start(processes: Processes, project: RqProject, markers: Markers, name: str) -> Process:
+    """An ``rq worker`` whose jobs record their steps in the reconciler's database."""
+    url = project.engine.url.render_as_string(hide_password=False)
+    return processes.start(name, worker_argv(project, name),
+                           {"SOURCES_MARKERS": str(markers.folder),
+                            "RECONCILER_DATABASE_URL": url}, cwd=REPO)
+
+
+def test_a_pass_resumes_at_the_first_step_that_never_started(
+        rq_project: RqProject, processes: Processes, markers: Markers) -> None:
+    """Killed after ``fetch`` succeeded, before ``charge`` started: resumed at step 1
+    (the kind is effectful, but no effectful step ever started); the new worker runs
+    ``charge`` and ``notify`` only."""
+    job_id = rq_project.enqueue(LEDGER_CHARGE, hang="between")
+    first = start(processes, rq_project, markers, "worker-a")
+    wait_until(lambda: markers.has(f"{job_id}-between-1"), "fetch to succeed",
+               process=first)
+    sigkill(first)
+    rq_project.expire_as_time_would(job_id, first)
+    outcome = by_job(reconcile_once(rq_project.engine, rq_project.config(), KINDS))[job_id]
+    assert (outcome.disposition, outcome.resume_step_index) == (Disposition.RESUME, 1)
+    second = start(processes, rq_project, markers, "worker-b")
+    wait_status(rq_project, job_id, "finished", worker=second)
+    assert rq_project.job(job_id).return_value() == "done on attempt 2"
+    assert markers.of(job_id) == {"step-fetch-1", "between-1", "step-charge-2",
+                                  "step-notify-2"}
+
+
+def test_a_job_killed_inside_an_effectful_step_is_failed(
+        rq_project: RqProject, processes: Processes, markers: Markers) -> None:
+    """Killed inside ``charge``: ``worker_died_mid_step``, RQ reads it failed with our
+    reason, and a new worker never runs it again."""
+    job_id = rq_project.enqueue(LEDGER_CHARGE, hang="charge", retry=3)
+    first = start(processes, rq_project, markers, "worker-a")
+    wait_until(lambda: markers.has(f"{job_id}-step-charge-1"), "charge to start",
+               process=first)
+    sigkill(first)
+    rq_project.expire_as_time_would(job_id, first)
+    outcome = by_job(reconcile_once(rq_project.engine, rq_project.config(), KINDS))[job_id]
+    assert (outcome.disposition, outcome.reason) == (Disposition.TERMINALIZE,
+                                                     Reason.WORKER_DIED_MID_STEP)
+    job = rq_project.job(job_id)
+    assert job.get_status().value == "failed"
+    result = job.latest_result()
+    assert result is not None
+    assert "reconciler: worker_died_mid_step" in (result.exc_string or "")
+    second = start(processes, rq_project, markers, "worker-b")
+    later = rq_project.enqueue(LEDGER_CHARGE)
+    wait_status(rq_project, later, "finished", worker=second)
+    assert markers.of(job_id) == {"step-fetch-1", "step-charge-1"}
