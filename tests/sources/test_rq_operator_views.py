@@ -1,0 +1,194 @@
+"""What an operator reads about RQ jobs: ``jobs list``, ``jobs show`` and ``jobs explain``
+under an ``rq`` ``[source]``, as typed on the command line; ``reconciler pass --dry-run``
+and a shadow pass over a dead worker's job, changing nothing in Redis; and the console's
+job page; the reconciler's own tables on SQLite and PostgreSQL, a real Redis and real
+``rq worker`` processes. Jobs get their statuses through RQ's own calls."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reconciler.config.loader import load_config, pass_config
+from reconciler.root.console import assemble_console
+from tests.sources.actions_support import forget_source
+from tests.sources.rq_support import (
+    IDEMPOTENT,
+    RqProject,
+    rq_project,
+    sigkill,
+    start_worker,
+    wait_started,
+    wait_status,
+)
+from tests.sources.support import Markers, Processes
+from tests.sources.test_operator_commands import cli, cli_json
+from tests.sources.test_rq_actions import HANG_ONCE, failed
+
+__all__ = ["rq_project"]  # a fixture, found by name
+
+
+@pytest.fixture
+def project(rq_project: RqProject) -> RqProject:
+    forget_source(rq_project.engine, "rq")
+    return rq_project
+
+
+@pytest.fixture
+def markers(tmp_path: Path) -> Markers:
+    return Markers(tmp_path / "markers")
+
+
+def config_file(tmp_path: Path, project: RqProject) -> Path:
+    """A config file as the docs' RQ example, the test jobs' idempotent kind declared."""
+    url = project.engine.url.render_as_string(hide_password=False)
+    path = tmp_path / "reconciler.toml"
+    path.write_text(f"database_url = {url!r}\nstale_after_seconds = 0.5\n"
+                    f'[source]\nkind = "rq"\nredis_url = {project.redis_url!r}\n'
+                    '[kinds."tests.sources.rq_tasks.idem_*"]\neffect = "idempotent"\n')
+    return path
+
+
+def every_status(project: RqProject, processes: Processes, markers: Markers) -> dict[str, str]:
+    """A job in each status RQ keeps, by status: a real worker finished one and runs one
+    (it takes no other meanwhile); the rest through RQ's own calls."""
+    finished = project.enqueue(IDEMPOTENT, hang=[0])
+    worker = start_worker(processes, project, markers, "worker-a")
+    wait_status(project, finished, "finished", worker=worker)
+    started = project.enqueue(HANG_ONCE)
+    wait_started(markers, started, worker)
+    queue = project.queue()
+    queued = project.enqueue(IDEMPOTENT, hang=[0])
+    deferred = queue.enqueue(IDEMPOTENT, depends_on=queued).id
+    scheduled = queue.enqueue_in(timedelta(hours=1), IDEMPOTENT).id
+    canceled = project.enqueue(IDEMPOTENT)
+    project.job(canceled).cancel()
+    failing = project.enqueue(IDEMPOTENT)
+    failed(project, failing)
+    return {"finished": finished, "started": started, "queued": queued,
+            "deferred": deferred, "scheduled": scheduled, "canceled": canceled,
+            "failed": failing}
+
+
+def test_jobs_list_shows_every_status_in_this_projects_words(
+        project: RqProject, processes: Processes, markers: Markers, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Every status of the watched queue is listed newest first, in this project's words
+    beside RQ's own; ``--status`` finds RQ's statuses by their word; ``jobs show`` reads
+    one job with its kind, and ``jobs explain`` judges the running one live."""
+    jobs = every_status(project, processes, markers)
+    path = config_file(tmp_path, project)
+    listed = cli_json(capsys, path, "jobs", "list")
+    assert {j["job_id"]: j["status"] for j in listed} == {
+        jobs["finished"]: "completed", jobs["started"]: "processing",
+        jobs["queued"]: "queued", jobs["deferred"]: "queued", jobs["scheduled"]: "queued",
+        jobs["canceled"]: "cancelled", jobs["failed"]: "failed"}
+    order = [jobs[s] for s in ("failed", "canceled", "scheduled", "deferred", "queued",
+                               "started", "finished")]
+    assert [j["job_id"] for j in listed] == order  # newest created first
+    waiting = cli_json(capsys, path, "jobs", "list", "--status", "queued")
+    assert {j["job_id"] for j in waiting} == {jobs["queued"], jobs["deferred"],
+                                             jobs["scheduled"]}
+    code, out, _ = cli(capsys, path, "jobs", "show", jobs["deferred"])
+    assert code == 0
+    assert f"job {jobs['deferred']} ({IDEMPOTENT}): queued [deferred in rq]" in out
+    code, out, err = cli(capsys, path, "jobs", "explain", jobs["started"])
+    assert code == 0, err
+    assert "lease_live" in out
+    assert project.status(jobs["started"]) == "started"
+
+
+def test_a_short_list_reads_few_jobs_of_a_long_queue(
+        project: RqProject, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``jobs list --limit 5`` over 300 queued jobs reads 5 job hashes (Redis's own count
+    of HMGET calls), and lists the 5 newest; ``jobs show`` of the oldest reads one."""
+    queue = project.queue()
+    with project.redis().pipeline() as pipe:
+        ids = [queue.enqueue(IDEMPOTENT, hang=[0], pipeline=pipe).id for _ in range(300)]
+        pipe.execute()
+    path = config_file(tmp_path, project)
+    redis = project.redis()
+
+    def hmget_calls() -> int:
+        stats: dict[str, Any] = redis.info("commandstats")
+        return int(stats.get("cmdstat_hmget", {}).get("calls", 0))
+
+    redis.config_resetstat()
+    listed = cli_json(capsys, path, "jobs", "list", "--limit", "5")
+    assert [j["job_id"] for j in listed] == list(reversed(ids[-5:]))
+    assert hmget_calls() == 5
+    redis.config_resetstat()
+    assert cli_json(capsys, path, "jobs", "show", ids[0])["job_id"] == ids[0]
+    assert hmget_calls() == 1
+
+
+def test_dry_run_and_shadow_passes_change_nothing_in_redis(
+        project: RqProject, processes: Processes, markers: Markers, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A dead worker's idempotent job: ``pass --dry-run`` says it would resume it and
+    records nothing; ``pass --shadow`` records the decision as shadow; RQ reads the job
+    started in its registry after both, and a real pass then resumes it."""
+    job_id = project.enqueue(IDEMPOTENT, hang=[3600, 0])
+    first = start_worker(processes, project, markers, "worker-a")
+    wait_started(markers, job_id, first)
+    sigkill(first)
+    project.expire_as_time_would(job_id, first)
+    path = config_file(tmp_path, project)
+    score = project.entry_score(job_id)
+    preview = cli_json(capsys, path, "pass", "--dry-run")
+    assert [(d["job_id"], d["disposition"]) for d in preview["decisions"]] == [
+        (job_id, "resume")]
+    shadow = cli_json(capsys, path, "pass", "--shadow")
+    assert [(d["job_id"], d["disposition"]) for d in shadow["decisions"]] == [
+        (job_id, "resume")]
+    assert [d["shadow"] for d in cli_json(capsys, path, "decisions")
+            if d["job_id"] == job_id] == [True]
+    assert (project.status(job_id), project.entry_score(job_id)) == ("started", score)
+    assert project.queue().job_ids == []
+    real = cli_json(capsys, path, "pass")
+    assert [(d["job_id"], d["disposition"]) for d in real["decisions"]] == [
+        (job_id, "resume")]
+    assert project.status(job_id) == "queued"
+
+
+def page(path: Path, target: str) -> tuple[int, str]:
+    """One console page as ``reconciler run --config path`` serves it."""
+    config = load_config(path)
+    console = assemble_console(config, pass_config(config.settings, "console-test",
+                                                   config.kinds))
+    try:
+        reply = console.handle("GET", target, {})
+    finally:
+        console.close()
+    return reply.status, reply.body.decode()
+
+
+def test_the_console_shows_an_rq_job_and_its_decision(
+        project: RqProject, processes: Processes, markers: Markers, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A job RQ keeps queued has a page (its function name, RQ's status); a dead
+    worker's effectful job failed by a pass shows RQ's ``failed`` and the decision's
+    reason, never the worker's name."""
+    path = config_file(tmp_path, project)
+    waiting = project.enqueue(IDEMPOTENT, queue="reports")
+    status, body = page(path, f"/jobs/rq/{waiting}")
+    assert status == 200
+    assert f'<strong class="kind">{IDEMPOTENT}</strong>' in body
+    assert '<span class="source-status">queued</span> in rq' in body
+    job_id = project.enqueue(HANG_ONCE)
+    first = start_worker(processes, project, markers, "worker-dead")
+    wait_started(markers, job_id, first)
+    sigkill(first)
+    project.expire_as_time_would(job_id, first)
+    decided = cli_json(capsys, path, "pass")["decisions"]
+    assert [(d["job_id"], d["reason"]) for d in decided] == [(job_id, "worker_died_mid_step")]
+    status, body = page(path, f"/jobs/rq/{job_id}")
+    assert status == 200
+    assert '<span class="source-status">failed</span> in rq' in body
+    assert "worker_died_mid_step" in body
+    assert "worker-dead" not in body
+    status, listing = page(path, "/decisions?kind=tests.sources.*")
+    assert f"/jobs/rq/{job_id}" in listing
