@@ -6,6 +6,8 @@ job page; the reconciler's own tables on SQLite and PostgreSQL, a real Redis and
 
 from __future__ import annotations
 
+import socket
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -192,3 +194,22 @@ def test_the_console_shows_an_rq_job_and_its_decision(
     assert "worker-dead" not in body
     status, listing = page(path, "/decisions?kind=tests.sources.*")
     assert f"/jobs/rq/{job_id}" in listing
+
+
+def test_a_redis_that_does_not_answer_is_one_line_naming_it(
+        project: RqProject, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``jobs list`` and an action with the app's Redis down: exit 3 and one line naming
+    the store (its URL), no traceback; nothing recorded for the action."""
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    down = replace(project, redis_url=f"redis://127.0.0.1:{port}/0")
+    path = config_file(tmp_path, down)
+    code, out, err = cli(capsys, path, "jobs", "list")
+    assert (code, out) == (3, "")
+    assert err.strip() == (f"reconciler: error: source rq: its Redis at {down.redis_url} did "
+                           "not answer (ConnectionError); no job of it can be listed")
+    code, _, err = cli(capsys, path, "jobs", "cancel", "some-job", "--note", "n")
+    assert code == 3
+    assert "the action was not recorded" in err
+    assert "Traceback" not in err

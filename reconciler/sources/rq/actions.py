@@ -54,6 +54,7 @@ from reconciler.sources.rq.listing import (
     FIELDS,
     REGISTRY_KEYS,
     STATUS_WORDS,
+    answering,
     connect,
     number,
     text,
@@ -108,7 +109,8 @@ class RqActions:
     def read(self, job_key_: JobKey, *, lock: bool) -> ForeignJob | None:
         """The job's hash as the actions compare it, or None (gone, or of a queue not
         watched). Redis locks nothing: the swap's ``WATCH`` is the fence."""
-        read = self._snapshot(self._redis, str(job_key_))
+        with answering(self._config.url, "the action was not recorded"):
+            read = self._snapshot(self._redis, str(job_key_))
         if read is None:
             return None
         return ForeignJob(read["status"], STATUS_WORDS.get(read["status"]), read)
@@ -159,11 +161,16 @@ class RqActions:
                 pipe.expire(job_key(job_id), ttl)
             pipe.rpush(queue_key(origin), job_id)
 
-        return "queued" if self._fenced(job_id, read, requeue) is not None else None
+        with answering(self._config.url, "the action was not recorded; read the job again"):
+            done = self._fenced(job_id, read, requeue)
+        return None if done is None else "queued"
 
     def cancel(self, job_key_: JobKey, job: ForeignJob) -> str | None:
         """RQ's cancel of a waiting job; RQ's stop-job command to a started job's worker."""
-        job_id, read = str(job_key_), job.fence
+        with answering(self._config.url, "the action was not recorded; read the job again"):
+            return self._cancel(str(job_key_), job.fence)
+
+    def _cancel(self, job_id: str, read: Mapping[str, Any]) -> str | None:
         if read["status"] != "started":
             done = self._fenced(job_id, read, lambda p: canceled_shape(p, job_id, read))
             return None if done is None else "canceled"

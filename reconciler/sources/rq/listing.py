@@ -23,7 +23,8 @@ from the pickled call's opcodes (``kinds.func_name``), never loaded.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -33,6 +34,8 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.schema import CreateTable
 
 from reconciler.core.vocabulary import JobStatus, Reason
+from reconciler.errors import DatabaseUnavailableError
+from reconciler.redaction import redact
 from reconciler.sources.kit.system import Wanted
 from reconciler.sources.rq.config import RqConfig
 from reconciler.sources.rq.keys import QUEUE_PREFIX, QUEUES, job_key, queue_key
@@ -65,6 +68,20 @@ TIMESTAMP = "%Y-%m-%dT%H:%M:%S.%fZ"
 
 Client = Callable[[], Any]
 """The app's Redis, as a ``redis.Redis`` (typed loosely: redis is imported lazily)."""
+
+
+@contextmanager
+def answering(url: str, what: str) -> Iterator[None]:
+    """One line naming the store when the app's Redis does not answer (``what``: what
+    was left undone), never a traceback."""
+    import redis  # noqa: PLC0415 - only the rq source needs it
+
+    try:
+        yield
+    except redis.RedisError as exc:
+        raise DatabaseUnavailableError(
+            f"source rq: its Redis at {redact(url)} did not answer ({type(exc).__name__}); "
+            f"{what}") from None
 
 
 def connect(url: str) -> Any:
@@ -139,12 +156,13 @@ class RqListing:
 
     def narrowed(self, conn: Connection, wanted: Wanted) -> sa.Select[Any]:
         """What ``wanted`` asks for, copied into a temporary table (``System.listing_for``)."""
-        redis = self.client()
-        if wanted.job_id is not None:
-            ids = [wanted.job_id]
-        else:
-            ids = self._recent_ids(redis, wanted.limit, wanted.statuses)
-        rows = self._rows(redis, ids)
+        with answering(self.config.url, "no job of it can be listed"):
+            redis = self.client()
+            if wanted.job_id is not None:
+                ids = [wanted.job_id]
+            else:
+                ids = self._recent_ids(redis, wanted.limit, wanted.statuses)
+            rows = self._rows(redis, ids)
         return copied(conn, rows)
 
     def _recent_ids(self, redis: Any, limit: int | None, statuses: frozenset[str] | None
