@@ -41,11 +41,13 @@ from tests.sources.rq_support import (
 )
 from tests.sources.support import (
     Markers,
+    Outcome,
     Process,
     Processes,
     by_job,
     config_for,
     reconcile_once,
+    record_finding,
     wait_until,
 )
 
@@ -260,3 +262,51 @@ class TestUndecidable:
         assert back.liveness is None
         assert [(d.job_id, d.reason) for d in back.decisions] == [
             (job_id, Reason.WORKER_DIED_MID_STEP)]
+
+
+class TestRealExpiry:
+    """Nothing aged by hand: two workers SIGKILLed at once beside a live one, and passes
+    every second until RQ's own entries expire (about 61 s after their last renewal)."""
+
+    def test_all_outcomes_after_one_real_wait(
+            self, rq_project: RqProject, processes: Processes, markers: Markers) -> None:
+        running, live = live_job(rq_project, processes, markers)
+        idem = rq_project.enqueue(IDEMPOTENT, retry=2, hang=[3600, 0])
+        effect = rq_project.enqueue(EFFECTFUL, queue="other")
+        first = start_worker(processes, rq_project, markers, "worker-a")
+        wait_started(markers, idem, first)
+        second = start_worker(processes, rq_project, markers, "worker-b", ("other",))
+        wait_started(markers, effect, second)
+        sigkill(first)
+        sigkill(second)
+        killed = time.monotonic()
+        # A dead worker's entries are still RQ's for a minute: nothing is decided.
+        assert reconcile_once(rq_project.engine, rq_project.config(), KINDS) == []
+        decided: dict[str, Outcome] = {}
+
+        def both() -> bool:
+            decided.update((str(o.job_id), o) for o in reconcile_once(
+                rq_project.engine, rq_project.config(), KINDS) if o.applied)
+            time.sleep(1)
+            return {idem, effect} <= set(decided)
+
+        wait_until(both, "the dead workers' entries to expire", timeout=150)
+        after = time.monotonic() - killed
+        assert 55 <= after <= 150
+        assert (decided[idem].disposition, decided[idem].reason) == (
+            Disposition.RESUME, Reason.RESUMED_IDEMPOTENT_STEP)
+        assert (decided[effect].disposition, decided[effect].reason) == (
+            Disposition.TERMINALIZE, Reason.WORKER_DIED_MID_STEP)
+        assert running not in decided
+        assert rq_project.status(running) == "started"
+        assert live.alive()
+        assert rq_project.job(idem).retries_left == 1  # one of its Retry(max=2) used
+        failed = rq_project.job(effect)
+        assert failed.get_status().value == "failed"
+        assert "reconciler: worker_died_mid_step" in (failed.latest_result().exc_string or "")
+        third = start_worker(processes, rq_project, markers, "worker-c")
+        wait_status(rq_project, idem, "finished", worker=third)
+        assert rq_project.job(idem).return_value() == "done on attempt 2"
+        assert markers.of(effect) == {"started-1"}
+        record_finding("rq", "real_expiry", engine=rq_project.engine.dialect.name,
+                       decided_seconds_after_kill=round(after, 1))
