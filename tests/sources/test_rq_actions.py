@@ -18,6 +18,7 @@ from reconciler.core.vocabulary import Disposition, JobKey, OperatorAction, Reas
 from reconciler.sources.rq.actions import RqActions
 from reconciler.sources.rq.listing import connect
 from tests.sources.actions_support import desk_for, desk_moving_after_read, forget_source
+from tests.sources.rq_operator_support import HANG_ONCE, config_file, failed
 from tests.sources.rq_support import (
     IDEMPOTENT,
     RqProject,
@@ -28,12 +29,12 @@ from tests.sources.rq_support import (
     wait_status,
 )
 from tests.sources.support import Markers, Outcome, Processes, by_job, reconcile_once
+from tests.sources.test_operator_commands import cli
 from tests.sources.test_rq_workers import KINDS
 
 __all__ = ["rq_project"]  # a fixture, found by name
 SOURCE = "rq"
-HANG_ONCE = "tests.sources.rq_operator_tasks.hang_once"
-"""Effectful by the tests' ``[kinds]`` (only ``idem_*`` is idempotent)."""
+
 
 
 @pytest.fixture
@@ -174,19 +175,6 @@ def test_cancel_of_a_dead_workers_job_writes_rqs_canceled_shape(
     assert markers.of(job_id) == {"started-1"}
 
 
-def failed(project: RqProject, job_id: str) -> None:
-    """The queued job failed as a worker's ``handle_job_failure`` writes it, through
-    RQ's own calls."""
-    from rq.job import JobStatus  # noqa: PLC0415
-
-    queue, job = project.queue(), project.job(job_id)
-    queue.remove(job)
-    with project.redis().pipeline() as pipe:
-        job.set_status(JobStatus.FAILED, pipeline=pipe)
-        queue.failed_job_registry.add(job, exc_string="boom", pipeline=pipe)
-        pipe.execute()
-
-
 def _requeued_by_rq(project: RqProject) -> Any:
     def move(conn: Connection, key: JobKey) -> None:
         project.queue().failed_job_registry.requeue(str(key))
@@ -221,3 +209,32 @@ def test_an_action_on_a_job_that_moved_meanwhile_is_refused(
     assert (report.applied, report.refusal) == (False, "fence_lost")
     assert project.status(job_id) == after
     assert project.queue().job_ids == ([job_id] if after == "queued" else [])
+
+
+def test_bulk_retry_by_reason_requeues_each_terminalized_job(
+        project: RqProject, processes: Processes, markers: Markers, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Two jobs failed ``worker_died_mid_step`` by one pass: ``jobs retry --reason
+    worker_died_mid_step --yes`` requeues both, each fenced and recorded on its own, and
+    one new worker finishes both."""
+    jobs = [project.enqueue(HANG_ONCE) for _ in range(2)]
+    doomed = [start_worker(processes, project, markers, f"doomed-{i}") for i in range(2)]
+    for job_id in jobs:
+        wait_started(markers, job_id, doomed[0])
+    for worker in doomed:
+        sigkill(worker)
+    for job_id in jobs:
+        project.expire_as_time_would(job_id, doomed[0])
+    project.redis().delete(f"rq:worker:{doomed[1].name}")
+    assert {o.job_id: o.reason for o in reconcile_once(project.engine, project.config(),
+                                                        KINDS)} == {
+        job_id: Reason.WORKER_DIED_MID_STEP for job_id in jobs}
+    path = config_file(tmp_path, project)
+    code, out, err = cli(capsys, path, "jobs", "retry", "--reason", "worker_died_mid_step",
+                         "--note", "refunds checked", "--yes")
+    assert code == 0, err
+    assert "retry: applied 2, refused 0" in out
+    assert {project.status(job_id) for job_id in jobs} == {"queued"}
+    worker = start_worker(processes, project, markers, "worker-new")
+    for job_id in jobs:
+        wait_status(project, job_id, "finished", worker=worker)

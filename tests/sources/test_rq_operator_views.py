@@ -17,6 +17,7 @@ import pytest
 from reconciler.config.loader import load_config, pass_config
 from reconciler.root.console import assemble_console
 from tests.sources.actions_support import forget_source
+from tests.sources.rq_operator_support import HANG_ONCE, config_file, failed
 from tests.sources.rq_support import (
     IDEMPOTENT,
     RqProject,
@@ -28,7 +29,6 @@ from tests.sources.rq_support import (
 )
 from tests.sources.support import Markers, Processes
 from tests.sources.test_operator_commands import cli, cli_json
-from tests.sources.test_rq_actions import HANG_ONCE, failed
 
 __all__ = ["rq_project"]  # a fixture, found by name
 
@@ -42,16 +42,6 @@ def project(rq_project: RqProject) -> RqProject:
 @pytest.fixture
 def markers(tmp_path: Path) -> Markers:
     return Markers(tmp_path / "markers")
-
-
-def config_file(tmp_path: Path, project: RqProject) -> Path:
-    """A config file as the docs' RQ example, the test jobs' idempotent kind declared."""
-    url = project.engine.url.render_as_string(hide_password=False)
-    path = tmp_path / "reconciler.toml"
-    path.write_text(f"database_url = {url!r}\nstale_after_seconds = 0.5\n"
-                    f'[source]\nkind = "rq"\nredis_url = {project.redis_url!r}\n'
-                    '[kinds."tests.sources.rq_tasks.idem_*"]\neffect = "idempotent"\n')
-    return path
 
 
 def every_status(project: RqProject, processes: Processes, markers: Markers) -> dict[str, str]:
