@@ -14,8 +14,13 @@ from typing import Any
 
 import pytest
 
-from reconciler.config.loader import load_config, pass_config
+from reconciler.config.loader import Config, load_config, pass_config
+from reconciler.config.settings import Settings
 from reconciler.root.console import assemble_console
+from reconciler.root.sidecar import assemble_sidecar
+from reconciler.sidecar.service import Service
+from tests.console_support import fetch, serving
+from tests.integration.test_console_actions import csrf_of, offered, post, sign_in
 from tests.sources.actions_support import forget_source
 from tests.sources.rq_operator_support import HANG_ONCE, config_file, failed
 from tests.sources.rq_support import (
@@ -29,6 +34,7 @@ from tests.sources.rq_support import (
 )
 from tests.sources.support import Markers, Processes
 from tests.sources.test_operator_commands import cli, cli_json
+from tests.sources.test_rq_workers import KINDS
 
 __all__ = ["rq_project"]  # a fixture, found by name
 
@@ -203,3 +209,35 @@ def test_a_redis_that_does_not_answer_is_one_line_naming_it(
     assert code == 3
     assert "the action was not recorded" in err
     assert "Traceback" not in err
+
+
+ALICE = "alice-token-0123456789"
+
+
+def test_an_operator_cancels_and_retries_rq_jobs_from_their_pages(
+        project: RqProject, tmp_path: Path) -> None:
+    """Signed in as an operator on the console ``reconciler run`` serves: a queued job's
+    page offers cancel, and cancelled RQ reads it canceled; a failed job's page offers
+    retry, and retried it is back on its queue. Each page then says applied."""
+    waiting = project.enqueue(IDEMPOTENT)
+    failing = project.enqueue(IDEMPOTENT)
+    failed(project, failing)
+    tokens = tmp_path / "operators"
+    tokens.write_text(f"alice {ALICE}\n")
+    settings = Settings(
+        database_url=project.engine.url.render_as_string(hide_password=False),
+        metrics_port=0, console_operator_tokens_file=str(tokens))
+    with serving(Service(assemble_sidecar(Config(settings=settings, source=project.config(),
+                                                 kinds=KINDS)))) as base:
+        cookie = sign_in(base, ALICE)
+        for job_id, action in ((waiting, "cancel"), (failing, "retry")):
+            page = fetch(base + f"/jobs/rq/{job_id}", headers={"Cookie": cookie})
+            assert page.status == 200, page.body
+            assert action in offered(page.body)
+            acted = post(base, f"/jobs/rq/{job_id}", cookie,
+                         f"csrf={csrf_of(page)}&action={action}&note=asked")
+            assert acted.status == 303, acted.body
+            shown = fetch(base + acted.headers["location"], headers={"Cookie": cookie})
+            assert f'id="outcome">{action} applied' in shown.body
+    assert (project.status(waiting), project.status(failing)) == ("canceled", "queued")
+    assert project.queue().job_ids == [failing]
