@@ -185,14 +185,15 @@ class RqActions:
         done = self._fenced(job_id, read, lambda p: canceled_shape(p, job_id, read))
         return None if done is None else "canceled"
 
-    def _stopped(self, job_id: str) -> str:
-        """The job's status once its worker ended it (``stopped``), or, if it has not
-        within ``STOP_WAIT_SECONDS``, that the stop was sent."""
+    def _stopped(self, job_id: str) -> str | None:
+        """``stopped`` once the job's worker ended it so; that the stop was sent if it has
+        not within ``STOP_WAIT_SECONDS``; None when the job ended some other way first
+        (its worker ignores a stop for a job it no longer runs: nothing was changed)."""
         deadline = time.monotonic() + STOP_WAIT_SECONDS
         while time.monotonic() < deadline:
             status = text(self._redis.hget(job_key(job_id), "status"))
             if status != "started":
-                return status or "gone"
+                return status if status == "stopped" else None
             time.sleep(0.1)
         return "started (stop sent to its worker)"
 
