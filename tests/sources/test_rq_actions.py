@@ -187,15 +187,27 @@ def _canceled_by_rq(project: RqProject) -> Any:
     return move
 
 
-@pytest.mark.parametrize(("action", "moved_by", "after"), [
-    (OperatorAction.RETRY, _requeued_by_rq, "queued"),
-    (OperatorAction.CANCEL, _canceled_by_rq, "canceled"),
+def _taken_by_a_worker(project: RqProject) -> Any:
+    def move(conn: Connection, key: JobKey) -> None:
+        from rq import Queue  # noqa: PLC0415
+
+        # A worker's dequeue (RQ's own): the id leaves the queue's list before the
+        # worker writes anything in the job's hash.
+        assert Queue.dequeue_any([project.queue()], None, connection=project.redis())
+    return move
+
+
+@pytest.mark.parametrize(("action", "moved_by", "after", "on_queue"), [
+    (OperatorAction.RETRY, _requeued_by_rq, "queued", True),
+    (OperatorAction.CANCEL, _canceled_by_rq, "canceled", False),
+    (OperatorAction.CANCEL, _taken_by_a_worker, "queued", False),
 ])
 def test_an_action_on_a_job_that_moved_meanwhile_is_refused(
-        project: RqProject, action: OperatorAction, moved_by: Any, after: str) -> None:
-    """RQ's own requeue (or cancel) lands between the action's read and its write: the
-    action is refused ``fence_lost``, recorded so, and writes nothing (the job is once on
-    its queue, or canceled as RQ wrote it)."""
+        project: RqProject, action: OperatorAction, moved_by: Any, after: str,
+        on_queue: bool) -> None:
+    """RQ's own requeue, cancel or a worker's dequeue lands between the action's read and
+    its write: the action is refused ``fence_lost``, recorded so, and writes nothing (the
+    job is once on its queue, canceled as RQ wrote it, or with the worker that took it)."""
     job_id = project.enqueue(IDEMPOTENT, hang=[0])
     if action is OperatorAction.RETRY:
         failed(project, job_id)
@@ -208,7 +220,9 @@ def test_an_action_on_a_job_that_moved_meanwhile_is_refused(
     report = desk.act(action, job_id, actor="erin", note="n")
     assert (report.applied, report.refusal) == (False, "fence_lost")
     assert project.status(job_id) == after
-    assert project.queue().job_ids == ([job_id] if after == "queued" else [])
+    assert project.queue().job_ids == ([job_id] if on_queue else [])
+    assert job_id not in project.queue().canceled_job_registry.get_job_ids() \
+        or after == "canceled"
 
 
 def test_bulk_retry_by_reason_requeues_each_terminalized_job(

@@ -20,12 +20,13 @@ them, each fenced on the job as read.
   its channel) cannot write anything later, so the job is then written ``canceled`` as
   above, out of the started registry and its execution record.
 
-The fence: a ``WATCH`` on the job's hash (and its queue's list for a queued job), then the
-fields read compared with the action's read (status, worker, times, retries, registry
-entry, executions, place on the queue), then the writes in one ``MULTI``: a job its
-worker took, ended or requeued meanwhile is refused (``fence_lost``) and nothing written.
-A worker's heartbeat on the job breaks the ``WATCH`` without changing what is compared:
-the check runs again, a few times.
+The fence: a ``WATCH`` on the job's hash, then the fields read compared with the action's
+read (status, worker, times, retries, attempt, registry entry, executions), then the
+writes in one ``MULTI``: a job its worker took, ended or requeued meanwhile is refused
+(``fence_lost``) and nothing written. A queued job's cancel is one script inside it that
+writes only while the id is still on its queue's list (a worker pops the id a moment
+before it writes the hash). A worker's heartbeat on the job breaks the ``WATCH`` without
+changing what is compared: the check runs again, a few times.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ from reconciler.sources.rq.writes import utcformat
 
 WATCH_TRIES = 5
 """How often a fenced write tries again after a ``WATCH`` broke with nothing compared
-changed (a heartbeat, a neighbour on the queue)."""
+changed (a heartbeat of the job's worker)."""
 STOP_WAIT_SECONDS = 10.0
 """How long a cancel of a started job waits for its worker to end it ``stopped``."""
 STOP_CHANNEL = "rq:pubsub:{}"
@@ -75,19 +76,30 @@ Write = Callable[[Any], None]
 """The writes of one action, queued on a pipeline inside its ``MULTI``."""
 
 
+CANCEL_SCRIPT = """
+local removed = redis.call('LREM', KEYS[2], 1, ARGV[1])
+if ARGV[2] == 'queued' and removed == 0 then return 0 end
+redis.call('HSET', KEYS[1], 'status', 'canceled')
+redis.call('ZREM', KEYS[3], ARGV[1])
+redis.call('ZADD', KEYS[4], ARGV[3], ARGV[1])
+return 1
+"""
+"""RQ's ``Job.cancel`` of a job, in one step: a queued job only while its id is still on
+its queue's list (a worker that popped it sets its status a moment later: the hash's
+``WATCH`` cannot see that yet); 0: nothing written."""
+
+
 def canceled_shape(pipe: Any, job_id: str, read: Mapping[str, Any]) -> None:
     """RQ's ``Job.cancel``: canceled, off its queue and its registry (for a started job
-    its executions too), into the canceled registry."""
+    its executions too), into the canceled registry; the script's reply comes first."""
     origin, status = read["origin"], read["status"]
-    pipe.hset(job_key(job_id), "status", "canceled")
-    pipe.lrem(queue_key(origin), 1, job_id)
-    if status in ("deferred", "scheduled"):
-        pipe.zrem(REGISTRY_KEYS[status].format(origin), job_id)
+    registry = REGISTRY_KEYS.get(status, REGISTRY_KEYS["deferred"]).format(origin)
+    pipe.eval(CANCEL_SCRIPT, 4, job_key(job_id), queue_key(origin), registry,
+              CANCELED_KEY.format(origin), job_id, status, int(time.time()))
     for execution in read["executions"]:
         pipe.zrem(started_key(origin), f"{job_id}:{execution}")
         pipe.delete(execution_key(job_id, execution))
         pipe.zrem(executions_key(job_id), execution)
-    pipe.zadd(CANCELED_KEY.format(origin), {job_id: int(time.time())})
 
 
 class RqActions:
@@ -116,8 +128,8 @@ class RqActions:
         return ForeignJob(read["status"], STATUS_WORDS.get(read["status"]), read)
 
     def _snapshot(self, redis: Any, job_id: str) -> dict[str, Any] | None:
-        """What a fence compares: the job's fields, its registry entry, its executions and
-        whether its id is on its queue."""
+        """What a fence compares: the job's fields, its registry entry and its
+        executions."""
         names = (*FIELDS, "ttl")
         values = dict(zip(names, redis.hmget(job_key(job_id), *names), strict=True))
         status, origin = text(values["status"]), text(values["origin"])
@@ -130,7 +142,6 @@ class RqActions:
             redis.zscore(registry.format(origin), job_id)
         read["executions"] = tuple(sorted(
             text(e) or "" for e in redis.zrange(executions_key(job_id), 0, -1)))
-        read["on_queue"] = redis.lpos(queue_key(origin), job_id) is not None
         return read
 
     def refuses(self, action: OperatorAction, job: ForeignJob) -> str | None:
@@ -172,8 +183,7 @@ class RqActions:
 
     def _cancel(self, job_id: str, read: Mapping[str, Any]) -> str | None:
         if read["status"] != "started":
-            done = self._fenced(job_id, read, lambda p: canceled_shape(p, job_id, read))
-            return None if done is None else "canceled"
+            return self._canceled(job_id, read)
         payload = json.dumps({"command": "stop-job", "job_id": job_id})
         channel = STOP_CHANNEL.format(read["worker_name"])
         heard = self._fenced(job_id, read, lambda p: p.publish(channel, payload))
@@ -182,8 +192,12 @@ class RqActions:
         if heard[0]:
             return self._stopped(job_id)
         # Nobody listens on the worker's channel: it is gone and will write nothing more.
+        return self._canceled(job_id, read)
+
+    def _canceled(self, job_id: str, read: Mapping[str, Any]) -> str | None:
+        """RQ's canceled shape, fenced; None when the job moved (nothing written)."""
         done = self._fenced(job_id, read, lambda p: canceled_shape(p, job_id, read))
-        return None if done is None else "canceled"
+        return None if done is None or not done[0] else "canceled"
 
     def _stopped(self, job_id: str) -> str | None:
         """``stopped`` once the job's worker ended it so; that the stop was sent if it has
@@ -200,17 +214,13 @@ class RqActions:
     def _fenced(self, job_id: str, read: Mapping[str, Any], write: Write
                 ) -> list[Any] | None:
         """``write`` in one ``MULTI`` while the job is still as ``read`` (``WATCH`` on its
-        hash, and its queue's list while it waits there); the ``EXEC``'s replies, or None
-        when the job moved (nothing written)."""
+        hash); the ``EXEC``'s replies, or None when the job moved (nothing written)."""
         from redis.exceptions import WatchError  # noqa: PLC0415 - the rq source's package
 
-        watched = [job_key(job_id)]
-        if read["on_queue"]:
-            watched.append(queue_key(read["origin"]))
         with self._redis.pipeline() as pipe:
             for _ in range(WATCH_TRIES):
                 try:
-                    pipe.watch(*watched)
+                    pipe.watch(job_key(job_id))
                     if self._snapshot(pipe, job_id) != read:
                         pipe.unwatch()
                         return None
