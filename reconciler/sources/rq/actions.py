@@ -66,8 +66,10 @@ from reconciler.sources.rq.writes import utcformat
 WATCH_TRIES = 5
 """How often a fenced write tries again after a ``WATCH`` broke with nothing compared
 changed (a heartbeat of the job's worker)."""
-STOP_WAIT_SECONDS = 10.0
-"""How long a cancel of a started job waits for its worker to end it ``stopped``."""
+STOP_WAIT_SECONDS = 5.0
+"""How long a cancel of a started job waits for its worker to end it ``stopped`` (a
+work horse is killed and the job written within a second; the action's transaction on
+the reconciler's own database stays open meanwhile)."""
 STOP_CHANNEL = "rq:pubsub:{}"
 """A worker's command channel (``rq.command.PUBSUB_CHANNEL_TEMPLATE``)."""
 CANCELED_KEY = REGISTRY_KEYS["canceled"]
