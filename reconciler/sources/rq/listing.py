@@ -38,7 +38,7 @@ from reconciler.errors import DatabaseUnavailableError
 from reconciler.redaction import redact
 from reconciler.sources.kit.system import Wanted
 from reconciler.sources.rq.config import RqConfig
-from reconciler.sources.rq.keys import QUEUE_PREFIX, QUEUES, job_key, queue_key
+from reconciler.sources.rq.keys import QUEUE_PREFIX, QUEUES, job_key, queue_key, started_key
 from reconciler.sources.rq.kinds import UNREADABLE_LABEL, func_name
 from reconciler.sources.rq.snapshot import ATTEMPT_FIELD
 from reconciler.sources.rq.writes import exc_text
@@ -171,18 +171,23 @@ class RqListing:
         a limit), of the registries that can hold ``statuses``."""
         last = -1 if limit is None else limit - 1
         pipe = redis.pipeline(transaction=False)
+        executions: list[bool] = []
         for queue in self.queue_names(redis):
             if statuses is None or "queued" in statuses:
                 pipe.lrange(queue_key(queue), 0 if limit is None else -limit, -1)
+                executions.append(False)
             keys = {template.format(queue) for status, template in REGISTRY_KEYS.items()
                     if statuses is None or status in statuses}
             for key in sorted(keys):
                 pipe.zrevrange(key, 0, last)
+                executions.append(key == started_key(queue))
         ids: dict[str, None] = {}
-        for members in pipe.execute():
+        for started, members in zip(executions, pipe.execute(), strict=True):
             for member in members:
-                # A started registry's member is "<job id>:<execution id>".
-                ids.setdefault((text(member) or "").split(":", 1)[0], None)
+                # A started registry's member is "<job id>:<execution id>"; elsewhere the
+                # id alone (which may hold a colon of its own).
+                job_id = text(member) or ""
+                ids.setdefault(job_id.rpartition(":")[0] if started else job_id, None)
         return [i for i in ids if i]
 
     def _rows(self, redis: Any, ids: Iterable[str]) -> list[dict[str, Any]]:
