@@ -185,7 +185,7 @@ class RqListing:
         for started, members in zip(executions, pipe.execute(), strict=True):
             for member in members:
                 # A started registry's member is "<job id>:<execution id>"; elsewhere the
-                # id alone (which may hold a colon of its own).
+                # id alone, taken whole.
                 job_id = text(member) or ""
                 ids.setdefault(job_id.rpartition(":")[0] if started else job_id, None)
         return [i for i in ids if i]
