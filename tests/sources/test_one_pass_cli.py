@@ -4,7 +4,7 @@ SQLite and PostgreSQL, Procrastinate on PostgreSQL): the idempotent task finishe
 system's own next worker, the effectful one failed with ``worker_died_mid_step`` as the
 system's own API reads it, a live worker's task untouched.
 
-``RECONCILER_TEST_SIDECAR_PYTHON`` names the interpreter the pass runs in (default: this
+``TESTS_SIDECAR_PYTHON`` names the interpreter the pass runs in (default: this
 one): another virtualenv's, holding only the project and a source's extra, shows that
 extra is all the sidecar needs beside the system's workers (docs/sources.md).
 """
@@ -29,7 +29,7 @@ from tests.sources.factories import ProcrastinateFactory
 from tests.sources.support import Markers, Process, Processes, wait_until
 
 TASKS = "tests.sources.django_app.tasks"
-SIDECAR_PYTHON = os.environ.get("RECONCILER_TEST_SIDECAR_PYTHON") or sys.executable
+SIDECAR_PYTHON = os.environ.get("TESTS_SIDECAR_PYTHON") or sys.executable
 
 
 def reconciler_pass(config: Path) -> dict[str, Any]:
