@@ -34,12 +34,14 @@ Adding a source is (docs/architecture.md, "Adding a source", has the checklist):
                error_field=True,         # our reason code lands in its own error field
                actions=frozenset(),      # operator commands: hold, unhold, retry, cancel
            ),
-           extra="my-system",            # the pyproject extra of the packages it imports,
-       )                                 # if any beyond the base install (else omit it)
+           extra="my-system",            # the pyproject extra of the packages it imports
+           imports=("my_client",),       # beyond the base install, and their import names
+       )                                 # (else omit both)
 
    A source that imports packages beyond the base install lists them as an extra in
-   ``pyproject.toml`` and names it in ``extra``: a config naming the source without them
-   installed is then one line saying which extra to install (a ``ConfigError``).
+   ``pyproject.toml`` and names it in ``extra``, and their top-level import names in
+   ``imports``: a config naming the source without them installed is then one line saying
+   which extra to install (a ``ConfigError``).
 3. **one conformance fixture** in ``tests/conformance`` (a ``RegisteredSource`` in its
    ``SOURCES``); a test fails while an entry has none.
 
@@ -50,6 +52,7 @@ test checks each entry against the classes it names.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol, cast, runtime_checkable
@@ -147,6 +150,10 @@ class SourceEntry:
     """The extra of this project that brings the packages its source imports in the
     sidecar (``pip install 'stale-claim-reconciler[EXTRA]'``, pyproject's
     ``optional-dependencies``); None when the base install has them all."""
+    imports: tuple[str, ...] = ()
+    """The top-level packages of its extra that its source imports, found (never
+    imported) before its module is: one missing is one line naming the extra, at config
+    load, however late the source imports it."""
 
     @property
     def module(self) -> str:
@@ -164,18 +171,24 @@ class SourceEntry:
         return cast("Declared | Opener", self._load(self.source))
 
     def _load(self, path: str) -> Any:
+        for package in self.imports:
+            if importlib.util.find_spec(package) is None:
+                raise self._missing(package)
         try:
             return _load(path)
         except ModuleNotFoundError as err:
             package = (err.name or "").partition(".")[0]
-            # Only a third-party package its extra brings is the user's to install: one of
-            # our own modules missing, or any package of a source that needs no extra, is a
-            # bug or a broken install, and keeps its traceback.
+            # Only a third-party package is the user's to install (one the source imports
+            # without declaring it, its extra's dependencies): one of our own modules
+            # missing, or any package of a source that needs no extra, is a bug or a broken
+            # install, and keeps its traceback.
             if self.extra is None or not package or package in OWN_PACKAGES:
                 raise
-            raise ConfigError(
-                f"the {self.kind} source needs the package {package!r}, which is not "
-                f"installed: pip install '{DISTRIBUTION}[{self.extra}]'") from None
+            raise self._missing(package) from None
+
+    def _missing(self, package: str) -> ConfigError:
+        return ConfigError(f"the {self.kind} source needs the package {package!r}, which is "
+                           f"not installed: pip install '{DISTRIBUTION}[{self.extra}]'")
 
     def bind(self, config: Any, kinds: KindRules) -> Bound:
         """The source declared from ``config`` once (for a process: what its declared
@@ -252,7 +265,7 @@ REGISTRY: tuple[SourceEntry, ...] = (
                 engines=EVERY_ENGINE,
                 capabilities=Capabilities(heartbeat=True, error_field=True,
                                           actions=frozenset(OperatorAction)),
-                extra="celery"),
+                extra="celery", imports=("celery", "redis")),
     # Liveness is the started registry's expiry and its workers' keys in Redis; our
     # reason is the failed job's exc_info and latest result. The reconciler's own tables
     # stay on either engine (database_url), Redis is the second store.
@@ -260,7 +273,8 @@ REGISTRY: tuple[SourceEntry, ...] = (
                 source="reconciler.sources.rq:DECLARATION", job_key="text",
                 engines=EVERY_ENGINE,
                 capabilities=Capabilities(heartbeat=True, error_field=True,
-                                          actions=frozenset())),
+                                          actions=frozenset()),
+                extra="rq", imports=("rq", "redis")),
 )
 
 SOURCES: dict[str, SourceEntry] = {entry.kind: entry for entry in REGISTRY}

@@ -1,9 +1,9 @@
 """The extras a team installs for its job system (``pip install
 'stale-claim-reconciler[celery]'``): each source that imports packages beyond the base
-install names its extra in the registry, and a config naming it without them installed is
-one line saying which extra to install, exit 2. The packages are hidden from a fresh
-interpreter (``sys.modules[name] = None``: importing one then fails as an uninstalled
-package does)."""
+install names its extra and those packages in the registry, and a config naming it without
+them installed is one line saying which extra to install, exit 2. The packages are hidden
+from a fresh interpreter (``sys.modules[name] = None``: finding or importing one then fails
+as for an uninstalled package)."""
 
 from __future__ import annotations
 
@@ -21,15 +21,13 @@ from tests.conftest import REPO_ROOT
 EXTRAS: dict[str, list[str]] = tomllib.loads(
     (REPO_ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
 
-# The top-level packages each source with an extra imports in the sidecar: hiding any one
-# of them must name the extra.
-IMPORTS = {"celery": ("celery", "redis")}
 # Every package an extra brings or a job system's own workers run with: the sources
 # without an extra must load with all of them missing.
 SYSTEM_PACKAGES = ("celery", "kombu", "billiard", "redis", "rq", "django", "django_tasks",
                    "django_tasks_db", "django_celery_results", "procrastinate")
 # A config of each such source, as a team writes it (the keys it requires).
-CONFIGS = {"celery": 'broker_url = "redis://127.0.0.1:6379/0"\n'}
+CONFIGS = {"celery": 'broker_url = "redis://127.0.0.1:6379/0"\n',
+           "rq": 'redis_url = "redis://127.0.0.1:6379/0"\n'}
 # Hides the packages named by the first argument, then runs ``reconciler`` on the rest.
 HIDING = ("import sys\n"
           "for name in sys.argv[1].split(','):\n"
@@ -48,23 +46,25 @@ def reconciler_without(hidden: tuple[str, ...], *argv: str) -> subprocess.Comple
 
 
 def test_each_extra_a_source_names_is_in_pyproject() -> None:
-    assert WITH_EXTRA, "no source names an extra"
+    assert {entry.kind for entry in WITH_EXTRA} >= {"celery", "rq"}
     for entry in WITH_EXTRA:
         assert entry.extra in EXTRAS, f"{entry.kind}: no extra {entry.extra!r} in pyproject"
-        assert entry.kind in IMPORTS, f"{entry.kind}: add the packages it imports to IMPORTS"
+        assert entry.imports, f"{entry.kind}: name the packages it imports from its extra"
+        assert entry.kind in CONFIGS
+    assert all(not entry.imports for entry in REGISTRY if entry.extra is None)
 
 
 @pytest.mark.parametrize("command", ["pass", "run"])
 @pytest.mark.parametrize(("kind", "package"),
-                         [(kind, package) for kind, packages in IMPORTS.items()
-                          for package in packages])
+                         [(entry.kind, package) for entry in WITH_EXTRA
+                          for package in entry.imports])
 def test_a_missing_package_is_one_line_naming_the_extra(tmp_path: Path, kind: str,
                                                         package: str, command: str) -> None:
     """One pass (``reconciler pass``) or the sidecar (``reconciler run``) refuses to start,
     before it touches the database."""
     config = tmp_path / "reconciler.toml"
     config.write_text(f'database_url = "sqlite:///{tmp_path / "r.db"}"\n\n'
-                      f'[source]\nkind = "{kind}"\n{CONFIGS.get(kind, "")}')
+                      f'[source]\nkind = "{kind}"\n{CONFIGS[kind]}')
     extra = next(entry.extra for entry in REGISTRY if entry.kind == kind)
 
     done = reconciler_without((package,), command, "--config", str(config))
