@@ -18,8 +18,9 @@
 - **Re-publishing** through Celery's own ``send_task`` (same id, name, args, kwargs and
   queue), and Celery's own ``revoke`` for the live workers.
 
-Celery and redis are imported with the package: without them, a config naming the source
-is one line naming the ``celery`` extra (``reconciler.config.registry``).
+Celery and redis are imported when the source is used, not with the package: a config
+naming the source without them is one line naming the ``celery`` extra, before any import
+(``reconciler.config.registry``: the entry's ``imports``).
 """
 
 from __future__ import annotations
@@ -29,9 +30,6 @@ import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
-
-import redis
-from celery import Celery
 
 from reconciler.core.vocabulary import LivenessDoubt
 from reconciler.errors import ConfigError
@@ -79,6 +77,8 @@ class CeleryBroker:
 
     def _client(self) -> Any:
         if self._redis is None:
+            import redis  # noqa: PLC0415 - only the celery source needs it
+
             if not self.broker_url.startswith(REDIS_SCHEMES):
                 raise ConfigError("source celery: broker_url must be a Redis URL (redis://...);"
                                   " other brokers are not supported")
@@ -89,6 +89,8 @@ class CeleryBroker:
     def app(self) -> Any:
         """A Celery app on the broker, knowing no task code (it only pings and publishes)."""
         if self._app is None:
+            from celery import Celery  # noqa: PLC0415 - only the celery source needs it
+
             app = Celery("stale-claim-reconciler", broker=self.broker_url,
                          set_as_current=False)
             app.conf.update(broker_connection_retry=False, broker_connection_max_retries=0,

@@ -29,7 +29,6 @@ from fnmatch import fnmatchcase
 from typing import Any
 
 import sqlalchemy as sa
-from celery.utils.saferepr import saferepr
 
 from reconciler.sources.kit.shapes import constant
 from reconciler.storage.audit import AuditHistory
@@ -199,6 +198,8 @@ def _decoded(raw: bytes | str | None, shape: ResultTable, empty: Any) -> Any:
     value = ast.literal_eval(stored)
     # Celery's saferepr writes strings unescaped ('a\\b' as 'a\b'): only a repr that
     # reads back to itself is the call's own arguments.
+    from celery.utils.saferepr import saferepr  # noqa: PLC0415 - only this source needs it
+
     if saferepr(value, ARGSREPR_MAXSIZE) != stored:
         raise ValueError("a repr that does not read back")
     return value
