@@ -34,8 +34,14 @@ Adding a source is (docs/architecture.md, "Adding a source", has the checklist):
                error_field=True,         # our reason code lands in its own error field
                actions=frozenset(),      # operator commands: hold, unhold, retry, cancel
            ),
-       )
+           extra="my-system",            # the pyproject extra of the packages it imports
+           imports=("my_client",),       # beyond the base install, and their import names
+       )                                 # (else omit both)
 
+   A source that imports packages beyond the base install lists them as an extra in
+   ``pyproject.toml`` and names it in ``extra``, and their top-level import names in
+   ``imports``: a config naming the source without them installed is then one line saying
+   which extra to install (a ``ConfigError``).
 3. **one conformance fixture** in ``tests/conformance`` (a ``RegisteredSource`` in its
    ``SOURCES``); a test fails while an entry has none.
 
@@ -46,11 +52,13 @@ test checks each entry against the classes it names.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol, cast, runtime_checkable
 
 from reconciler.core.vocabulary import JobKey, OperatorAction
+from reconciler.errors import ConfigError
 
 if TYPE_CHECKING:
     # Types only: reading the registry imports nothing but the vocabulary.
@@ -112,6 +120,11 @@ class Capabilities:
         return OperatorAction.HOLD in self.actions
 
 
+OWN_PACKAGES = frozenset({"reconciler", "models"})
+"""This project's top-level packages: a module of ours missing is a bug, never an extra."""
+DISTRIBUTION = "stale-claim-reconciler"
+
+
 def _load(path: str) -> Any:
     """The object ``"package.module:Name"`` names, its module imported now."""
     module, _, name = path.partition(":")
@@ -133,6 +146,14 @@ class SourceEntry:
     job_key: KeyType
     engines: frozenset[str]
     capabilities: Capabilities
+    extra: str | None = None
+    """The extra of this project that brings the packages its source imports in the
+    sidecar (``pip install 'stale-claim-reconciler[EXTRA]'``, pyproject's
+    ``optional-dependencies``); None when the base install has them all."""
+    imports: tuple[str, ...] = ()
+    """The top-level packages of its extra that its source imports, found (never
+    imported) before its module is: one missing is one line naming the extra, at config
+    load, however late the source imports it."""
 
     @property
     def module(self) -> str:
@@ -140,12 +161,34 @@ class SourceEntry:
         return self.source.partition(":")[0]
 
     def config_model(self) -> type[SourceSettings]:
-        """Its config model (importing its module)."""
-        return cast("type[SourceSettings]", _load(self.config))
+        """Its config model (importing its module); a ``ConfigError`` naming its extra
+        when a package that extra brings is not installed."""
+        return cast("type[SourceSettings]", self._load(self.config))
 
     def declared(self) -> Declared | Opener:
-        """Its declaration or opener (importing its module)."""
-        return cast("Declared | Opener", _load(self.source))
+        """Its declaration or opener (importing its module); a ``ConfigError`` naming its
+        extra when a package that extra brings is not installed."""
+        return cast("Declared | Opener", self._load(self.source))
+
+    def _load(self, path: str) -> Any:
+        for package in self.imports:
+            if importlib.util.find_spec(package) is None:
+                raise self._missing(package)
+        try:
+            return _load(path)
+        except ModuleNotFoundError as err:
+            package = (err.name or "").partition(".")[0]
+            # Only a third-party package is the user's to install (one the source imports
+            # without declaring it, its extra's dependencies): one of our own modules
+            # missing, or any package of a source that needs no extra, is a bug or a broken
+            # install, and keeps its traceback.
+            if self.extra is None or not package or package in OWN_PACKAGES:
+                raise
+            raise self._missing(package) from None
+
+    def _missing(self, package: str) -> ConfigError:
+        return ConfigError(f"the {self.kind} source needs the package {package!r}, which is "
+                           f"not installed: pip install '{DISTRIBUTION}[{self.extra}]'")
 
     def bind(self, config: Any, kinds: KindRules) -> Bound:
         """The source declared from ``config`` once (for a process: what its declared
@@ -221,7 +264,8 @@ REGISTRY: tuple[SourceEntry, ...] = (
                 source="reconciler.sources.celery:DECLARATION", job_key="text",
                 engines=EVERY_ENGINE,
                 capabilities=Capabilities(heartbeat=True, error_field=True,
-                                          actions=frozenset(OperatorAction))),
+                                          actions=frozenset(OperatorAction)),
+                extra="celery", imports=("celery", "redis")),
     # Liveness is the started registry's expiry and its workers' keys in Redis; our
     # reason is the failed job's exc_info and latest result. The reconciler's own tables
     # stay on either engine (database_url), Redis is the second store.
@@ -229,7 +273,8 @@ REGISTRY: tuple[SourceEntry, ...] = (
                 source="reconciler.sources.rq:DECLARATION", job_key="text",
                 engines=EVERY_ENGINE,
                 capabilities=Capabilities(heartbeat=True, error_field=True,
-                                          actions=frozenset(OperatorAction))),
+                                          actions=frozenset(OperatorAction)),
+                extra="rq", imports=("rq", "redis")),
 )
 
 SOURCES: dict[str, SourceEntry] = {entry.kind: entry for entry in REGISTRY}

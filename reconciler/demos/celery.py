@@ -11,8 +11,8 @@ configure it) moves the idempotent task to ``RETRY`` and re-publishes it, and fa
 effectful one; the new worker finishes the first (the caller's ``AsyncResult.get()``
 returns), and the second's ``get()`` raises ``WorkerLostError`` at once.
 
-Without redis-server or Celery (``pip install 'celery[redis]'``) it says so in one line and
-exits 2.
+Without redis-server or Celery (``pip install 'stale-claim-reconciler[celery]'``) it says
+so in one line and exits 2.
 """
 
 from __future__ import annotations
@@ -51,7 +51,8 @@ def run_celery_demo() -> int:
     missing = [p for p in ("celery", "redis") if importlib.util.find_spec(p) is None]
     if missing:
         raise MissingPrerequisiteError(
-            f"the Celery demo needs {', '.join(missing)}: pip install 'celery[redis]'")
+            f"the Celery demo needs {', '.join(missing)}: pip install "
+            "'stale-claim-reconciler[celery]'")
     binary = shutil.which("redis-server")
     if binary is None:
         raise MissingPrerequisiteError(

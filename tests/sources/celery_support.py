@@ -1,8 +1,9 @@
 """A real Celery app (tests/sources/celery_app.py) over a real Redis, on both engines.
 
 ``redis_url``: Debian's ``redis-server`` started once per session on a free port (no
-persistence), stopped at the end; emptied for each test. Without it the tests are skipped
-with the install line, or fail under CI=true; never a mock broker. ``celery_project``: the
+persistence), stopped at the end; emptied for each test (the rq tests use it too: it needs
+the redis client alone). Without it, or without Celery for a Celery fixture, the tests are
+skipped with the install line, or fail under CI=true; never a mock broker. ``celery_project``: the
 reconciler's database on each engine with Celery's own result tables created by Celery's
 own models (its database backend would create the same on first use);
 ``django_celery_project``: the same with django-celery-results' table instead, made by
@@ -11,6 +12,7 @@ its own migrations in the Django project tests/sources/celery_django.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -56,10 +58,9 @@ def redis_server() -> Iterator[str]:
         unavailable(REDIS_HINT)
         return
     try:
-        import celery  # noqa: F401, PLC0415 - only a presence check
         import redis  # noqa: PLC0415
     except ImportError:
-        unavailable("celery[redis] is not installed: pip install -e '.[test]'")
+        unavailable("redis (the client) is not installed: pip install -e '.[test]'")
         return
     folder = Path(tempfile.mkdtemp(prefix="reconciler-redis-"))
     port = _free_port()
@@ -88,6 +89,12 @@ def redis_server() -> Iterator[str]:
         except subprocess.TimeoutExpired:
             process.kill()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def require_celery() -> None:
+    """Skip (or fail under CI=true) without Celery."""
+    if importlib.util.find_spec("celery") is None:
+        unavailable("celery[redis] is not installed: pip install -e '.[test]'")
 
 
 @pytest.fixture
@@ -224,6 +231,7 @@ def _celery_tables(engine: Engine) -> None:
 def celery_project(request: pytest.FixtureRequest, tmp_path: Path, redis_url: str
                    ) -> Iterator[CeleryProject]:
     """Celery's result tables beside the reconciler's, on each engine, empty."""
+    require_celery()
     if request.param == "sqlite":
         from reconciler.storage.engines import create_engine  # noqa: PLC0415
 
@@ -250,6 +258,7 @@ def celery_live_worker(redis_server: str, tmp_path_factory: pytest.TempPathFacto
                        ) -> Iterator[str]:
     """One real Celery worker for the session, answering ping as ``live@conformance`` and
     consuming only a queue of its own (it runs none of the conformance suite's tasks)."""
+    require_celery()
     folder = tmp_path_factory.mktemp("celery-live")
     argv = [sys.executable, "-m", "celery", "-A", "tests.sources.celery_app", "worker",
             "--pool=solo", f"--hostname={LIVE_WORKER}", "--without-mingle",
@@ -305,6 +314,7 @@ def django_celery_project(request: pytest.FixtureRequest, tmp_path: Path, redis_
 def open_django_celery(request: pytest.FixtureRequest, engine_name: str, folder: Path,
                        redis_url: str) -> Iterator[CeleryProject]:
     """A fresh SQLite file migrated, or the session's PostgreSQL database emptied."""
+    require_celery()
     if engine_name == "sqlite":
         template: Path = request.getfixturevalue("django_celery_sqlite_template")
         with sqlite_copy(template, folder) as (url, engine):

@@ -1,12 +1,18 @@
-"""A Django project and a Celery app, each with workers SIGKILLed mid-task, recovered by
-``reconciler pass --config reconciler.toml`` on SQLite and PostgreSQL: the idempotent task
-finished by the system's own next worker, the effectful one failed with
-``worker_died_mid_step`` as the system's own API reads it, a live worker's task untouched.
+"""A Django project, a Celery app and a Procrastinate app, each with workers SIGKILLed
+mid-task, recovered by ``reconciler pass --config reconciler.toml`` (Django and Celery on
+SQLite and PostgreSQL, Procrastinate on PostgreSQL): the idempotent task finished by the
+system's own next worker, the effectful one failed with ``worker_died_mid_step`` as the
+system's own API reads it, a live worker's task untouched.
+
+``TESTS_SIDECAR_PYTHON`` names the interpreter the pass runs in (default: this
+one): another virtualenv's, holding only the project and a source's extra, shows that
+extra is all the sidecar needs beside the system's workers (docs/sources.md).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -16,16 +22,19 @@ from typing import Any
 from tests.conftest import REPO_ROOT
 from tests.sources.celery_support import CeleryProject, kill_worker
 from tests.sources.celery_support import worker_argv as celery_worker
+from tests.sources.conftest import SourcesDatabase
 from tests.sources.django_tasks_support import DjangoTasksFactory
 from tests.sources.django_tasks_support import worker_argv as django_worker
-from tests.sources.support import Markers, Processes, wait_until
+from tests.sources.factories import ProcrastinateFactory
+from tests.sources.support import Markers, Process, Processes, wait_until
 
 TASKS = "tests.sources.django_app.tasks"
+SIDECAR_PYTHON = os.environ.get("TESTS_SIDECAR_PYTHON") or sys.executable
 
 
 def reconciler_pass(config: Path) -> dict[str, Any]:
     """``reconciler pass --config PATH --json``, as an operator runs it."""
-    done = subprocess.run([sys.executable, "-m", "reconciler.cli", "pass", "--config",
+    done = subprocess.run([SIDECAR_PYTHON, "-m", "reconciler.cli", "pass", "--config",
                            str(config), "--json"], capture_output=True, text=True,
                           timeout=120, cwd=REPO_ROOT, check=False)
     assert done.returncode == 0, done.stderr
@@ -137,3 +146,51 @@ effect = "idempotent"
     assert raised.startswith("WorkerLostError: worker_died_mid_step")
     assert celery_project.status(live.id) == "STARTED"
     assert workers["q3"].alive()
+
+
+def test_a_procrastinate_app(procrastinate_db: SourcesDatabase, procrastinate_schema: str,
+                             processes: Processes, tmp_path: Path) -> None:
+    factory = ProcrastinateFactory(procrastinate_db, procrastinate_schema)
+    markers = Markers(tmp_path / "markers")
+    config = tmp_path / "reconciler.toml"
+    config.write_text(f"""
+database_url = "{procrastinate_db.url}"
+session_timeout_seconds = 2
+session_heartbeat_seconds = 0.5
+
+[source]
+kind = "procrastinate"
+schema = "{procrastinate_schema}"
+
+[kinds."idem.*"]
+effect = "idempotent"
+""")
+    env = {"SOURCES_PG_CONNINFO": procrastinate_db.conninfo(f"{procrastinate_schema},public"),
+           "SOURCES_MARKERS": str(markers.folder), "SOURCES_DATABASE_URL": procrastinate_db.url}
+
+    def worker(name: str) -> Process:
+        return processes.start(name, [sys.executable, "-m", "tests.sources.procrastinate_app"],
+                               env, cwd=REPO_ROOT)
+
+    idem, effect = factory.defer("idem.work"), factory.defer("effect.work")
+    doomed = [worker(f"doomed-{i}") for i in (1, 2)]
+    wait_until(lambda: markers.has(f"{idem}-started-0") and markers.has(f"{effect}-started-0"),
+               "both jobs to start", process=doomed[0])
+    for process in doomed:
+        process.kill()
+    live_job = factory.defer("pure.work")
+    live = worker("live")
+    wait_until(lambda: markers.has(f"{live_job}-started-0"), "the live job to start",
+               process=live)
+    time.sleep(2.2)  # past session_timeout_seconds of the killed workers' silence
+
+    report = reconciler_pass(config)
+
+    assert decided(report) == {str(idem): "resumed_idempotent_step",
+                               str(effect): "worker_died_mid_step"}
+    worker("next")
+    wait_until(lambda: factory.status(idem) == "completed", "the next worker to finish it")
+    assert factory.status(effect) == "failed"
+    assert factory.events(effect)[-1] == "failed"
+    assert factory.status(live_job) == "running"
+    assert live.alive()

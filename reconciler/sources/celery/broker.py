@@ -18,7 +18,9 @@
 - **Re-publishing** through Celery's own ``send_task`` (same id, name, args, kwargs and
   queue), and Celery's own ``revoke`` for the live workers.
 
-Celery and redis are imported when the source is used, not with the package.
+Celery and redis are imported when the source is used, not with the package: a config
+naming the source without them is one line naming the ``celery`` extra, before any import
+(``reconciler.config.registry``: the entry's ``imports``).
 """
 
 from __future__ import annotations
@@ -75,11 +77,8 @@ class CeleryBroker:
 
     def _client(self) -> Any:
         if self._redis is None:
-            try:
-                import redis  # noqa: PLC0415 - only the celery source needs it
-            except ImportError:
-                raise ConfigError("source celery needs the redis package: pip install "
-                                  "'celery[redis]'") from None
+            import redis  # noqa: PLC0415 - only the celery source needs it
+
             if not self.broker_url.startswith(REDIS_SCHEMES):
                 raise ConfigError("source celery: broker_url must be a Redis URL (redis://...);"
                                   " other brokers are not supported")
@@ -90,11 +89,8 @@ class CeleryBroker:
     def app(self) -> Any:
         """A Celery app on the broker, knowing no task code (it only pings and publishes)."""
         if self._app is None:
-            try:
-                from celery import Celery  # noqa: PLC0415 - only the celery source needs it
-            except ImportError:
-                raise ConfigError("source celery needs the celery package: pip install "
-                                  "'celery[redis]'") from None
+            from celery import Celery  # noqa: PLC0415 - only the celery source needs it
+
             app = Celery("stale-claim-reconciler", broker=self.broker_url,
                          set_as_current=False)
             app.conf.update(broker_connection_retry=False, broker_connection_max_retries=0,
@@ -103,7 +99,7 @@ class CeleryBroker:
         return self._app
 
     def check(self) -> None:
-        """The packages are there and the URL is a Redis one (not that it answers now)."""
+        """The URL is a Redis one (not that it answers now)."""
         self._client()
         self.app()
 
@@ -125,7 +121,7 @@ class CeleryBroker:
         and silence is no evidence of death.
         """
         names, wanted = sorted(set(hostnames)), set(queues)
-        client, app = self._client(), self.app()  # a missing package is a ConfigError
+        client, app = self._client(), self.app()  # a URL not Redis's is a ConfigError
         try:
             client.ping()
             if wanted and not self._holds_any(client, wanted):

@@ -171,7 +171,7 @@ class CeleryLiveness:
                 StuckReason.LIVENESS_UNKNOWN: StuckCount(verdict.unknown)}
 
     def check(self) -> None:
-        """The packages to reach the broker."""
+        """The broker's URL is a Redis one."""
         self.broker.check()
 
     def _report_unextended(self, count: int) -> None:
