@@ -6,6 +6,7 @@ from datetime import UTC, datetime
 from typing import Any, ClassVar
 
 from sqlalchemy import DateTime, Dialect, MetaData, String
+from sqlalchemy.dialects import mysql
 from sqlalchemy.orm import DeclarativeBase
 from sqlalchemy.types import TypeDecorator
 
@@ -30,13 +31,20 @@ class UtcDateTime(TypeDecorator[datetime]):
     impl = DateTime(timezone=True)
     cache_ok = True
 
+    def load_dialect_impl(self, dialect: Dialect) -> Any:
+        # MySQL's DATETIME keeps whole seconds unless asked for six digits; it has no zone,
+        # and every session of ours is in UTC (reconciler.storage.mysql).
+        if dialect.name == "mysql":
+            return dialect.type_descriptor(mysql.DATETIME(fsp=6))
+        return dialect.type_descriptor(self.impl)
+
     def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
         if value is None:
             return None
         if value.tzinfo is None:
             raise ValueError("naive datetimes are refused: pass an aware UTC datetime")
         value = value.astimezone(UTC)
-        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+        return value.replace(tzinfo=None) if dialect.name in ("sqlite", "mysql") else value
 
     def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
         if value is None:

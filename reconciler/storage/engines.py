@@ -35,6 +35,8 @@ from reconciler.storage.clock import sqlite_clock
 
 READ_ONLY = "reconciler_read_only"
 LOCK_WAIT = "reconciler_lock_wait_seconds"
+SUPPORTED_URLS = ("sqlite:///PATH, postgresql+psycopg://... (PostgreSQL 13+) or "
+                  "mysql+pymysql://... (MySQL 8.0+, MariaDB 10.6+)")
 ANSWER_MARGIN_SECONDS = 2.0
 """How much longer than its statement timeout the client waits for a reply."""
 
@@ -96,9 +98,13 @@ def create_engine(database_url: str, *, timeouts: DatabaseTimeouts | None = None
         engine = _sqlite_engine(url, timeouts, must_exist, **kwargs)
     elif backend == "postgresql":
         engine = _postgresql_engine(url, timeouts, **kwargs)
+    elif backend in ("mysql", "mariadb"):
+        from reconciler.storage.mysql import mysql_engine  # noqa: PLC0415
+
+        engine = mysql_engine(url, timeouts, **kwargs)
     else:
-        raise ConfigError(f"database_url: unsupported database {backend!r}; "
-                          "use sqlite:///PATH or postgresql+psycopg://...")
+        raise ConfigError(f"database_url: unsupported database {backend!r}; use "
+                          f"{SUPPORTED_URLS}")
     return engine
 
 

@@ -1,0 +1,95 @@
+"""MySQL and MariaDB engines: what InnoDB needs set for the lease contract.
+
+- READ COMMITTED, set on the engine: a claim's ``SELECT ... FOR UPDATE SKIP LOCKED`` and a
+  pass's fenced ``UPDATE`` then lock the rows they read and no gap between them (InnoDB's
+  default, REPEATABLE READ, takes gap locks that make concurrent claims deadlock).
+- Every session in UTC (``time_zone = '+00:00'``): the database clock is
+  ``UTC_TIMESTAMP(6)`` and ``DATETIME(6)`` columns hold UTC, as on the other engines.
+- Lock waits bounded by ``innodb_lock_wait_timeout`` (whole seconds) and statements by
+  ``max_statement_time`` (MariaDB, seconds) or ``max_execution_time`` (MySQL, ms, reads).
+- A server older than MySQL 8.0 or MariaDB 10.6 (no ``SKIP LOCKED``) is one line.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from reconciler.errors import ConfigError
+
+if TYPE_CHECKING:
+    from reconciler.storage.engines import DatabaseTimeouts
+
+MINIMUM = {"MariaDB": (10, 6), "MySQL": (8, 0)}
+"""The oldest server of each kind with ``SKIP LOCKED``."""
+
+
+def mysql_engine(url: sa.URL, timeouts: DatabaseTimeouts, **kwargs: Any) -> Engine:
+    """An engine for a ``mysql+pymysql://`` URL with the lease contract's settings."""
+    if url.drivername in ("mysql", "mariadb"):
+        url = url.set(drivername="mysql+pymysql")
+    if url.get_driver_name() != "pymysql":
+        raise ConfigError("database_url: MySQL and MariaDB URLs must use the PyMySQL driver "
+                          "(mysql+pymysql://...)")
+    try:
+        import pymysql  # type: ignore[import-untyped]  # noqa: F401, PLC0415
+    except ModuleNotFoundError:
+        raise ConfigError("database_url: a MySQL or MariaDB database needs the package "
+                          "'pymysql', which is not installed: pip install "
+                          "'stale-claim-reconciler[mysql]'") from None
+    connect_args = dict(kwargs.pop("connect_args", {}))
+    connect_args.setdefault("connect_timeout", timeouts.connect_seconds)
+    connect_args.setdefault("charset", "utf8mb4")
+    kwargs.setdefault("pool_pre_ping", True)
+    engine = sa.create_engine(url, connect_args=connect_args,
+                              isolation_level="READ COMMITTED", **kwargs)
+    lock_seconds = _whole_seconds(timeouts.lock_seconds)
+    statement_seconds = timeouts.statement_seconds
+
+    @sa.event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        cursor = dbapi_connection.cursor()
+        cursor.execute("SELECT VERSION()")
+        (version,) = cursor.fetchone()
+        _require_supported(str(version))
+        settings = ["time_zone = '+00:00'"]
+        if lock_seconds is not None:
+            settings.append(f"innodb_lock_wait_timeout = {lock_seconds}")
+        if statement_seconds is not None:
+            settings.append(_statement_limit(str(version), statement_seconds))
+        cursor.execute("SET SESSION " + ", ".join(settings))
+        cursor.close()
+        dbapi_connection.commit()
+
+    return engine
+
+
+def _whole_seconds(seconds: float | None) -> int | None:
+    return None if seconds is None else max(1, math.ceil(seconds))
+
+
+def server_kind(version: str) -> tuple[str, tuple[int, int]]:
+    """``("MariaDB" | "MySQL", (major, minor))`` from ``SELECT VERSION()``."""
+    match = re.match(r"(\d+)\.(\d+)", version)
+    numbers = (int(match.group(1)), int(match.group(2))) if match else (0, 0)
+    return ("MariaDB" if "mariadb" in version.lower() else "MySQL"), numbers
+
+
+def _require_supported(version: str) -> None:
+    kind, numbers = server_kind(version)
+    oldest = MINIMUM[kind]
+    if numbers < oldest:
+        raise ConfigError(
+            f"database_url: {kind} {numbers[0]}.{numbers[1]} is not supported (no SKIP "
+            f"LOCKED); use MySQL 8.0+ or MariaDB 10.6+")
+
+
+def _statement_limit(version: str, seconds: float) -> str:
+    kind, _ = server_kind(version)
+    if kind == "MariaDB":
+        return f"max_statement_time = {seconds:.3f}"
+    return f"max_execution_time = {math.ceil(seconds * 1000)}"
