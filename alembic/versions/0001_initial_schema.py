@@ -13,6 +13,7 @@ import sqlalchemy as sa
 
 from alembic import op
 from models.base import UtcDateTime
+from models.tables import MYSQL_PROCESSING_SINGLETON
 
 revision: str = '0001'
 down_revision: str | None = None
@@ -58,7 +59,12 @@ def upgrade() -> None:
         batch_op.create_index('ix_job_runs_processing_lease_expiry', ['lease_expires_at', 'job_id'], unique=False, postgresql_where=sa.text("job_status = 'processing'"), sqlite_where=sa.text("job_status = 'processing'"))
         batch_op.create_index('ix_job_runs_queued_available', ['available_at', 'job_id'], unique=False, postgresql_where=sa.text("job_status = 'queued'"), sqlite_where=sa.text("job_status = 'queued'"))
         batch_op.create_index('ix_job_runs_status_job', ['job_status', 'job_id'], unique=False)
-        batch_op.create_index('uq_job_runs_processing_singleton', ['singleton_key'], unique=True, postgresql_where=sa.text("job_status = 'processing'"), sqlite_where=sa.text("job_status = 'processing'"))
+        if op.get_bind().dialect.name == "mysql":
+            # No partial index on MySQL: a generated column holds the key while processing.
+            for statement in MYSQL_PROCESSING_SINGLETON:
+                op.execute(statement)
+        else:
+            batch_op.create_index('uq_job_runs_processing_singleton', ['singleton_key'], unique=True, postgresql_where=sa.text("job_status = 'processing'"), sqlite_where=sa.text("job_status = 'processing'"))
 
     op.create_table('reconciler_leases',
     sa.Column('lease_name', sa.String(length=100), nullable=False),

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy.exc import DBAPIError
 
+from reconciler.core.conflicts import TransactionConflict
 from reconciler.core.vocabulary import DatabaseErrorCode
 from reconciler.errors import DatabaseUnavailableError, SchemaOutOfDateError
 from reconciler.redaction import redact
@@ -87,6 +88,8 @@ def error_code(exc: BaseException) -> DatabaseErrorCode:
         return DatabaseErrorCode.SCHEMA_MISMATCH
     if isinstance(exc, DatabaseUnavailableError):
         return DatabaseErrorCode.UNREACHABLE
+    if isinstance(exc, TransactionConflict):  # deadlocked on every attempt
+        return DatabaseErrorCode.CONFLICT
     orig = exc.orig if isinstance(exc, DBAPIError) else exc
     # psycopg is imported only by a PostgreSQL engine: with none loaded, no error is its.
     psycopg = sys.modules.get("psycopg")

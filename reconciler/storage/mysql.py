@@ -30,11 +30,12 @@ MINIMUM = {"MariaDB": (10, 6), "MySQL": (8, 0)}
 
 def mysql_engine(url: sa.URL, timeouts: DatabaseTimeouts, **kwargs: Any) -> Engine:
     """An engine for a ``mysql+pymysql://`` URL with the lease contract's settings."""
-    if url.drivername in ("mysql", "mariadb"):
-        url = url.set(drivername="mysql+pymysql")
-    if url.get_driver_name() != "pymysql":
+    if url.drivername not in ("mysql", "mariadb", "mysql+pymysql", "mariadb+pymysql"):
         raise ConfigError("database_url: MySQL and MariaDB URLs must use the PyMySQL driver "
                           "(mysql+pymysql://...)")
+    # One dialect for both servers (the "mysql" dialect finds a MariaDB from its version):
+    # the store's MySQL statements are compiled for that name.
+    url = url.set(drivername="mysql+pymysql")
     try:
         import pymysql  # type: ignore[import-untyped]  # noqa: F401, PLC0415
     except ModuleNotFoundError:

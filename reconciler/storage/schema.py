@@ -113,11 +113,18 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
             # A migration may rewrite a large table or wait for another replica's: it has
             # no statement or lock limit (the connection still has its connect timeout).
             limit_transaction(conn, statement_seconds=None, lock_seconds=None)
+            # Replicas started together upgrade one at a time; the others find it done.
             if conn.dialect.name == "postgresql":
-                # Replicas started together upgrade one at a time; the others find it done.
                 conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": UPGRADE_LOCK})
+            elif conn.dialect.name == "mysql":
+                # MySQL's DDL commits as it goes: the lock is the session's, released below.
+                conn.execute(text("SELECT GET_LOCK(:key, -1)"), {"key": str(UPGRADE_LOCK)})
             config.attributes["connection"] = conn
-            command.upgrade(config, revision)
+            try:
+                command.upgrade(config, revision)
+            finally:
+                if conn.dialect.name == "mysql":
+                    conn.execute(text("DO RELEASE_LOCK(:key)"), {"key": str(UPGRADE_LOCK)})
     except (OperationalError, DBAPIError) as exc:
         raise DatabaseUnavailableError(describe_connection_error(engine, exc)) from None
     except CommandError as exc:

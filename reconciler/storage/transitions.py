@@ -38,15 +38,16 @@ from reconciler.core.vocabulary import (
 )
 from reconciler.errors import LeaseLost
 from reconciler.storage.clock import db_now, now_plus
-from reconciler.storage.engines import is_postgresql
 from reconciler.storage.sql import (
     IN_PROCESSING,
     IN_QUEUE,
+    MYSQL,
     PLAN_TEXT,
     PROCESSING,
     artifacts,
     attempts,
     for_update,
+    in_batch,
     jobs,
     json_rows,
     plan_steps,
@@ -54,6 +55,7 @@ from reconciler.storage.sql import (
     sessions,
     steps,
     unindexed,
+    update_returning,
     wake_workers,
 )
 
@@ -164,11 +166,18 @@ def claim(conn: Connection, worker: str, token: str, *, lease_seconds: float,
         # heartbeated, and the runtime replaces the session on its next beat.
         pick = pick.where(sa.exists().where(sessions.c.session_id == session_id,
                                             sessions.c.stopped_at.is_(None)))
-    pick = for_update(is_postgresql(conn), pick, lock=True)
-    row = conn.execute(
+    pick = for_update(conn.dialect.name, pick, lock=True)
+    picked: Any = pick.scalar_subquery()
+    if conn.dialect.name == MYSQL:
+        # MySQL refuses a subquery on the table being updated: the job is picked (and
+        # locked, SKIP LOCKED) first, in the same transaction.
+        picked = conn.execute(pick).scalar_one_or_none()
+        if picked is None:
+            return None
+    rows = update_returning(
+        conn,
         jobs.update()
-        .where(jobs.c.job_id == pick.scalar_subquery(),
-               jobs.c.job_status == JobStatus.QUEUED.value)
+        .where(jobs.c.job_id == picked, jobs.c.job_status == JobStatus.QUEUED.value)
         .values(
             job_status=PROCESSING, status_reason=None,
             claim_generation=jobs.c.claim_generation + 1,
@@ -177,15 +186,14 @@ def claim(conn: Connection, worker: str, token: str, *, lease_seconds: float,
             lease_expires_at=now_plus(lease_seconds),
             claimed_at=db_now(), last_activity_at=db_now(), updated_at=db_now(),
             reconcile_parked=False,
-        )
-        .returning(
-            jobs.c.job_id, jobs.c.job_kind, jobs.c.claim_generation,
-            jobs.c.attempt_count, jobs.c.max_attempts, jobs.c.resume_step_index,
-            PLAN_TEXT, jobs.c.job_payload,
-        )
-    ).one_or_none()
-    if row is None:
+        ),
+        jobs.c.job_id, jobs.c.job_kind, jobs.c.claim_generation,
+        jobs.c.attempt_count, jobs.c.max_attempts, jobs.c.resume_step_index,
+        PLAN_TEXT, jobs.c.job_payload,
+    )
+    if not rows:
         return None
+    (row,) = rows
     conn.execute(attempts.insert().values(
         job_id=row.job_id, claim_generation=row.claim_generation,
         attempt_number=row.attempt_count, lease_owner=worker, claimed_at=db_now(),
@@ -205,17 +213,17 @@ def fence(conn: Connection, job_id: int, token: str, *extra: Any,
 
     It also unparks the job: a worker's write may open the gate a pass parked it on.
     """
-    row = conn.execute(
+    rows = update_returning(
+        conn,
         jobs.update()
         .where(jobs.c.job_id == job_id, jobs.c.lease_token == token,
                jobs.c.job_status == PROCESSING, *extra)
-        .values({"reconcile_parked": False, **changes})
-        .returning(jobs.c.claim_generation, jobs.c.attempt_count, jobs.c.max_attempts,
-                   PLAN_TEXT)
-    ).one_or_none()
-    if row is None:
+        .values({"reconcile_parked": False, **changes}),
+        jobs.c.claim_generation, jobs.c.attempt_count, jobs.c.max_attempts, PLAN_TEXT,
+    )
+    if not rows:
         raise LeaseLost(job_id)
-    return row
+    return rows[0]
 
 
 # The columns of a worker's completion, written by its fence.
@@ -313,15 +321,23 @@ ENDED_COLUMNS: tuple[tuple[str, Any], ...] = (
 )
 
 
-def swap_statement(postgres: bool) -> Any:
+def batch_only(dialect: str, column: Any) -> tuple[Any, ...]:
+    """On MySQL, a batch statement's rows also named by key (``in_batch``, bound as
+    ``batch_ids``): InnoDB locks the rows an UPDATE's join reads, and joined to JSON rows
+    the optimiser may read every processing job, each wait on another replica's locked
+    batch a deadlock in the making; by key it reads the batch's rows only."""
+    return (in_batch(MYSQL, column),) if dialect == MYSQL else ()
+
+
+def swap_statement(dialect: str) -> Any:
     """Resume or terminalize a batch in one UPDATE; each row repeats the evidence its rule
-    relied on.
+    relied on. Run through ``update_returning`` for the jobs' ids and new generations.
 
     Generation and status catch a reclaim or a finish; the time predicates (with each
     row's own thresholds) catch a heartbeat, which renews the lease without bumping the
     generation, and progress.
     """
-    values = json_rows(postgres, "planned", PLANNED_COLUMNS)
+    values = json_rows(dialect, "planned", PLANNED_COLUMNS)
     still_wedged = sa.and_(
         values.c.is_wedged == 1,
         jobs.c.last_activity_at <= now_plus(-values.c.wedged_after),
@@ -339,9 +355,9 @@ def swap_statement(postgres: bool) -> Any:
             unindexed(jobs.c.claim_generation) == values.c.generation_before,
             unindexed(jobs.c.job_status) == PROCESSING,
             sa.or_(still_wedged, still_expired),
+            *batch_only(dialect, jobs.c.job_id),
         )
         .values(swap_changes(values))
-        .returning(jobs.c.job_id, jobs.c.claim_generation)
     )
 
 
@@ -363,30 +379,32 @@ def swap_changes(values: Any) -> dict[str, Any]:
     }
 
 
-def end_attempts_statement(postgres: bool) -> Any:
+def end_attempts_statement(dialect: str) -> Any:
     """``end_attempt`` for a batch: the attempts whose claims the swap just took away."""
-    values = json_rows(postgres, "ended", ENDED_COLUMNS)
-    return (attempts.update().where(_open_attempt(values.c.job_id, values.c.generation))
+    values = json_rows(dialect, "ended", ENDED_COLUMNS)
+    return (attempts.update().where(_open_attempt(values.c.job_id, values.c.generation),
+                                    *batch_only(dialect, attempts.c.job_id))
             .values(ended_at=db_now(), attempt_outcome=values.c.outcome,
                     ended_by=EndedBy.RECONCILER.value))
 
 
-def publish_statement(postgres: bool) -> Any:
+def publish_statement(dialect: str) -> Any:
     """``publish_generation`` for a batch: recovered completions publish as ``complete()``
     would; the sidecar's sweep moves their files into place."""
-    values = json_rows(postgres, "ended", ENDED_COLUMNS)
-    return artifacts.update().where(_staged_of(values.c.job_id, values.c.generation)).values(
-        PUBLISHED)
+    values = json_rows(dialect, "ended", ENDED_COLUMNS)
+    return artifacts.update().where(_staged_of(values.c.job_id, values.c.generation),
+                                    *batch_only(dialect, artifacts.c.job_id)).values(PUBLISHED)
 
 
-def park_statement(postgres: bool) -> Any:
+def park_statement(dialect: str) -> Any:
     """Park recorded held or gated jobs, fenced on the generation the pass read; on
     PostgreSQL the scan's row locks keep a worker's unparking write from slipping between."""
-    values = json_rows(postgres, "parked", ENDED_COLUMNS[:2])
+    values = json_rows(dialect, "parked", ENDED_COLUMNS[:2])
     return (
         jobs.update()
         .where(jobs.c.job_id == values.c.job_id,
                unindexed(jobs.c.claim_generation) == values.c.generation,
-               unindexed(jobs.c.job_status) == PROCESSING)
+               unindexed(jobs.c.job_status) == PROCESSING,
+               *batch_only(dialect, jobs.c.job_id))
         .values(reconcile_parked=True)
     )
