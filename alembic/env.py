@@ -7,31 +7,20 @@ from __future__ import annotations
 from sqlalchemy.engine import Connection
 
 from alembic import context
-from models import metadata
+from models import compared_on, metadata
 from reconciler.root.migrations import migration_engine
 
 config = context.config
 
 
-# MySQL's processing-singleton column and its unique index stand for the partial index
-# of the other engines (models.tables.MYSQL_PROCESSING_SINGLETON): not compared there.
-MYSQL_ONLY = {"processing_singleton_key", "uq_job_runs_processing_singleton"}
-
-
-def _compared_on_mysql(_object: object, name: str | None, _type: str, _reflected: bool,
-                       _compare_to: object) -> bool:
-    return name not in MYSQL_ONLY
-
-
 def run_on(connection: Connection) -> None:
-    mysql = connection.dialect.name == "mysql"
     context.configure(
         connection=connection,
         target_metadata=metadata,
         # SQLite cannot ALTER most things in place; batch mode copies the table.
         render_as_batch=connection.dialect.name == "sqlite",
         compare_type=True,
-        include_object=_compared_on_mysql if mysql else None,
+        include_object=compared_on(connection.dialect.name),
     )
     with context.begin_transaction():
         context.run_migrations()

@@ -13,6 +13,7 @@ from models.tables import (
     ReconciliationPass,
     StepRun,
     WorkerSession,
+    compared_on,
 )
 
 metadata = Base.metadata
@@ -32,5 +33,6 @@ __all__ = [
     "StepRun",
     "UtcDateTime",
     "WorkerSession",
+    "compared_on",
     "metadata",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
@@ -52,6 +53,9 @@ OPERATOR_ACTIONS = tuple(v.OperatorAction)
 ACTION_OUTCOMES = tuple(ActionOutcome)
 SESSION_END_REASONS = tuple(SessionEndReason)
 
+# The engines with partial indexes; an index only they can have is created on them only
+# (alembic/env.py leaves it out of ``alembic check`` elsewhere).
+PARTIAL_INDEXES = ("postgresql", "sqlite")
 PROCESSING = text("job_status = 'processing'")
 QUEUED = text("job_status = 'queued'")
 # What the pass scans: running jobs, less those parked once their hold or gate was recorded.
@@ -123,20 +127,28 @@ class JobRun(Base):
         Index(
             "ix_job_runs_processing_lease_expiry", "lease_expires_at", "job_id",
             postgresql_where=SCANNED, sqlite_where=SCANNED,
-        ),
+        ).ddl_if(dialect=PARTIAL_INDEXES),  # type: ignore[arg-type]  # a tuple is documented
         Index(
             "ix_job_runs_processing_last_activity", "last_activity_at", "job_id",
             postgresql_where=SCANNED, sqlite_where=SCANNED,
-        ),
+        ).ddl_if(dialect=PARTIAL_INDEXES),  # type: ignore[arg-type]
         Index(
             "ix_job_runs_queued_available", "available_at", "job_id",
             postgresql_where=QUEUED, sqlite_where=QUEUED,
-        ),
+        ).ddl_if(dialect=PARTIAL_INDEXES),  # type: ignore[arg-type]
+        # MySQL has no partial index: the status leads instead, so the claim and the scans
+        # still read a range of their own rows only, in order (reconciler.storage.sql.along).
+        Index("ix_job_runs_status_lease_expiry", "job_status", "lease_expires_at",
+              "job_id").ddl_if(dialect="mysql"),
+        Index("ix_job_runs_status_last_activity", "job_status", "last_activity_at",
+              "job_id").ddl_if(dialect="mysql"),
+        Index("ix_job_runs_status_available", "job_status", "available_at",
+              "job_id").ddl_if(dialect="mysql"),
         # On MySQL, which has no partial index, its meaning is MYSQL_PROCESSING_SINGLETON.
         Index(
             "uq_job_runs_processing_singleton", "singleton_key", unique=True,
             postgresql_where=PROCESSING, sqlite_where=PROCESSING,
-        ).ddl_if(dialect=("postgresql", "sqlite")),  # type: ignore[arg-type]  # documented
+        ).ddl_if(dialect=PARTIAL_INDEXES),  # type: ignore[arg-type]
         # Operator listings filter by status and page newest first.
         Index("ix_job_runs_status_job", "job_status", "job_id"),
         Index(
@@ -378,10 +390,8 @@ MYSQL_PROCESSING_SINGLETON = (
     "ON job_runs (processing_singleton_key)",
 )
 """One processing job per singleton key on MySQL, which has no partial index: a stored
-generated column holding the key only while the job is processing, unique (a unique index
-admits any number of NULLs), so finished and queued jobs of a key never collide. Not a
-model column: the code never reads it, and ``alembic check`` leaves both out on MySQL
-(alembic/env.py)."""
+generated column holds the key only while the job is processing, unique (any number of
+NULLs pass). Not a model column (nothing reads it); ``compared_on`` leaves it out."""
 
 
 @event.listens_for(JobRun.__table__, "after_create")
@@ -389,3 +399,21 @@ def _mysql_processing_singleton(_table: object, connection: Connection, **_kw: A
     if connection.dialect.name == "mysql":
         for statement in MYSQL_PROCESSING_SINGLETON:
             connection.exec_driver_sql(statement)
+
+
+def compared_on(dialect: str) -> Callable[..., bool]:
+    """Which objects ``alembic check`` compares on ``dialect`` (Alembic's ``include_object``):
+    not a model index created on other engines only (its ``ddl_if``), nor, on MySQL, the
+    singleton's generated column and its index (``MYSQL_PROCESSING_SINGLETON``)."""
+    def compared(thing: object, name: str | None, _type: str, reflected: bool,
+                 _compare_to: object) -> bool:
+        if dialect == "mysql" and reflected and name in _MYSQL_ONLY:
+            return False
+        only = getattr(getattr(thing, "_ddl_if", None), "dialect", None)
+        if only is None:
+            return True
+        return dialect == only if isinstance(only, str) else dialect in only
+    return compared
+
+
+_MYSQL_ONLY = {"processing_singleton_key", "uq_job_runs_processing_singleton"}

@@ -55,16 +55,20 @@ def upgrade() -> None:
     sa.UniqueConstraint('idempotency_key', name=op.f('uq_job_runs_idempotency_key'))
     )
     with op.batch_alter_table('job_runs', schema=None) as batch_op:
-        batch_op.create_index('ix_job_runs_processing_last_activity', ['last_activity_at', 'job_id'], unique=False, postgresql_where=sa.text("job_status = 'processing'"), sqlite_where=sa.text("job_status = 'processing'"))
-        batch_op.create_index('ix_job_runs_processing_lease_expiry', ['lease_expires_at', 'job_id'], unique=False, postgresql_where=sa.text("job_status = 'processing'"), sqlite_where=sa.text("job_status = 'processing'"))
-        batch_op.create_index('ix_job_runs_queued_available', ['available_at', 'job_id'], unique=False, postgresql_where=sa.text("job_status = 'queued'"), sqlite_where=sa.text("job_status = 'queued'"))
-        batch_op.create_index('ix_job_runs_status_job', ['job_status', 'job_id'], unique=False)
         if op.get_bind().dialect.name == "mysql":
-            # No partial index on MySQL: a generated column holds the key while processing.
+            # No partial index on MySQL: the status leads the scans' indexes, and a
+            # generated column holds a singleton key while its job is processing.
+            batch_op.create_index('ix_job_runs_status_last_activity', ['job_status', 'last_activity_at', 'job_id'], unique=False)
+            batch_op.create_index('ix_job_runs_status_lease_expiry', ['job_status', 'lease_expires_at', 'job_id'], unique=False)
+            batch_op.create_index('ix_job_runs_status_available', ['job_status', 'available_at', 'job_id'], unique=False)
             for statement in MYSQL_PROCESSING_SINGLETON:
                 op.execute(statement)
         else:
+            batch_op.create_index('ix_job_runs_processing_last_activity', ['last_activity_at', 'job_id'], unique=False, postgresql_where=sa.text("job_status = 'processing'"), sqlite_where=sa.text("job_status = 'processing'"))
+            batch_op.create_index('ix_job_runs_processing_lease_expiry', ['lease_expires_at', 'job_id'], unique=False, postgresql_where=sa.text("job_status = 'processing'"), sqlite_where=sa.text("job_status = 'processing'"))
+            batch_op.create_index('ix_job_runs_queued_available', ['available_at', 'job_id'], unique=False, postgresql_where=sa.text("job_status = 'queued'"), sqlite_where=sa.text("job_status = 'queued'"))
             batch_op.create_index('uq_job_runs_processing_singleton', ['singleton_key'], unique=True, postgresql_where=sa.text("job_status = 'processing'"), sqlite_where=sa.text("job_status = 'processing'"))
+        batch_op.create_index('ix_job_runs_status_job', ['job_status', 'job_id'], unique=False)
 
     op.create_table('reconciler_leases',
     sa.Column('lease_name', sa.String(length=100), nullable=False),
@@ -144,6 +148,12 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    if op.get_bind().dialect.name == "mysql":
+        # Each table's indexes go with it (MySQL refuses to drop one a foreign key needs).
+        for table in ('step_runs', 'reconciliation_decisions', 'job_attempts',
+                      'reconciliation_passes', 'reconciler_leases', 'job_runs'):
+            op.drop_table(table)
+        return
     op.drop_table('step_runs')
     with op.batch_alter_table('reconciliation_decisions', schema=None) as batch_op:
         batch_op.drop_index('ix_reconciliation_decisions_reason_decision')

@@ -40,11 +40,13 @@ from reconciler.core.vocabulary import (
 from reconciler.storage import transitions
 from reconciler.storage.clock import db_now, now_plus, seconds_since
 from reconciler.storage.sql import (
+    ACTIVITY_INDEX,
+    EXPIRY_INDEX,
     IN_PROCESSING,
     PLAN_TEXT,
     PROCESSING,
     SCANNED,
-    SQLITE,
+    along,
     artifacts,
     as_float,
     attempts,
@@ -55,6 +57,7 @@ from reconciler.storage.sql import (
     in_batch,
     jobs,
     keyed,
+    place_type,
     seconds_param,
     session_gone,
     sessions,
@@ -62,15 +65,6 @@ from reconciler.storage.sql import (
     update_returning,
     wake_workers,
 )
-
-
-def place_type(dialect: str) -> Any:
-    """The type a scan's place (a lease expiry, a last activity) is read as and bound back
-    as: the database's own value, never converted. SQLite stores timestamps as fixed-width
-    text that sorts as it compares, so the text is the place (parsing two a row into aware
-    datetimes cost about 1.5 us a job, for a cursor the pass reads once a batch);
-    PostgreSQL's and MySQL's drivers give a timestamp as a datetime already."""
-    return sa.String() if dialect == SQLITE else sa.DateTime(timezone=True)
 
 
 def evidence_columns(dialect: str) -> tuple[Any, ...]:
@@ -173,19 +167,19 @@ def brake_totals(*kinds: Any) -> tuple[Any, Any]:
 def _statements(dialect: str, lock: bool) -> _Statements:
     columns = evidence_columns(dialect)
     limit = sa.bindparam("batch_limit", type_=sa.Integer())
-    expired = (sa.select(*columns, *brake_totals())
-               .where(SCANNED, jobs.c.lease_expires_at <= db_now())
-               .order_by(jobs.c.lease_expires_at, jobs.c.job_id).limit(limit))
+    expired = along(sa.select(*columns, *brake_totals())
+                    .where(SCANNED, jobs.c.lease_expires_at <= db_now())
+                    .order_by(jobs.c.lease_expires_at, jobs.c.job_id).limit(limit),
+                    EXPIRY_INDEX)
     expired_after = expired.where(after_row(dialect, jobs.c.lease_expires_at,
                                              "after_expires_at"))
-    wedged = (
+    wedged = along(
         sa.select(*columns)
         .where(SCANNED,
                jobs.c.last_activity_at <= now_plus(seconds_param("wedged_cutoff_seconds")),
                jobs.c.lease_expires_at > db_now())
         .order_by(jobs.c.last_activity_at, jobs.c.job_id)
-        .limit(limit)
-    )
+        .limit(limit), ACTIVITY_INDEX)
     wedged_after = wedged.where(after_row(dialect, jobs.c.last_activity_at,
                                            "after_activity_at"))
     return _Statements(

@@ -38,6 +38,8 @@ from reconciler.core.vocabulary import JobStatus
 from reconciler.storage.engines import is_postgresql
 
 POSTGRESQL, SQLITE, MYSQL = "postgresql", "sqlite", "mysql"
+PRIMARY_KEY = "FORCE INDEX (PRIMARY)"
+"""MySQL's hint to read a table by its primary key (see ``update_returning``)."""
 
 jobs: sa.Table = cast(sa.Table, JobRun.__table__)
 steps: sa.Table = cast(sa.Table, StepRun.__table__)
@@ -128,14 +130,19 @@ def update_returning(conn: Connection, update: sa.Update, *columns: Any,
     locked first (``SELECT ... FOR UPDATE``, which reads their latest version), exactly
     those updated, and read back; their locks hold until the transaction ends, so nothing
     changes them in between and the predicate that held when they were locked still does.
+    The predicate names its rows by primary key, which the lock reads them by: InnoDB locks
+    every row a locking read reads, and through another index that may be every processing
+    job, other transactions' among them (a deadlock).
     """
     params = params or {}
     if conn.dialect.name != MYSQL:
         return conn.execute(update.returning(*columns), params).all()
-    (key,) = cast(sa.Table, update.table).primary_key.columns
+    table = cast(sa.Table, update.table)
+    (key,) = table.primary_key.columns
     matched = update.whereclause if update.whereclause is not None else sa.true()
-    locked = list(conn.execute(sa.select(key).where(matched).with_for_update(),
-                               params).scalars())
+    locked = list(conn.execute(
+        sa.select(key).where(matched).with_hint(table, PRIMARY_KEY, MYSQL).with_for_update(),
+        params).scalars())
     if not locked:
         return []
     conn.execute(update.where(key.in_(locked)), params)
@@ -175,17 +182,42 @@ def _mysql_json_table(element: JsonTable, compiler: Any, **kw: Any) -> str:
     return f"JSON_TABLE({payload}, '$[*]' COLUMNS ({columns})) AS {name}"
 
 
+# MySQL's indexes of the claim and the scans (models.tables: no partial index there).
+CLAIM_INDEX, EXPIRY_INDEX, ACTIVITY_INDEX = (
+    "ix_job_runs_status_available", "ix_job_runs_status_lease_expiry",
+    "ix_job_runs_status_last_activity")
+
+
+def along(query: sa.Select[Any], index: str) -> sa.Select[Any]:
+    """On MySQL, ``query`` reads ``jobs`` through ``index`` (``FORCE INDEX``). A locking
+    scan locks every row it reads: on a small table the optimiser would read all and sort,
+    locking every queued or stale job for one claim or batch; through the index it reads
+    (and locks) the batch's rows only, in order. Other engines choose their own plan."""
+    return query.with_hint(jobs, f"FORCE INDEX ({index})", "mysql")
+
+
+def place_type(dialect: str) -> Any:
+    """The type a scan's place (a lease expiry, a last activity) is read as and bound back
+    as: the database's own value, never converted. SQLite stores timestamps as fixed-width
+    text that sorts as it compares, so the text is the place (parsing two a row into aware
+    datetimes cost about 1.5 us a job, for a cursor the pass reads once a batch);
+    PostgreSQL's and MySQL's drivers give a timestamp as a datetime already."""
+    return sa.String() if dialect == SQLITE else sa.DateTime(timezone=True)
+
+
 def seconds_param(name: str) -> sa.BindParameter[float]:
     """A bound number of seconds."""
     return sa.bindparam(name, type_=sa.Float())
 
 
 class unindexed(sa.sql.expression.ColumnElement[Any]):  # noqa: N801 - reads as SQL
-    """A column SQLite must not use an index for: ``+column`` (PostgreSQL: the column).
+    """A column SQLite and MySQL must not use an index for: ``+column`` on SQLite,
+    ``COALESCE(column, column)`` on MySQL (PostgreSQL: the column).
 
     In ``UPDATE job_runs ... FROM <json rows>``, an index on ``job_status`` tempts SQLite
     to scan every processing job and probe the JSON rows for each; with the index ruled
-    out it loops over the batch and finds each job by primary key.
+    out it loops over the batch and finds each job by primary key. MySQL's InnoDB would
+    also lock every row that scan reads, other replicas' batches among them.
     """
 
     inherit_cache = True
@@ -202,6 +234,12 @@ class unindexed(sa.sql.expression.ColumnElement[Any]):  # noqa: N801 - reads as 
 @compiles(unindexed, "sqlite")
 def _sqlite_unindexed(element: unindexed, compiler: Any, **kw: Any) -> str:
     return f"+{compiler.process(element.column, **kw)}"
+
+
+@compiles(unindexed, "mysql")
+def _mysql_unindexed(element: unindexed, compiler: Any, **kw: Any) -> str:
+    column = compiler.process(element.column, **kw)
+    return f"COALESCE({column}, {column})"
 
 
 @compiles(unindexed)

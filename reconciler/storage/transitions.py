@@ -39,11 +39,13 @@ from reconciler.core.vocabulary import (
 from reconciler.errors import LeaseLost
 from reconciler.storage.clock import db_now, now_plus
 from reconciler.storage.sql import (
+    CLAIM_INDEX,
     IN_PROCESSING,
     IN_QUEUE,
     MYSQL,
     PLAN_TEXT,
     PROCESSING,
+    along,
     artifacts,
     attempts,
     for_update,
@@ -166,7 +168,7 @@ def claim(conn: Connection, worker: str, token: str, *, lease_seconds: float,
         # heartbeated, and the runtime replaces the session on its next beat.
         pick = pick.where(sa.exists().where(sessions.c.session_id == session_id,
                                             sessions.c.stopped_at.is_(None)))
-    pick = for_update(conn.dialect.name, pick, lock=True)
+    pick = for_update(conn.dialect.name, along(pick, CLAIM_INDEX), lock=True)
     picked: Any = pick.scalar_subquery()
     if conn.dialect.name == MYSQL:
         # MySQL refuses a subquery on the table being updated: the job is picked (and
@@ -321,12 +323,13 @@ ENDED_COLUMNS: tuple[tuple[str, Any], ...] = (
 )
 
 
-def batch_only(dialect: str, column: Any) -> tuple[Any, ...]:
-    """On MySQL, a batch statement's rows also named by key (``in_batch``, bound as
-    ``batch_ids``): InnoDB locks the rows an UPDATE's join reads, and joined to JSON rows
-    the optimiser may read every processing job, each wait on another replica's locked
-    batch a deadlock in the making; by key it reads the batch's rows only."""
-    return (in_batch(MYSQL, column),) if dialect == MYSQL else ()
+def by_key(dialect: str, update: Any, column: Any) -> Any:
+    """A batch UPDATE; on MySQL its rows also named by key (``in_batch``, bound as
+    ``batch_ids``). InnoDB locks every row an UPDATE reads: joined to JSON rows with no
+    key list, the optimiser may read every processing job through the status index, and
+    each wait on another replica's locked batch is a deadlock (``unindexed`` keeps it off
+    that index)."""
+    return update.where(in_batch(MYSQL, column)) if dialect == MYSQL else update
 
 
 def swap_statement(dialect: str) -> Any:
@@ -348,17 +351,15 @@ def swap_statement(dialect: str) -> Any:
         # Recent activity protects a job only while its worker session may be alive.
         sa.or_(jobs.c.last_activity_at <= now_plus(-values.c.stale_after), session_gone()),
     )
-    return (
-        jobs.update()
+    return by_key(
+        dialect, jobs.update()
         .where(
             jobs.c.job_id == values.c.job_id,
             unindexed(jobs.c.claim_generation) == values.c.generation_before,
             unindexed(jobs.c.job_status) == PROCESSING,
             sa.or_(still_wedged, still_expired),
-            *batch_only(dialect, jobs.c.job_id),
         )
-        .values(swap_changes(values))
-    )
+        .values(swap_changes(values)), jobs.c.job_id)
 
 
 def swap_changes(values: Any) -> dict[str, Any]:
@@ -382,29 +383,26 @@ def swap_changes(values: Any) -> dict[str, Any]:
 def end_attempts_statement(dialect: str) -> Any:
     """``end_attempt`` for a batch: the attempts whose claims the swap just took away."""
     values = json_rows(dialect, "ended", ENDED_COLUMNS)
-    return (attempts.update().where(_open_attempt(values.c.job_id, values.c.generation),
-                                    *batch_only(dialect, attempts.c.job_id))
-            .values(ended_at=db_now(), attempt_outcome=values.c.outcome,
-                    ended_by=EndedBy.RECONCILER.value))
+    return by_key(dialect, attempts.update()
+                  .where(_open_attempt(values.c.job_id, values.c.generation))
+                  .values(ended_at=db_now(), attempt_outcome=values.c.outcome,
+                          ended_by=EndedBy.RECONCILER.value), attempts.c.job_id)
 
 
 def publish_statement(dialect: str) -> Any:
     """``publish_generation`` for a batch: recovered completions publish as ``complete()``
     would; the sidecar's sweep moves their files into place."""
     values = json_rows(dialect, "ended", ENDED_COLUMNS)
-    return artifacts.update().where(_staged_of(values.c.job_id, values.c.generation),
-                                    *batch_only(dialect, artifacts.c.job_id)).values(PUBLISHED)
+    return by_key(dialect, artifacts.update().where(
+        _staged_of(values.c.job_id, values.c.generation)).values(PUBLISHED), artifacts.c.job_id)
 
 
 def park_statement(dialect: str) -> Any:
     """Park recorded held or gated jobs, fenced on the generation the pass read; on
     PostgreSQL the scan's row locks keep a worker's unparking write from slipping between."""
     values = json_rows(dialect, "parked", ENDED_COLUMNS[:2])
-    return (
-        jobs.update()
-        .where(jobs.c.job_id == values.c.job_id,
-               unindexed(jobs.c.claim_generation) == values.c.generation,
-               unindexed(jobs.c.job_status) == PROCESSING,
-               *batch_only(dialect, jobs.c.job_id))
-        .values(reconcile_parked=True)
-    )
+    return by_key(dialect, jobs.update()
+                  .where(jobs.c.job_id == values.c.job_id,
+                         unindexed(jobs.c.claim_generation) == values.c.generation,
+                         unindexed(jobs.c.job_status) == PROCESSING)
+                  .values(reconcile_parked=True), jobs.c.job_id)
