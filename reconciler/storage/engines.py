@@ -101,7 +101,9 @@ def create_engine(database_url: str, *, timeouts: DatabaseTimeouts | None = None
     elif backend in ("mysql", "mariadb"):
         from reconciler.storage.mysql import mysql_engine  # noqa: PLC0415
 
-        engine = mysql_engine(url, timeouts, **kwargs)
+        engine = mysql_engine(url, connect_seconds=timeouts.connect_seconds,
+                              statement_seconds=timeouts.statement_seconds,
+                              lock_seconds=timeouts.lock_seconds, **kwargs)
     else:
         raise ConfigError(f"database_url: unsupported database {backend!r}; use "
                           f"{SUPPORTED_URLS}")

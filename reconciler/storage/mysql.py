@@ -14,22 +14,21 @@ from __future__ import annotations
 
 import math
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from reconciler.errors import ConfigError
 
-if TYPE_CHECKING:
-    from reconciler.storage.engines import DatabaseTimeouts
-
 MINIMUM = {"MariaDB": (10, 6), "MySQL": (8, 0)}
 """The oldest server of each kind with ``SKIP LOCKED``."""
 
 
-def mysql_engine(url: sa.URL, timeouts: DatabaseTimeouts, **kwargs: Any) -> Engine:
-    """An engine for a ``mysql+pymysql://`` URL with the lease contract's settings."""
+def mysql_engine(url: sa.URL, *, connect_seconds: int, statement_seconds: float | None,
+                 lock_seconds: float | None, **kwargs: Any) -> Engine:
+    """An engine for a ``mysql+pymysql://`` URL with the lease contract's settings and the
+    given limits (seconds; None: none)."""
     if url.drivername not in ("mysql", "mariadb", "mysql+pymysql", "mariadb+pymysql"):
         raise ConfigError("database_url: MySQL and MariaDB URLs must use the PyMySQL driver "
                           "(mysql+pymysql://...)")
@@ -43,23 +42,22 @@ def mysql_engine(url: sa.URL, timeouts: DatabaseTimeouts, **kwargs: Any) -> Engi
                           "'pymysql', which is not installed: pip install "
                           "'stale-claim-reconciler[mysql]'") from None
     connect_args = dict(kwargs.pop("connect_args", {}))
-    connect_args.setdefault("connect_timeout", timeouts.connect_seconds)
+    connect_args.setdefault("connect_timeout", connect_seconds)
     connect_args.setdefault("charset", "utf8mb4")
     kwargs.setdefault("pool_pre_ping", True)
     engine = sa.create_engine(url, connect_args=connect_args,
                               isolation_level="READ COMMITTED", **kwargs)
-    lock_seconds = _whole_seconds(timeouts.lock_seconds)
-    statement_seconds = timeouts.statement_seconds
+    lock_wait = _whole_seconds(lock_seconds)
 
     @sa.event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
         cursor = dbapi_connection.cursor()
         cursor.execute("SELECT VERSION()")
         (version,) = cursor.fetchone()
-        _require_supported(str(version))
+        require_supported(str(version))
         settings = ["time_zone = '+00:00'"]
-        if lock_seconds is not None:
-            settings.append(f"innodb_lock_wait_timeout = {lock_seconds}")
+        if lock_wait is not None:
+            settings.append(f"innodb_lock_wait_timeout = {lock_wait}")
         if statement_seconds is not None:
             settings.append(_statement_limit(str(version), statement_seconds))
         cursor.execute("SET SESSION " + ", ".join(settings))
@@ -80,7 +78,9 @@ def server_kind(version: str) -> tuple[str, tuple[int, int]]:
     return ("MariaDB" if "mariadb" in version.lower() else "MySQL"), numbers
 
 
-def _require_supported(version: str) -> None:
+def require_supported(version: str) -> None:
+    """ConfigError, one line naming what is supported, for a server without SKIP LOCKED
+    (``version``: its ``SELECT VERSION()``)."""
     kind, numbers = server_kind(version)
     oldest = MINIMUM[kind]
     if numbers < oldest:
