@@ -7,10 +7,10 @@ import time
 from sqlalchemy.engine import Connection, Engine
 
 from reconciler.config.loader import Config
-from reconciler.config.registry import entry_of, is_native
+from reconciler.config.registry import ENGINE_NAMES, entry_of, is_native
 from reconciler.config.tables import SourceSettings
 from reconciler.core.kinds import KindRules
-from reconciler.errors import DatabaseUnavailableError
+from reconciler.errors import ConfigError, DatabaseUnavailableError
 from reconciler.sources.kit.source import DeclaredSource
 from reconciler.storage.pass_store import SourceFactory
 from reconciler.storage.schema import require_current
@@ -61,7 +61,12 @@ def open_foreign_source(connection: Connection, config: SourceSettings, kinds: K
     """
     if is_native(config):
         raise ValueError(f"source kind {config.kind!r} is not a foreign source")
-    source = entry_of(config).open(connection, config, kinds, lock=lock)
+    entry, engine = entry_of(config), connection.dialect.name
+    if engine not in entry.engines:
+        needs = " or ".join(ENGINE_NAMES[name] for name in sorted(entry.engines,
+                                                                  key=list(ENGINE_NAMES).index))
+        raise ConfigError(f"source {config.kind} needs {needs} (the database_url is {engine})")
+    source = entry.open(connection, config, kinds, lock=lock)
     if not isinstance(source, DeclaredSource):  # pragma: no cover - a registry mistake
         raise TypeError(f"source kind {config.kind!r} opens no declared source")
     return source
