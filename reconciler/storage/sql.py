@@ -329,7 +329,7 @@ def batch_ids(dialect: str, ids: list[int]) -> list[int] | str:
 
 def keyed(dialect: str, params: dict[str, Any], keys: Sequence[Any]) -> dict[str, Any]:
     """A batch statement's parameters, with the batch's job ids as ``batch_ids`` on MySQL
-    (``transitions.batch_only``)."""
+    (``transitions.by_key``)."""
     if dialect == MYSQL:
         params["batch_ids"] = batch_ids(MYSQL, [int(key) for key in keys])
     return params
