@@ -220,8 +220,14 @@ def limit_transaction(conn: Connection, *, statement_seconds: float | None,
     """Give the open transaction its own statement and lock timeouts (None: no limit).
 
     PostgreSQL: ``SET LOCAL`` (gone at commit or rollback), and the client's answer limit
-    to match. SQLite has neither; its busy timeout bounds lock waits.
+    to match. MySQL: the session's, until the connection returns to the pool
+    (``mysql.limit_session``). SQLite has neither; its busy timeout bounds lock waits.
     """
+    if conn.dialect.name == "mysql":
+        from reconciler.storage.mysql import limit_session  # noqa: PLC0415
+
+        limit_session(conn, statement_seconds=statement_seconds, lock_seconds=lock_seconds)
+        return
     if not is_postgresql(conn):
         return
     # SET LOCAL, in one round trip (set_config(..., true) is its function form).

@@ -17,7 +17,7 @@ import re
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 
 from reconciler.errors import ConfigError
 
@@ -47,24 +47,54 @@ def mysql_engine(url: sa.URL, *, connect_seconds: int, statement_seconds: float 
     kwargs.setdefault("pool_pre_ping", True)
     engine = sa.create_engine(url, connect_args=connect_args,
                               isolation_level="READ COMMITTED", **kwargs)
-    lock_wait = _whole_seconds(lock_seconds)
 
     @sa.event.listens_for(engine, "connect")
-    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+    def _on_connect(dbapi_connection: Any, record: Any) -> None:
         cursor = dbapi_connection.cursor()
         cursor.execute("SELECT VERSION()")
         (version,) = cursor.fetchone()
         require_supported(str(version))
-        settings = ["time_zone = '+00:00'"]
-        if lock_wait is not None:
-            settings.append(f"innodb_lock_wait_timeout = {lock_wait}")
-        if statement_seconds is not None:
-            settings.append(_statement_limit(str(version), statement_seconds))
-        cursor.execute("SET SESSION " + ", ".join(settings))
+        limits = _limits(str(version), statement_seconds, lock_seconds)
+        record.info[_ENGINE_LIMITS] = (str(version), limits)
+        cursor.execute(f"{limits}, time_zone = '+00:00'")
         cursor.close()
         dbapi_connection.commit()
 
+    @sa.event.listens_for(engine, "reset")
+    def _on_reset(dbapi_connection: Any, record: Any, _state: Any) -> None:
+        # A transaction's own limits (``limit_session``) end with its checkout.
+        if record.info.pop(_LIMITED, False):
+            cursor = dbapi_connection.cursor()
+            cursor.execute(record.info[_ENGINE_LIMITS][1])
+            cursor.close()
+
     return engine
+
+
+_ENGINE_LIMITS = "reconciler_mysql_limits"
+_LIMITED = "reconciler_mysql_limited"
+NO_LOCK_LIMIT = 100_000_000
+"""innodb_lock_wait_timeout's largest value on MariaDB (three years; MySQL's is ten times
+that): no limit."""
+
+
+def _limits(version: str, statement_seconds: float | None, lock_seconds: float | None) -> str:
+    """``SET SESSION`` of a lock wait and a statement limit (None: none)."""
+    lock = _whole_seconds(lock_seconds) or NO_LOCK_LIMIT
+    return (f"SET SESSION innodb_lock_wait_timeout = {lock}, "
+            f"{_statement_limit(version, statement_seconds or 0.0)}")
+
+
+def limit_session(conn: Connection, *, statement_seconds: float | None,
+                  lock_seconds: float | None) -> None:
+    """Give ``conn``'s transaction its own lock wait and statement limits (None: none).
+
+    MySQL has no ``SET LOCAL``: the session's limits change, and the engine's are set back
+    when the connection returns to the pool.
+    """
+    info = conn.connection.info
+    conn.exec_driver_sql(_limits(info[_ENGINE_LIMITS][0], statement_seconds, lock_seconds))
+    info[_LIMITED] = True
 
 
 def _whole_seconds(seconds: float | None) -> int | None:
