@@ -44,9 +44,15 @@ def check_at_start(engine: Engine, config: Config, retry_seconds: float) -> None
 
 
 def check_source(engine: Engine, config: Config) -> None:
-    """Refuse a foreign ``[source]`` whose tables, columns or functions are not there."""
+    """Refuse a foreign ``[source]`` on an engine it does not run on, or whose tables,
+    columns or functions are not there."""
     if is_native(config.source):
         return
+    engines, dialect = entry_of(config.source).engines, engine.dialect.name
+    if dialect not in engines:
+        needs = " or ".join(ENGINE_NAMES[name] for name in ENGINE_NAMES if name in engines)
+        raise ConfigError(f"source {config.source.kind} needs {needs} (the database_url is "
+                          f"{dialect})")
     with engine.connect() as conn:
         open_foreign_source(conn, config.source, config.kinds, lock=False).check_schema()
         conn.rollback()
@@ -61,12 +67,7 @@ def open_foreign_source(connection: Connection, config: SourceSettings, kinds: K
     """
     if is_native(config):
         raise ValueError(f"source kind {config.kind!r} is not a foreign source")
-    entry, engine = entry_of(config), connection.dialect.name
-    if engine not in entry.engines:
-        needs = " or ".join(ENGINE_NAMES[name] for name in sorted(entry.engines,
-                                                                  key=list(ENGINE_NAMES).index))
-        raise ConfigError(f"source {config.kind} needs {needs} (the database_url is {engine})")
-    source = entry.open(connection, config, kinds, lock=lock)
+    source = entry_of(config).open(connection, config, kinds, lock=lock)
     if not isinstance(source, DeclaredSource):  # pragma: no cover - a registry mistake
         raise TypeError(f"source kind {config.kind!r} opens no declared source")
     return source
