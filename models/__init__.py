@@ -1,6 +1,6 @@
 """The reconciler's schema: typed SQLAlchemy models and the metadata Alembic migrates."""
 
-from models.base import NAMING_CONVENTION, Base, UtcDateTime
+from models.base import NAMING_CONVENTION, Base, UtcDateTime, compared_on
 from models.ledger import StepLedgerEntry
 from models.tables import (
     JobArtifact,
@@ -13,7 +13,6 @@ from models.tables import (
     ReconciliationPass,
     StepRun,
     WorkerSession,
-    compared_on,
 )
 
 metadata = Base.metadata

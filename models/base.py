@@ -1,7 +1,9 @@
-"""Declarative base with the constraint naming convention and the UTC timestamp type."""
+"""Declarative base with the constraint naming convention, the UTC timestamp type, and
+what ``alembic check`` compares on each engine."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
@@ -78,3 +80,21 @@ class Base(DeclarativeBase):
 
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
     type_annotation_map: ClassVar[dict[Any, Any]] = {datetime: UtcDateTime()}
+
+
+def compared_on(dialect: str) -> Callable[..., bool]:
+    """Which objects ``alembic check`` compares on ``dialect`` (Alembic's ``include_object``):
+    not a model index created on other engines only (its ``ddl_if``), nor, on MySQL, the
+    singleton's generated column and its index (``tables.MYSQL_PROCESSING_SINGLETON``)."""
+    def compared(thing: object, name: str | None, _type: str, reflected: bool,
+                 _compare_to: object) -> bool:
+        if dialect == "mysql" and reflected and name in _MYSQL_ONLY:
+            return False
+        only = getattr(getattr(thing, "_ddl_if", None), "dialect", None)
+        if only is None:
+            return True
+        return dialect == only if isinstance(only, str) else dialect in only
+    return compared
+
+
+_MYSQL_ONLY = {"processing_singleton_key", "uq_job_runs_processing_singleton"}

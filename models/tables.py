@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
@@ -310,7 +309,11 @@ class WorkerSession(Base):
         Index("ix_worker_sessions_live_identity", "worker_name", "host_name",
               postgresql_where=LIVE_SESSION, sqlite_where=LIVE_SESSION),
         Index("ix_worker_sessions_live_heartbeat", "heartbeat_at",
-              postgresql_where=LIVE_SESSION, sqlite_where=LIVE_SESSION),
+              postgresql_where=LIVE_SESSION, sqlite_where=LIVE_SESSION,
+              ).ddl_if(dialect=PARTIAL_INDEXES),  # type: ignore[arg-type]
+        # MySQL: the live sessions (no stop) first, so the sweep's range is theirs only.
+        Index("ix_worker_sessions_stopped_heartbeat", "stopped_at", "heartbeat_at",
+              ).ddl_if(dialect="mysql"),
     )
 
 
@@ -391,7 +394,7 @@ MYSQL_PROCESSING_SINGLETON = (
 )
 """One processing job per singleton key on MySQL, which has no partial index: a stored
 generated column holds the key only while the job is processing, unique (any number of
-NULLs pass). Not a model column (nothing reads it); ``compared_on`` leaves it out."""
+NULLs pass). Not a model column (nothing reads it); ``base.compared_on`` leaves it out."""
 
 
 @event.listens_for(JobRun.__table__, "after_create")
@@ -399,21 +402,3 @@ def _mysql_processing_singleton(_table: object, connection: Connection, **_kw: A
     if connection.dialect.name == "mysql":
         for statement in MYSQL_PROCESSING_SINGLETON:
             connection.exec_driver_sql(statement)
-
-
-def compared_on(dialect: str) -> Callable[..., bool]:
-    """Which objects ``alembic check`` compares on ``dialect`` (Alembic's ``include_object``):
-    not a model index created on other engines only (its ``ddl_if``), nor, on MySQL, the
-    singleton's generated column and its index (``MYSQL_PROCESSING_SINGLETON``)."""
-    def compared(thing: object, name: str | None, _type: str, reflected: bool,
-                 _compare_to: object) -> bool:
-        if dialect == "mysql" and reflected and name in _MYSQL_ONLY:
-            return False
-        only = getattr(getattr(thing, "_ddl_if", None), "dialect", None)
-        if only is None:
-            return True
-        return dialect == only if isinstance(only, str) else dialect in only
-    return compared
-
-
-_MYSQL_ONLY = {"processing_singleton_key", "uq_job_runs_processing_singleton"}

@@ -52,7 +52,10 @@ def upgrade() -> None:
     sa.PrimaryKeyConstraint('session_id', name=op.f('pk_worker_sessions'))
     )
     with op.batch_alter_table('worker_sessions', schema=None) as batch_op:
-        batch_op.create_index('ix_worker_sessions_live_heartbeat', ['heartbeat_at'], unique=False, postgresql_where=sa.text('stopped_at IS NULL'), sqlite_where=sa.text('stopped_at IS NULL'))
+        if op.get_bind().dialect.name == "mysql":  # no partial index: live sessions first
+            batch_op.create_index('ix_worker_sessions_stopped_heartbeat', ['stopped_at', 'heartbeat_at'], unique=False)
+        else:
+            batch_op.create_index('ix_worker_sessions_live_heartbeat', ['heartbeat_at'], unique=False, postgresql_where=sa.text('stopped_at IS NULL'), sqlite_where=sa.text('stopped_at IS NULL'))
         batch_op.create_index('ix_worker_sessions_live_identity', ['worker_name', 'host_name'], unique=False, postgresql_where=sa.text('stopped_at IS NULL'), sqlite_where=sa.text('stopped_at IS NULL'))
 
     op.create_table('job_artifacts',
@@ -86,7 +89,10 @@ def downgrade() -> None:
     op.drop_table('job_artifacts')
     with op.batch_alter_table('worker_sessions', schema=None) as batch_op:
         batch_op.drop_index('ix_worker_sessions_live_identity', postgresql_where=sa.text('stopped_at IS NULL'), sqlite_where=sa.text('stopped_at IS NULL'))
-        batch_op.drop_index('ix_worker_sessions_live_heartbeat', postgresql_where=sa.text('stopped_at IS NULL'), sqlite_where=sa.text('stopped_at IS NULL'))
+        if op.get_bind().dialect.name == "mysql":
+            batch_op.drop_index('ix_worker_sessions_stopped_heartbeat')
+        else:
+            batch_op.drop_index('ix_worker_sessions_live_heartbeat', postgresql_where=sa.text('stopped_at IS NULL'), sqlite_where=sa.text('stopped_at IS NULL'))
 
     op.drop_table('worker_sessions')
     with op.batch_alter_table('operator_actions', schema=None) as batch_op:

@@ -167,8 +167,8 @@ def test_upgrade_creates_the_partial_indexes_the_pass_relies_on(empty_engine: En
 
 
 def test_mysql_leads_the_scan_indexes_with_the_status(empty_engine: Engine) -> None:
-    """Without partial indexes, MySQL's claim and scan indexes start with the status, so
-    each reads (and locks) a range of its own status's rows only."""
+    """Without partial indexes, MySQL's claim and scan indexes start with the status (the
+    session sweep's with the stop), so each reads (and locks) a range of its own rows."""
     if empty_engine.dialect.name != "mysql":
         pytest.skip("the other engines have partial indexes")
     upgrade(empty_engine)
@@ -181,6 +181,9 @@ def test_mysql_leads_the_scan_indexes_with_the_status(empty_engine: Engine) -> N
     assert reflected["ix_job_runs_status_last_activity"] == [
         "job_status", "last_activity_at", "job_id"]
     assert reflected["uq_job_runs_processing_singleton"] == ["processing_singleton_key"]
+    assert {ix["name"]: ix["column_names"] for ix in sa.inspect(empty_engine).get_indexes(
+        "worker_sessions")}["ix_worker_sessions_stopped_heartbeat"] == [
+        "stopped_at", "heartbeat_at"]
 
 
 def test_one_processing_job_per_singleton_key_and_any_number_finished(
