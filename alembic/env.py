@@ -7,7 +7,7 @@ from __future__ import annotations
 from sqlalchemy.engine import Connection
 
 from alembic import context
-from models import metadata
+from models import compared_on, metadata
 from reconciler.root.migrations import migration_engine
 
 config = context.config
@@ -20,6 +20,7 @@ def run_on(connection: Connection) -> None:
         # SQLite cannot ALTER most things in place; batch mode copies the table.
         render_as_batch=connection.dialect.name == "sqlite",
         compare_type=True,
+        include_object=compared_on(connection.dialect.name),
     )
     with context.begin_transaction():
         context.run_migrations()

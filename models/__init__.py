@@ -1,6 +1,6 @@
 """The reconciler's schema: typed SQLAlchemy models and the metadata Alembic migrates."""
 
-from models.base import NAMING_CONVENTION, Base, UtcDateTime
+from models.base import NAMING_CONVENTION, Base, UtcDateTime, compared_on
 from models.ledger import StepLedgerEntry
 from models.tables import (
     JobArtifact,
@@ -32,5 +32,6 @@ __all__ = [
     "StepRun",
     "UtcDateTime",
     "WorkerSession",
+    "compared_on",
     "metadata",
 ]

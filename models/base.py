@@ -1,11 +1,14 @@
-"""Declarative base with the constraint naming convention and the UTC timestamp type."""
+"""Declarative base with the constraint naming convention, the UTC timestamp type, and
+what ``alembic check`` compares on each engine."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
 from sqlalchemy import DateTime, Dialect, MetaData, String
+from sqlalchemy.dialects import mysql
 from sqlalchemy.orm import DeclarativeBase
 from sqlalchemy.types import TypeDecorator
 
@@ -30,13 +33,20 @@ class UtcDateTime(TypeDecorator[datetime]):
     impl = DateTime(timezone=True)
     cache_ok = True
 
+    def load_dialect_impl(self, dialect: Dialect) -> Any:
+        # MySQL's DATETIME keeps whole seconds unless asked for six digits; it has no zone,
+        # and every session of ours is in UTC (reconciler.storage.mysql).
+        if dialect.name == "mysql":
+            return dialect.type_descriptor(mysql.DATETIME(fsp=6))
+        return dialect.type_descriptor(self.impl)
+
     def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
         if value is None:
             return None
         if value.tzinfo is None:
             raise ValueError("naive datetimes are refused: pass an aware UTC datetime")
         value = value.astimezone(UTC)
-        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+        return value.replace(tzinfo=None) if dialect.name in ("sqlite", "mysql") else value
 
     def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
         if value is None:
@@ -70,3 +80,21 @@ class Base(DeclarativeBase):
 
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
     type_annotation_map: ClassVar[dict[Any, Any]] = {datetime: UtcDateTime()}
+
+
+def compared_on(dialect: str) -> Callable[..., bool]:
+    """Which objects ``alembic check`` compares on ``dialect`` (Alembic's ``include_object``):
+    not a model index created on other engines only (its ``ddl_if``), nor, on MySQL, the
+    singleton's generated column and its index (``tables.MYSQL_PROCESSING_SINGLETON``)."""
+    def compared(thing: object, name: str | None, _type: str, reflected: bool,
+                 _compare_to: object) -> bool:
+        if dialect == "mysql" and reflected and name in _MYSQL_ONLY:
+            return False
+        only = getattr(getattr(thing, "_ddl_if", None), "dialect", None)
+        if only is None:
+            return True
+        return dialect == only if isinstance(only, str) else dialect in only
+    return compared
+
+
+_MYSQL_ONLY = {"processing_singleton_key", "uq_job_runs_processing_singleton"}

@@ -15,8 +15,10 @@ from sqlalchemy import (
     Index,
     Integer,
     String,
+    event,
     text,
 )
+from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Mapped, mapped_column
 
 from models.base import Base, JobKeyText
@@ -50,6 +52,9 @@ OPERATOR_ACTIONS = tuple(v.OperatorAction)
 ACTION_OUTCOMES = tuple(ActionOutcome)
 SESSION_END_REASONS = tuple(SessionEndReason)
 
+# The engines with partial indexes; an index only they can have is created on them only
+# (alembic/env.py leaves it out of ``alembic check`` elsewhere).
+PARTIAL_INDEXES = ("postgresql", "sqlite")
 PROCESSING = text("job_status = 'processing'")
 QUEUED = text("job_status = 'queued'")
 # What the pass scans: running jobs, less those parked once their hold or gate was recorded.
@@ -121,19 +126,28 @@ class JobRun(Base):
         Index(
             "ix_job_runs_processing_lease_expiry", "lease_expires_at", "job_id",
             postgresql_where=SCANNED, sqlite_where=SCANNED,
-        ),
+        ).ddl_if(dialect=PARTIAL_INDEXES),  # type: ignore[arg-type]  # a tuple is documented
         Index(
             "ix_job_runs_processing_last_activity", "last_activity_at", "job_id",
             postgresql_where=SCANNED, sqlite_where=SCANNED,
-        ),
+        ).ddl_if(dialect=PARTIAL_INDEXES),  # type: ignore[arg-type]
         Index(
             "ix_job_runs_queued_available", "available_at", "job_id",
             postgresql_where=QUEUED, sqlite_where=QUEUED,
-        ),
+        ).ddl_if(dialect=PARTIAL_INDEXES),  # type: ignore[arg-type]
+        # MySQL has no partial index: the status leads instead, so the claim and the scans
+        # still read a range of their own rows only, in order (reconciler.storage.sql.along).
+        Index("ix_job_runs_status_lease_expiry", "job_status", "lease_expires_at",
+              "job_id").ddl_if(dialect="mysql"),
+        Index("ix_job_runs_status_last_activity", "job_status", "last_activity_at",
+              "job_id").ddl_if(dialect="mysql"),
+        Index("ix_job_runs_status_available", "job_status", "available_at",
+              "job_id").ddl_if(dialect="mysql"),
+        # On MySQL, which has no partial index, its meaning is MYSQL_PROCESSING_SINGLETON.
         Index(
             "uq_job_runs_processing_singleton", "singleton_key", unique=True,
             postgresql_where=PROCESSING, sqlite_where=PROCESSING,
-        ),
+        ).ddl_if(dialect=PARTIAL_INDEXES),  # type: ignore[arg-type]
         # Operator listings filter by status and page newest first.
         Index("ix_job_runs_status_job", "job_status", "job_id"),
         Index(
@@ -295,7 +309,11 @@ class WorkerSession(Base):
         Index("ix_worker_sessions_live_identity", "worker_name", "host_name",
               postgresql_where=LIVE_SESSION, sqlite_where=LIVE_SESSION),
         Index("ix_worker_sessions_live_heartbeat", "heartbeat_at",
-              postgresql_where=LIVE_SESSION, sqlite_where=LIVE_SESSION),
+              postgresql_where=LIVE_SESSION, sqlite_where=LIVE_SESSION,
+              ).ddl_if(dialect=PARTIAL_INDEXES),  # type: ignore[arg-type]
+        # MySQL: the live sessions (no stop) first, so the sweep's range is theirs only.
+        Index("ix_worker_sessions_stopped_heartbeat", "stopped_at", "heartbeat_at",
+              ).ddl_if(dialect="mysql"),
     )
 
 
@@ -366,3 +384,21 @@ class OperatorHold(Base):
     job_key: Mapped[str] = mapped_column(JobKeyText, primary_key=True)
     held_by: Mapped[str | None] = mapped_column(String(v.ACTOR_MAX_LENGTH))
     held_at: Mapped[datetime]
+
+
+MYSQL_PROCESSING_SINGLETON = (
+    "ALTER TABLE job_runs ADD COLUMN processing_singleton_key VARCHAR(200) AS "
+    "(IF(job_status = 'processing', singleton_key, NULL)) STORED",
+    "CREATE UNIQUE INDEX uq_job_runs_processing_singleton "
+    "ON job_runs (processing_singleton_key)",
+)
+"""One processing job per singleton key on MySQL, which has no partial index: a stored
+generated column holds the key only while the job is processing, unique (any number of
+NULLs pass). Not a model column (nothing reads it); ``base.compared_on`` leaves it out."""
+
+
+@event.listens_for(JobRun.__table__, "after_create")
+def _mysql_processing_singleton(_table: object, connection: Connection, **_kw: Any) -> None:
+    if connection.dialect.name == "mysql":
+        for statement in MYSQL_PROCESSING_SINGLETON:
+            connection.exec_driver_sql(statement)

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 
 from alembic import op
+from models.base import UtcDateTime
 
 revision: str = '0002'
 down_revision: str | None = '0001'
@@ -26,7 +27,7 @@ def upgrade() -> None:
     sa.Column('operator_action', sa.String(length=16), nullable=False),
     sa.Column('action_outcome', sa.String(length=16), nullable=False),
     sa.Column('refusal_reason', sa.String(length=64), nullable=True),
-    sa.Column('acted_at', sa.DateTime(timezone=True), nullable=False),
+    sa.Column('acted_at', UtcDateTime(), nullable=False),
     sa.Column('status_before', sa.String(length=16), nullable=True),
     sa.Column('status_after', sa.String(length=16), nullable=True),
     sa.Column('generation_before', sa.BigInteger(), nullable=True),
@@ -43,15 +44,18 @@ def upgrade() -> None:
     sa.Column('worker_name', sa.String(length=200), nullable=False),
     sa.Column('host_name', sa.String(length=200), nullable=False),
     sa.Column('process_id', sa.Integer(), nullable=False),
-    sa.Column('started_at', sa.DateTime(timezone=True), nullable=False),
-    sa.Column('heartbeat_at', sa.DateTime(timezone=True), nullable=False),
-    sa.Column('stopped_at', sa.DateTime(timezone=True), nullable=True),
+    sa.Column('started_at', UtcDateTime(), nullable=False),
+    sa.Column('heartbeat_at', UtcDateTime(), nullable=False),
+    sa.Column('stopped_at', UtcDateTime(), nullable=True),
     sa.Column('stop_reason', sa.String(length=16), nullable=True),
     sa.CheckConstraint("stop_reason IN ('stopped', 'replaced', 'heartbeat_lost')", name=op.f('ck_worker_sessions_stop_reason_known')),
     sa.PrimaryKeyConstraint('session_id', name=op.f('pk_worker_sessions'))
     )
     with op.batch_alter_table('worker_sessions', schema=None) as batch_op:
-        batch_op.create_index('ix_worker_sessions_live_heartbeat', ['heartbeat_at'], unique=False, postgresql_where=sa.text('stopped_at IS NULL'), sqlite_where=sa.text('stopped_at IS NULL'))
+        if op.get_bind().dialect.name == "mysql":  # no partial index: live sessions first
+            batch_op.create_index('ix_worker_sessions_stopped_heartbeat', ['stopped_at', 'heartbeat_at'], unique=False)
+        else:
+            batch_op.create_index('ix_worker_sessions_live_heartbeat', ['heartbeat_at'], unique=False, postgresql_where=sa.text('stopped_at IS NULL'), sqlite_where=sa.text('stopped_at IS NULL'))
         batch_op.create_index('ix_worker_sessions_live_identity', ['worker_name', 'host_name'], unique=False, postgresql_where=sa.text('stopped_at IS NULL'), sqlite_where=sa.text('stopped_at IS NULL'))
 
     op.create_table('job_artifacts',
@@ -59,8 +63,8 @@ def upgrade() -> None:
     sa.Column('claim_generation', sa.BigInteger(), nullable=False),
     sa.Column('artifact_name', sa.String(length=200), nullable=False),
     sa.Column('artifact_state', sa.String(length=16), nullable=False),
-    sa.Column('staged_at', sa.DateTime(timezone=True), nullable=False),
-    sa.Column('settled_at', sa.DateTime(timezone=True), nullable=True),
+    sa.Column('staged_at', UtcDateTime(), nullable=False),
+    sa.Column('settled_at', UtcDateTime(), nullable=True),
     sa.CheckConstraint("artifact_state IN ('staged', 'published', 'discarded')", name=op.f('ck_job_artifacts_artifact_state_known')),
     sa.ForeignKeyConstraint(['job_id'], ['job_runs.job_id'], name=op.f('fk_job_artifacts_job_id_job_runs'), ondelete='CASCADE'),
     sa.PrimaryKeyConstraint('job_id', 'claim_generation', 'artifact_name', name=op.f('pk_job_artifacts'))
@@ -85,7 +89,10 @@ def downgrade() -> None:
     op.drop_table('job_artifacts')
     with op.batch_alter_table('worker_sessions', schema=None) as batch_op:
         batch_op.drop_index('ix_worker_sessions_live_identity', postgresql_where=sa.text('stopped_at IS NULL'), sqlite_where=sa.text('stopped_at IS NULL'))
-        batch_op.drop_index('ix_worker_sessions_live_heartbeat', postgresql_where=sa.text('stopped_at IS NULL'), sqlite_where=sa.text('stopped_at IS NULL'))
+        if op.get_bind().dialect.name == "mysql":
+            batch_op.drop_index('ix_worker_sessions_stopped_heartbeat')
+        else:
+            batch_op.drop_index('ix_worker_sessions_live_heartbeat', postgresql_where=sa.text('stopped_at IS NULL'), sqlite_where=sa.text('stopped_at IS NULL'))
 
     op.drop_table('worker_sessions')
     with op.batch_alter_table('operator_actions', schema=None) as batch_op:

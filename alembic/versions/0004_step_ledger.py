@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 
 from alembic import op
+from models.base import UtcDateTime
 
 revision: str = '0004'
 down_revision: str | None = '0003'
@@ -29,9 +30,9 @@ def upgrade() -> None:
     sa.Column('step_state', sa.String(length=16), nullable=True),
     sa.Column('failure_retryable', sa.Boolean(), nullable=True),
     sa.Column('attempt_number', sa.BigInteger(), nullable=False),
-    sa.Column('started_at', sa.DateTime(timezone=True), nullable=True),
-    sa.Column('finished_at', sa.DateTime(timezone=True), nullable=True),
-    sa.Column('updated_at', sa.DateTime(timezone=True), nullable=False),
+    sa.Column('started_at', UtcDateTime(), nullable=True),
+    sa.Column('finished_at', UtcDateTime(), nullable=True),
+    sa.Column('updated_at', UtcDateTime(), nullable=False),
     sa.CheckConstraint("effect_kind IN ('pure', 'idempotent', 'effectful')", name=op.f('ck_step_ledger_entries_effect_kind_known')),
     sa.CheckConstraint("step_state IN ('started', 'succeeded', 'failed')", name=op.f('ck_step_ledger_entries_step_state_known')),
     sa.CheckConstraint('step_index >= 0', name=op.f('ck_step_ledger_entries_step_index_not_negative')),

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 
 from alembic import op
+from models.base import UtcDateTime
 
 revision: str = '0010'
 down_revision: str | None = '0009'
@@ -66,7 +67,7 @@ def upgrade() -> None:
         sa.Column('job_source', sa.String(length=SOURCE_MAX_LENGTH), nullable=False),
         sa.Column('job_key', sa.String(length=JOB_KEY_MAX_LENGTH), nullable=False),
         sa.Column('held_by', sa.String(length=ACTOR_MAX_LENGTH), nullable=True),
-        sa.Column('held_at', sa.DateTime(timezone=True), nullable=False),
+        sa.Column('held_at', UtcDateTime(), nullable=False),
         sa.PrimaryKeyConstraint('job_source', 'job_key', name=op.f('pk_operator_holds')),
     )
 

@@ -67,7 +67,8 @@ if TYPE_CHECKING:
     from reconciler.core.ports import JobSource
 
 __all__ = [
-    "DEFAULT_SOURCE", "EVERY_ENGINE", "POSTGRESQL", "REGISTRY", "SOURCES", "Bound",
+    "DEFAULT_SOURCE", "ENGINE_NAMES", "EVERY_ENGINE", "POSTGRESQL", "REGISTRY", "SOURCES",
+    "SQLITE_AND_POSTGRESQL", "Bound",
     "Capabilities", "Declared", "KeyType", "Opener", "SourceEntry", "entry_for", "entry_of",
     "integer_keyed", "is_native",
 ]
@@ -75,7 +76,11 @@ __all__ = [
 MAX_INTEGER_KEY = 2**63 - 1
 """The largest integer job id any source stores (a BIGINT)."""
 POSTGRESQL = frozenset({"postgresql"})
-EVERY_ENGINE = frozenset({"sqlite", "postgresql"})
+EVERY_ENGINE = frozenset({"sqlite", "postgresql", "mysql"})
+SQLITE_AND_POSTGRESQL = frozenset({"sqlite", "postgresql"})
+"""The foreign systems that run on MySQL too, until their sources do (issue 29)."""
+ENGINE_NAMES = {"sqlite": "SQLite", "postgresql": "PostgreSQL", "mysql": "MySQL or MariaDB"}
+"""An engine (a SQLAlchemy dialect's name) as a refusal names it."""
 
 KeyType = Literal["integer", "text", "either"]
 """How a source's job ids are spelled: whole numbers, text (a UUID), or as the mapped
@@ -247,7 +252,7 @@ REGISTRY: tuple[SourceEntry, ...] = (
                                           actions=frozenset(OperatorAction))),
     SourceEntry(kind="table", config="reconciler.sources.table.config:TableConfig",
                 source="reconciler.sources.table:DECLARATION", job_key="either",
-                engines=EVERY_ENGINE,
+                engines=SQLITE_AND_POSTGRESQL,
                 capabilities=Capabilities(heartbeat=False, error_field=True,
                                           actions=frozenset(OperatorAction))),
     # Task ids are UUIDs; the backend keeps no heartbeat (a lease is max_run_seconds), and
@@ -255,14 +260,14 @@ REGISTRY: tuple[SourceEntry, ...] = (
     SourceEntry(kind="django-tasks",
                 config="reconciler.sources.django_tasks:DjangoTasksConfig",
                 source="reconciler.sources.django_tasks:DECLARATION", job_key="text",
-                engines=EVERY_ENGINE,
+                engines=SQLITE_AND_POSTGRESQL,
                 capabilities=Capabilities(heartbeat=False, error_field=True,
                                           actions=frozenset(OperatorAction))),
     # Liveness is its workers' answer to Celery's control ping over the broker; our reason
     # is the failed result's exception. On both engines its database result backend runs.
     SourceEntry(kind="celery", config="reconciler.sources.celery:CeleryConfig",
                 source="reconciler.sources.celery:DECLARATION", job_key="text",
-                engines=EVERY_ENGINE,
+                engines=SQLITE_AND_POSTGRESQL,
                 capabilities=Capabilities(heartbeat=True, error_field=True,
                                           actions=frozenset(OperatorAction)),
                 extra="celery", imports=("celery", "redis")),

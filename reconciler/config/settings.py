@@ -31,8 +31,9 @@ log = logging.getLogger("reconciler.settings")
 # harness, failpoints, the real-systems source tests.
 NON_SETTING_VARIABLES = frozenset({
     "RECONCILER_CONFIG", "RECONCILER_FAILPOINTS", "RECONCILER_PG_BIN",
-    "RECONCILER_TEST_PG_DSN", "RECONCILER_STATEMACHINE_EXAMPLES",
-    "RECONCILER_STATEMACHINE_STEPS", "RECONCILER_SOURCES_FINDINGS",
+    "RECONCILER_TEST_PG_DSN", "RECONCILER_TEST_MARIADB_URL", "RECONCILER_TEST_ENGINES",
+    "RECONCILER_STATEMACHINE_EXAMPLES", "RECONCILER_STATEMACHINE_STEPS",
+    "RECONCILER_SOURCES_FINDINGS",
 })
 
 # Settings a file may hold instead (``<setting>_file``), so a secret never has to sit in a

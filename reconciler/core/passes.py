@@ -17,6 +17,7 @@ from typing import Any
 
 from reconciler import failpoints
 from reconciler.core.brake import BrakeLimits, apply_brake, brake, count_limit
+from reconciler.core.conflicts import retried
 from reconciler.core.decisions import Decision, Thresholds, decide
 from reconciler.core.evidence import (
     Evidence,
@@ -229,7 +230,8 @@ def run_pass(
     leaves nothing half-applied and nothing applied without its record.
     """
     with _collections_deferred():
-        return _run_pass(store, config, dry_run=dry_run, after=after)
+        # A pass the database rolled back to break a deadlock applied nothing: it runs again.
+        return retried(lambda: _run_pass(store, config, dry_run=dry_run, after=after))
 
 
 @contextmanager

@@ -7,10 +7,10 @@ import time
 from sqlalchemy.engine import Connection, Engine
 
 from reconciler.config.loader import Config
-from reconciler.config.registry import entry_of, is_native
+from reconciler.config.registry import ENGINE_NAMES, entry_of, is_native
 from reconciler.config.tables import SourceSettings
 from reconciler.core.kinds import KindRules
-from reconciler.errors import DatabaseUnavailableError
+from reconciler.errors import ConfigError, DatabaseUnavailableError
 from reconciler.sources.kit.source import DeclaredSource
 from reconciler.storage.pass_store import SourceFactory
 from reconciler.storage.schema import require_current
@@ -44,9 +44,15 @@ def check_at_start(engine: Engine, config: Config, retry_seconds: float) -> None
 
 
 def check_source(engine: Engine, config: Config) -> None:
-    """Refuse a foreign ``[source]`` whose tables, columns or functions are not there."""
+    """Refuse a foreign ``[source]`` on an engine it does not run on, or whose tables,
+    columns or functions are not there."""
     if is_native(config.source):
         return
+    engines, dialect = entry_of(config.source).engines, engine.dialect.name
+    if dialect not in engines:
+        needs = " or ".join(ENGINE_NAMES[name] for name in ENGINE_NAMES if name in engines)
+        raise ConfigError(f"source {config.source.kind} needs {needs} (the database_url is "
+                          f"{dialect})")
     with engine.connect() as conn:
         open_foreign_source(conn, config.source, config.kinds, lock=False).check_schema()
         conn.rollback()

@@ -23,12 +23,13 @@ from reconciler.core.vocabulary import (
     PassOutcome,
 )
 from reconciler.storage.clock import db_now, now_plus
-from reconciler.storage.engines import is_postgresql
 from reconciler.storage.operator import NATIVE
 from reconciler.storage.operator_record import held_among
 from reconciler.storage.sql import (
+    MYSQL,
     decisions,
     encode_rows,
+    insert_id,
     insert_into,
     json_rows,
     key_in,
@@ -59,9 +60,9 @@ class _Statements:
 
 
 @functools.cache
-def _statements(postgres: bool) -> _Statements:
+def _statements(dialect: str) -> _Statements:
     finished = {"started_at": db_now(), "finished_at": db_now()}
-    source = json_rows(postgres, "recorded", DECISION_COLUMNS)
+    source = json_rows(dialect, "recorded", DECISION_COLUMNS)
     names = [name for name, _ in DECISION_COLUMNS]
     earlier = decisions.alias("earlier")
     # A skip for the same job, reason and generation (and mode) was recorded by an earlier
@@ -79,13 +80,13 @@ def _statements(postgres: bool) -> _Statements:
         ),
     )
     return _Statements(
+        # Their ids come back as the inserted primary key: RETURNING on PostgreSQL, the
+        # insert id on SQLite and MySQL (MySQL 8 has no RETURNING at all).
         start_pass=passes.insert()
-        .values(reconciler_instance=sa.bindparam("pass_instance"), started_at=db_now())
-        .returning(passes.c.pass_id),
+        .values(reconciler_instance=sa.bindparam("pass_instance"), started_at=db_now()),
         quiet_pass=passes.insert()
         .values(reconciler_instance=sa.bindparam("pass_instance"),
-                pass_outcome=sa.bindparam("outcome_value"), **finished)
-        .returning(passes.c.pass_id),
+                pass_outcome=sa.bindparam("outcome_value"), **finished),
         record_decisions=decisions.insert().from_select(
             ["pass_id", "decided_at", *names],
             sa.select(sa.bindparam("recording_pass_id", type_=sa.BigInteger()), db_now(),
@@ -98,13 +99,16 @@ def _statements(postgres: bool) -> _Statements:
                 terminalized_count=sa.bindparam("n_terminalized"),
                 skipped_count=sa.bindparam("n_skipped"),
                 finished_at=db_now(), pass_outcome=sa.bindparam("outcome_value")),
-        lead=_leadership_statement(postgres),
+        lead=_leadership_statement(dialect),
     )
 
 
-def _leadership_statement(postgres: bool) -> Any:
-    """Acquire or renew the leader lease (fenced by holder and expiry); the token or no row."""
-    stmt = insert_into(postgres, leases).values(
+def _leadership_statement(dialect: str) -> Any:
+    """Acquire or renew the leader lease (fenced by holder and expiry); the token or no row
+    (on MySQL, the upsert alone: ``SqlLease.take`` reads the token after it)."""
+    if dialect == MYSQL:
+        return _mysql_leadership()
+    stmt = insert_into(dialect, leases).values(
         lease_name=sa.bindparam("lead_name"), holder_id=sa.bindparam("lead_holder"),
         fencing_token=1, lease_expires_at=now_plus(seconds_param("lead_ttl_seconds")),
     )
@@ -123,6 +127,29 @@ def _leadership_statement(postgres: bool) -> Any:
         where=sa.or_(leases.c.holder_id == excluded.holder_id,
                      leases.c.lease_expires_at <= db_now()),
     ).returning(leases.c.fencing_token)
+
+
+def _mysql_leadership() -> Any:
+    """The leadership upsert on MySQL, which has no conditional ON DUPLICATE KEY UPDATE:
+    each column changes only where the lease is this holder's or has expired. Assignments
+    run left to right, each seeing those before it, so the token is judged on the old
+    holder, and the expiry last, when the holder is the new one exactly where it was taken.
+    """
+    stmt = insert_into(MYSQL, leases).values(
+        lease_name=sa.bindparam("lead_name"), holder_id=sa.bindparam("lead_holder"),
+        fencing_token=1, lease_expires_at=now_plus(seconds_param("lead_ttl_seconds")),
+    )
+    new = stmt.inserted
+    mine = leases.c.holder_id == new.holder_id
+    takes = sa.or_(mine, leases.c.lease_expires_at <= db_now())
+    return stmt.on_duplicate_key_update([
+        ("fencing_token", sa.case((mine, leases.c.fencing_token),
+                                  (takes, leases.c.fencing_token + 1),
+                                  else_=leases.c.fencing_token)),
+        ("holder_id", sa.case((takes, new.holder_id), else_=leases.c.holder_id)),
+        ("lease_expires_at", sa.case((mine, new.lease_expires_at),
+                                     else_=leases.c.lease_expires_at)),
+    ])
 
 
 KindOf = Callable[[JobKey], str | None]
@@ -163,19 +190,17 @@ class SqlAudit:
 
     def __init__(self, conn: Connection, kind_of: KindOf = _no_kind) -> None:
         self.conn = conn
-        self.sql = _statements(is_postgresql(conn))
+        self.sql = _statements(conn.dialect.name)
         self.kind_of = kind_of
 
     def start_pass(self, instance: str) -> int:
         """Insert this pass's row; outcome and counts are filled in by ``finish_pass``."""
-        return int(self.conn.execute(self.sql.start_pass, {"pass_instance": instance})
-                   .scalar_one())
+        return insert_id(self.conn, self.sql.start_pass, {"pass_instance": instance})
 
     def record_quiet_pass(self, instance: str, outcome: PassOutcome) -> int:
         """Insert a pass that decided nothing (not leader, or nothing stale) in one statement."""
-        return int(self.conn.execute(self.sql.quiet_pass, {
-            "pass_instance": instance, "outcome_value": outcome.value,
-        }).scalar_one())
+        return insert_id(self.conn, self.sql.quiet_pass, {
+            "pass_instance": instance, "outcome_value": outcome.value})
 
     def held_among(self, source_name: str, job_ids: Sequence[JobKey]) -> set[str]:
         """Those of ``job_ids`` (as text) an operator holds by the reconciler's own hold;
@@ -210,13 +235,19 @@ class SqlLease:
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
-        self.sql = _statements(is_postgresql(conn))
+        self.sql = _statements(conn.dialect.name)
 
     def take(self, lease_name: str, holder_id: str, ttl_seconds: float) -> int | None:
         """Acquire or renew the leader lease in this transaction (fenced by holder and expiry)."""
-        token = self.conn.execute(self.sql.lead, {
-            "lead_name": lease_name, "lead_holder": holder_id, "lead_ttl_seconds": ttl_seconds,
-        }).scalar_one_or_none()
+        params = {"lead_name": lease_name, "lead_holder": holder_id,
+                  "lead_ttl_seconds": ttl_seconds}
+        if self.conn.dialect.name != MYSQL:
+            token = self.conn.execute(self.sql.lead, params).scalar_one_or_none()
+        else:
+            self.conn.execute(self.sql.lead, params)
+            token = self.conn.execute(sa.select(leases.c.fencing_token).where(
+                leases.c.lease_name == lease_name, leases.c.holder_id == holder_id)
+            ).scalar_one_or_none()
         return None if token is None else int(token)
 
     def release(self, lease_name: str, holder_id: str) -> None:
@@ -264,12 +295,9 @@ def write_brake(conn: Connection, engaged_since: datetime | None) -> None:
 
 def record_failed_pass(conn: Connection, instance: str, error_code: str) -> int:
     """Insert a pass that failed before it could record itself."""
-    return int(conn.execute(
-        passes.insert().values(
-            reconciler_instance=instance, started_at=db_now(), finished_at=db_now(),
-            pass_outcome=PassOutcome.ERROR.value, error_code=error_code,
-        ).returning(passes.c.pass_id)
-    ).scalar_one())
+    return insert_id(conn, passes.insert().values(
+        reconciler_instance=instance, started_at=db_now(), finished_at=db_now(),
+        pass_outcome=PassOutcome.ERROR.value, error_code=error_code))
 
 
 def delete_audit_before(conn: Connection, days: float, limit: int) -> int:

@@ -24,14 +24,17 @@ from reconciler.core.vocabulary import (
 )
 from reconciler.storage import transitions
 from reconciler.storage.clock import db_now, now_plus
+from reconciler.storage.deadlocks import deadlock_retried
 from reconciler.storage.diagnosis import error_code
-from reconciler.storage.engines import is_postgresql, lock_wait
+from reconciler.storage.engines import lock_wait
 from reconciler.storage.sql import (
+    MYSQL,
     artifacts,
     insert_into,
     jobs,
     session_gone,
     steps,
+    upsert,
     wake_workers,
 )
 
@@ -71,11 +74,23 @@ class ClaimsSql:
         }
         if connection is not None:
             return self._enqueue_on(connection, row, idempotency_key)
+        return self._enqueue_alone(row, idempotency_key)
+
+    @deadlock_retried
+    def _enqueue_alone(self, row: dict[str, Any], key: str | None) -> int:
         with self.engine.begin() as conn:
-            return self._enqueue_on(conn, row, idempotency_key)
+            return self._enqueue_on(conn, row, key)
 
     def _enqueue_on(self, conn: Connection, row: dict[str, Any], key: str | None) -> int:
-        stmt = insert_into(is_postgresql(conn), jobs).values(**row)
+        stmt = insert_into(conn.dialect.name, jobs).values(**row)
+        if conn.dialect.name == MYSQL:
+            # No RETURNING on MySQL 8: the job's id is the insert id, and for a key already
+            # taken the existing job's, made the insert id by LAST_INSERT_ID(job_id) (the
+            # documented idiom). Idle workers poll there: nobody to wake.
+            if key is not None:
+                stmt = stmt.on_duplicate_key_update(
+                    job_id=sa.func.last_insert_id(jobs.c.job_id))
+            return int(conn.execute(stmt).lastrowid)
         if key is not None:
             stmt = stmt.on_conflict_do_nothing(index_elements=[jobs.c.idempotency_key])
         job_id = conn.execute(stmt.returning(jobs.c.job_id)).scalar_one_or_none()
@@ -105,6 +120,7 @@ class ClaimsSql:
                     raise
         return None
 
+    @deadlock_retried
     def _claim_once(self, worker: str, lease_seconds: float, kinds: Sequence[str] | None,
                     session_id: int | None) -> ClaimedJob | None:
         # A claim is a poll: on a SQLite database whose write lock another writer holds, it
@@ -127,6 +143,7 @@ class ClaimsSql:
         """The fenced write every post-claim operation starts with (``transitions.fence``)."""
         return transitions.fence(conn, job_id, token, *extra, **changes)
 
+    @deadlock_retried
     def heartbeat(self, job_id: int, token: str, lease_seconds: float) -> None:
         """Renew this claim's lease only; activity does not move (a beat is not progress)."""
         with self.engine.begin() as conn:
@@ -134,11 +151,13 @@ class ClaimsSql:
             self._fence(conn, job_id, token, ~session_gone(),
                         lease_expires_at=now_plus(lease_seconds))
 
+    @deadlock_retried
     def report_progress(self, job_id: int, token: str) -> None:
         """Record that the handler moved: ``last_activity_at`` becomes now."""
         with self.engine.begin() as conn:
             self._fence(conn, job_id, token, last_activity_at=db_now(), updated_at=db_now())
 
+    @deadlock_retried
     def record_step(
         self, job_id: int, token: str, step_index: int, spec: PlanStep, state: StepState,
         *, error_code: str | None = None, retryable: bool | None = None,
@@ -163,34 +182,32 @@ class ClaimsSql:
                     raise StepNotStartedError(
                         f"step {step_index} was not started by this claim")
                 return
-            stmt = insert_into(is_postgresql(conn), steps).values(
-                job_id=job_id, step_index=step_index, step_name=spec.step_name,
-                effect_kind=spec.kind.value, step_state=state.value,
-                claim_generation=generation, started_at=db_now(),
-                finished_at=db_now() if state is StepState.FAILED else None,
-                error_code=error_code, failure_retryable=retryable,
-            )
             keep_start = state is not StepState.STARTED
-            conn.execute(stmt.on_conflict_do_update(
-                index_elements=[steps.c.job_id, steps.c.step_index],
-                set_={
-                    "step_name": stmt.excluded.step_name,
-                    "effect_kind": stmt.excluded.effect_kind,
-                    "step_state": stmt.excluded.step_state,
-                    "claim_generation": stmt.excluded.claim_generation,
-                    # A failure or a wait keeps the start time of the same attempt's start.
-                    "started_at": sa.case(
-                        (sa.and_(sa.literal(keep_start),
-                                 steps.c.claim_generation == stmt.excluded.claim_generation),
-                         steps.c.started_at),
-                        else_=stmt.excluded.started_at,
-                    ),
-                    "finished_at": stmt.excluded.finished_at,
-                    "error_code": stmt.excluded.error_code,
-                    "failure_retryable": stmt.excluded.failure_retryable,
-                },
-            ))
+            conn.execute(upsert(conn.dialect.name, steps, {
+                "job_id": job_id, "step_index": step_index, "step_name": spec.step_name,
+                "effect_kind": spec.kind.value, "step_state": state.value,
+                "claim_generation": generation, "started_at": db_now(),
+                "finished_at": db_now() if state is StepState.FAILED else None,
+                "error_code": error_code, "failure_retryable": retryable,
+            }, keys=[steps.c.job_id, steps.c.step_index], changes=lambda new: {
+                # A failure or a wait keeps the start time of the same attempt's start
+                # (first: it reads the generation the row had).
+                "started_at": sa.case(
+                    (sa.and_(sa.literal(keep_start),
+                             steps.c.claim_generation == new.claim_generation),
+                     steps.c.started_at),
+                    else_=new.started_at,
+                ),
+                "step_name": new.step_name,
+                "effect_kind": new.effect_kind,
+                "step_state": new.step_state,
+                "claim_generation": new.claim_generation,
+                "finished_at": new.finished_at,
+                "error_code": new.error_code,
+                "failure_retryable": new.failure_retryable,
+            }))
 
+    @deadlock_retried
     def complete(self, job_id: int, token: str) -> int:
         """Fenced completion: the job, its attempt and its staged artifacts, together.
 
@@ -201,6 +218,7 @@ class ClaimsSql:
             transitions.completed(conn, job_id, row.claim_generation)
             return int(row.claim_generation)
 
+    @deadlock_retried
     def fail(
         self, job_id: int, token: str, error_code: str, *, retryable: bool,
         backoff_seconds: float, backoff_max_seconds: float, status_reason: str | None = None,
@@ -213,6 +231,7 @@ class ClaimsSql:
                 conn, job_id, row, retryable=retryable, backoff_seconds=backoff_seconds,
                 backoff_max_seconds=backoff_max_seconds, status_reason=status_reason)
 
+    @deadlock_retried
     def release(self, job_id: int, token: str) -> None:
         """Fenced graceful release: requeue now, give the attempt back, keep the resume point."""
         with self.engine.begin() as conn:
@@ -220,19 +239,17 @@ class ClaimsSql:
                               attempt_count=jobs.c.attempt_count - 1)
             transitions.released(conn, job_id, row)
 
+    @deadlock_retried
     def stage_artifact(self, job_id: int, token: str, artifact_name: str) -> int:
         """Fenced: record an artifact staged by this claim; returns its generation."""
         with self.engine.begin() as conn:
             row = self._fence(conn, job_id, token, last_activity_at=db_now(),
                               updated_at=db_now())
-            stmt = insert_into(is_postgresql(conn), artifacts).values(
-                job_id=job_id, claim_generation=row.claim_generation,
-                artifact_name=artifact_name, artifact_state=ArtifactState.STAGED.value,
-                staged_at=db_now(),
-            )
-            conn.execute(stmt.on_conflict_do_update(
-                index_elements=[artifacts.c.job_id, artifacts.c.claim_generation,
-                                artifacts.c.artifact_name],
-                set_={"staged_at": stmt.excluded.staged_at},
-            ))
+            conn.execute(upsert(conn.dialect.name, artifacts, {
+                "job_id": job_id, "claim_generation": row.claim_generation,
+                "artifact_name": artifact_name,
+                "artifact_state": ArtifactState.STAGED.value, "staged_at": db_now(),
+            }, keys=[artifacts.c.job_id, artifacts.c.claim_generation,
+                     artifacts.c.artifact_name],
+                changes=lambda new: {"staged_at": new.staged_at}))
             return int(row.claim_generation)

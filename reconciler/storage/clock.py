@@ -119,3 +119,23 @@ def now_plus(seconds: float | ColumnElement[Any]) -> db_now_plus:
     """``db_now_plus`` with a plain number bound as a float parameter."""
     value = seconds if isinstance(seconds, ColumnElement) else literal(float(seconds), Float())
     return db_now_plus(value)
+
+
+@compiles(db_now, "mysql")
+def _mysql_now(element: db_now, compiler: SQLCompiler, **kw: Any) -> str:
+    return "UTC_TIMESTAMP(6)"
+
+
+@compiles(db_now_plus, "mysql")
+def _mysql_now_plus(element: db_now_plus, compiler: SQLCompiler, **kw: Any) -> str:
+    (seconds,) = element.clauses
+    # Whole microseconds: TIMESTAMPADD takes an integer count of its unit.
+    return (f"TIMESTAMPADD(MICROSECOND, CAST(ROUND({compiler.process(seconds, **kw)} "
+            "* 1000000) AS SIGNED), UTC_TIMESTAMP(6))")
+
+
+@compiles(seconds_since, "mysql")
+def _mysql_seconds_since(element: seconds_since, compiler: SQLCompiler, **kw: Any) -> str:
+    (column,) = element.clauses
+    return (f"(TIMESTAMPDIFF(MICROSECOND, {compiler.process(column, **kw)}, "
+            "UTC_TIMESTAMP(6)) / 1000000.0)")

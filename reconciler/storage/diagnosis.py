@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy.exc import DBAPIError
 
+from reconciler.core.conflicts import TransactionConflict
 from reconciler.core.vocabulary import DatabaseErrorCode
 from reconciler.errors import DatabaseUnavailableError, SchemaOutOfDateError
 from reconciler.redaction import redact
@@ -55,6 +56,30 @@ _SQLITE_MESSAGES: tuple[tuple[str, DatabaseErrorCode], ...] = (
     ("authorization denied", DatabaseErrorCode.PERMISSION_DENIED),
     ("interrupted", DatabaseErrorCode.TIMEOUT),
 )
+# MySQL and MariaDB error numbers -> code.
+_MYSQL_ERRORS: dict[int, DatabaseErrorCode] = {
+    1205: DatabaseErrorCode.LOCK_TIMEOUT,          # ER_LOCK_WAIT_TIMEOUT
+    1213: DatabaseErrorCode.CONFLICT,              # ER_LOCK_DEADLOCK
+    1969: DatabaseErrorCode.TIMEOUT,               # MariaDB: max_statement_time
+    3024: DatabaseErrorCode.TIMEOUT,               # MySQL: max_execution_time
+    1792: DatabaseErrorCode.READ_ONLY,             # ER_CANT_EXECUTE_IN_READ_ONLY_TRANSACTION
+    1290: DatabaseErrorCode.READ_ONLY,             # --read-only server
+    1142: DatabaseErrorCode.PERMISSION_DENIED,     # ER_TABLEACCESS_DENIED_ERROR
+    1044: DatabaseErrorCode.PERMISSION_DENIED,     # ER_DBACCESS_DENIED_ERROR
+    1045: DatabaseErrorCode.AUTHENTICATION_FAILED,  # ER_ACCESS_DENIED_ERROR
+    1146: DatabaseErrorCode.SCHEMA_MISMATCH,       # ER_NO_SUCH_TABLE
+    1054: DatabaseErrorCode.SCHEMA_MISMATCH,       # ER_BAD_FIELD_ERROR
+    1305: DatabaseErrorCode.SCHEMA_MISMATCH,       # ER_SP_DOES_NOT_EXIST
+    1049: DatabaseErrorCode.SCHEMA_MISMATCH,       # ER_BAD_DB_ERROR
+    1114: DatabaseErrorCode.DISK_FULL,             # ER_RECORD_FILE_FULL
+    1040: DatabaseErrorCode.TOO_MANY_CONNECTIONS,  # ER_CON_COUNT_ERROR
+    2003: DatabaseErrorCode.UNREACHABLE,           # CR_CONN_HOST_ERROR
+    2006: DatabaseErrorCode.UNREACHABLE,           # CR_SERVER_GONE_ERROR
+    2013: DatabaseErrorCode.UNREACHABLE,           # CR_SERVER_LOST
+    1062: DatabaseErrorCode.INVALID_DATA,          # ER_DUP_ENTRY
+    1452: DatabaseErrorCode.INVALID_DATA,          # ER_NO_REFERENCED_ROW_2
+    1406: DatabaseErrorCode.INVALID_DATA,          # ER_DATA_TOO_LONG
+}
 
 
 def error_code(exc: BaseException) -> DatabaseErrorCode:
@@ -63,11 +88,19 @@ def error_code(exc: BaseException) -> DatabaseErrorCode:
         return DatabaseErrorCode.SCHEMA_MISMATCH
     if isinstance(exc, DatabaseUnavailableError):
         return DatabaseErrorCode.UNREACHABLE
+    if isinstance(exc, TransactionConflict):  # deadlocked on every attempt
+        return DatabaseErrorCode.CONFLICT
     orig = exc.orig if isinstance(exc, DBAPIError) else exc
     # psycopg is imported only by a PostgreSQL engine: with none loaded, no error is its.
     psycopg = sys.modules.get("psycopg")
     if psycopg is not None and isinstance(orig, psycopg.Error):
         return _psycopg_code(psycopg, orig)
+    pymysql = sys.modules.get("pymysql")
+    if pymysql is not None and isinstance(orig, pymysql.err.MySQLError):
+        number = orig.args[0] if orig.args and isinstance(orig.args[0], int) else None
+        return _MYSQL_ERRORS.get(number, DatabaseErrorCode.OTHER) if number else (
+            DatabaseErrorCode.UNREACHABLE if isinstance(orig, pymysql.err.OperationalError)
+            else DatabaseErrorCode.OTHER)
     if isinstance(orig, sqlite3.Error):
         message = str(orig).lower()
         return next((code for fragment, code in _SQLITE_MESSAGES if fragment in message),

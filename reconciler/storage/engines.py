@@ -35,6 +35,8 @@ from reconciler.storage.clock import sqlite_clock
 
 READ_ONLY = "reconciler_read_only"
 LOCK_WAIT = "reconciler_lock_wait_seconds"
+SUPPORTED_URLS = ("sqlite:///PATH, postgresql+psycopg://... (PostgreSQL 13+) or "
+                  "mysql+pymysql://... (MySQL 8.0+, MariaDB 10.6+)")
 ANSWER_MARGIN_SECONDS = 2.0
 """How much longer than its statement timeout the client waits for a reply."""
 
@@ -96,9 +98,15 @@ def create_engine(database_url: str, *, timeouts: DatabaseTimeouts | None = None
         engine = _sqlite_engine(url, timeouts, must_exist, **kwargs)
     elif backend == "postgresql":
         engine = _postgresql_engine(url, timeouts, **kwargs)
+    elif backend in ("mysql", "mariadb"):
+        from reconciler.storage.mysql import mysql_engine  # noqa: PLC0415
+
+        engine = mysql_engine(url, connect_seconds=timeouts.connect_seconds,
+                              statement_seconds=timeouts.statement_seconds,
+                              lock_seconds=timeouts.lock_seconds, **kwargs)
     else:
-        raise ConfigError(f"database_url: unsupported database {backend!r}; "
-                          "use sqlite:///PATH or postgresql+psycopg://...")
+        raise ConfigError(f"database_url: unsupported database {backend!r}; use "
+                          f"{SUPPORTED_URLS}")
     return engine
 
 
@@ -212,8 +220,14 @@ def limit_transaction(conn: Connection, *, statement_seconds: float | None,
     """Give the open transaction its own statement and lock timeouts (None: no limit).
 
     PostgreSQL: ``SET LOCAL`` (gone at commit or rollback), and the client's answer limit
-    to match. SQLite has neither; its busy timeout bounds lock waits.
+    to match. MySQL: the session's, until the connection returns to the pool
+    (``mysql.limit_session``). SQLite has neither; its busy timeout bounds lock waits.
     """
+    if conn.dialect.name == "mysql":
+        from reconciler.storage.mysql import limit_session  # noqa: PLC0415
+
+        limit_session(conn, statement_seconds=statement_seconds, lock_seconds=lock_seconds)
+        return
     if not is_postgresql(conn):
         return
     # SET LOCAL, in one round trip (set_config(..., true) is its function form).

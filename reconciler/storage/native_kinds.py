@@ -29,10 +29,18 @@ from reconciler.storage.native_source import (
     NativeSource,
     brake_totals,
     evidence_columns,
-    place_type,
 )
 from reconciler.storage.pass_store import SourceFactory, native_source
-from reconciler.storage.sql import IN_PROCESSING, SCANNED, for_update, jobs
+from reconciler.storage.sql import (
+    ACTIVITY_INDEX,
+    EXPIRY_INDEX,
+    IN_PROCESSING,
+    SCANNED,
+    along,
+    for_update,
+    jobs,
+    place_type,
+)
 
 
 class KindedNativeSource(NativeSource):
@@ -62,28 +70,29 @@ class KindedNativeSource(NativeSource):
         if not policies or limit <= 0:
             return []
         reconciled = jobs.c.job_kind.in_(sorted(policies))
-        expired = (sa.select(*evidence_columns(self.postgres), *brake_totals(reconciled))
-                   .where(SCANNED, reconciled, jobs.c.lease_expires_at <= db_now())
-                   .order_by(jobs.c.lease_expires_at, jobs.c.job_id).limit(limit))
+        expired = along(sa.select(*evidence_columns(self.dialect), *brake_totals(reconciled))
+                        .where(SCANNED, reconciled, jobs.c.lease_expires_at <= db_now())
+                        .order_by(jobs.c.lease_expires_at, jobs.c.job_id).limit(limit),
+                        EXPIRY_INDEX)
         if after is not None and after.position is not None:
-            expired = expired.where(_after(self.postgres, jobs.c.lease_expires_at, after.position))
+            expired = expired.where(_after(self.dialect, jobs.c.lease_expires_at, after.position))
         rows: list[Any] = list(self.conn.execute(
-            for_update(self.postgres, expired, lock=self.lock)).all())
+            for_update(self.dialect, expired, lock=self.lock)).all())
         self.counted(rows)
         if len(rows) < limit:
             wedged_after = sa.case(
                 {kind: sa.literal(-p.thresholds.wedged_after_seconds, sa.Float())
                  for kind, p in policies.items()},
                 value=jobs.c.job_kind)
-            wedged = (sa.select(*evidence_columns(self.postgres))
-                      .where(SCANNED, reconciled,
-                             jobs.c.last_activity_at <= now_plus(wedged_after),
-                             jobs.c.lease_expires_at > db_now())
-                      .order_by(jobs.c.last_activity_at, jobs.c.job_id)
-                      .limit(limit - len(rows)))
+            wedged = along(sa.select(*evidence_columns(self.dialect))
+                           .where(SCANNED, reconciled,
+                                  jobs.c.last_activity_at <= now_plus(wedged_after),
+                                  jobs.c.lease_expires_at > db_now())
+                           .order_by(jobs.c.last_activity_at, jobs.c.job_id)
+                           .limit(limit - len(rows)), ACTIVITY_INDEX)
             if after is not None and after.wedged is not None:
-                wedged = wedged.where(_after(self.postgres, jobs.c.last_activity_at, after.wedged))
-            rows += self.conn.execute(for_update(self.postgres, wedged, lock=self.lock)).all()
+                wedged = wedged.where(_after(self.dialect, jobs.c.last_activity_at, after.wedged))
+            rows += self.conn.execute(for_update(self.dialect, wedged, lock=self.lock)).all()
         return self._with_steps(rows)
 
     def stuck_work(self, *kinds: Any) -> StuckWork:
@@ -122,11 +131,11 @@ class KindedNativeSource(NativeSource):
                    .scalar_one())
 
 
-def _after(postgres: bool, time_column: Any, place: tuple[Any, ...]) -> Any:
+def _after(dialect: str, time_column: Any, place: tuple[Any, ...]) -> Any:
     """Rows after a cursor's (time, job id) in a scan ordered by ``time_column``, job id."""
     at, job_id = place
     return (sa.tuple_(time_column, jobs.c.job_id)
-            > sa.tuple_(sa.literal(at, place_type(postgres)),
+            > sa.tuple_(sa.literal(at, place_type(dialect)),
                         sa.literal(job_id, sa.BigInteger())))
 
 

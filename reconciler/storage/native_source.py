@@ -39,41 +39,38 @@ from reconciler.core.vocabulary import (
 )
 from reconciler.storage import transitions
 from reconciler.storage.clock import db_now, now_plus, seconds_since
-from reconciler.storage.engines import is_postgresql
 from reconciler.storage.sql import (
+    ACTIVITY_INDEX,
+    EXPIRY_INDEX,
     IN_PROCESSING,
     PLAN_TEXT,
     PROCESSING,
     SCANNED,
+    along,
     artifacts,
     as_float,
     attempts,
     batch_ids,
+    batch_params,
     encode_rows,
     for_update,
     in_batch,
     jobs,
+    keyed,
+    place_type,
     seconds_param,
     session_gone,
     sessions,
     steps,
+    update_returning,
     wake_workers,
 )
 
 
-def place_type(postgres: bool) -> Any:
-    """The type a scan's place (a lease expiry, a last activity) is read as and bound back
-    as: the database's own value, never converted. SQLite stores timestamps as fixed-width
-    text that sorts as it compares, so the text is the place (parsing two a row into aware
-    datetimes cost about 1.5 us a job, for a cursor the pass reads once a batch);
-    PostgreSQL's driver gives a timestamptz as a datetime already."""
-    return sa.DateTime(timezone=True) if postgres else sa.String()
-
-
-def evidence_columns(postgres: bool) -> tuple[Any, ...]:
+def evidence_columns(dialect: str) -> tuple[Any, ...]:
     """The facts a decision reads, ages measured by the database clock in the statement,
     and the row's places in the two scans (``place_type``)."""
-    place = place_type(postgres)
+    place = place_type(dialect)
     return (
         jobs.c.job_id, jobs.c.job_kind, jobs.c.claim_generation, jobs.c.attempt_count,
         jobs.c.max_attempts, jobs.c.operator_hold,
@@ -111,7 +108,7 @@ class _Statements:
 STEP, ATTEMPT, ARTIFACT = 0, 1, 2
 
 
-def _records_statement(postgres: bool) -> Any:
+def _records_statement(dialect: str) -> Any:
     """A batch's step records, attempt history (newest first) and artifact states in one
     statement: one round trip instead of three, each part still an index lookup by job."""
     def tagged(tag: int) -> Any:
@@ -125,16 +122,16 @@ def _records_statement(postgres: bool) -> Any:
         sa.select(tagged(STEP), steps.c.job_id,
                   sa.cast(steps.c.step_index, sa.BigInteger()).label("number"),
                   steps.c.step_state.label("state"), retryable.label("extra"), no_order)
-        .where(in_batch(postgres, steps.c.job_id)),
+        .where(in_batch(dialect, steps.c.job_id)),
         sa.select(tagged(ATTEMPT), attempts.c.job_id,
                   sa.cast(attempts.c.attempt_number, sa.BigInteger()).label("number"),
                   attempts.c.attempt_outcome.label("state"), attempts.c.ended_by.label("extra"),
                   attempts.c.claim_generation.label("newest"))
-        .where(in_batch(postgres, attempts.c.job_id)),
+        .where(in_batch(dialect, attempts.c.job_id)),
         sa.select(tagged(ARTIFACT), artifacts.c.job_id,
                   artifacts.c.claim_generation.label("number"),
                   artifacts.c.artifact_state.label("state"), no_text, no_order)
-        .where(in_batch(postgres, artifacts.c.job_id)),
+        .where(in_batch(dialect, artifacts.c.job_id)),
     ).subquery("records")
     return sa.select(records).order_by(records.c.tag, records.c.job_id,
                                        records.c.newest.desc())
@@ -143,11 +140,11 @@ def _records_statement(postgres: bool) -> Any:
 _RETRYABLE = {"t": True, "f": False, None: None}
 
 
-def after_row(postgres: bool, time_column: Any, name: str) -> Any:
+def after_row(dialect: str, time_column: Any, name: str) -> Any:
     """Rows after a cursor's (time, job id) in a scan ordered by ``time_column``, job id;
     the time bound as the scan read it (``place_type``)."""
     return (sa.tuple_(time_column, jobs.c.job_id)
-            > sa.tuple_(sa.bindparam(name, type_=place_type(postgres)),
+            > sa.tuple_(sa.bindparam(name, type_=place_type(dialect)),
                         sa.bindparam("after_job_id", type_=sa.BigInteger())))
 
 
@@ -167,38 +164,38 @@ def brake_totals(*kinds: Any) -> tuple[Any, Any]:
 
 
 @functools.cache
-def _statements(postgres: bool, lock: bool) -> _Statements:
-    columns = evidence_columns(postgres)
+def _statements(dialect: str, lock: bool) -> _Statements:
+    columns = evidence_columns(dialect)
     limit = sa.bindparam("batch_limit", type_=sa.Integer())
-    expired = (sa.select(*columns, *brake_totals())
-               .where(SCANNED, jobs.c.lease_expires_at <= db_now())
-               .order_by(jobs.c.lease_expires_at, jobs.c.job_id).limit(limit))
-    expired_after = expired.where(after_row(postgres, jobs.c.lease_expires_at,
+    expired = along(sa.select(*columns, *brake_totals())
+                    .where(SCANNED, jobs.c.lease_expires_at <= db_now())
+                    .order_by(jobs.c.lease_expires_at, jobs.c.job_id).limit(limit),
+                    EXPIRY_INDEX)
+    expired_after = expired.where(after_row(dialect, jobs.c.lease_expires_at,
                                              "after_expires_at"))
-    wedged = (
+    wedged = along(
         sa.select(*columns)
         .where(SCANNED,
                jobs.c.last_activity_at <= now_plus(seconds_param("wedged_cutoff_seconds")),
                jobs.c.lease_expires_at > db_now())
         .order_by(jobs.c.last_activity_at, jobs.c.job_id)
-        .limit(limit)
-    )
-    wedged_after = wedged.where(after_row(postgres, jobs.c.last_activity_at,
+        .limit(limit), ACTIVITY_INDEX)
+    wedged_after = wedged.where(after_row(dialect, jobs.c.last_activity_at,
                                            "after_activity_at"))
     return _Statements(
         silent_sessions=sa.select(sessions.c.session_id).where(
             sessions.c.stopped_at.is_(None),
             sessions.c.heartbeat_at <= now_plus(seconds_param("session_cutoff_seconds")),
         ),
-        expired=for_update(postgres, expired, lock=lock),
-        expired_after=for_update(postgres, expired_after, lock=lock),
-        wedged=for_update(postgres, wedged, lock=lock),
-        wedged_after=for_update(postgres, wedged_after, lock=lock),
-        records=_records_statement(postgres),
-        swap=transitions.swap_statement(postgres),
-        close_attempts=transitions.end_attempts_statement(postgres),
-        publish=transitions.publish_statement(postgres),
-        park=transitions.park_statement(postgres),
+        expired=for_update(dialect, expired, lock=lock),
+        expired_after=for_update(dialect, expired_after, lock=lock),
+        wedged=for_update(dialect, wedged, lock=lock),
+        wedged_after=for_update(dialect, wedged_after, lock=lock),
+        records=_records_statement(dialect),
+        swap=transitions.swap_statement(dialect),
+        close_attempts=transitions.end_attempts_statement(dialect),
+        publish=transitions.publish_statement(dialect),
+        park=transitions.park_statement(dialect),
     )
 
 
@@ -231,8 +228,8 @@ class NativeSource:
 
     def __init__(self, conn: Connection, *, lock: bool) -> None:
         self.conn = conn
-        self.postgres = is_postgresql(conn)
-        self.sql = _statements(self.postgres, lock)
+        self.dialect = conn.dialect.name
+        self.sql = _statements(self.dialect, lock)
         self._kinds_read: dict[str, str] = {}
         # (running, stale) as the expired scan counted them in this transaction.
         self._brake_counts: tuple[int, int] | None = None
@@ -272,7 +269,7 @@ class NativeSource:
     def evidence_for(self, job_ids: Sequence[JobKey]) -> list[Candidate]:
         """The same facts for named processing jobs, whatever their lease (for explain)."""
         rows = list(self.conn.execute(
-            sa.select(*evidence_columns(self.postgres))
+            sa.select(*evidence_columns(self.dialect))
             .where(jobs.c.job_id.in_([int(i) for i in job_ids]),
                    jobs.c.job_status == PROCESSING)
             .order_by(jobs.c.job_id)
@@ -287,7 +284,7 @@ class NativeSource:
         step_rows: dict[int, list[tuple[int, str, bool | None]]] = {r[0]: [] for r in rows}
         history: dict[int, list[tuple[int, str | None, str | None]]] = defaultdict(list)
         unstaged: set[tuple[int, int]] = set()
-        ids = {"batch_ids": batch_ids(self.postgres, list(step_rows))}
+        ids = {"batch_ids": batch_ids(self.dialect, list(step_rows))}
         # Fetched whole: row by row, psycopg's fetchone costs about 4 us a job.
         for tag, job_id, number, state, extra, _newest in self.conn.execute(
                 self.sql.records, ids).all():
@@ -326,31 +323,34 @@ class NativeSource:
             return swapped
         if any(c.decision.disposition is Disposition.RESUME for c in changes):
             wake_workers(self.conn)
-        self.conn.execute(self.sql.close_attempts, {"ended_rows": encode_rows([
+        self.conn.execute(self.sql.close_attempts, batch_params(self.dialect, "ended_rows", [
             {"job_id": c.decision.job_id, "generation": c.generation_before,
              "outcome": reclaimed_attempt_outcome(c.decision.reason)}
             for c in changes if c.decision.job_id in swapped
-        ])})
+        ]))
         recovered = [{"job_id": c.decision.job_id, "generation": c.generation_before,
                       "outcome": AttemptOutcome.COMPLETED}
                      for c in changes if c.decision.job_id in swapped
                      and c.decision.reason is Reason.COMPLETION_RECOVERED]
         if recovered:
-            self.conn.execute(self.sql.publish, {"ended_rows": encode_rows(recovered)})
+            self.conn.execute(self.sql.publish, batch_params(self.dialect, "ended_rows", recovered))
         return swapped
 
     def park(self, skipped: Sequence[PlannedChange]) -> int:
         """Leave recorded held or gated jobs out of the scans until a worker write, an
         operator action or a decision clears the mark (see ``ports.JobSource.park``)."""
-        return int(self.conn.execute(self.sql.park, {"parked_rows": encode_rows([
+        return int(self.conn.execute(self.sql.park, batch_params(self.dialect, "parked_rows", [
             {"job_id": c.decision.job_id, "generation": c.generation_before}
-            for c in skipped])}).rowcount)
+            for c in skipped])).rowcount)
 
     def _swap(self, changes: Sequence[PlannedChange]) -> dict[JobKey, int | None]:
         """The batch's compare-and-swap (``transitions.swap_statement``): changed jobs, new
         generation."""
-        return {int(job_id): int(generation) for job_id, generation in self.conn.execute(
-            self.sql.swap, {"planned_rows": planned_rows(changes)})}
+        return {int(row.job_id): int(row.claim_generation) for row in update_returning(
+            self.conn, self.sql.swap, jobs.c.job_id, jobs.c.claim_generation,
+            params=keyed(self.dialect, {"planned_rows": planned_rows(changes)},
+                         [c.decision.job_id for c in changes]))}
+
 
     def kind_read(self, job_id: JobKey) -> str | None:
         """The kind of a job this transaction's scans read (None: none read)."""

@@ -12,7 +12,8 @@ from sqlalchemy.engine import Engine
 from reconciler.core.policy import OperatorChange, Refusal, operator_change
 from reconciler.core.vocabulary import JobKey, JobStatus, OperatorAction
 from reconciler.storage import transitions
-from reconciler.storage.engines import is_postgresql, read_only
+from reconciler.storage.deadlocks import deadlock_retried
+from reconciler.storage.engines import read_only
 from reconciler.storage.native_source import NativeSource
 from reconciler.storage.operator_record import (
     ActionRecord,
@@ -31,6 +32,7 @@ class OperatorSql:
 
     engine: Engine
 
+    @deadlock_retried
     def operator_action(self, job_id: int, action: str, *, actor: str | None = None,
                         note: str | None = None) -> tuple[bool, str | None]:
         """Apply hold, unhold, retry or cancel with the same fences; record it either way,
@@ -43,7 +45,7 @@ class OperatorSql:
             current = sa.select(
                 jobs.c.job_status, jobs.c.claim_generation, jobs.c.operator_hold, PLAN_TEXT,
             ).where(jobs.c.job_id == job_id)
-            row = conn.execute(for_update(is_postgresql(conn), current, lock=True,
+            row = conn.execute(for_update(conn.dialect.name, current, lock=True,
                                           skip_locked=False)).one_or_none()
             if row is None:
                 return False, Refusal.NO_SUCH_JOB.value

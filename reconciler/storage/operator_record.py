@@ -26,8 +26,10 @@ from reconciler.core.vocabulary import (
     OperatorAction,
 )
 from reconciler.storage.clock import db_now
-from reconciler.storage.engines import is_postgresql
-from reconciler.storage.sql import actions, decisions, holds, insert_into, key_in
+from reconciler.storage.sql import MYSQL, actions, decisions, holds, insert_into, key_in
+
+DUPLICATE_KEY = 1062
+"""MySQL's ER_DUP_ENTRY."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,9 +111,21 @@ def held_among(conn: Connection, source: str, job_keys: Sequence[JobKey]) -> set
 
 def set_hold(conn: Connection, source: str, job_key: JobKey, actor: str | None) -> bool:
     """Hold the job; False when it was held already (another operator's hold stands)."""
-    insert = insert_into(is_postgresql(conn), holds).values(
-        job_source=source, job_key=str(job_key), held_by=_cut(actor, ACTOR_MAX_LENGTH),
-        held_at=db_now()).on_conflict_do_nothing().returning(holds.c.job_key)
+    hold = {"job_source": source, "job_key": str(job_key),
+            "held_by": _cut(actor, ACTOR_MAX_LENGTH), "held_at": db_now()}
+    if conn.dialect.name == MYSQL:
+        # Neither RETURNING nor an affected-rows count that tells an insert from a kept
+        # row on MySQL: the insert is tried in a savepoint, a duplicate key its refusal.
+        try:
+            with conn.begin_nested():
+                conn.execute(holds.insert().values(hold))
+        except sa.exc.IntegrityError as exc:
+            if exc.orig is None or exc.orig.args[0] != DUPLICATE_KEY:
+                raise
+            return False
+        return True
+    insert = insert_into(conn.dialect.name, holds).values(
+        hold).on_conflict_do_nothing().returning(holds.c.job_key)
     # Whether a row came back, not the rowcount: a skipped conflict may report -1.
     return conn.execute(insert).first() is not None
 

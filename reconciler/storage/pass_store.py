@@ -20,6 +20,7 @@ from reconciler.storage.audit import (
     delete_audit_before,
     record_failed_pass,
 )
+from reconciler.storage.deadlocks import conflicts_raised, deadlock_retried
 from reconciler.storage.engines import (
     DEFAULT_TIMEOUTS,
     DatabaseTimeouts,
@@ -65,9 +66,10 @@ class SqlPassStore:
 
         On PostgreSQL it carries the pass timeouts (derived from the interval), unless its
         sessions already do: a pass stuck behind a lock fails and is recorded as an error
-        pass, and the next tick goes on.
+        pass, and the next tick goes on. A deadlock (MySQL) ends it in a
+        ``TransactionConflict``: it was rolled back whole, and the pass runs again.
         """
-        with self.engine.connect() as conn:
+        with conflicts_raised(), self.engine.connect() as conn:
             if dry_run:
                 with read_only(conn).begin() as tx:
                     limit_pass_transaction(conn, self.timeouts)
@@ -83,16 +85,19 @@ class SqlPassStore:
         # The audit records each decision's kind as the source read it.
         return SqlPassUnit(source, SqlAudit(conn, source.kind_read), SqlLease(conn))
 
+    @deadlock_retried
     def record_failed_pass(self, instance: str, error_code: str) -> int:
         """Record a pass that failed before it could record itself."""
         with self.engine.begin() as conn:
             return record_failed_pass(conn, instance, error_code)
 
+    @deadlock_retried
     def release_leadership(self, lease_name: str, holder_id: str) -> None:
         """Expire the leader lease now if this holder has it, so a successor need not wait."""
         with self.engine.begin() as conn:
             SqlLease(conn).release(lease_name, holder_id)
 
+    @deadlock_retried
     def try_lead(self, lease_name: str, holder_id: str, ttl_seconds: float) -> int | None:
         """Acquire or renew the leader lease in its own transaction; the token or None."""
         with self.engine.begin() as conn:
@@ -103,6 +108,7 @@ class SqlPassStore:
         with self.pass_transaction(dry_run=True) as tx:
             return tx.jobs.stuck_work()
 
+    @deadlock_retried
     def delete_audit_before(self, days: float, limit: int) -> int:
         """Delete finished passes older than ``days`` with their decisions, at most ``limit``."""
         with self.engine.begin() as conn:

@@ -28,7 +28,7 @@ from models.tables import FINISHED_STATUSES
 from reconciler.core.ports import RetentionReport
 from reconciler.core.vocabulary import ArtifactState
 from reconciler.storage.clock import now_plus
-from reconciler.storage.engines import is_postgresql
+from reconciler.storage.deadlocks import deadlock_retried
 from reconciler.storage.sql import (
     actions,
     artifacts,
@@ -90,7 +90,7 @@ def delete_finished_jobs_batch(conn: Connection, days: float, batch_jobs: int,
     old_enough = _old_enough(days)
     query = scan_query(days, batch_jobs, after)
     # Locked rows are left for the next run: an operator or a worker is acting on them.
-    found = list(conn.execute(for_update(is_postgresql(conn), query, lock=True)))
+    found = list(conn.execute(for_update(conn.dialect.name, query, lock=True)))
     if not found:
         return RetentionBatch(0, 0, None)
     ids = [int(r.job_id) for r in found]
@@ -108,6 +108,13 @@ def delete_finished_jobs_batch(conn: Connection, days: float, batch_jobs: int,
     return RetentionBatch(deleted, rows + deleted, next_after)
 
 
+@deadlock_retried
+def _one_batch(engine: Engine, days: float, batch_jobs: int,
+               after: tuple[datetime, int] | None) -> RetentionBatch:
+    with engine.begin() as conn:
+        return delete_finished_jobs_batch(conn, days, batch_jobs, after)
+
+
 def delete_finished_jobs(engine: Engine, days: float, batch_jobs: int,
                          max_batches: int) -> RetentionReport:
     """One retention run: batches of at most ``batch_jobs`` jobs, each in its own
@@ -115,8 +122,7 @@ def delete_finished_jobs(engine: Engine, days: float, batch_jobs: int,
     jobs_deleted = rows_deleted = batches = 0
     after: tuple[datetime, int] | None = None
     while batches < max_batches:
-        with engine.begin() as conn:
-            batch = delete_finished_jobs_batch(conn, days, batch_jobs, after)
+        batch = _one_batch(engine, days, batch_jobs, after)
         batches += 1
         jobs_deleted += batch.jobs_deleted
         rows_deleted += batch.rows_deleted

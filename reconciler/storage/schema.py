@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -20,6 +21,9 @@ if TYPE_CHECKING:
     from alembic.script import ScriptDirectory
 
 UPGRADE_LOCK = 0x5C0A11  # an advisory lock key of our own, held while migrating
+_MIGRATING = threading.Lock()
+"""Alembic's ``context`` and ``op`` are process-wide proxies: one migration at a time in a
+process (two threads migrating two databases would mix their operations)."""
 # The newest migration. Checking a database at head then needs no Alembic, whose import
 # every CLI call, worker and replica start would otherwise pay (a third of a start-up);
 # Alembic is imported where migrations are read or run. A test keeps this equal to the
@@ -113,11 +117,22 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
             # A migration may rewrite a large table or wait for another replica's: it has
             # no statement or lock limit (the connection still has its connect timeout).
             limit_transaction(conn, statement_seconds=None, lock_seconds=None)
+            # Replicas started together upgrade one at a time; the others find it done.
             if conn.dialect.name == "postgresql":
-                # Replicas started together upgrade one at a time; the others find it done.
                 conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": UPGRADE_LOCK})
+            elif conn.dialect.name == "mysql":
+                # MySQL's DDL commits as it goes: the lock is the session's, released below;
+                # its names are the server's, so the database's name is in it.
+                conn.execute(text("SELECT GET_LOCK(CONCAT(:key, DATABASE()), -1)"),
+                             {"key": f"{UPGRADE_LOCK}:"})
             config.attributes["connection"] = conn
-            command.upgrade(config, revision)
+            try:
+                with _MIGRATING:
+                    command.upgrade(config, revision)
+            finally:
+                if conn.dialect.name == "mysql":
+                    conn.execute(text("DO RELEASE_LOCK(CONCAT(:key, DATABASE()))"),
+                                 {"key": f"{UPGRADE_LOCK}:"})
     except (OperationalError, DBAPIError) as exc:
         raise DatabaseUnavailableError(describe_connection_error(engine, exc)) from None
     except CommandError as exc:
@@ -142,7 +157,8 @@ def downgrade(engine: Engine, revision: str = "base") -> None:
     config = alembic_config()
     with engine.begin() as conn:
         config.attributes["connection"] = conn
-        command.downgrade(config, revision)
+        with _MIGRATING:
+            command.downgrade(config, revision)
 
 
 def require_current(engine: Engine) -> None:

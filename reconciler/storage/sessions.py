@@ -11,7 +11,8 @@ from sqlalchemy.engine import Engine
 
 from reconciler.core.vocabulary import SessionEndReason
 from reconciler.storage.clock import db_now
-from reconciler.storage.sql import sessions
+from reconciler.storage.deadlocks import deadlock_retried
+from reconciler.storage.sql import insert_id, sessions
 from reconciler.storage.transitions import end_sessions
 
 
@@ -20,6 +21,7 @@ class SessionsSql:
 
     engine: Engine
 
+    @deadlock_retried
     def register_session(self, worker_name: str, host_name: str, process_id: int) -> int:
         """Start a session; a live session of the same worker on the same host is replaced."""
         with self.engine.begin() as conn:
@@ -30,13 +32,12 @@ class SessionsSql:
             ).scalars()]
             if previous:
                 end_sessions(conn, previous, SessionEndReason.REPLACED)
-            return int(conn.execute(
-                sessions.insert().values(
-                    worker_name=worker_name, host_name=host_name, process_id=process_id,
-                    started_at=db_now(), heartbeat_at=db_now(),
-                ).returning(sessions.c.session_id)
-            ).scalar_one())
+            return insert_id(conn, sessions.insert().values(
+                worker_name=worker_name, host_name=host_name, process_id=process_id,
+                started_at=db_now(), heartbeat_at=db_now(),
+            ))
 
+    @deadlock_retried
     def heartbeat_session(self, session_id: int) -> bool:
         """Renew a session; False when it was already declared gone."""
         with self.engine.begin() as conn:
@@ -47,6 +48,7 @@ class SessionsSql:
             )
             return done.rowcount == 1
 
+    @deadlock_retried
     def stop_session(self, session_id: int) -> None:
         """End a session on a graceful stop; any claim it still holds expires at once."""
         with self.engine.begin() as conn:

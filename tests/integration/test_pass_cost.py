@@ -75,7 +75,8 @@ def test_statements_per_pass_do_not_grow_with_the_batch(
         report = run_pass(store, PassConfig(batch_size=60, thresholds=THRESHOLDS, instance="r1"))
     assert len(report.decisions) == 60
     assert len(large) == len(small), (small, large)
-    assert len(large) <= 9, large
+    # MySQL's swap is three statements (no UPDATE ... RETURNING: lock, update, read back).
+    assert len(large) <= 9 + (2 if sidecar_engine.dialect.name == "mysql" else 0), large
 
 
 def test_a_pass_with_nothing_stale_is_a_handful_of_statements(

@@ -376,9 +376,15 @@ def write_lock(engine: Engine) -> Iterator[Connection]:
 
     SQLite: the database write lock (``BEGIN IMMEDIATE``). PostgreSQL: an ACCESS EXCLUSIVE
     lock on ``worker_sessions``, which a pass's first statement (the silent-session sweep)
-    reads. The transaction rolls back at exit unless the caller commits it.
+    reads. MySQL: a WRITE table lock on it (and on ``job_runs``, which the caller may write
+    while holding it), released at exit. The transaction rolls back at exit unless the
+    caller commits it.
     """
     with engine.connect() as conn:
+        mysql = conn.dialect.name == "mysql"
+        if mysql:  # on the driver's connection: SQLAlchemy's would begin a transaction
+            conn.connection.dbapi_connection.cursor().execute(  # type: ignore[union-attr]
+                "LOCK TABLES worker_sessions WRITE, job_runs WRITE")
         tx = conn.begin()
         try:
             if is_postgresql(conn):
@@ -387,6 +393,9 @@ def write_lock(engine: Engine) -> Iterator[Connection]:
         finally:
             if tx.is_active:
                 tx.rollback()
+            if mysql:
+                conn.connection.dbapi_connection.cursor().execute(  # type: ignore[union-attr]
+                    "UNLOCK TABLES")
 
 
 @dataclass(frozen=True)
@@ -923,7 +932,7 @@ def test_run_refuses_an_unmigrated_database_in_one_line(empty_db_url: str) -> No
     ("interval_seconds", "-1", "interval_seconds"),
     ("batch_size", "many", "batch_size"),
     ("metrics_port", "70000", "metrics_port"),
-    ("database_url", "mysql://nope/nope", "database_url"),
+    ("database_url", "oracle://nope/nope", "database_url"),
 ])
 def test_run_refuses_a_bad_setting_in_one_line(
     tmp_path: Path, setting: str, value: str, named: str

@@ -962,7 +962,7 @@ def test_idle_postgresql_worker_wakes_on_notify_for_enqueues_and_resumes(
 ) -> None:
     """With a 10 s poll, an idle worker starts a committed or resumed job within about 1 s."""
     if engine.dialect.name != "postgresql":
-        pytest.skip("NOTIFY wake-ups exist only on PostgreSQL; SQLite workers poll")
+        pytest.skip("NOTIFY wake-ups exist only on PostgreSQL; SQLite and MySQL workers poll")
     orphan = client.enqueue("work", steps=[Step("step", "idempotent")])
     dead = client.claim("dead-worker", lease_seconds=0.3)
     assert dead is not None

@@ -75,7 +75,7 @@ class TableActions:
         query = sa.select(self._col("status_column").label("status"),
                           *(self._col(k).label(k) for k in keys)).where(
             self._col("id_column") == job_key)
-        row = self._conn.execute(for_update(self._conn.dialect.name == "postgresql", query,
+        row = self._conn.execute(for_update(self._conn.dialect.name, query,
                                             lock=lock, skip_locked=False)).first()
         if row is None:
             return None
