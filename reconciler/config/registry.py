@@ -276,7 +276,7 @@ REGISTRY: tuple[SourceEntry, ...] = (
     # stay on either engine (database_url), Redis is the second store.
     SourceEntry(kind="rq", config="reconciler.sources.rq:RqConfig",
                 source="reconciler.sources.rq:DECLARATION", job_key="text",
-                engines=EVERY_ENGINE,
+                engines=SQLITE_AND_POSTGRESQL,
                 capabilities=Capabilities(heartbeat=True, error_field=True,
                                           actions=frozenset(OperatorAction)),
                 extra="rq", imports=("rq", "redis")),
