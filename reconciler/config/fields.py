@@ -67,7 +67,8 @@ def _seconds(name: str, default: float, description: str, *, minimum: float = 0.
 SETTING_FIELDS: tuple[SettingField, ...] = (
     _field("database_url",
         "sqlite:///reconciler.db",
-        description="SQLAlchemy URL: sqlite:///PATH or postgresql+psycopg://..."),
+        description="SQLAlchemy URL: sqlite:///PATH, postgresql+psycopg://... or "
+                    "mysql+pymysql://..."),
     _field("database_url_file",
         "", description="a file whose content is database_url (a Kubernetes secret, a "
         "systemd credential); keeps the password out of ps and the environment"),
