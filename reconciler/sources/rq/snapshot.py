@@ -65,11 +65,13 @@ ATTEMPT_FIELD = "reconciler_attempt"
 """A field of the job's hash the reconciler writes on resume: the attempt the resumed run
 is (RQ reads only its own fields and never deletes others), so a task's step ledger run
 and the next pass know it, whatever became of the pass's own commit."""
-JOB_FIELDS = ("status", "worker_name", "started_at", "retries_left", "origin", ATTEMPT_FIELD)
+JOB_FIELDS = ("status", "worker_name", "started_at", "retries_left", "created_at",
+              ATTEMPT_FIELD)
 WORKER_FIELDS = ("last_heartbeat", "death", "birth", "version")
 KIND_CACHE = 100_000
-"""Kinds kept by job id across passes (a job's ``data`` never changes), so a quiet pass
-fetches no payload it has read before."""
+"""Kinds kept across passes by job id and creation time (a job's ``data`` never changes;
+a custom id enqueued again is a new job, created anew), so a quiet pass fetches no
+payload it has read before."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +117,7 @@ class RqLiveness:
     Redis client and the kinds already read are kept across passes."""
 
     config: RqConfig
-    kinds_seen: dict[str, str | None] = field(default_factory=dict)
+    kinds_seen: dict[tuple[str, bytes | None], str | None] = field(default_factory=dict)
     _redis: Any = None
 
     def client(self) -> Any:
@@ -175,11 +177,12 @@ class RqLiveness:
             for job_id in job_ids:
                 pipe.hmget(keys.job_key(job_id), JOB_FIELDS)
             jobs = pipe.execute()
-        self._read_kinds(client, job_ids)
+        self._read_kinds(client, [(job_id, job[4]) for job_id, job in
+                                  zip(job_ids, jobs, strict=True)])
         worker_names = sorted({str(_text(j[1])) for j in jobs if j[1]})
         with client.pipeline(transaction=False) as pipe:
             for name in worker_names:
-                pipe.hmget(keys.worker_key(str(name)), WORKER_FIELDS)
+                pipe.hmget(keys.worker_key(name), WORKER_FIELDS)
             workers_read = dict(zip(worker_names, pipe.execute(), strict=True))
         for name, (_, _, _, version) in workers_read.items():
             if version:
@@ -187,28 +190,30 @@ class RqLiveness:
         return [self._row(now, entry, job, workers_read)
                 for entry, job in zip(entries, jobs, strict=True)], None
 
-    def _read_kinds(self, client: Any, job_ids: Sequence[str]) -> None:
-        """Each job's function name, its payload fetched once in the process's life."""
-        unread = sorted({j for j in job_ids if j not in self.kinds_seen})
+    def _read_kinds(self, client: Any, jobs: Sequence[tuple[str, bytes | None]]) -> None:
+        """Each job's function name (by id and creation time), its payload fetched once
+        in the process's life."""
+        unread = sorted({job for job in jobs if job not in self.kinds_seen},
+                        key=lambda job: job[0])
         if not unread:
             return
         if len(self.kinds_seen) + len(unread) > KIND_CACHE:
             self.kinds_seen.clear()
         with client.pipeline(transaction=False) as pipe:
-            for job_id in unread:
+            for job_id, _ in unread:
                 pipe.hget(keys.job_key(job_id), "data")
-            for job_id, data in zip(unread, pipe.execute(), strict=True):
-                self.kinds_seen[job_id] = func_name(data, self.config.serializer)
+            for job, data in zip(unread, pipe.execute(), strict=True):
+                self.kinds_seen[job] = func_name(data, self.config.serializer)
 
     def _row(self, now: float, entry: tuple[str, str, float], job: Sequence[bytes | None],
              workers: dict[str, Sequence[bytes | None]]) -> dict[str, Any]:
         """One registry entry (queue, ``<job id>:<execution id>``, score) as a row."""
         queue, member, score = entry
         job_id, _, execution_id = member.rpartition(":")
-        status, worker, started, retries_left, _, attempt = job
+        status, worker, started, retries_left, created, attempt = job
         started_at = utc_seconds(started)
         name = _text(worker)
-        kind = self.kinds_seen.get(job_id)
+        kind = self.kinds_seen.get((job_id, created))
         return {
             "job_id": job_id, "job_kind": kind or UNREADABLE_LABEL, "unreadable": kind is None,
             "queue": queue, "execution_id": execution_id, "score": score,
