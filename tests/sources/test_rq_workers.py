@@ -11,9 +11,12 @@ say so.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
+import subprocess
+import sys
 import time
 import zlib
 from dataclasses import replace
@@ -32,6 +35,7 @@ from tests.sources.celery_support import worker_tree
 from tests.sources.rq_support import (
     EFFECTFUL,
     IDEMPOTENT,
+    REPO,
     RqProject,
     rq_project,
     sigkill,
@@ -310,3 +314,35 @@ class TestRealExpiry:
         assert markers.of(effect) == {"started-1"}
         record_finding("rq", "real_expiry", engine=rq_project.engine.dialect.name,
                        decided_seconds_after_kill=round(after, 1))
+
+
+def test_the_command_line_reads_rq(rq_project: RqProject, processes: Processes,
+                                   markers: Markers, tmp_path: Path) -> None:
+    """``reconciler kinds``, ``jobs explain`` and ``pass --json`` over a config file, as an
+    operator runs them: the kinds running, what a pass would decide, then the pass."""
+    job_id = rq_project.enqueue(EFFECTFUL)
+    worker = start_worker(processes, rq_project, markers, "worker-a")
+    wait_started(markers, job_id, worker)
+    sigkill(worker)
+    rq_project.expire_as_time_would(job_id, worker)
+    config = tmp_path / "reconciler.toml"
+    config.write_text(
+        f'database_url = "{rq_project.engine.url.render_as_string(hide_password=False)}"\n'
+        f'session_timeout_seconds = 2\nsession_heartbeat_seconds = 0.5\n'
+        f'stale_after_seconds = 0.5\n\n'
+        f'[source]\nkind = "rq"\nredis_url = "{rq_project.redis_url}"\n'
+        f'queues = ["default"]\n')
+
+    def cli(*argv: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "reconciler.cli", *argv, "--config",
+                               str(config)], capture_output=True, text=True, timeout=120,
+                              cwd=REPO, check=False)
+        assert done.returncode in (0, 6), done.stderr
+        return done.stdout
+
+    assert EFFECTFUL in cli("kinds")
+    assert "worker_died_mid_step" in cli("jobs", "explain", job_id)
+    report = json.loads(cli("pass", "--json"))
+    assert [(d["job_id"], d["reason"]) for d in report["decisions"]] == [
+        (job_id, "worker_died_mid_step")]
+    assert rq_project.status(job_id) == "failed"
