@@ -112,6 +112,33 @@ class TestKilledWorker:
         assert markers.of(job_id) == {"started-1"}
 
 
+class TestDependents:
+    def test_a_failed_jobs_dependents_are_left_as_rq_leaves_them(
+            self, rq_project: RqProject, processes: Processes, markers: Markers) -> None:
+        """One that allows its dependency to fail is queued and run by the next worker;
+        one that does not stays deferred (RQ's ``enqueue_dependents`` after a failure)."""
+        from rq.job import Dependency  # noqa: PLC0415
+
+        job_id = rq_project.enqueue(EFFECTFUL)
+        queue = rq_project.queue()
+        allowed = queue.enqueue(IDEMPOTENT, kwargs={"hang": [0]}, depends_on=Dependency(
+            jobs=[job_id], allow_failure=True)).id
+        waiting = queue.enqueue(IDEMPOTENT, kwargs={"hang": [0]}, depends_on=job_id).id
+        worker = start_worker(processes, rq_project, markers, "worker-a")
+        wait_started(markers, job_id, worker)
+        sigkill(worker)
+        rq_project.expire_as_time_would(job_id, worker)
+        outcome = by_job(reconcile_once(rq_project.engine, rq_project.config(), KINDS))[job_id]
+        assert outcome.reason is Reason.WORKER_DIED_MID_STEP
+        assert (rq_project.status(allowed), rq_project.status(waiting)) == ("queued",
+                                                                            "deferred")
+        assert waiting in queue.deferred_job_registry.get_job_ids()
+        second = start_worker(processes, rq_project, markers, "worker-b")
+        wait_status(rq_project, allowed, "finished", worker=second)
+        assert rq_project.status(waiting) == "deferred"
+        assert markers.of(job_id) == {"started-1"}
+
+
 def live_job(project: RqProject, processes: Processes, markers: Markers,
              name: str = "worker-live") -> tuple[str, Process]:
     """A job running on a live worker of the same queue (its entry renewed every second),
