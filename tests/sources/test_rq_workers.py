@@ -230,6 +230,50 @@ class TestBesideLiveWorkers:
         assert markers.of(job_id) == {"started-1"}
 
 
+def pause(worker: Process, sig: signal.Signals) -> None:
+    """SIGSTOP or SIGCONT the worker and its work horse (a frozen VM, a long pause)."""
+    for pid in [*worker_tree(worker)[:-1], worker.pid]:
+        os.kill(pid, sig)
+
+
+class TestLateWriter:
+    def test_a_paused_worker_that_wakes_after_the_decision(
+            self, rq_project: RqProject, processes: Processes, markers: Markers) -> None:
+        """Workers paused mid-job past their entries' expiry (aged here as that minute
+        would), decided, then woken: RQ's own end of the run lands over our decision (it
+        fences on nothing): the failed job reads ``finished``; the resumed one runs a
+        second time."""
+        failed = rq_project.enqueue(EFFECTFUL, hang=[2])
+        resumed = rq_project.enqueue(IDEMPOTENT, queue="other", hang=[2, 0])
+        first = start_worker(processes, rq_project, markers, "worker-a")
+        second = start_worker(processes, rq_project, markers, "worker-b", ("other",))
+        wait_started(markers, failed, first)
+        wait_started(markers, resumed, second)
+        for worker, queue in ((first, "default"), (second, "other")):
+            pause(worker, signal.SIGSTOP)
+            client = rq_project.redis()
+            seconds, _ = client.time()
+            for member, _ in client.zrange(f"rq:wip:{queue}", 0, -1, withscores=True):
+                client.zadd(f"rq:wip:{queue}", {member: float(seconds) - 1})
+            client.delete(f"rq:worker:{worker.name}")
+        decided = by_job(reconcile_once(rq_project.engine, rq_project.config(), KINDS))
+        assert decided[failed].reason is Reason.WORKER_DIED_MID_STEP
+        assert decided[resumed].reason is Reason.RESUMED_IDEMPOTENT_STEP
+        pause(first, signal.SIGCONT)
+        pause(second, signal.SIGCONT)
+        wait_status(rq_project, failed, "finished", worker=first)
+        # The woken worker ends its own run, then pops the resumed job off its queue and
+        # runs it again: twice in all (the paused run and the resumed one), never more.
+        wait_until(lambda: markers.has(f"{resumed}-done-2"), "the resumed run", process=second)
+        wait_status(rq_project, resumed, "finished", worker=second)
+        record_finding("rq", "late_writer", engine=rq_project.engine.dialect.name,
+                       failed_reads=rq_project.status(failed),
+                       resumed_runs=sorted(markers.of(resumed)))
+        assert markers.of(failed) == {"started-1", "done-1"}
+        assert markers.of(resumed) == {"started-1", "done-1", "started-2", "done-2"}
+        assert rq_project.job(resumed).return_value() == "done on attempt 2"
+
+
 class TestCrashLoop:
     def test_a_job_lost_twice_ends_crash_loop(
             self, rq_project: RqProject, processes: Processes, markers: Markers) -> None:
