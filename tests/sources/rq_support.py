@@ -10,8 +10,10 @@ second and a dead one's entry expires about 61 s after its last renewal (RQ adds
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,7 @@ import pytest
 from sqlalchemy.engine import Engine
 
 from reconciler.sources.rq import RqConfig
-from tests.sources.celery_support import kill_worker
+from tests.sources.celery_support import worker_tree
 from tests.sources.support import Markers, Process, Processes, wait_until
 
 REPO = Path(__file__).parents[2]
@@ -117,8 +119,14 @@ def wait_started(markers: Markers, job_id: str, worker: Process, attempt: int = 
 
 
 def sigkill(worker: Process) -> None:
-    """SIGKILL the worker and its work horse at once (an OOM kill, a node lost)."""
-    kill_worker(worker)
+    """SIGKILL the worker and its work horse (an OOM kill, a node lost): the worker first,
+    so that it never sees its horse die and fails the job itself (RQ's own handling of a
+    lost horse), then the horse, found before its parent went."""
+    horses = worker_tree(worker)[:-1]
+    worker.kill()
+    for pid in horses:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def wait_status(project: RqProject, job_id: str, status: str, timeout: float = 60,
@@ -126,15 +134,6 @@ def wait_status(project: RqProject, job_id: str, status: str, timeout: float = 6
     """Until RQ's own ``get_status()`` reads ``status``."""
     wait_until(lambda: project.status(job_id) == status, f"job {job_id} {status}",
                timeout=timeout, process=worker)
-
-
-def registered(project: RqProject, name: str, timeout: float = 30) -> None:
-    """Until the worker's key is in Redis (its birth registered)."""
-    deadline = time.monotonic() + timeout
-    client = project.redis()
-    while not client.exists(f"rq:worker:{name}"):
-        assert time.monotonic() < deadline, f"worker {name} never registered"
-        time.sleep(0.05)
 
 
 @pytest.fixture
