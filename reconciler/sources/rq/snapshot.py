@@ -65,13 +65,20 @@ ATTEMPT_FIELD = "reconciler_attempt"
 """A field of the job's hash the reconciler writes on resume: the attempt the resumed run
 is (RQ reads only its own fields and never deletes others), so a task's step ledger run
 and the next pass know it, whatever became of the pass's own commit."""
-JOB_FIELDS = ("status", "worker_name", "started_at", "retries_left", "created_at",
-              ATTEMPT_FIELD)
+JOB_FIELDS = ("status", "worker_name", "started_at", "retries_left", ATTEMPT_FIELD, "data")
 WORKER_FIELDS = ("last_heartbeat", "death", "birth", "version")
-KIND_CACHE = 100_000
-"""Kinds kept across passes by job id and creation time (a job's ``data`` never changes;
-a custom id enqueued again is a new job, created anew), so a quiet pass fetches no
-payload it has read before."""
+
+
+@dataclass(frozen=True, slots=True)
+class Execution:
+    """What one execution's job said when first read (its kind read from ``data``)."""
+
+    status: str | None
+    worker: str | None
+    started_at: float | None
+    retries_left: int | None
+    attempt: int
+    kind: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +124,7 @@ class RqLiveness:
     Redis client and the kinds already read are kept across passes."""
 
     config: RqConfig
-    kinds_seen: dict[tuple[str, bytes | None], str | None] = field(default_factory=dict)
+    seen: dict[str, Execution] = field(default_factory=dict)
     _redis: Any = None
 
     def client(self) -> Any:
@@ -153,6 +160,8 @@ class RqLiveness:
         return Snapshot(doubt)
 
     def _read(self) -> tuple[list[dict[str, Any]], LivenessDoubt | None]:
+        """Every watched started registry; the jobs of expired entries (and of executions
+        not seen before) read in full, and the workers of the expired ones."""
         client = self.client()
         with client.pipeline(transaction=False) as pipe:
             pipe.time()
@@ -170,16 +179,22 @@ class RqLiveness:
             entries = [(queue, member.decode(), float(score))
                        for queue, found in zip(watched, pipe.execute(), strict=True)
                        for member, score in found]
+        # Executions are kept across passes (by ``<job id>:<execution id>``, the
+        # registry's member) while their entries last: what a pass reads of a job, but for
+        # its heartbeat, does not change while one execution runs (its worker, start,
+        # retries left, attempt and kind), so a live entry seen before costs no read but
+        # its registry's, and only an expired one is read again.
+        current = {member for _, member, _ in entries}
+        self.seen = {m: job for m, job in self.seen.items() if m in current}
         if not entries:
             return [], None
-        job_ids = [member.rpartition(":")[0] for _, member, _ in entries]
-        with client.pipeline(transaction=False) as pipe:
-            for job_id in job_ids:
-                pipe.hmget(keys.job_key(job_id), JOB_FIELDS)
-            jobs = pipe.execute()
-        self._read_kinds(client, [(job_id, job[4]) for job_id, job in
-                                  zip(job_ids, jobs, strict=True)])
-        worker_names = sorted({str(_text(j[1])) for j in jobs if j[1]})
+        # A fence is built from what an expired entry's job says now, never from memory.
+        fresh = [member for _, member, score in entries
+                 if score <= now or member not in self.seen]
+        self._remember(client, fresh)
+        expired = [member for _, member, score in entries if score <= now]
+        worker_names = sorted({str(self.seen[m].worker) for m in expired
+                               if self.seen[m].worker})
         with client.pipeline(transaction=False) as pipe:
             for name in worker_names:
                 pipe.hmget(keys.worker_key(name), WORKER_FIELDS)
@@ -187,40 +202,43 @@ class RqLiveness:
         for name, (_, _, _, version) in workers_read.items():
             if version:
                 keys.require_supported(version.decode(), f"worker {name}")
-        return [self._row(now, entry, job, workers_read)
-                for entry, job in zip(entries, jobs, strict=True)], None
+        return [self._row(now, entry, workers_read) for entry in entries], None
 
-    def _read_kinds(self, client: Any, jobs: Sequence[tuple[str, bytes | None]]) -> None:
-        """Each job's function name (by id and creation time), its payload fetched once
-        in the process's life."""
-        unread = sorted({job for job in jobs if job not in self.kinds_seen},
-                        key=lambda job: job[0])
-        if not unread:
+    def _remember(self, client: Any, members: Sequence[str]) -> None:
+        """Each execution's job read (pipelined) and kept; its kind read from its payload
+        without unpickling it, only the first time."""
+        if not members:
             return
-        if len(self.kinds_seen) + len(unread) > KIND_CACHE:
-            self.kinds_seen.clear()
+        known = [m in self.seen and self.seen[m].kind is not None for m in members]
         with client.pipeline(transaction=False) as pipe:
-            for job_id, _ in unread:
-                pipe.hget(keys.job_key(job_id), "data")
-            for job, data in zip(unread, pipe.execute(), strict=True):
-                self.kinds_seen[job] = func_name(data, self.config.serializer)
+            for member, kind_known in zip(members, known, strict=True):
+                fields = JOB_FIELDS[:-1] if kind_known else JOB_FIELDS
+                pipe.hmget(keys.job_key(member.rpartition(":")[0]), fields)
+            read = pipe.execute()
+        for member, kind_known, job in zip(members, known, read, strict=True):
+            status, worker, started, retries_left, attempt = job[:5]
+            kind = (self.seen[member].kind if kind_known
+                    else func_name(job[5], self.config.serializer))
+            self.seen[member] = Execution(_text(status), _text(worker), utc_seconds(started),
+                                          _int(retries_left), _int(attempt) or 1, kind)
 
-    def _row(self, now: float, entry: tuple[str, str, float], job: Sequence[bytes | None],
+    def _row(self, now: float, entry: tuple[str, str, float],
              workers: dict[str, Sequence[bytes | None]]) -> dict[str, Any]:
         """One registry entry (queue, ``<job id>:<execution id>``, score) as a row."""
         queue, member, score = entry
         job_id, _, execution_id = member.rpartition(":")
-        status, worker, started, retries_left, created, attempt = job
-        started_at = utc_seconds(started)
-        name = _text(worker)
-        kind = self.kinds_seen.get((job_id, created))
+        job = self.seen[member]
         return {
-            "job_id": job_id, "job_kind": kind or UNREADABLE_LABEL, "unreadable": kind is None,
-            "queue": queue, "execution_id": execution_id, "score": score,
-            "entry_over": now - score, "status": _text(status), "worker": name,
-            "worker_gone": self._gone(now, workers.get(name or ""), started_at),
-            "run_seconds": None if started_at is None else now - started_at,
-            "retries_left": _int(retries_left), "attempt": _int(attempt) or 1,
+            "job_id": job_id, "job_kind": job.kind or UNREADABLE_LABEL,
+            "unreadable": job.kind is None, "queue": queue, "execution_id": execution_id,
+            "score": score, "entry_over": now - score, "status": job.status,
+            "worker": job.worker,
+            # Only an expired entry's worker is read: a renewed entry's job is live
+            # whatever its worker (``RqSql._over`` needs the entry expired first).
+            "worker_gone": score <= now and self._gone(now, workers.get(job.worker or ""),
+                                                       job.started_at),
+            "run_seconds": None if job.started_at is None else now - job.started_at,
+            "retries_left": job.retries_left, "attempt": job.attempt,
         }
 
     def _gone(self, now: float, worker: Sequence[bytes | None] | None,
