@@ -222,6 +222,14 @@ REGISTRY: tuple[SourceEntry, ...] = (
                 engines=EVERY_ENGINE,
                 capabilities=Capabilities(heartbeat=True, error_field=True,
                                           actions=frozenset(OperatorAction))),
+    # Liveness is the started registry's expiry and its workers' keys in Redis; our
+    # reason is the failed job's exc_info and latest result. The reconciler's own tables
+    # stay on either engine (database_url), Redis is the second store.
+    SourceEntry(kind="rq", config="reconciler.sources.rq:RqConfig",
+                source="reconciler.sources.rq:DECLARATION", job_key="text",
+                engines=EVERY_ENGINE,
+                capabilities=Capabilities(heartbeat=True, error_field=True,
+                                          actions=frozenset())),
 )
 
 SOURCES: dict[str, SourceEntry] = {entry.kind: entry for entry in REGISTRY}

@@ -75,6 +75,8 @@ class SourceSettings:
     """Keys naming SQL objects (besides every ``*_column``): plain SQL names only."""
     string_tables: ClassVar[frozenset[str]] = frozenset()
     """Keys whose value is a table of non-empty strings to non-empty strings."""
+    string_lists: ClassVar[frozenset[str]] = frozenset()
+    """Keys whose value is a non-empty list of non-empty strings (kept as a tuple)."""
 
     @field_validator("*", mode="before")
     @classmethod
@@ -88,6 +90,11 @@ class SourceSettings:
                     for k, v in value.items()):
                 raise ValueError("must be a table of non-empty strings to non-empty strings")
             return value
+        if name in cls.string_lists:
+            if not isinstance(value, list | tuple) or not value or not all(
+                    isinstance(v, str) and v for v in value):
+                raise ValueError("must be a non-empty list of non-empty strings")
+            return tuple(value)
         if not isinstance(value, str) or not value:
             raise ValueError(f"must be a non-empty string, not {type_name(value)}")
         if (name in cls.sql_names or name.endswith("_column")) \

@@ -194,6 +194,10 @@ class Shape:
     """Where its timestamps are naive UTC, when the kit first sets the transaction's
     TimeZone to UTC: before the scans read (and the swaps write), or before the swaps
     only; None: never (``UtcTimes``)."""
+    judged_first: bool = False
+    """Whether its liveness's verdict loads what ``running`` reads (a snapshot of a store
+    outside SQL, in a temporary table): the verdict is then read before any read of its
+    jobs, the list of the running kinds included."""
 
     def order(self, postgres: bool) -> sa.ColumnElement[Any]:
         """The scans' order: the declared one, else on PostgreSQL the key in its own

@@ -266,8 +266,10 @@ class DeclaredSource:
     def _running(self, policies: Mapping[str, KindPolicy]) -> sa.Select[Any]:
         if self.system.shape.naive_utc == "scan":
             self._tx.utc()
-        # Only a read of some kinds' jobs judges their liveness (not the list of kinds).
-        return self.system.running(self._scope(judged=bool(policies)), policies)
+        # Only a read of some kinds' jobs judges their liveness (not the list of kinds),
+        # unless the verdict is what every read of its jobs reads.
+        judged = bool(policies) or self.system.shape.judged_first
+        return self.system.running(self._scope(judged=judged), policies)
 
     def _unheld(self, key: sa.ColumnElement[Any]) -> sa.ColumnElement[bool]:
         """True where no operator holds the job: a held job is stale on purpose and the

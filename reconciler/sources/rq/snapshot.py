@@ -1,0 +1,246 @@
+"""RQ's started jobs, read from Redis once per transaction into a temporary table.
+
+The kit judges jobs in SQL; RQ keeps them in Redis. So the source's declared liveness
+(``RqLiveness.judge``) reads, once per transaction, every watched queue's started
+registry (``ZRANGE``: RQ's own ``get_job_ids`` would run its cleanup first), each
+started job's hash fields and each of their workers' keys, all pipelined, with Redis's
+``TIME`` as the clock; and loads them into a temporary table on the pass's own
+connection (its own ``MetaData``: not one of this project's tables, invisible to
+migrations). ``running``, ``expired`` and the candidates are then plain SQL over it, and
+the kit's paging, holds, ledger, audit, brake, explain, dry run and shadow mode work on
+it unchanged.
+
+A job is stale when its registry entry has expired (its score, Redis's clock) and its
+worker is gone: its key expired, marked dead, silent past ``session_timeout_seconds``,
+or born after the job started (a new worker under the same name). A Redis that cannot be
+reached, or that holds no RQ key at all (a wrong URL or database number), loads nothing:
+the pass decides nothing and says which store (``unknown``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+from sqlalchemy.schema import CreateTable
+
+from reconciler.core.kinds import KindRules
+from reconciler.core.ports import LivenessUnknown, StuckCount, StuckWork
+from reconciler.core.vocabulary import LivenessDoubt, StuckReason
+from reconciler.redaction import redact
+from reconciler.sources.rq import keys
+from reconciler.sources.rq.config import RqConfig
+from reconciler.sources.rq.kinds import UNREADABLE_LABEL, func_name
+
+log = logging.getLogger("reconciler.sources.rq")
+
+STARTED = sa.Table(
+    "reconciler_rq_started", sa.MetaData(),
+    sa.Column("job_id", sa.Text(), primary_key=True),
+    sa.Column("job_kind", sa.Text(), nullable=False),
+    sa.Column("unreadable", sa.Boolean(), nullable=False),
+    sa.Column("queue", sa.Text(), nullable=False),
+    sa.Column("execution_id", sa.Text(), nullable=False),
+    sa.Column("score", sa.Float(), nullable=False),
+    sa.Column("entry_over", sa.Float(), nullable=False),
+    sa.Column("status", sa.Text()),
+    sa.Column("worker", sa.Text()),
+    sa.Column("worker_gone", sa.Boolean(), nullable=False),
+    sa.Column("run_seconds", sa.Float()),
+    sa.Column("retries_left", sa.Integer()),
+    sa.Column("attempt", sa.Integer(), nullable=False),
+    prefixes=["TEMPORARY"], postgresql_on_commit="DELETE ROWS",
+)
+"""One row per entry of a watched started registry, as read this transaction:
+``entry_over`` is Redis's clock minus the entry's score (seconds past its expiry,
+negative while renewed), ``run_seconds`` since the job's ``started_at``, ``attempt`` the
+reconciler's count (``ATTEMPT_FIELD``, else 1)."""
+
+ATTEMPT_FIELD = "reconciler_attempt"
+"""A field of the job's hash the reconciler writes on resume: the attempt the resumed run
+is (RQ reads only its own fields and never deletes others), so a task's step ledger run
+and the next pass know it, whatever became of the pass's own commit."""
+JOB_FIELDS = ("status", "worker_name", "started_at", "retries_left", "origin", ATTEMPT_FIELD)
+WORKER_FIELDS = ("last_heartbeat", "death", "birth", "version")
+KIND_CACHE = 100_000
+"""Kinds kept by job id across passes (a job's ``data`` never changes), so a quiet pass
+fetches no payload it has read before."""
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """One transaction's view of Redis: why it was not trusted (None: it was), and the
+    started jobs whose kind could not be read (never decided but as reconcile_error)."""
+
+    doubt: LivenessDoubt | None
+    started: int = 0
+    unreadable: int = 0
+
+    @property
+    def may_swap(self) -> bool:
+        """Whether Redis may be written: it answered and holds RQ's keys."""
+        return self.doubt is None
+
+
+def utc_seconds(text: bytes | str | None) -> float | None:
+    """An RQ timestamp (``utcformat``) as seconds since the epoch (None: absent, bad)."""
+    if not text:
+        return None
+    value = text.decode() if isinstance(text, bytes) else text
+    for layout in ("%Y-%m-%dT%H:%M:%S.%fZ", "%Y-%m-%dT%H:%M:%SZ"):
+        try:
+            return datetime.strptime(value, layout).replace(tzinfo=UTC).timestamp()
+        except ValueError:
+            continue
+    return None
+
+
+def _text(value: bytes | None) -> str | None:
+    return None if value is None else value.decode("utf-8", errors="replace")
+
+
+def _int(value: bytes | None) -> int | None:
+    try:
+        return None if value is None else int(value)
+    except ValueError:
+        return None
+
+
+@dataclass
+class RqLiveness:
+    """The rq source's declared liveness, made once per process from its config: its
+    Redis client and the kinds already read are kept across passes."""
+
+    config: RqConfig
+    kinds_seen: dict[str, str | None] = field(default_factory=dict)
+    _redis: Any = None
+
+    def client(self) -> Any:
+        """The app's Redis (a pass gives up on a silent one after 5 s)."""
+        if self._redis is None:
+            import redis  # noqa: PLC0415 - only the rq source needs it
+
+            self._redis = redis.Redis.from_url(self.config.url, socket_timeout=5,
+                                               socket_connect_timeout=5)
+        return self._redis
+
+    def where(self) -> str:
+        """The Redis URL with any password hidden."""
+        return redact(self.config.url)
+
+    def judge(self, conn: Connection, kinds: KindRules) -> Snapshot:
+        """Redis read once, loaded into ``STARTED`` on ``conn`` (``load``; every kind
+        alike: the policies are applied in SQL over it)."""
+        return self.load(conn)
+
+    def load(self, conn: Connection) -> Snapshot:
+        """Redis read once, loaded into ``STARTED`` on ``conn`` (emptied first)."""
+        conn.execute(CreateTable(STARTED, if_not_exists=True))
+        conn.execute(STARTED.delete())
+        import redis  # noqa: PLC0415 - only the rq source needs it
+
+        try:
+            rows, doubt = self._read()
+        except redis.RedisError:
+            return Snapshot(LivenessDoubt.BROKER_UNREACHABLE)
+        if rows:
+            conn.execute(STARTED.insert(), rows)
+        return Snapshot(doubt, len(rows), sum(1 for r in rows if r["unreadable"]))
+
+    def _read(self) -> tuple[list[dict[str, Any]], LivenessDoubt | None]:
+        client = self.client()
+        with client.pipeline(transaction=False) as pipe:
+            pipe.time()
+            pipe.smembers(keys.QUEUES)
+            pipe.scard(keys.WORKERS)
+            (seconds, micros), queue_keys, workers = pipe.execute()
+        now = float(seconds) + float(micros) / 1e6
+        if not queue_keys and not workers:
+            return [], LivenessDoubt.QUEUES_MISSING  # no RQ key at all: not the app's
+        names = sorted(k.decode().removeprefix(keys.QUEUE_PREFIX) for k in queue_keys)
+        watched = [q for q in names if self.config.watches(q)]
+        with client.pipeline(transaction=False) as pipe:
+            for queue in watched:
+                pipe.zrange(keys.started_key(queue), 0, -1, withscores=True)
+            entries = [(queue, member.decode(), float(score))
+                       for queue, found in zip(watched, pipe.execute(), strict=True)
+                       for member, score in found]
+        if not entries:
+            return [], None
+        job_ids = [member.rpartition(":")[0] for _, member, _ in entries]
+        with client.pipeline(transaction=False) as pipe:
+            for job_id in job_ids:
+                pipe.hmget(keys.job_key(job_id), JOB_FIELDS)
+            jobs = pipe.execute()
+        self._read_kinds(client, job_ids)
+        worker_names = sorted({str(_text(j[1])) for j in jobs if j[1]})
+        with client.pipeline(transaction=False) as pipe:
+            for name in worker_names:
+                pipe.hmget(keys.worker_key(str(name)), WORKER_FIELDS)
+            workers_read = dict(zip(worker_names, pipe.execute(), strict=True))
+        for name, (_, _, _, version) in workers_read.items():
+            if version:
+                keys.require_supported(version.decode(), f"worker {name}")
+        return [self._row(now, entry, job, workers_read)
+                for entry, job in zip(entries, jobs, strict=True)], None
+
+    def _read_kinds(self, client: Any, job_ids: Sequence[str]) -> None:
+        """Each job's function name, its payload fetched once in the process's life."""
+        unread = sorted({j for j in job_ids if j not in self.kinds_seen})
+        if not unread:
+            return
+        if len(self.kinds_seen) + len(unread) > KIND_CACHE:
+            self.kinds_seen.clear()
+        with client.pipeline(transaction=False) as pipe:
+            for job_id in unread:
+                pipe.hget(keys.job_key(job_id), "data")
+            for job_id, data in zip(unread, pipe.execute(), strict=True):
+                self.kinds_seen[job_id] = func_name(data, self.config.serializer)
+
+    def _row(self, now: float, entry: tuple[str, str, float], job: Sequence[bytes | None],
+             workers: dict[str, Sequence[bytes | None]]) -> dict[str, Any]:
+        """One registry entry (queue, ``<job id>:<execution id>``, score) as a row."""
+        queue, member, score = entry
+        job_id, _, execution_id = member.rpartition(":")
+        status, worker, started, retries_left, _, attempt = job
+        started_at = utc_seconds(started)
+        name = _text(worker)
+        kind = self.kinds_seen.get(job_id)
+        return {
+            "job_id": job_id, "job_kind": kind or UNREADABLE_LABEL, "unreadable": kind is None,
+            "queue": queue, "execution_id": execution_id, "score": score,
+            "entry_over": now - score, "status": _text(status), "worker": name,
+            "worker_gone": self._gone(now, workers.get(name or ""), started_at),
+            "run_seconds": None if started_at is None else now - started_at,
+            "retries_left": _int(retries_left), "attempt": _int(attempt) or 1,
+        }
+
+    def _gone(self, now: float, worker: Sequence[bytes | None] | None,
+              started_at: float | None) -> bool:
+        """The job's worker is gone: no key (expired), dead, silent past the timeout, or
+        a new worker under its name (born after the job started)."""
+        if worker is None:
+            return True
+        heartbeat, death, birth, _ = worker
+        last = utc_seconds(heartbeat)
+        born = utc_seconds(birth)
+        return (last is None or death is not None
+                or now - last > self.config.session_timeout_seconds
+                or (born is not None and started_at is not None and born > started_at))
+
+    def unknown(self, verdict: Snapshot) -> LivenessUnknown | None:
+        """Why Redis's view was not trusted this transaction (None: it was)."""
+        return None if verdict.doubt is None else LivenessUnknown(verdict.doubt, self.where())
+
+    def stuck(self, verdict: Snapshot) -> StuckWork:
+        """The started jobs whose kind could not be read (reconcile_error, never decided)."""
+        return {StuckReason.UNDECIDABLE: StuckCount(verdict.unreadable)}
+
+    def check(self) -> None:
+        """RQ installed, in the range read (not that Redis answers now: a pass says so)."""
+        keys.installed()
