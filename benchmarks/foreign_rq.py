@@ -163,12 +163,20 @@ class RqJobs:
 
     def kill(self) -> None:
         """The orphans' workers gone (their keys deleted, as a worker's own TTL would) and
-        their jobs started afresh with entries a second past expiry; failed-registry
-        entries from an earlier recovery removed."""
+        their jobs started afresh with entries a second past expiry (their earlier
+        executions removed); failed-registry entries from an earlier recovery removed."""
         from rq import worker_registration  # noqa: PLC0415 - optional
+        from rq.registry import StartedJobRegistry  # noqa: PLC0415
 
         orphans = self._started[:self.size.orphans]
+        ids = {job.id for job, _, _ in orphans}
         with self.connection.pipeline(transaction=False) as pipe:
+            for name in QUEUES:  # the live run's execution, replaced by the dead one's
+                key = StartedJobRegistry(name, connection=self.connection).key
+                for entry in self.connection.zrange(key, 0, -1):
+                    if entry.decode().split(":", 1)[0] in ids:
+                        pipe.zrem(key, entry)
+                        pipe.delete(f"rq:execution:{entry.decode()}")
             for job, worker_name, queue_name in orphans:
                 pipe.zrem(f"rq:failed:{queue_name}", job.id)
                 pipe.delete(f"rq:worker:{worker_name}")

@@ -118,10 +118,10 @@ def _demo(path: Path, redis_url: str) -> int:
         failed = Job.fetch(charge.id, connection=connection)
         result = failed.latest_result()
         reason = "" if result is None else (result.exc_string or "").strip().splitlines()[-1]
-        say(f"{charge.id}: Job.fetch(...).get_status() = {failed.get_status()!r}, "
+        status = failed.get_status().value
+        say(f"{charge.id}: Job.fetch(...).get_status() = {status!r}, "
             f"latest_result(): {reason!r}")
-        return 0 if failed.get_status() == "failed" and "worker_died_mid_step" in reason \
-            else 1
+        return 0 if status == "failed" and "worker_died_mid_step" in reason else 1
     finally:
         for process in (*workers, third):
             if process is not None and process.poll() is None:
@@ -129,7 +129,8 @@ def _demo(path: Path, redis_url: str) -> int:
 
 
 def _status(job: Any) -> str:
-    return str(job.get_status(refresh=True))
+    """The job's status as RQ's ``JobStatus`` spells it (``started``), read now."""
+    return str(job.get_status(refresh=True).value)
 
 
 def _expire_now(connection: Any, jobs: tuple[Any, ...]) -> None:

@@ -29,7 +29,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -80,7 +80,8 @@ class Rq(SystemBase):
 
     def _start_redis(self) -> None:
         binary = shutil.which("redis-server")
-        assert binary is not None and self.redis_dir is not None
+        assert binary is not None
+        assert self.redis_dir is not None
         self.redis = subprocess.Popen(
             [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
              "--appendonly", "yes", "--appendfsync", "always", "--dir", str(self.redis_dir)],
@@ -223,7 +224,7 @@ class Rq(SystemBase):
             done = None
             if state == "completed" and ended:
                 done = datetime.strptime(ended.decode(), "%Y-%m-%dT%H:%M:%S.%fZ").replace(
-                    tzinfo=timezone.utc).timestamp()
+                    tzinfo=UTC).timestamp()
             used = spec.max_attempts - (int(left) if left else 0)
             states[job] = JobState(state, used, spec.max_attempts, done)
         return states
