@@ -43,6 +43,12 @@ TASKS = "tests.chaos.foreign.rq_chaos_tasks."
 JOB_TIMEOUT_SECONDS = 20
 """A job's timeout: a SimpleWorker's entry lasts this + 60 s unless aged."""
 REDIS_RETRY_SECONDS = 30.0
+SESSION_TIMEOUT_SECONDS = 1.0
+"""Short (the least the replicas' 0.3 s session heartbeat allows, twice it, rounded up):
+only aged entries are candidates, and only dead or long-stopped workers' are aged, so a
+live worker's silence inside a job (a SimpleWorker does not heartbeat there) decides
+nothing; and the replicas get to decide before most restarted workers' start-up cleanup
+(a second or so after a kill) takes the job the RQ way."""
 T = TypeVar("T")
 
 
@@ -53,7 +59,7 @@ class Rq(SystemBase):
     name = "rq"
     completion_fenced = False  # the worker's handle_job_success writes by id
 
-    def __init__(self, session_timeout_seconds: float = 3.0) -> None:
+    def __init__(self, session_timeout_seconds: float = SESSION_TIMEOUT_SECONDS) -> None:
         self.session_timeout_seconds = session_timeout_seconds
         # Once an entry is aged: the worker's silence past the session timeout, a pass.
         self.reclaim_after_seconds = session_timeout_seconds + 1.0
@@ -143,7 +149,9 @@ class Rq(SystemBase):
         return {"redis_url": self.url}
 
     def settings(self) -> dict[str, float]:
-        return {"session_timeout_seconds": self.session_timeout_seconds}
+        # console = false: the rq source takes no operator action yet (issue 28's core),
+        # and `reconciler run` refuses a console over such a source.
+        return {"session_timeout_seconds": self.session_timeout_seconds, "console": False}
 
     def kind_rule(self) -> dict[str, float]:
         return {}  # each job's budget is its own Retry
