@@ -20,6 +20,7 @@ from tests.conformance.celery import CELERY, CELERY_DJANGO
 from tests.conformance.django_tasks import DJANGO_TASKS
 from tests.conformance.fixtures import RegisteredSource, SourceFixture
 from tests.conformance.native import NATIVE
+from tests.conformance.rq import RQ
 from tests.conformance.systems import GRAPHILE_WORKER, PG_BOSS, PROCRASTINATE
 from tests.conformance.table import TABLE
 from tests.conftest import ENGINES, PostgresForTests
@@ -50,7 +51,7 @@ from tests.sources.django_tasks_support import (  # noqa: F401 - fixtures, found
 )
 
 SOURCES: tuple[RegisteredSource, ...] = (NATIVE, TABLE, PROCRASTINATE, GRAPHILE_WORKER,
-                                         PG_BOSS, DJANGO_TASKS, CELERY, CELERY_DJANGO)
+                                         PG_BOSS, DJANGO_TASKS, CELERY, CELERY_DJANGO, RQ)
 
 
 CASES = [(registered, engine) for registered in SOURCES for engine in ENGINES

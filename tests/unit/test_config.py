@@ -208,7 +208,7 @@ class TestRefusals:
         ("batch_size = 0\n", ["batch_size", "reconciler.toml"]),
         ("source = 'table'\n", ["source", "must be a table"]),
         ("[source]\nschema = 'x'\n", ["[source]", "kind"]),
-        ("[source]\nkind = 'rq'\n", ["rq", "native"]),
+        ("[source]\nkind = 'sidekiq'\n", ["sidekiq", "native"]),
         ("[source]\nkind = 'pg-boss'\ntable = 'x'\n", ["table", "pg-boss"]),
         ("[source]\nkind = 'pg-boss'\nschema = 3\n", ["schema", "an integer"]),
         ("[source]\nkind = 'pg-boss'\nschema = 'a b'\n", ["schema", "plain SQL name"]),
