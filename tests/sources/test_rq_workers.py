@@ -11,12 +11,24 @@ say so.
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
+import time
+import zlib
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from reconciler.config.loader import pass_config
 from reconciler.core.kinds import KindRule, KindRules
-from reconciler.core.vocabulary import Disposition, EffectKind, Reason
+from reconciler.core.passes import PassReport, apply_and_record, plan_changes, run_pass
+from reconciler.core.ports import RecordedDecision
+from reconciler.core.vocabulary import Disposition, EffectKind, LivenessDoubt, Reason
+from reconciler.root.cli import assemble_cli
+from reconciler.sources.rq import RqConfig
+from tests.sources.celery_support import worker_tree
 from tests.sources.rq_support import (
     EFFECTFUL,
     IDEMPOTENT,
@@ -27,12 +39,23 @@ from tests.sources.rq_support import (
     wait_started,
     wait_status,
 )
-from tests.sources.support import Markers, Processes, by_job, reconcile_once
+from tests.sources.support import (
+    Markers,
+    Outcome,
+    Process,
+    Processes,
+    by_job,
+    config_for,
+    reconcile_once,
+    record_finding,
+    wait_until,
+)
 
 __all__ = ["rq_project"]
 
 KINDS = KindRules([KindRule("tests.sources.rq_tasks.idem_*", effect=EffectKind.IDEMPOTENT)],
-                  stale_after_seconds=0.5, wedged_after_seconds=3600.0, max_attempts=3)
+                  stale_after_seconds=0.5, wedged_after_seconds=3600.0, max_attempts=3,
+                  crash_loop_after=2)
 
 
 @pytest.fixture
@@ -78,6 +101,212 @@ class TestKilledWorker:
         assert "reconciler: worker_died_mid_step" in (result.exc_string or "")
         assert job_id in rq_project.queue().failed_job_registry.get_job_ids()
         assert job.retries_left == 2  # never retried, retries left or not
-        # A new worker of the queue never runs it again.
-        start_worker(processes, rq_project, markers, "worker-b")
+        # A new worker of the queue runs what comes after it, never it again.
+        second = start_worker(processes, rq_project, markers, "worker-b")
+        after = rq_project.enqueue(IDEMPOTENT, hang=[0])
+        wait_status(rq_project, after, "finished", worker=second)
         assert markers.of(job_id) == {"started-1"}
+
+
+def live_job(project: RqProject, processes: Processes, markers: Markers,
+             name: str = "worker-live") -> tuple[str, Process]:
+    """A job running on a live worker of the same queue (its entry renewed every second),
+    started before the job under test so that worker is busy with it."""
+    job_id = project.enqueue(IDEMPOTENT)
+    worker = start_worker(processes, project, markers, name)
+    wait_started(markers, job_id, worker)
+    return job_id, worker
+
+
+def decide_then_apply(project: RqProject, kinds: KindRules, wait: float
+                      ) -> list[RecordedDecision]:
+    """One pass's transaction that decides, waits ``wait`` seconds (other workers go on
+    renewing their entries meanwhile), then applies and records."""
+    config = config_for(project.engine, project.config(), kinds)
+    settings = replace(pass_config(config.settings, "rq-test", kinds), brake=None)
+    store = assemble_cli(config, engine=project.engine).passes
+    with store.pass_transaction(dry_run=False) as tx:
+        planned = plan_changes(tx.jobs.candidates(100, settings.thresholds, None), settings)
+        time.sleep(wait)
+        _, recorded = apply_and_record(tx, settings.instance, planned)
+    return recorded
+
+
+def a_pass(project: RqProject, source: RqConfig | None = None) -> PassReport:
+    """One real pass, its report (the brake left out, as in ``reconcile_once``)."""
+    config = config_for(project.engine, source or project.config(), KINDS)
+    return run_pass(assemble_cli(config, engine=project.engine).passes,
+                    replace(pass_config(config.settings, "rq-test", KINDS), brake=None))
+
+
+class TestBesideLiveWorkers:
+    """A live worker of the same queue keeps running (RQ's own maintenance ran at its
+    start and runs again every 10 minutes) while a dead worker's job is recovered."""
+
+    def test_a_live_job_is_untouched_and_its_heartbeats_never_fail_anothers_fence(
+            self, rq_project: RqProject, processes: Processes, markers: Markers) -> None:
+        running, live = live_job(rq_project, processes, markers)
+        job_id = rq_project.enqueue(IDEMPOTENT, hang=[3600, 0])
+        dead = start_worker(processes, rq_project, markers, "worker-a")
+        wait_started(markers, job_id, dead)
+        sigkill(dead)
+        rq_project.expire_as_time_would(job_id, dead)
+        renewed = rq_project.entry_score(running)
+        # Decided, then applied 2.5 s later: the live worker renewed its own entry in the
+        # same started registry (a sorted set both entries share) at least twice.
+        recorded = {d.job_id: d for d in decide_then_apply(rq_project, KINDS, wait=2.5)}
+        assert rq_project.entry_score(running) != renewed
+        assert (recorded[job_id].disposition, recorded[job_id].reason) == (
+            Disposition.RESUME, Reason.RESUMED_IDEMPOTENT_STEP)
+        assert running not in recorded
+        assert rq_project.status(running) == "started"
+        assert live.alive()
+        assert rq_project.status(job_id) == "queued"
+
+    def test_a_renewed_entry_fails_the_fence_and_changes_nothing(
+            self, rq_project: RqProject, processes: Processes, markers: Markers) -> None:
+        """The job's own worker renews it between the decision and the write (as a
+        paused worker that wakes does): fence lost, the job as its worker left it."""
+        job_id = rq_project.enqueue(IDEMPOTENT, hang=[3600, 0])
+        worker = start_worker(processes, rq_project, markers, "worker-a")
+        wait_started(markers, job_id, worker)
+        worker.signal(signal.SIGSTOP)
+        for process in worker_tree(worker)[:-1]:
+            os.kill(process, signal.SIGSTOP)
+        client = rq_project.redis()
+        seconds, _ = client.time()
+        [(member, _)] = [(m, s) for m, s in client.zrange("rq:wip:default", 0, -1,
+                                                          withscores=True)
+                         if m.decode().startswith(job_id)]
+        client.zadd("rq:wip:default", {member: float(seconds) - 1})
+        client.delete(f"rq:worker:{worker.name}")
+        config = config_for(rq_project.engine, rq_project.config(), KINDS)
+        settings = replace(pass_config(config.settings, "rq-test", KINDS), brake=None)
+        store = assemble_cli(config, engine=rq_project.engine).passes
+        with store.pass_transaction(dry_run=False) as tx:
+            planned = plan_changes(tx.jobs.candidates(100, settings.thresholds, None),
+                                   settings)
+            assert [p.decision.disposition for p in planned] == [Disposition.RESUME]
+            worker.signal(signal.SIGCONT)  # it wakes and renews its entry at once
+            for process in worker_tree(worker)[:-1]:
+                os.kill(process, signal.SIGCONT)
+            wait_until(lambda: (rq_project.entry_score(job_id) or 0) > seconds,
+                       "the woken worker to renew its entry", process=worker)
+            _, recorded = apply_and_record(tx, settings.instance, planned)
+        assert [(d.disposition, d.reason) for d in recorded] == [(Disposition.SKIP,
+                                                                   Reason.FENCE_LOST)]
+        assert rq_project.status(job_id) == "started"
+        assert markers.of(job_id) == {"started-1"}
+
+
+class TestCrashLoop:
+    def test_a_job_lost_twice_ends_crash_loop(
+            self, rq_project: RqProject, processes: Processes, markers: Markers) -> None:
+        job_id = rq_project.enqueue(IDEMPOTENT, hang=[3600, 3600, 0])
+        for attempt, name in ((1, "worker-a"), (2, "worker-b")):
+            worker = start_worker(processes, rq_project, markers, name)
+            wait_started(markers, job_id, worker, attempt)
+            sigkill(worker)
+            rq_project.expire_as_time_would(job_id, worker)
+            outcome = by_job(reconcile_once(rq_project.engine, rq_project.config(),
+                                            KINDS))[job_id]
+        assert (outcome.disposition, outcome.reason) == (Disposition.TERMINALIZE,
+                                                         Reason.CRASH_LOOP)
+        job = rq_project.job(job_id)
+        assert job.get_status().value == "failed"
+        assert "reconciler: crash_loop" in (job.latest_result().exc_string or "")
+        assert markers.of(job_id) == {"started-1", "started-2"}
+
+
+class TestUndecidable:
+    def test_a_job_whose_kind_cannot_be_read_is_a_reconcile_error(
+            self, rq_project: RqProject, processes: Processes, markers: Markers) -> None:
+        """A payload that is not RQ's tuple in the app's serializer (here: bytes no
+        serializer wrote) is never unpickled: reconcile_error, the job left alone."""
+        job_id = rq_project.enqueue(EFFECTFUL)
+        worker = start_worker(processes, rq_project, markers, "worker-a")
+        wait_started(markers, job_id, worker)
+        sigkill(worker)
+        rq_project.expire_as_time_would(job_id, worker)
+        rq_project.redis().hset(f"rq:job:{job_id}", "data", zlib.compress(b"\x80\x05K\x01."))
+        outcome = by_job(reconcile_once(rq_project.engine, rq_project.config(), KINDS))[job_id]
+        assert (outcome.disposition, outcome.reason) == (Disposition.SKIP,
+                                                         Reason.RECONCILE_ERROR)
+        assert outcome.evidence.get("error_code") == "unreadable_kind"
+        assert rq_project.status(job_id) == "started"
+
+    def test_redis_down_decides_nothing_and_says_which_store(
+            self, rq_project: RqProject, processes: Processes, markers: Markers) -> None:
+        job_id = rq_project.enqueue(EFFECTFUL)
+        worker = start_worker(processes, rq_project, markers, "worker-a")
+        wait_started(markers, job_id, worker)
+        sigkill(worker)
+        rq_project.expire_as_time_would(job_id, worker)
+        with socket.socket() as unused:
+            unused.bind(("127.0.0.1", 0))
+            port = unused.getsockname()[1]
+        down = a_pass(rq_project, rq_project.config(
+            redis_url=f"redis://:secret@127.0.0.1:{port}/0"))
+        assert down.decisions == ()
+        assert down.liveness is not None
+        assert down.liveness.code is LivenessDoubt.BROKER_UNREACHABLE
+        assert f"127.0.0.1:{port}" in down.liveness.where
+        assert "secret" not in down.liveness.where
+        empty = a_pass(rq_project, rq_project.config(
+            redis_url=rq_project.redis_url.rsplit("/", 1)[0] + "/5"))
+        assert empty.liveness is not None
+        assert empty.liveness.code is LivenessDoubt.QUEUES_MISSING
+        assert rq_project.status(job_id) == "started"
+        # The next pass, on the app's Redis, carries on.
+        back = a_pass(rq_project)
+        assert back.liveness is None
+        assert [(d.job_id, d.reason) for d in back.decisions] == [
+            (job_id, Reason.WORKER_DIED_MID_STEP)]
+
+
+class TestRealExpiry:
+    """Nothing aged by hand: two workers SIGKILLed at once beside a live one, and passes
+    every second until RQ's own entries expire (about 61 s after their last renewal)."""
+
+    def test_all_outcomes_after_one_real_wait(
+            self, rq_project: RqProject, processes: Processes, markers: Markers) -> None:
+        running, live = live_job(rq_project, processes, markers)
+        idem = rq_project.enqueue(IDEMPOTENT, retry=2, hang=[3600, 0])
+        effect = rq_project.enqueue(EFFECTFUL, queue="other")
+        first = start_worker(processes, rq_project, markers, "worker-a")
+        wait_started(markers, idem, first)
+        second = start_worker(processes, rq_project, markers, "worker-b", ("other",))
+        wait_started(markers, effect, second)
+        sigkill(first)
+        sigkill(second)
+        killed = time.monotonic()
+        # A dead worker's entries are still RQ's for a minute: nothing is decided.
+        assert reconcile_once(rq_project.engine, rq_project.config(), KINDS) == []
+        decided: dict[str, Outcome] = {}
+
+        def both() -> bool:
+            decided.update((str(o.job_id), o) for o in reconcile_once(
+                rq_project.engine, rq_project.config(), KINDS) if o.applied)
+            time.sleep(1)
+            return {idem, effect} <= set(decided)
+
+        wait_until(both, "the dead workers' entries to expire", timeout=150)
+        after = time.monotonic() - killed
+        assert 55 <= after <= 150
+        assert (decided[idem].disposition, decided[idem].reason) == (
+            Disposition.RESUME, Reason.RESUMED_IDEMPOTENT_STEP)
+        assert (decided[effect].disposition, decided[effect].reason) == (
+            Disposition.TERMINALIZE, Reason.WORKER_DIED_MID_STEP)
+        assert running not in decided
+        assert rq_project.status(running) == "started"
+        assert live.alive()
+        assert rq_project.job(idem).retries_left == 1  # one of its Retry(max=2) used
+        failed = rq_project.job(effect)
+        assert failed.get_status().value == "failed"
+        assert "reconciler: worker_died_mid_step" in (failed.latest_result().exc_string or "")
+        third = start_worker(processes, rq_project, markers, "worker-c")
+        wait_status(rq_project, idem, "finished", worker=third)
+        assert rq_project.job(idem).return_value() == "done on attempt 2"
+        assert markers.of(effect) == {"started-1"}
+        record_finding("rq", "real_expiry", engine=rq_project.engine.dialect.name,
+                       decided_seconds_after_kill=round(after, 1))

@@ -23,8 +23,9 @@ UNREADABLE_LABEL = "<unreadable>"
 _STRINGS = frozenset({"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE",
                       "SHORT_BINSTRING", "BINSTRING", "STRING"})
 _FRAMING = frozenset({"PROTO", "FRAME"})
-# The tuple's start where the pickler writes one before its items (protocol 0 and 1).
-_STARTS = frozenset({"MARK"})
+# The tuple's start where the pickler writes one before its items (protocol 0 and 1), and
+# the memo's bookkeeping between values.
+_SKIPPED = frozenset({"MARK", "MEMOIZE", "PUT", "BINPUT", "LONG_BINPUT"})
 
 
 def func_name(data: bytes | None, serializer: str) -> str | None:
@@ -42,18 +43,30 @@ def func_name(data: bytes | None, serializer: str) -> str | None:
 
 
 def _from_pickle(raw: bytes) -> str | None:
+    """The first string pushed, unless it is a global's module (``STACK_GLOBAL`` takes
+    it and the next string: an object in the name's place, not RQ's tuple)."""
+    found: list[tuple[str, object]] = []
     try:
         for opcode, arg, _ in pickletools.genops(raw):
-            if opcode.name in _FRAMING or opcode.name in _STARTS:
+            if opcode.name in _FRAMING or opcode.name in _SKIPPED:
                 continue
-            if opcode.name in _STRINGS:
-                if isinstance(arg, bytes):
-                    return arg.decode("utf-8", errors="strict")
-                return arg if isinstance(arg, str) else None
-            return None  # the first value is not a string: not RQ's tuple
+            found.append((opcode.name, arg))
+            if len(found) == 3:
+                break
     except (ValueError, UnicodeDecodeError, EOFError):
         return None
-    return None
+    if not found or found[0][0] not in _STRINGS:
+        return None  # the first value is not a string: not RQ's tuple
+    names = [name for name, _ in found]
+    if len(names) == 3 and names[1] in _STRINGS and names[2] == "STACK_GLOBAL":
+        return None
+    arg = found[0][1]
+    if isinstance(arg, bytes):
+        try:
+            return arg.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+    return arg if isinstance(arg, str) else None
 
 
 def _from_json(raw: bytes) -> str | None:
