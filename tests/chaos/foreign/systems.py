@@ -1,6 +1,7 @@
 """One adapter per real job system: how the chaos run sets it up, enqueues, starts a worker
 and reads its jobs. Adding a system is one more class here (the Python ones whose workers
-are Django's ``db_worker`` and ``celery worker``: python_systems.py).
+are Django's ``db_worker`` and ``celery worker``: python_systems.py; RQ, whose store is
+Redis: rq_system.py).
 
 Every adapter enqueues through the system's own functions (Procrastinate's
 ``procrastinate_defer_jobs_v1``, graphile-worker's ``add_job``, pg-boss's ``createQueue``
