@@ -43,8 +43,8 @@ TASKS = "tests.chaos.foreign.rq_chaos_tasks."
 JOB_TIMEOUT_SECONDS = 20
 """A job's timeout: a SimpleWorker's entry lasts this + 60 s unless aged."""
 REDIS_RETRY_SECONDS = 30.0
-SESSION_TIMEOUT_SECONDS = 1.0
-"""Short (the least the replicas' 0.3 s session heartbeat allows, twice it, rounded up):
+SESSION_TIMEOUT_SECONDS = 0.6
+"""Short (twice the replicas' 0.3 s session heartbeat, the least a config may set):
 only aged entries are candidates, and only dead or long-stopped workers' are aged, so a
 live worker's silence inside a job (a SimpleWorker does not heartbeat there) decides
 nothing; and the replicas get to decide before most restarted workers' start-up cleanup
