@@ -31,7 +31,7 @@ def test_the_killed_workers_jobs_are_recovered_the_rq_way() -> None:
     reason, read through ``Job.fetch``; and the demo does not wait out RQ's minute."""
     if shutil.which("redis-server") is None:
         pytest.skip("apt-get install -y redis-server")
-    pytest.importorskip("rq", reason="pip install -e '.[rq]'")
+    pytest.importorskip("rq", reason="pip install -e '.[test]'")
     started = time.monotonic()
     done = demo()
     seconds = time.monotonic() - started

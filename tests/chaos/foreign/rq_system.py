@@ -78,7 +78,7 @@ class Rq(SystemBase):
         try:
             import rq  # noqa: F401, PLC0415 - only a presence check
         except ImportError as exc:
-            raise UnavailableError("rq is not installed: pip install -e '.[rq]'") from exc
+            raise UnavailableError("rq is not installed: pip install -e '.[test]'") from exc
         self.redis_dir = Path(tempfile.mkdtemp(prefix="chaos-rq-redis-"))
         self.port = _free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
