@@ -88,18 +88,15 @@ class RqJobs:
                     job = Job.create(f"app.tasks.{name}", args=(n,),
                                      connection=self.connection, id=f"bench-{n}",
                                      origin=name, result_ttl=KEPT_SECONDS,
-                                     failure_ttl=KEPT_SECONDS)
-                    if n < size.running:
-                        job._status = JobStatus.QUEUED
-                        job.save(pipeline=pipe)
+                                     failure_ttl=KEPT_SECONDS,
+                                     status=JobStatus.FINISHED if n >= waiting_end
+                                     else JobStatus.QUEUED)
+                    job.save(pipeline=pipe)
+                    if n < size.running:  # started below, as a worker starts it
                         self._started.append((job, _worker_name(n, size), name))
                     elif n < waiting_end:
-                        job._status = JobStatus.QUEUED
-                        job.save(pipeline=pipe)
                         pipe.rpush(queues[name].key, job.id)
                     else:
-                        job._status = JobStatus.FINISHED
-                        job.save(pipeline=pipe)
                         finished[name].add(job, KEPT_SECONDS, pipeline=pipe)
                 pipe.sadd("rq:queues", *(q.key for q in queues.values()))
                 pipe.execute()
