@@ -9,12 +9,12 @@ kills), jobs enqueued through ``Queue.enqueue`` with ``Retry(max=budget - 1)``
 after its last renewal (a SimpleWorker's: the job's timeout + 60 s), and nothing can tell
 the job dead before that. The run does not wait it out: when a worker dies (the run's
 SIGKILL, or an exit of its own) or is SIGSTOPped past the reconciler's wait, ``age``
-scores that worker's entries a second in the past, as the minute would, and touches
-nothing else (its job, execution and worker key stay as the death left them). The
-reconciler still judges both signals: the entry expired and the worker silent past
-``session_timeout_seconds``. Live workers' entries are never touched, and RQ's own
-maintenance (a restarted worker's start-up ``StartedJobRegistry.cleanup``) runs beside the
-replicas and may take an aged job first: that is RQ's behaviour, not ours.
+scores that worker's entries at the present moment, expired from then on as the minute
+would leave them, and touches nothing else (its job, execution and worker key stay as the
+death left them). The reconciler still judges both signals: the entry expired and the
+worker silent past ``session_timeout_seconds``. Live workers' entries are never touched,
+and RQ's own maintenance (a restarted worker's start-up ``StartedJobRegistry.cleanup``)
+runs beside the replicas and may take an aged job first: that is RQ's behaviour, not ours.
 """
 
 from __future__ import annotations
@@ -205,7 +205,15 @@ class Rq(SystemBase):
             for entry in client.zrange(registry.key, 0, -1):
                 owner = client.hget(f"rq:execution:{entry.decode()}", "worker_name")
                 if owner is not None and owner.decode() in names:
-                    client.zadd(registry.key, {entry: time.time() - 1}, xx=True)
+                    # Now, not a second ago: RQ's cleanup reads the entries expired by
+                    # its timestamp (whole seconds), handles them, then removes every
+                    # entry up to that timestamp. A score moved back to or below the
+                    # timestamp of a cleanup running at this instant would be removed
+                    # unhandled, the job left `started` with no entry (seen once in a
+                    # 10-minute run): RQ never moves a score back, so that loss would be
+                    # the run's, not RQ's or ours. Now is past every running cleanup's
+                    # timestamp, and expired for every read after it.
+                    client.zadd(registry.key, {entry: time.time()}, xx=True)
 
         self._redis(aged)
 
