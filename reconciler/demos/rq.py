@@ -99,8 +99,10 @@ def _demo(path: Path, redis_url: str) -> int:
         say("both rq workers (and their work horses) SIGKILLed mid-job: both jobs stay "
             "'started' in their queues' started registries")
         third = _worker(redis_url, "demo-3", "reports,payments")
-        wait(lambda: connection.exists("rq:worker:demo-3") == 1, "the new worker to start")
-        time.sleep(0.5)  # its start-up maintenance: RQ's own cleanup of both registries
+        # A worker goes idle (its state in its key) only after its start-up maintenance,
+        # RQ's own cleanup of both registries, has run.
+        wait(lambda: connection.hget("rq:worker:demo-3", "state") == b"idle",
+             "the new worker to start")
         say("a new worker (demo-3) started; its maintenance ran StartedJobRegistry.cleanup "
             f"and left both: {_status(render)!r}, {_status(charge)!r} (not expired yet)")
         _expire_now(connection, (render, charge))
