@@ -10,6 +10,9 @@ second and a dead one's entry expires about 61 s after its last renewal (RQ adds
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -20,7 +23,7 @@ import pytest
 from sqlalchemy.engine import Engine
 
 from reconciler.sources.rq import RqConfig
-from tests.sources.celery_support import kill_worker
+from tests.sources.celery_support import worker_tree
 from tests.sources.support import Markers, Process, Processes, wait_until
 
 REPO = Path(__file__).parents[2]
@@ -117,8 +120,14 @@ def wait_started(markers: Markers, job_id: str, worker: Process, attempt: int = 
 
 
 def sigkill(worker: Process) -> None:
-    """SIGKILL the worker and its work horse at once (an OOM kill, a node lost)."""
-    kill_worker(worker)
+    """SIGKILL the worker and its work horse (an OOM kill, a node lost): the worker first,
+    so that it never sees its horse die and fails the job itself (RQ's own handling of a
+    lost horse), then the horse, found before its parent went."""
+    horses = worker_tree(worker)[:-1]
+    worker.kill()
+    for pid in horses:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def wait_status(project: RqProject, job_id: str, status: str, timeout: float = 60,

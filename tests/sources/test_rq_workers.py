@@ -11,9 +11,12 @@ say so.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
+import subprocess
+import sys
 import time
 import zlib
 from dataclasses import replace
@@ -32,6 +35,7 @@ from tests.sources.celery_support import worker_tree
 from tests.sources.rq_support import (
     EFFECTFUL,
     IDEMPOTENT,
+    REPO,
     RqProject,
     rq_project,
     sigkill,
@@ -105,6 +109,33 @@ class TestKilledWorker:
         second = start_worker(processes, rq_project, markers, "worker-b")
         after = rq_project.enqueue(IDEMPOTENT, hang=[0])
         wait_status(rq_project, after, "finished", worker=second)
+        assert markers.of(job_id) == {"started-1"}
+
+
+class TestDependents:
+    def test_a_failed_jobs_dependents_are_left_as_rq_leaves_them(
+            self, rq_project: RqProject, processes: Processes, markers: Markers) -> None:
+        """One that allows its dependency to fail is queued and run by the next worker;
+        one that does not stays deferred (RQ's ``enqueue_dependents`` after a failure)."""
+        from rq.job import Dependency  # noqa: PLC0415
+
+        job_id = rq_project.enqueue(EFFECTFUL)
+        queue = rq_project.queue()
+        allowed = queue.enqueue(IDEMPOTENT, kwargs={"hang": [0]}, depends_on=Dependency(
+            jobs=[job_id], allow_failure=True)).id
+        waiting = queue.enqueue(IDEMPOTENT, kwargs={"hang": [0]}, depends_on=job_id).id
+        worker = start_worker(processes, rq_project, markers, "worker-a")
+        wait_started(markers, job_id, worker)
+        sigkill(worker)
+        rq_project.expire_as_time_would(job_id, worker)
+        outcome = by_job(reconcile_once(rq_project.engine, rq_project.config(), KINDS))[job_id]
+        assert outcome.reason is Reason.WORKER_DIED_MID_STEP
+        assert (rq_project.status(allowed), rq_project.status(waiting)) == ("queued",
+                                                                            "deferred")
+        assert waiting in queue.deferred_job_registry.get_job_ids()
+        second = start_worker(processes, rq_project, markers, "worker-b")
+        wait_status(rq_project, allowed, "finished", worker=second)
+        assert rq_project.status(waiting) == "deferred"
         assert markers.of(job_id) == {"started-1"}
 
 
@@ -197,6 +228,50 @@ class TestBesideLiveWorkers:
                                                                    Reason.FENCE_LOST)]
         assert rq_project.status(job_id) == "started"
         assert markers.of(job_id) == {"started-1"}
+
+
+def pause(worker: Process, sig: signal.Signals) -> None:
+    """SIGSTOP or SIGCONT the worker and its work horse (a frozen VM, a long pause)."""
+    for pid in [*worker_tree(worker)[:-1], worker.pid]:
+        os.kill(pid, sig)
+
+
+class TestLateWriter:
+    def test_a_paused_worker_that_wakes_after_the_decision(
+            self, rq_project: RqProject, processes: Processes, markers: Markers) -> None:
+        """Workers paused mid-job past their entries' expiry (aged here as that minute
+        would), decided, then woken: RQ's own end of the run lands over our decision (it
+        fences on nothing): the failed job reads ``finished``; the resumed one runs a
+        second time."""
+        failed = rq_project.enqueue(EFFECTFUL, hang=[2])
+        resumed = rq_project.enqueue(IDEMPOTENT, queue="other", hang=[2, 0])
+        first = start_worker(processes, rq_project, markers, "worker-a")
+        second = start_worker(processes, rq_project, markers, "worker-b", ("other",))
+        wait_started(markers, failed, first)
+        wait_started(markers, resumed, second)
+        for worker, queue in ((first, "default"), (second, "other")):
+            pause(worker, signal.SIGSTOP)
+            client = rq_project.redis()
+            seconds, _ = client.time()
+            for member, _ in client.zrange(f"rq:wip:{queue}", 0, -1, withscores=True):
+                client.zadd(f"rq:wip:{queue}", {member: float(seconds) - 1})
+            client.delete(f"rq:worker:{worker.name}")
+        decided = by_job(reconcile_once(rq_project.engine, rq_project.config(), KINDS))
+        assert decided[failed].reason is Reason.WORKER_DIED_MID_STEP
+        assert decided[resumed].reason is Reason.RESUMED_IDEMPOTENT_STEP
+        pause(first, signal.SIGCONT)
+        pause(second, signal.SIGCONT)
+        wait_status(rq_project, failed, "finished", worker=first)
+        # The woken worker ends its own run, then pops the resumed job off its queue and
+        # runs it again: twice in all (the paused run and the resumed one), never more.
+        wait_until(lambda: markers.has(f"{resumed}-done-2"), "the resumed run", process=second)
+        wait_status(rq_project, resumed, "finished", worker=second)
+        record_finding("rq", "late_writer", engine=rq_project.engine.dialect.name,
+                       failed_reads=rq_project.status(failed),
+                       resumed_runs=sorted(markers.of(resumed)))
+        assert markers.of(failed) == {"started-1", "done-1"}
+        assert markers.of(resumed) == {"started-1", "done-1", "started-2", "done-2"}
+        assert rq_project.job(resumed).return_value() == "done on attempt 2"
 
 
 class TestCrashLoop:
@@ -310,3 +385,35 @@ class TestRealExpiry:
         assert markers.of(effect) == {"started-1"}
         record_finding("rq", "real_expiry", engine=rq_project.engine.dialect.name,
                        decided_seconds_after_kill=round(after, 1))
+
+
+def test_the_command_line_reads_rq(rq_project: RqProject, processes: Processes,
+                                   markers: Markers, tmp_path: Path) -> None:
+    """``reconciler kinds``, ``jobs explain`` and ``pass --json`` over a config file, as an
+    operator runs them: the kinds running, what a pass would decide, then the pass."""
+    job_id = rq_project.enqueue(EFFECTFUL)
+    worker = start_worker(processes, rq_project, markers, "worker-a")
+    wait_started(markers, job_id, worker)
+    sigkill(worker)
+    rq_project.expire_as_time_would(job_id, worker)
+    config = tmp_path / "reconciler.toml"
+    config.write_text(
+        f'database_url = "{rq_project.engine.url.render_as_string(hide_password=False)}"\n'
+        f'session_timeout_seconds = 2\nsession_heartbeat_seconds = 0.5\n'
+        f'stale_after_seconds = 0.5\n\n'
+        f'[source]\nkind = "rq"\nredis_url = "{rq_project.redis_url}"\n'
+        f'queues = ["default"]\n')
+
+    def cli(*argv: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "reconciler.cli", *argv, "--config",
+                               str(config)], capture_output=True, text=True, timeout=120,
+                              cwd=REPO, check=False)
+        assert done.returncode in (0, 6), done.stderr
+        return done.stdout
+
+    assert EFFECTFUL in cli("kinds")
+    assert "worker_died_mid_step" in cli("jobs", "explain", job_id)
+    report = json.loads(cli("pass", "--json"))
+    assert [(d["job_id"], d["reason"]) for d in report["decisions"]] == [
+        (job_id, "worker_died_mid_step")]
+    assert rq_project.status(job_id) == "failed"

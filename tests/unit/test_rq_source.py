@@ -15,6 +15,7 @@ from reconciler.config.settings import Settings
 from reconciler.errors import ConfigError
 from reconciler.sources.rq import RqConfig, keys
 from reconciler.sources.rq.kinds import func_name
+from reconciler.sources.rq.snapshot import utc_seconds
 
 NAME = "app.reports.build"
 
@@ -121,3 +122,11 @@ class TestConfig:
         assert [q for q in ("default", "reports.daily", "mail") if config.watches(q)] == [
             "default", "reports.daily"]
         assert RqConfig(redis_url="redis://r").watches("anything")
+
+
+@pytest.mark.parametrize(("text", "seconds"), [
+    (b"2026-12-02T06:29:26.933066Z", 1796192966.933066), ("2026-12-02T06:29:26Z", 1796192966.0),
+    (None, None), (b"", None), ("x", None), ("2026-12-02T06:29:26+01:00", None)])
+def test_rq_times(text: bytes | str | None, seconds: float | None) -> None:
+    """RQ's ``utcformat`` (with and without microseconds), else unread."""
+    assert utc_seconds(text) == seconds

@@ -14,6 +14,8 @@ from 2.0 to 2.12:
 - ``rq:execution:<job id>:<execution id>``: the execution's hash, and
   ``rq:executions:<job id>``: the job's executions, a sorted set;
 - ``rq:failed:<queue>``: the failed registry, job ids scored by when they expire;
+  ``rq:deferred:<queue>``: the jobs waiting on others (``rq:job:<id>:dependents``,
+  ``rq:job::<id>:dependencies``: who waits on whom);
 - ``rq:results:<job id>``: the job's results, a stream (``latest_result()`` reads it);
 - ``rq:worker:<name>``: the worker's hash (``last_heartbeat``, ``death``, ``version``),
   expiring when its heartbeats stop; ``rq:workers``: the set of worker keys.
@@ -65,6 +67,11 @@ def queue_key(queue: str) -> str:
 def started_key(queue: str) -> str:
     """The queue's started registry."""
     return f"rq:wip:{queue}"
+
+
+def deferred_key(queue: str) -> str:
+    """The queue's deferred registry (jobs waiting on others)."""
+    return f"rq:deferred:{queue}"
 
 
 def failed_key(queue: str) -> str:

@@ -123,6 +123,8 @@ class RqSql:
             seen = fence_of(change, RqFence)
             done = (writes.resume(client, job_id, seen) if resume
                     else writes.terminalize(client, job_id, seen, batch.reason))
+            if done and not resume:
+                writes.release_dependents(client, job_id)
             if done:
                 batch.ledger.fence(job_id, seen.attempt + 1)
                 changed[change.decision.job_id] = seen.attempt

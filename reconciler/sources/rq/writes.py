@@ -19,6 +19,8 @@ the fence. A fence that no longer holds changes nothing: the pass records
   its execution record, ``status`` ``failed``, ``ended_at`` now, ``exc_info`` naming our
   reason, in the queue's failed registry for its ``failure_ttl``, and a failed
   ``Result`` (RQ's own class) naming it, so ``latest_result()`` reads it; never retried.
+  Then its dependents as RQ's ``enqueue_dependents`` leaves them after a failure
+  (``release_dependents``).
 """
 
 from __future__ import annotations
@@ -157,3 +159,54 @@ def terminalize(client: Any, job_id: str, fence: RqFence, reason: str) -> bool:
                execution_ended_at=now).save(ttl=ttl, pipeline=pipe)  # type: ignore[no-untyped-call]
 
     return fenced_write(client, job_id, fence, write)
+
+
+def release_dependents(client: Any, job_id: str) -> None:
+    """After a failure, as RQ's ``Queue.enqueue_dependents`` does, without loading any
+    job (RQ's would unpickle theirs): each dependent declared with
+    ``allow_dependency_failures`` (not cancelled) whose other dependencies are finished or
+    failed leaves its deferred registry and is queued on its own queue; the others stay
+    deferred. One transaction under a ``WATCH`` of the dependents set, again if it moved."""
+    import redis  # noqa: PLC0415 - only the rq source needs it
+
+    with client.pipeline() as pipe:
+        while True:
+            try:
+                pipe.watch(keys.dependents_key(job_id))
+                waiting = sorted(m.decode() for m in pipe.smembers(keys.dependents_key(job_id)))
+                ready = [found for found in (_ready(pipe, job_id, d) for d in waiting) if found]
+                if not ready:
+                    pipe.unwatch()
+                    return
+                seconds, micros = pipe.time()
+                now = datetime.fromtimestamp(int(seconds) + int(micros) / 1e6, UTC)
+                pipe.multi()
+                for dependent, queue, at_front in ready:
+                    pipe.zrem(keys.deferred_key(queue), dependent)
+                    pipe.hset(keys.job_key(dependent), mapping={
+                        "status": "queued", "enqueued_at": utcformat(now)})
+                    (pipe.lpush if at_front else pipe.rpush)(keys.queue_key(queue), dependent)
+                if len(ready) == len(waiting):
+                    pipe.delete(keys.dependents_key(job_id))
+                else:
+                    pipe.srem(keys.dependents_key(job_id), *(d for d, _, _ in ready))
+                pipe.execute()
+                return
+            except redis.WatchError:
+                continue
+
+
+def _ready(pipe: Any, failed: str, dependent: str) -> tuple[str, str, bool] | None:
+    """The dependent, its queue and whether it goes to the front, when RQ would enqueue
+    it after ``failed`` failed (``Job.dependencies_are_met``)."""
+    allowed, status, origin, at_front = pipe.hmget(
+        keys.job_key(dependent), "allow_dependency_failures", "status", "origin",
+        "enqueue_at_front")
+    if allowed != b"1" or status in (None, b"canceled") or not origin:
+        return None
+    others = sorted(m.decode() for m in pipe.smembers(keys.dependencies_key(dependent))
+                    if m.decode() != failed)
+    statuses = [pipe.hget(keys.job_key(other), "status") for other in others]
+    if not all(s is None or s in (b"finished", b"failed") for s in statuses):
+        return None
+    return dependent, origin.decode(), at_front == b"1"
