@@ -10,6 +10,9 @@
                                   celery|all [--smoke]
         # a foreign source at a million rows beside its system's own sweep:
         # benchmarks/foreign.py (--source native, the default: everything above)
+    python -m benchmarks --source rq [--engine sqlite|postgresql|both] [--smoke]
+        # RQ at 100k jobs in Redis beside its StartedJobRegistry.cleanup:
+        # benchmarks/foreign_rq.py (not in "all": it needs rq and redis-server)
 
 PostgreSQL: ``--database-url`` names an empty database to use, else a throwaway server is
 started (tests/pg_server.py; Debian's postgresql binaries).
@@ -30,7 +33,7 @@ from pathlib import Path
 
 from sqlalchemy.engine import Engine
 
-from benchmarks import foreign, parked
+from benchmarks import foreign, foreign_rq, parked
 from benchmarks.dataset import Shape, build, floor_update, restore_stale, writes_floor
 from benchmarks.foreign_python import SYSTEMS
 from benchmarks.harness import (
@@ -245,8 +248,11 @@ def main(argv: list[str] | None = None) -> int:
     """``--source`` picks the job source: a foreign one is measured by benchmarks.foreign
     (with its options), the native one (the default) by everything else here."""
     chosen = argparse.ArgumentParser(prog="python -m benchmarks", add_help=False)
-    chosen.add_argument("--source", choices=("native", *SYSTEMS, "all"), default="native")
+    chosen.add_argument("--source", choices=("native", *SYSTEMS, "rq", "all"),
+                        default="native")
     picked, rest = chosen.parse_known_args(argv)
+    if picked.source == "rq":
+        return foreign_rq.main(rest)
     if picked.source != "native":
         return foreign.main(["--source", picked.source, *rest])
     return native(rest)

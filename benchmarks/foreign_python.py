@@ -171,29 +171,7 @@ class CeleryTasks:
         vacuum(conninfo, "celery_taskmeta")
 
     def _start_broker(self) -> None:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            raise SystemExit("the celery benchmark needs redis-server (its broker): "
-                             "apt-get install redis-server")
-        import redis  # noqa: PLC0415 - optional, with celery[redis]
-
-        folder = Path(tempfile.mkdtemp(prefix="reconciler-bench-redis-"))
-        self._stack.callback(shutil.rmtree, folder, ignore_errors=True)
-        port = _free_port()
-        server = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1",
-                                   "--save", "", "--appendonly", "no", "--dir", str(folder)],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        self._stack.callback(_stop, server)
-        self.broker_url = f"redis://127.0.0.1:{port}/0"
-        client = redis.Redis.from_url(self.broker_url)
-        deadline = time.monotonic() + 20
-        while True:
-            with contextlib.suppress(redis.ConnectionError):
-                if client.ping():
-                    return
-            if time.monotonic() > deadline or server.poll() is not None:
-                raise RuntimeError("redis-server did not start")
-            time.sleep(0.05)
+        self.broker_url = start_redis(self._stack, "celery")
 
     def _start_live_worker(self) -> None:
         folder = Path(tempfile.mkdtemp(prefix="reconciler-bench-celery-"))
@@ -265,6 +243,34 @@ class CeleryTasks:
     def close(self) -> None:
         """Stop the live worker and the broker."""
         self._stack.close()
+
+
+def start_redis(stack: contextlib.ExitStack, system: str) -> str:
+    """A throwaway redis-server on a free port, stopped when ``stack`` closes; its URL.
+    ``system`` names the benchmark that needs it in the one line said when it is missing."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise SystemExit(f"the {system} benchmark needs redis-server: "
+                         "apt-get install redis-server")
+    import redis  # noqa: PLC0415 - optional, with celery[redis] or rq
+
+    folder = Path(tempfile.mkdtemp(prefix="reconciler-bench-redis-"))
+    stack.callback(shutil.rmtree, folder, ignore_errors=True)
+    port = _free_port()
+    server = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1",
+                               "--save", "", "--appendonly", "no", "--dir", str(folder)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    stack.callback(_stop, server)
+    url = f"redis://127.0.0.1:{port}/0"
+    client = redis.Redis.from_url(url)
+    deadline = time.monotonic() + 20
+    while True:
+        with contextlib.suppress(redis.ConnectionError):
+            if client.ping():
+                return url
+        if time.monotonic() > deadline or server.poll() is not None:
+            raise RuntimeError("redis-server did not start")
+        time.sleep(0.05)
 
 
 def _stop(process: subprocess.Popen[bytes]) -> None:

@@ -1,5 +1,5 @@
 """``reconciler demo [--source X]``: real workers crash and the reconciler recovers their
-jobs, one module per system (``native``, ``procrastinate``, ``django_tasks``, ``celery``;
+jobs, one module per system (``native``, ``procrastinate``, ``django_tasks``, ``celery``, ``rq``;
 their workers' apps beside them, what they share in ``support``).
 
 Each demo builds its config through the one loader (``support.demo_config``) and is
@@ -13,5 +13,6 @@ DEMOS: dict[str, str] = {
     "procrastinate": "reconciler.demos.procrastinate:run_procrastinate_demo",
     "django-tasks": "reconciler.demos.django_tasks:run_django_tasks_demo",
     "celery": "reconciler.demos.celery:run_celery_demo",
+    "rq": "reconciler.demos.rq:run_rq_demo",
 }
 """Each ``--source`` of ``reconciler demo``: ``"module:function"`` returning its exit code."""

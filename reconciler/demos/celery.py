@@ -20,22 +20,19 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import sqlalchemy as sa
 
 from reconciler.demos.support import (
     MissingPrerequisiteError,
     demo_config,
+    kill_tree,
     pass_until_decided,
+    redis_server,
     say,
     wait,
 )
@@ -59,36 +56,10 @@ def run_celery_demo() -> int:
             "the Celery demo needs redis-server (its broker): apt-get install redis-server")
     folder = Path(tempfile.mkdtemp(prefix="reconciler-demo-celery-"))
     try:
-        with _redis(binary, folder) as broker_url:
+        with redis_server(binary, folder) as broker_url:
             return _demo(folder / "demo.db", broker_url)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-
-
-@contextmanager
-def _redis(binary: str, folder: Path) -> Iterator[str]:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save",
-                               "", "--appendonly", "no", "--dir", str(folder)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        import redis  # noqa: PLC0415 - optional, checked above
-
-        client = redis.Redis.from_url(f"redis://127.0.0.1:{port}/0")
-        wait(lambda: _answers(client), "redis-server to start", timeout=20)
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
-
-
-def _answers(client: Any) -> bool:
-    try:
-        return bool(client.ping())
-    except Exception:
-        return False
 
 
 def _demo(path: Path, broker_url: str) -> int:
@@ -118,7 +89,7 @@ def _demo(path: Path, broker_url: str) -> int:
             wait(lambda: {render.state, charge.state} == {"STARTED"},
                  "the workers to start both tasks")
             for worker in workers:
-                _kill_tree(worker)
+                kill_tree(worker)
             say("both Celery workers SIGKILLed mid-task: both rows stay STARTED")
             # Silence is evidence of death only while some worker of the app answers: the
             # fleet's next worker comes up before the passes.
@@ -140,7 +111,7 @@ def _demo(path: Path, broker_url: str) -> int:
         finally:
             for process in (*workers, second):
                 if process is not None and process.poll() is None:
-                    _kill_tree(process)
+                    kill_tree(process)
     finally:
         engine.dispose()
 
@@ -151,12 +122,3 @@ def _worker(env: dict[str, str], name: str, queues: str) -> subprocess.Popen[byt
             "--without-mingle", "--without-gossip", "--loglevel=WARNING"]
     return subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
-
-
-def _kill_tree(process: subprocess.Popen[bytes]) -> None:
-    """SIGKILL the worker's pool processes, then the worker: nothing of it records an end."""
-    children = Path(f"/proc/{process.pid}/task/{process.pid}/children")
-    for child in children.read_text().split() if children.exists() else []:
-        os.kill(int(child), signal.SIGKILL)
-    process.kill()
-    process.wait(timeout=10)

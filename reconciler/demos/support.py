@@ -1,10 +1,17 @@
-"""What the demos share: their config, their output, waiting on their workers, and passes
-until the killed workers' jobs are decided."""
+"""What the demos share: their config, their output, waiting on their workers, a throwaway
+redis-server, SIGKILLing a worker whole, and passes until the killed workers' jobs are
+decided."""
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
+import subprocess
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from reconciler.config.loader import Config, config_from
@@ -62,3 +69,41 @@ def pass_until_decided(config: Config, tasks: set[str], due: str) -> bool:
     if decided != tasks:
         say("no pass decided both tasks within 30 s")
     return decided == tasks
+
+
+@contextmanager
+def redis_server(binary: str, folder: Path) -> Iterator[str]:
+    """A throwaway redis-server on a free port, its files in ``folder``; its URL. Stopped
+    on the way out. The ``redis`` package must be importable (the caller checked)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save",
+                               "", "--appendonly", "no", "--dir", str(folder)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        import redis  # noqa: PLC0415 - optional, checked by the caller
+
+        client = redis.Redis.from_url(f"redis://127.0.0.1:{port}/0")
+        wait(lambda: _answers(client), "redis-server to start", timeout=20)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+def _answers(client: Any) -> bool:
+    try:
+        return bool(client.ping())
+    except Exception:
+        return False
+
+
+def kill_tree(process: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the worker's children (its pool, its work horse), then the worker: nothing
+    of it records an end."""
+    children = Path(f"/proc/{process.pid}/task/{process.pid}/children")
+    for child in children.read_text().split() if children.exists() else []:
+        os.kill(int(child), signal.SIGKILL)
+    process.kill()
+    process.wait(timeout=10)

@@ -21,7 +21,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m tests.chaos.foreign",
         description="Kill and stop a real job system's workers and the reconciler's "
-                    "replicas, restart PostgreSQL once; then check no effectful task ran "
+                    "replicas, restart PostgreSQL once (RQ: its Redis); then check no "
+                    "effectful task ran "
                     "twice because of us, no job was left behind, no budget was overrun and "
                     "each attempt was decided once.")
     parser.add_argument("--system", choices=SYSTEMS, required=True)

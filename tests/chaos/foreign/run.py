@@ -266,6 +266,8 @@ class ForeignRun:
                 if not child.killed:
                     self.stats.unexpected_exits[exit_cause(child)] += 1
                     child.killed = True  # counted once
+                    if child.role == "worker":
+                        self.system.age(child.pid)
                 self.respawns.append((now + self.rng.uniform(*RESPAWN_DELAY_SECONDS),
                                       child.role, child.slot))
         due = [r for r in self.respawns if r[0] <= now]
@@ -298,7 +300,8 @@ class ForeignRun:
         """Cause the fault; False when it has to wait (no worker to stop or kill now)."""
         if what == "restart_db":
             assert self.pg is not None
-            self.pg.restart(mode="immediate")
+            if not self.system.restart_store():  # RQ's Redis, else PostgreSQL
+                self.pg.restart(mode="immediate")
             self.stats.db_restarts += 1
             return True
         if what == "kill_replica":
@@ -317,7 +320,10 @@ class ForeignRun:
             victim = self.rng.choice(busy)  # a worker inside a task: the late writer
             victim.signal(signal.SIGSTOP)
             lease = self.system.reclaim_after_seconds
-            victim.stopped_until = now + self.rng.uniform(*STOP_LEASES) * lease
+            leases = self.rng.uniform(*STOP_LEASES)
+            victim.stopped_until = now + leases * lease
+            if leases > 1:  # a late writer: its expiry passes while it is stopped
+                self.system.age(victim.pid)
             self.stats.stops += 1
             self.stats.faults.stopped.add(victim.pid)
             return True
@@ -332,6 +338,7 @@ class ForeignRun:
             return False
         victim = self.rng.choice(pool)
         self.children.kill(victim)
+        self.system.age(victim.pid)
         self.stats.faults.killed_at[victim.pid] = time.time()
         if victim in busy:
             self.stats.faults.killed_mid_task.add(victim.pid)

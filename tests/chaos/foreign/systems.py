@@ -1,6 +1,7 @@
 """One adapter per real job system: how the chaos run sets it up, enqueues, starts a worker
 and reads its jobs. Adding a system is one more class here (the Python ones whose workers
-are Django's ``db_worker`` and ``celery worker``: python_systems.py).
+are Django's ``db_worker`` and ``celery worker``: python_systems.py; RQ, whose store is
+Redis: rq_system.py).
 
 Every adapter enqueues through the system's own functions (Procrastinate's
 ``procrastinate_defer_jobs_v1``, graphile-worker's ``add_job``, pg-boss's ``createQueue``
@@ -115,9 +116,19 @@ class System(Protocol):
     def close(self) -> None:
         """Stop what ``prepare`` started besides the database (a broker)."""
 
+    def restart_store(self) -> bool:
+        """Restart the system's own store (RQ's Redis) as the run's one restart; False:
+        the system lives in PostgreSQL, which the run restarts."""
+
+    def age(self, pid: int) -> None:
+        """The dead (or long-stopped) worker ``pid``'s claims as the system's own clock
+        leaves them once their expiry has passed, where that expiry is longer than a run
+        can wait (RQ's minute: rq_system.py); nothing for the others."""
+
 
 class SystemBase:
-    """Kinds spelt as enqueued (``idem.work``), nothing to stop at the end."""
+    """Kinds spelt as enqueued (``idem.work``), nothing to stop at the end, PostgreSQL the
+    store the run restarts, no expiry to compress."""
 
     def kind_pattern(self, pattern: str) -> str:
         return pattern
@@ -129,6 +140,12 @@ class SystemBase:
         return set()
 
     def close(self) -> None:
+        return None
+
+    def restart_store(self) -> bool:
+        return False
+
+    def age(self, pid: int) -> None:
         return None
 
 
@@ -357,7 +374,11 @@ def make_system(name: str, *, hang_max_seconds: float) -> System:
         return python_systems.DjangoTasks(max_run)
     if name == "celery":
         return python_systems.Celery(max_run)
+    if name == "rq":
+        from tests.chaos.foreign.rq_system import Rq  # noqa: PLC0415 - it imports this module
+
+        return Rq()
     return GraphileWorker(max_run) if name == "graphile-worker" else PgBoss(max_run)
 
 
-SYSTEMS = ("procrastinate", "graphile-worker", "pg-boss", "django-tasks", "celery")
+SYSTEMS = ("procrastinate", "graphile-worker", "pg-boss", "django-tasks", "celery", "rq")

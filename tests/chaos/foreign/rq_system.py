@@ -1,0 +1,266 @@
+"""RQ in the foreign chaos runs: a redis-server of the run's own (append-only file fsynced
+at every write, as a Redis that keeps an RQ app's jobs is run, so its crash and restart
+loses nothing acknowledged), ``rq worker -w rq.worker.SimpleWorker`` processes (the job
+runs in the worker's own process, as Celery's solo pool: the markers name the pid the run
+kills), jobs enqueued through ``Queue.enqueue`` with ``Retry(max=budget - 1)``
+(tests/chaos/foreign/rq_chaos_tasks.py).
+
+**RQ's minute, compressed.** A dead worker's started-registry entry expires about 60 s
+after its last renewal (a SimpleWorker's: the job's timeout + 60 s), and nothing can tell
+the job dead before that. The run does not wait it out: when a worker dies (the run's
+SIGKILL, or an exit of its own) or is SIGSTOPped past the reconciler's wait, ``age``
+scores that worker's entries at the present moment, expired from then on as the minute
+would leave them, and touches nothing else (its job, execution and worker key stay as the
+death left them). The reconciler still judges both signals: the entry expired and the
+worker silent past ``session_timeout_seconds``. Live workers' entries are never touched,
+and RQ's own maintenance (a restarted worker's start-up ``StartedJobRegistry.cleanup``)
+runs beside the replicas and may take an aged job first: that is RQ's behaviour, not ours.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+from tests.chaos.foreign.database import Database
+from tests.chaos.foreign.processes import die_with_parent
+from tests.chaos.foreign.python_systems import REDIS_HINT, _free_port
+from tests.chaos.foreign.systems import JobSpec, JobState, SystemBase, UnavailableError
+
+QUEUE = "chaos"
+TASKS = "tests.chaos.foreign.rq_chaos_tasks."
+JOB_TIMEOUT_SECONDS = 20
+"""A job's timeout: a SimpleWorker's entry lasts this + 60 s unless aged."""
+REDIS_RETRY_SECONDS = 30.0
+SESSION_TIMEOUT_SECONDS = 0.6
+"""Short (twice the replicas' 0.3 s session heartbeat, the least a config may set):
+only aged entries are candidates, and only dead or long-stopped workers' are aged, so a
+live worker's silence inside a job (a SimpleWorker does not heartbeat there) decides
+nothing; and the replicas get to decide before most restarted workers' start-up cleanup
+(a second or so after a kill) takes the job the RQ way."""
+T = TypeVar("T")
+
+
+class Rq(SystemBase):
+    """RQ 2.x: attempts ``budget - retries_left`` (a resume uses one retry), a job's end
+    written by id only."""
+
+    name = "rq"
+    completion_fenced = False  # the worker's handle_job_success writes by id
+
+    def __init__(self, session_timeout_seconds: float = SESSION_TIMEOUT_SECONDS) -> None:
+        self.session_timeout_seconds = session_timeout_seconds
+        # Once an entry is aged: the worker's silence past the session timeout, a pass.
+        self.reclaim_after_seconds = session_timeout_seconds + 1.0
+        self.redis: subprocess.Popen[bytes] | None = None
+        self.redis_dir: Path | None = None
+        self.port = 0
+        self.url = ""
+        self.feeder: threading.Thread | None = None
+        self.stopping = threading.Event()
+
+    # -- the store ------------------------------------------------------------------------
+
+    def prepare(self, db: Database) -> None:
+        if shutil.which("redis-server") is None:
+            raise UnavailableError(REDIS_HINT.replace("Celery", "RQ"))
+        try:
+            import rq  # noqa: F401, PLC0415 - only a presence check
+        except ImportError as exc:
+            raise UnavailableError("rq is not installed: pip install -e '.[test]'") from exc
+        self.redis_dir = Path(tempfile.mkdtemp(prefix="chaos-rq-redis-"))
+        self.port = _free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self._start_redis()
+
+    def _start_redis(self) -> None:
+        binary = shutil.which("redis-server")
+        assert binary is not None
+        assert self.redis_dir is not None
+        self.redis = subprocess.Popen(
+            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "yes", "--appendfsync", "always", "--dir", str(self.redis_dir)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            preexec_fn=die_with_parent)  # noqa: PLW1509 - started from the main thread
+        deadline = time.monotonic() + 20
+        while not self._ping():
+            if time.monotonic() > deadline or self.redis.poll() is not None:
+                raise RuntimeError("redis-server did not start")
+            time.sleep(0.05)
+
+    def _ping(self) -> bool:
+        import redis  # noqa: PLC0415 - optional (with rq)
+
+        try:
+            return bool(redis.Redis.from_url(self.url).ping())
+        except (redis.ConnectionError, redis.exceptions.BusyLoadingError):
+            return False
+
+    def restart_store(self) -> bool:
+        """Redis crashes (SIGKILL) and comes back on the same port from its append-only
+        file."""
+        assert self.redis is not None
+        self.redis.kill()
+        self.redis.wait(timeout=10)
+        self._start_redis()
+        return True
+
+    def _redis(self, action: Callable[[Any], T]) -> T:
+        """``action(client)``, retried while Redis restarts."""
+        import redis  # noqa: PLC0415 - optional (with rq)
+
+        deadline = time.monotonic() + REDIS_RETRY_SECONDS
+        while True:
+            try:
+                return action(redis.Redis.from_url(self.url))
+            except (redis.ConnectionError, redis.exceptions.BusyLoadingError):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+
+    def close(self) -> None:
+        self.stopping.set()
+        if self.feeder is not None:
+            self.feeder.join(timeout=30)
+        if self.redis is not None:
+            self.redis.send_signal(signal.SIGTERM)
+            try:
+                self.redis.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.redis.kill()
+                self.redis.wait()
+        if self.redis_dir is not None:
+            shutil.rmtree(self.redis_dir, ignore_errors=True)
+
+    # -- the run's config -----------------------------------------------------------------
+
+    def source_table(self) -> dict[str, str]:
+        return {"redis_url": self.url}
+
+    def settings(self) -> dict[str, float]:
+        # console = false: the rq source takes no operator action yet (issue 28's core),
+        # and `reconciler run` refuses a console over such a source.
+        return {"session_timeout_seconds": self.session_timeout_seconds, "console": False}
+
+    def kind_rule(self) -> dict[str, float]:
+        return {}  # each job's budget is its own Retry
+
+    def kind_pattern(self, pattern: str) -> str:
+        # A job's kind is its function's path: idem.* is ...rq_chaos_tasks.idem_*.
+        return TASKS + pattern.replace(".", "_")
+
+    # -- jobs and workers -----------------------------------------------------------------
+
+    def enqueue(self, db: Database, jobs: Sequence[JobSpec]) -> list[str]:
+        """Job ids chosen now; each job enqueued through RQ when it is due, by a thread (a
+        scheduled job would need a worker running RQ's scheduler)."""
+        ids = [uuid.uuid4().hex for _ in jobs]
+        schedule = sorted(zip((s.delay_seconds for s in jobs), ids, jobs, strict=True))
+        self.feeder = threading.Thread(target=self._feed, args=(schedule,), daemon=True)
+        self.feeder.start()
+        return ids
+
+    def _feed(self, schedule: list[tuple[float, str, JobSpec]]) -> None:
+        from rq import Queue, Retry  # noqa: PLC0415 - optional
+
+        started = time.monotonic()
+        for delay, job, spec in schedule:
+            if self.stopping.wait(max(0.0, started + delay - time.monotonic())):
+                return
+            self._redis(lambda client, job=job, spec=spec: Queue(QUEUE, connection=client)
+                        .enqueue(TASKS + spec.kind.replace(".", "_"),
+                                 kwargs={"hang": list(spec.hang),
+                                         "budget": spec.max_attempts},
+                                 job_id=job, retry=Retry(max=spec.max_attempts - 1),
+                                 job_timeout=JOB_TIMEOUT_SECONDS, result_ttl=-1))
+
+    def worker_command(self, db: Database, markers: Path) -> tuple[list[str], dict[str, str]]:
+        # A new name each start: RQ refuses a second live worker of one name.
+        return [sys.executable, "-m", "rq.cli", "worker", "--url", self.url,
+                "-w", "rq.worker.SimpleWorker", "--name", f"chaos-{uuid.uuid4().hex[:8]}",
+                "--logging_level", "INFO", QUEUE], {"SOURCES_MARKERS": str(markers)}
+
+    def age(self, pid: int) -> None:
+        """The started-registry entries of the worker ``pid`` scored a second ago: what
+        the minute after its last renewal would do (module docstring)."""
+        from rq.registry import StartedJobRegistry  # noqa: PLC0415 - optional
+
+        def aged(client: Any) -> None:
+            workers = [w.decode() for w in client.smembers("rq:workers")]
+            names = {w.removeprefix("rq:worker:") for w, p in
+                     zip(workers, (client.hget(w, "pid") for w in workers), strict=True)
+                     if p is not None and int(p) == pid}
+            registry = StartedJobRegistry(QUEUE, connection=client)
+            for entry in client.zrange(registry.key, 0, -1):
+                owner = client.hget(f"rq:execution:{entry.decode()}", "worker_name")
+                if owner is not None and owner.decode() in names:
+                    # Now, not a second ago: RQ's cleanup reads the entries expired by
+                    # its timestamp (whole seconds), handles them, then removes every
+                    # entry up to that timestamp. A score moved back to or below the
+                    # timestamp of a cleanup running at this instant would be removed
+                    # unhandled, the job left `started` with no entry (seen once in a
+                    # 10-minute run): RQ never moves a score back, so that loss would be
+                    # the run's, not RQ's or ours. Now is past every running cleanup's
+                    # timestamp, and expired for every read after it.
+                    client.zadd(registry.key, {entry: time.time()}, xx=True)
+
+        self._redis(aged)
+
+    def used_of(self, marker_attempt: int) -> int:
+        return marker_attempt  # budget - retries_left: the running attempt counted
+
+    def states(self, db: Database, specs: Mapping[str, JobSpec]) -> dict[str, JobState]:
+        def read(client: Any) -> list[Any]:
+            with client.pipeline(transaction=False) as pipe:
+                for job in specs:
+                    pipe.hmget(f"rq:job:{job}", "status", "retries_left", "ended_at")
+                return list(pipe.execute())
+
+        mapped = {"queued": "queued", "deferred": "queued", "scheduled": "queued",
+                  "started": "running", "finished": "completed", "failed": "failed",
+                  "stopped": "failed", "canceled": "failed"}
+        states = {}
+        for (job, spec), (status, left, ended) in zip(specs.items(), self._redis(read),
+                                                      strict=True):
+            if status is None:  # not enqueued yet
+                states[job] = JobState("queued", 0, spec.max_attempts)
+                continue
+            state = mapped.get(status.decode(), status.decode())
+            done = None
+            if state == "completed" and ended:
+                done = datetime.strptime(ended.decode(), "%Y-%m-%dT%H:%M:%S.%fZ").replace(
+                    tzinfo=UTC).timestamp()
+            used = spec.max_attempts - (int(left) if left else 0)
+            states[job] = JobState(state, used, spec.max_attempts, done)
+        return states
+
+    def whereabouts(self, db: Database, jobs: Sequence[str]) -> dict[str, str]:
+        """``<status>/queued <n>/started <n>`` for each job: its hash's status, its copies
+        on the queue (and RQ's intermediate queue) and in the started registry."""
+        def read(client: Any) -> dict[str, str]:
+            queued = [j.decode() for key in (f"rq:queue:{QUEUE}",
+                                              f"rq:queue:{QUEUE}:intermediate")
+                      for j in client.lrange(key, 0, -1)]
+            started = [e.decode().split(":", 1)[0]
+                       for e in client.zrange(f"rq:wip:{QUEUE}", 0, -1)]
+            out = {}
+            for job in jobs:
+                status = client.hget(f"rq:job:{job}", "status")
+                out[job] = (f"{status.decode() if status else 'no_job'}/queued "
+                            f"{queued.count(job)}/started {started.count(job)}")
+            return out
+
+        with contextlib.suppress(Exception):  # a report's extra: never the run's failure
+            return self._redis(read)
+        return {}
