@@ -26,6 +26,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import Connection
 from sqlalchemy.schema import CreateTable
 
@@ -36,6 +37,7 @@ from reconciler.redaction import redact
 from reconciler.sources.rq import keys
 from reconciler.sources.rq.config import RqConfig
 from reconciler.sources.rq.kinds import UNREADABLE_LABEL, func_name
+from reconciler.storage.sql import encode_rows, json_rows
 
 log = logging.getLogger("reconciler.sources.rq")
 
@@ -60,6 +62,18 @@ STARTED = sa.Table(
 ``entry_over`` is Redis's clock minus the entry's score (seconds past its expiry,
 negative while renewed), ``run_seconds`` since the job's ``started_at``, ``attempt`` the
 reconciler's count (``ATTEMPT_FIELD``, else 1)."""
+
+def _load_statement(dialect: str) -> sa.Insert:
+    """``INSERT INTO STARTED SELECT ... FROM`` the rows given as one JSON parameter."""
+    rows = json_rows(dialect, "started", [(c.name, c.type) for c in STARTED.columns])
+    return STARTED.insert().from_select([c.name for c in STARTED.columns],
+                                        sa.select(*(rows.c[c.name] for c in STARTED.columns)))
+
+
+_LOAD = {dialect: _load_statement(dialect) for dialect in ("postgresql", "mysql")}
+_COLUMNS = [c.name for c in STARTED.columns]
+_SQLITE_LOAD = str(STARTED.insert().compile(dialect=sqlite.dialect()))
+"""``INSERT ... VALUES (?, ...)`` in ``_COLUMNS``' order, for the driver's executemany."""
 
 ATTEMPT_FIELD = "reconciler_attempt"
 """A field of the job's hash the reconciler writes on resume: the attempt the resumed run
@@ -155,8 +169,15 @@ class RqLiveness:
             rows, doubt = self._read()
         except redis.RedisError:
             return Snapshot(LivenessDoubt.BROKER_UNREACHABLE)
-        if rows:
-            conn.execute(STARTED.insert(), rows)
+        if rows and conn.dialect.name == "sqlite":
+            # In process: the driver's own loop over plain tuples is the fastest (a JSON
+            # parameter costs SQLite a json_extract for each value, and SQLAlchemy's
+            # executemany a bind processor for each).
+            conn.exec_driver_sql(_SQLITE_LOAD, [tuple(row[c] for c in _COLUMNS) for row in rows])
+        elif rows:
+            # Over the network: one statement, the rows as one JSON parameter, so ten
+            # thousand started jobs cost one round trip.
+            conn.execute(_LOAD[conn.dialect.name], {"started_rows": encode_rows(rows)})
         return Snapshot(doubt)
 
     def _read(self) -> tuple[list[dict[str, Any]], LivenessDoubt | None]:
