@@ -43,6 +43,8 @@ TASKS = "tests.chaos.foreign.rq_chaos_tasks."
 JOB_TIMEOUT_SECONDS = 20
 """A job's timeout: a SimpleWorker's entry lasts this + 60 s unless aged."""
 REDIS_RETRY_SECONDS = 30.0
+WORKER_KEYS = "rq:worker:chaos-"
+"""The run's workers' keys (RQ's ``rq:worker:<name>``, each name ``chaos-<8 hex>``)."""
 SESSION_TIMEOUT_SECONDS = 0.6
 """Short (twice the replicas' 0.3 s session heartbeat, the least a config may set):
 only aged entries are candidates, and only dead or long-stopped workers' are aged, so a
@@ -188,7 +190,8 @@ class Rq(SystemBase):
     def worker_command(self, db: Database, markers: Path) -> tuple[list[str], dict[str, str]]:
         # A new name each start: RQ refuses a second live worker of one name.
         return [sys.executable, "-m", "rq.cli", "worker", "--url", self.url,
-                "-w", "rq.worker.SimpleWorker", "--name", f"chaos-{uuid.uuid4().hex[:8]}",
+                "-w", "rq.worker.SimpleWorker",
+                "--name", f"{WORKER_KEYS.removeprefix('rq:worker:')}{uuid.uuid4().hex[:8]}",
                 "--logging_level", "INFO", QUEUE], {"SOURCES_MARKERS": str(markers)}
 
     def age(self, pid: int) -> None:
@@ -197,7 +200,10 @@ class Rq(SystemBase):
         from rq.registry import StartedJobRegistry  # noqa: PLC0415 - optional
 
         def aged(client: Any) -> None:
-            workers = [w.decode() for w in client.smembers("rq:workers")]
+            # Every worker key of the run, not RQ's set of live workers: one that quits on
+            # an error of its own (Redis gone under it) registers its death and leaves
+            # that set, and its key stays a minute with its pid.
+            workers = [w.decode() for w in client.scan_iter(match=f"{WORKER_KEYS}*")]
             names = {w.removeprefix("rq:worker:") for w, p in
                      zip(workers, (client.hget(w, "pid") for w in workers), strict=True)
                      if p is not None and int(p) == pid}
