@@ -14,7 +14,6 @@ import contextlib
 import os
 import signal
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -135,15 +134,6 @@ def wait_status(project: RqProject, job_id: str, status: str, timeout: float = 6
     """Until RQ's own ``get_status()`` reads ``status``."""
     wait_until(lambda: project.status(job_id) == status, f"job {job_id} {status}",
                timeout=timeout, process=worker)
-
-
-def registered(project: RqProject, name: str, timeout: float = 30) -> None:
-    """Until the worker's key is in Redis (its birth registered)."""
-    deadline = time.monotonic() + timeout
-    client = project.redis()
-    while not client.exists(f"rq:worker:{name}"):
-        assert time.monotonic() < deadline, f"worker {name} never registered"
-        time.sleep(0.05)
 
 
 @pytest.fixture
