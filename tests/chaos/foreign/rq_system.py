@@ -43,6 +43,8 @@ TASKS = "tests.chaos.foreign.rq_chaos_tasks."
 JOB_TIMEOUT_SECONDS = 20
 """A job's timeout: a SimpleWorker's entry lasts this + 60 s unless aged."""
 REDIS_RETRY_SECONDS = 30.0
+WORKER_KEYS = "rq:worker:chaos-"
+"""The run's workers' keys (RQ's ``rq:worker:<name>``, each name ``chaos-<8 hex>``)."""
 SESSION_TIMEOUT_SECONDS = 0.6
 """Short (twice the replicas' 0.3 s session heartbeat, the least a config may set):
 only aged entries are candidates, and only dead or long-stopped workers' are aged, so a
@@ -188,7 +190,8 @@ class Rq(SystemBase):
     def worker_command(self, db: Database, markers: Path) -> tuple[list[str], dict[str, str]]:
         # A new name each start: RQ refuses a second live worker of one name.
         return [sys.executable, "-m", "rq.cli", "worker", "--url", self.url,
-                "-w", "rq.worker.SimpleWorker", "--name", f"chaos-{uuid.uuid4().hex[:8]}",
+                "-w", "rq.worker.SimpleWorker",
+                "--name", f"{WORKER_KEYS.removeprefix('rq:worker:')}{uuid.uuid4().hex[:8]}",
                 "--logging_level", "INFO", QUEUE], {"SOURCES_MARKERS": str(markers)}
 
     def age(self, pid: int) -> None:
@@ -197,7 +200,10 @@ class Rq(SystemBase):
         from rq.registry import StartedJobRegistry  # noqa: PLC0415 - optional
 
         def aged(client: Any) -> None:
-            workers = [w.decode() for w in client.smembers("rq:workers")]
+            # Every worker key of the run, not RQ's set of live workers: one that quits on
+            # an error of its own (Redis gone under it) registers its death and leaves
+            # that set, and its key stays a minute with its pid.
+            workers = [w.decode() for w in client.scan_iter(match=f"{WORKER_KEYS}*")]
             names = {w.removeprefix("rq:worker:") for w, p in
                      zip(workers, (client.hget(w, "pid") for w in workers), strict=True)
                      if p is not None and int(p) == pid}
@@ -246,21 +252,37 @@ class Rq(SystemBase):
         return states
 
     def whereabouts(self, db: Database, jobs: Sequence[str]) -> dict[str, str]:
-        """``<status>/queued <n>/started <n>`` for each job: its hash's status, its copies
-        on the queue (and RQ's intermediate queue) and in the started registry."""
+        """``<status>/queued <n>/intermediate <n>/started <n>`` for each job: its hash's
+        status, its copies on the queue, on RQ's intermediate queue (taken by a worker,
+        not started yet) and in the started registry."""
         def read(client: Any) -> dict[str, str]:
-            queued = [j.decode() for key in (f"rq:queue:{QUEUE}",
-                                              f"rq:queue:{QUEUE}:intermediate")
-                      for j in client.lrange(key, 0, -1)]
-            started = [e.decode().split(":", 1)[0]
-                       for e in client.zrange(f"rq:wip:{QUEUE}", 0, -1)]
+            queued, held, started = self._copies(client)
             out = {}
             for job in jobs:
                 status = client.hget(f"rq:job:{job}", "status")
                 out[job] = (f"{status.decode() if status else 'no_job'}/queued "
-                            f"{queued.count(job)}/started {started.count(job)}")
+                            f"{queued.count(job)}/intermediate {held.count(job)}/started "
+                            f"{started.count(job)}")
             return out
 
         with contextlib.suppress(Exception):  # a report's extra: never the run's failure
             return self._redis(read)
         return {}
+
+    def vanished(self, db: Database, jobs: Sequence[str]) -> set[str]:
+        """Jobs RQ holds only on its intermediate queue: a worker moved each there as it
+        dequeued it and died before starting it, so no started entry exists for any
+        reconciler to see; only RQ's own maintenance, a minute after first seeing it
+        there, fails it ("stuck in intermediate queue")."""
+        queued, held, started = self._redis(self._copies)
+        return {job for job in jobs if job in held and job not in queued
+                and job not in started}
+
+    def _copies(self, client: Any) -> tuple[list[str], list[str], list[str]]:
+        """The job ids on the queue, on its intermediate queue and in its started
+        registry."""
+        queued = [j.decode() for j in client.lrange(f"rq:queue:{QUEUE}", 0, -1)]
+        held = [j.decode() for j in client.lrange(f"rq:queue:{QUEUE}:intermediate", 0, -1)]
+        started = [e.decode().split(":", 1)[0]
+                   for e in client.zrange(f"rq:wip:{QUEUE}", 0, -1)]
+        return queued, held, started
