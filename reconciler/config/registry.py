@@ -252,7 +252,7 @@ REGISTRY: tuple[SourceEntry, ...] = (
                                           actions=frozenset(OperatorAction))),
     SourceEntry(kind="table", config="reconciler.sources.table.config:TableConfig",
                 source="reconciler.sources.table:DECLARATION", job_key="either",
-                engines=SQLITE_AND_POSTGRESQL,
+                engines=EVERY_ENGINE,
                 capabilities=Capabilities(heartbeat=False, error_field=True,
                                           actions=frozenset(OperatorAction))),
     # Task ids are UUIDs; the backend keeps no heartbeat (a lease is max_run_seconds), and

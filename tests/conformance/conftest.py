@@ -23,7 +23,7 @@ from tests.conformance.native import NATIVE
 from tests.conformance.rq import RQ
 from tests.conformance.systems import GRAPHILE_WORKER, PG_BOSS, PROCRASTINATE
 from tests.conformance.table import TABLE
-from tests.conftest import ENGINES, PostgresForTests
+from tests.conftest import ENGINES, MariaDBForTests, PostgresForTests
 from tests.helpers import fresh_database
 from tests.pg_server import INSTALL_HINT
 from tests.sources.celery_support import (  # noqa: F401 - fixtures, found by name
@@ -54,8 +54,18 @@ SOURCES: tuple[RegisteredSource, ...] = (NATIVE, TABLE, PROCRASTINATE, GRAPHILE_
                                          PG_BOSS, DJANGO_TASKS, CELERY, CELERY_DJANGO, RQ)
 
 
+DIALECTS = {"mariadb": "mysql"}
+"""The registry's engine (a dialect name) of a test engine other than by that name: the
+throwaway MariaDB is the ``mysql`` dialect's."""
+
+
+def dialect_of(engine: str) -> str:
+    """The registry's name of a test engine (``ENGINES``)."""
+    return DIALECTS.get(engine, engine)
+
+
 CASES = [(registered, engine) for registered in SOURCES for engine in ENGINES
-         if engine in entry_for(registered.name).engines]
+         if dialect_of(engine) in entry_for(registered.name).engines]
 """Every source on every engine it runs on (no case for an engine a source never uses)."""
 
 
@@ -74,6 +84,15 @@ def source(request: pytest.FixtureRequest, tmp_path: Path,
     if engine == "sqlite":
         with registered.open(fresh_database(tmp_path)) as fixture:
             yield fixture
+        return
+    if engine == "mariadb":
+        mariadb: MariaDBForTests = request.getfixturevalue("mariadb")
+        name = mariadb.new_database(migrated=True)
+        try:
+            with registered.open(mariadb.server.url(name)) as fixture:
+                yield fixture
+        finally:
+            mariadb.server.drop_database(name)
         return
     assert postgres is not None
     name = postgres.new_database(migrated=True)

@@ -250,9 +250,12 @@ class TableSql:
 
     def swap(self, scope: Scope, batch: Batch) -> Changed:
         """The batch's changes, each row only as read: one statement per kind's lease
-        on PostgreSQL, one per change on SQLite."""
+        on PostgreSQL, one per change on SQLite and MySQL."""
         if not scope.postgres:
-            # SQLite runs in process: a statement per change costs no round trip.
+            # SQLite runs in process: a statement per change costs no round trip. MySQL
+            # has no row type to read the snapshots back as (each fenced column compared
+            # with its own type, whatever the user's): a statement per change, judged by
+            # its affected rows, on rows the scan already locked.
             return {change.decision.job_id: generation for change in batch.changes
                     for swapped, generation in [self._apply_one(scope.conn, batch, change)]
                     if swapped}
@@ -337,7 +340,7 @@ class TableSql:
 
     def _apply_one(self, conn: Connection, batch: Batch, change: PlannedChange
                    ) -> tuple[bool, int | None]:
-        """One change swapped in alone (SQLite); (changed, generation after)."""
+        """One change swapped in alone (SQLite, MySQL); (changed, generation after)."""
         decision = change.decision
         fence = fence_of(change, TableFence)
         where = [self.key == decision.job_id,
