@@ -32,7 +32,7 @@ from sqlalchemy.engine import Engine
 from models import StepLedgerEntry
 from reconciler.storage.engines import create_engine
 from reconciler.storage.schema import upgrade
-from tests.conftest import REPO_ROOT, PostgresForTests
+from tests.conftest import ENGINES, REPO_ROOT, MariaDBForTests, PostgresForTests
 from tests.pg_server import INSTALL_HINT
 from tests.sources.support import processes  # noqa: F401 - a fixture of this folder
 
@@ -258,10 +258,21 @@ def pgboss_db(sources_db: SourcesDatabase, pgboss_schema: str) -> SourcesDatabas
 # --------------------------------------------------------------------------- #
 
 
-@pytest.fixture(params=("sqlite", "postgresql"))
+@pytest.fixture(params=ENGINES)
 def reconciler_engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
-    """The reconciler's migrated database on each engine: a fresh SQLite file, or the
-    session's PostgreSQL database with the step ledger emptied (no database per test)."""
+    """The reconciler's migrated database on each engine: a fresh SQLite file, the
+    session's PostgreSQL database with the step ledger emptied (no database per test), or
+    a fresh MariaDB database (made ahead in the background)."""
+    if request.param == "mariadb":
+        mariadb: MariaDBForTests = request.getfixturevalue("mariadb")
+        name = mariadb.new_database(migrated=True)
+        engine = create_engine(mariadb.server.url(name))
+        try:
+            yield engine
+        finally:
+            engine.dispose()
+            mariadb.server.drop_database(name)
+        return
     if request.param == "sqlite":
         engine = create_engine(f"sqlite:///{tmp_path / 'reconciler.db'}")
         upgrade(engine)
