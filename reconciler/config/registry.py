@@ -260,7 +260,7 @@ REGISTRY: tuple[SourceEntry, ...] = (
     SourceEntry(kind="django-tasks",
                 config="reconciler.sources.django_tasks:DjangoTasksConfig",
                 source="reconciler.sources.django_tasks:DECLARATION", job_key="text",
-                engines=SQLITE_AND_POSTGRESQL,
+                engines=EVERY_ENGINE,
                 capabilities=Capabilities(heartbeat=False, error_field=True,
                                           actions=frozenset(OperatorAction))),
     # Liveness is its workers' answer to Celery's control ping over the broker; our reason

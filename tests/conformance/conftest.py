@@ -38,6 +38,7 @@ from tests.sources.celery_support import (  # noqa: F401 - fixtures, found by na
 from tests.sources.conftest import (  # noqa: F401 - fixtures, found by name
     graphile_db,
     graphile_schema,
+    mariadb_sources_db,
     node_modules,
     pgboss_db,
     pgboss_schema,
@@ -47,6 +48,7 @@ from tests.sources.conftest import (  # noqa: F401 - fixtures, found by name
 )
 from tests.sources.django_tasks_support import (  # noqa: F401 - fixtures, found by name
     django_sqlite_template,
+    django_tasks_mariadb_schema,
     django_tasks_schema,
 )
 

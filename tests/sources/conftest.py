@@ -103,6 +103,20 @@ def sources_db(postgres: PostgresForTests | None) -> Iterator[SourcesDatabase]:
         postgres.drop(name)
 
 
+@pytest.fixture(scope="session")
+def mariadb_sources_db(mariadb: MariaDBForTests) -> Iterator[SourcesDatabase]:
+    """A migrated database of the session's MariaDB, for the real systems that run there
+    (Django's tasks, Celery's result tables): as ``sources_db``, its URL for both."""
+    name = mariadb.new_database(migrated=True)
+    url = mariadb.server.url(name)
+    engine = create_engine(url)
+    try:
+        yield SourcesDatabase(url, url, engine)
+    finally:
+        engine.dispose()
+        mariadb.server.drop_database(name)
+
+
 def clear_ledger(db: SourcesDatabase) -> None:
     """Forget every step ledger record (job ids restart with each test)."""
     with db.engine.begin() as conn:
@@ -299,5 +313,6 @@ from tests.sources.celery_support import (  # noqa: E402, F401 - it imports this
 from tests.sources.django_tasks_support import (  # noqa: E402, F401 - it imports this module
     django_db,
     django_sqlite_template,
+    django_tasks_mariadb_schema,
     django_tasks_schema,
 )

@@ -366,7 +366,8 @@ class DeclaredSource:
         key = self.system.shape.key
         ids = [row.job_id for row in rows]
         locked = {str(k) for k in self._conn.execute(
-            sa.select(key).where(key.in_(ids)).with_for_update(skip_locked=True))
+            sa.select(key).select_from(self.system.shape.locks).where(key.in_(ids))
+            .with_for_update(skip_locked=True))
             .scalars()}
         return [row for row in rows if str(row.job_id) in locked]
 
