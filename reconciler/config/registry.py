@@ -264,10 +264,10 @@ REGISTRY: tuple[SourceEntry, ...] = (
                 capabilities=Capabilities(heartbeat=False, error_field=True,
                                           actions=frozenset(OperatorAction))),
     # Liveness is its workers' answer to Celery's control ping over the broker; our reason
-    # is the failed result's exception. On both engines its database result backend runs.
+    # is the failed result's exception. On every engine its database result backend runs.
     SourceEntry(kind="celery", config="reconciler.sources.celery:CeleryConfig",
                 source="reconciler.sources.celery:DECLARATION", job_key="text",
-                engines=SQLITE_AND_POSTGRESQL,
+                engines=EVERY_ENGINE,
                 capabilities=Capabilities(heartbeat=True, error_field=True,
                                           actions=frozenset(OperatorAction)),
                 extra="celery", imports=("celery", "redis")),

@@ -53,8 +53,9 @@ from tests.sources.celery_support import (
     _celery_tables,
     declare_queues,
     open_django_celery,
+    shared_database,
 )
-from tests.sources.conftest import SourcesDatabase, clear_ledger
+from tests.sources.conftest import clear_ledger
 from tests.sources.django_tasks_support import LEDGER, record_steps, set_ledger
 
 OUTCOMES: dict[str, Outcome] = {"STARTED": "running", "RETRY": "runnable",
@@ -239,7 +240,7 @@ def open_celery(request: pytest.FixtureRequest) -> Iterator[CeleryFixture]:
         finally:
             engine.dispose()
         return
-    db: SourcesDatabase = request.getfixturevalue("sources_db")
+    db = shared_database(request, request.param[1])
     _celery_tables(db.engine)
     db.execute("TRUNCATE celery_taskmeta")
     clear_ledger(db)

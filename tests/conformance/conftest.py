@@ -28,6 +28,7 @@ from tests.helpers import fresh_database
 from tests.pg_server import INSTALL_HINT
 from tests.sources.celery_support import (  # noqa: F401 - fixtures, found by name
     celery_live_worker,
+    django_celery_results_mariadb_schema,
     django_celery_results_schema,
     django_celery_sqlite_template,
     redis_server,

@@ -305,6 +305,7 @@ from tests.sources.celery_support import (  # noqa: E402, F401 - it imports this
     celery_live_worker,
     celery_project,
     django_celery_project,
+    django_celery_results_mariadb_schema,
     django_celery_results_schema,
     django_celery_sqlite_template,
     redis_server,

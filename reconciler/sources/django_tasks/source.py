@@ -57,7 +57,7 @@ from reconciler.core.evidence import StepFacts
 from reconciler.core.kinds import KindPolicy
 from reconciler.core.ports import Candidate, Fence, PlannedChange
 from reconciler.core.vocabulary import Disposition, JobStatus, Reason
-from reconciler.sources.kit.batches import Batch, fence_of
+from reconciler.sources.kit.batches import Batch, fence_of, swapped
 from reconciler.sources.kit.checks import require_columns
 from reconciler.sources.kit.declaration import Declaration
 from reconciler.sources.kit.fences import ForeignFence
@@ -295,13 +295,8 @@ class DjangoTasksSql:
                       "traceback": failure_traceback(batch.reason)}
         updates = [tasks.update().where(tasks.c.status == constant("RUNNING"), *fenced, still)
                    .values(values) for fenced in statements]
-        if scope.postgres:
-            done = {key for update in updates
-                    for key in scope.conn.execute(update.returning(self.key)).scalars()}
-        else:
-            done = {str(change.decision.job_id)
-                    for change, update in zip(changes, updates, strict=True)
-                    if scope.conn.execute(update).rowcount == 1}
+        done = swapped(scope.conn, updates, self.key,
+                       [str(change.decision.job_id) for change in changes])
         changed: Changed = {}
         for change, fence in zip(changes, fences, strict=True):
             if str(change.decision.job_id) in done:
