@@ -1,7 +1,8 @@
 """Celery (5.x) as a job source: its result table (Celery's database backend's
 ``celery_taskmeta``, or django-celery-results' ``django_celery_results_taskresult``; written
 with ``task_track_started`` and ``result_extended``) and its Redis broker, on SQLite,
-PostgreSQL and MySQL/MariaDB. What differs between the two tables is their ``ResultTable`` (celery_tables).
+PostgreSQL and MySQL/MariaDB. What differs between the two tables is their
+``ResultTable`` (celery_tables).
 
 - **Running**: ``status = 'STARTED'``; the kind is the task name. A row without a name
   was written without ``result_extended`` and is left alone (it has no args, queue or

@@ -1,5 +1,6 @@
 """Settings of the test project: one database named by ``SOURCES_DJANGO_DB`` (a SQLite
-file, ``sqlite:///PATH``, a PostgreSQL URL or a ``mysql+pymysql://`` one), the database task backend."""
+file, ``sqlite:///PATH``, a PostgreSQL URL or a ``mysql+pymysql://`` one), the database
+task backend."""
 
 from __future__ import annotations
 
