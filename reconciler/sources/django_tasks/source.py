@@ -164,6 +164,11 @@ class DjangoTasksSql:
                          *(sa.column(c) for c in COLUMNS[1:]))
         return cls(config.table, config.backend_name, tasks, task_key(tasks.c.id))
 
+    def by_ids(self, keys: Sequence[Any]) -> sa.ColumnElement[bool]:
+        """The tasks of these ids (dashed text) by the table's primary key, which the
+        dashed ``key`` (an expression of it) is not."""
+        return self.tasks.c.id.in_([uuid.UUID(str(key)) for key in keys])
+
     def check_schema(self, conn: Connection) -> None:
         """The backend's table and the columns this source reads and writes."""
         require_columns(conn, DjangoTasksConfig.kind, self.table, None,
@@ -312,7 +317,7 @@ def declare(config: DjangoTasksConfig) -> System:
     return System(
         # Django stores UTC: its timestamps are read and written so.
         shape=Shape(key=sql.key, kind=sql.tasks.c.task_path, locks=sql.tasks,
-                    scans_all_kinds=True, naive_utc="scan"),
+                    scans_all_kinds=True, naive_utc="scan", lock_by=sql.by_ids),
         running=sql.running, expired=sql.expired, candidate=sql.candidate, swap=sql.swap,
         check_schema=sql.check_schema, listing=sql.listing, status_words=_STATUS_WORDS,
         wedge_guard=sql.wedge_guard)

@@ -91,7 +91,11 @@ class DeclaredSource:
         (which grows with each new job in the systems that keep no creation time)."""
         if self.system.listing_order is not None:
             return self.system.listing_order(jobs)
-        return [jobs.c.created_at.desc().nulls_last(), jobs.c.job_id.desc()]
+        newest = jobs.c.created_at.desc()
+        # MySQL has no NULLS LAST, and needs none: its NULLs sort first, so last descending.
+        if self._conn.dialect.name != MYSQL:
+            newest = newest.nulls_last()
+        return [newest, jobs.c.job_id.desc()]
 
     def unjudged(self, job_id: JobKey | None = None) -> Unjudged | None:
         """Running jobs (``job_id``: only that one) whose rows lack what a pass reads, so
@@ -363,12 +367,12 @@ class DeclaredSource:
         lock (SQLite)."""
         if not rows or not self._lock or self._conn.dialect.name != MYSQL:
             return rows
-        key = self.system.shape.key
+        shape = self.system.shape
         ids = [row.job_id for row in rows]
+        found = shape.key.in_(ids) if shape.lock_by is None else shape.lock_by(ids)
         locked = {str(k) for k in self._conn.execute(
-            sa.select(key).select_from(self.system.shape.locks).where(key.in_(ids))
-            .with_for_update(skip_locked=True))
-            .scalars()}
+            sa.select(shape.key).select_from(shape.locks).where(found)
+            .with_for_update(skip_locked=True)).scalars()}
         return [row for row in rows if str(row.job_id) in locked]
 
     def _build(self, rows: Sequence[sa.Row[Any]], policies: Mapping[str, KindPolicy],
