@@ -31,8 +31,9 @@ def expired_scan(running: sa.Select[Any], expired: sa.ColumnElement[bool],
     ``expired_total``, the brake's counts (a held job is not counted stale: it is stale
     on purpose, as a native held job is)."""
     if not locking:
-        # Nothing to lock (SQLite, a dry run): the candidates' columns are kept with the
-        # read and taken from it.
+        # Nothing to lock here (SQLite; a dry run; MySQL, whose kit locks the rows found
+        # by key afterwards): the candidates' columns are kept with the read and taken
+        # from it.
         kept = running.add_columns(expired.label("expired"), order.label("scan_key"))
         read = _kept(kept.cte("running"))
         scan = sa.select(*(read.c[c.name] for c in running.selected_columns),

@@ -142,7 +142,9 @@ class UtcTimes:
     the rest of the connection's transaction, whatever the role's TimeZone: called before
     the first time is read or written by a source whose system stores naive UTC. Set once
     per transaction (the kit keeps one in each transaction's state); nothing to do on
-    SQLite."""
+    SQLite, nor on MySQL, whose ``DATETIME`` columns are never converted and whose
+    sessions the engine sets to ``time_zone = '+00:00'`` (``TIMESTAMP`` columns read as
+    UTC, beside ``UTC_TIMESTAMP(6)``)."""
 
     def __init__(self, conn: Connection) -> None:
         self._conn = conn
