@@ -248,7 +248,7 @@ def open_celery(request: pytest.FixtureRequest) -> Iterator[CeleryFixture]:
     yield CeleryFixture(db.engine, broker_url, live)
 
 
-CELERY = RegisteredSource("celery", ("sqlite", "postgresql"), open_celery, shared=True)
+CELERY = RegisteredSource("celery", ("sqlite", "postgresql", "mysql"), open_celery, shared=True)
 
 
 @contextmanager
@@ -269,6 +269,7 @@ def open_django_celery_fixture(request: pytest.FixtureRequest) -> Iterator[Celer
         projects.close()
 
 
-CELERY_DJANGO = RegisteredSource("celery", ("sqlite", "postgresql"), open_django_celery_fixture,
+CELERY_DJANGO = RegisteredSource("celery", ("sqlite", "postgresql", "mysql"),
+                                 open_django_celery_fixture,
                                  shared=True, label="celery-django-celery-results")
 """The same source over django-celery-results' table."""
