@@ -249,13 +249,6 @@ def run_python(body: str, *args: str, timeout: float = 60,
     )
 
 
-def skip_foreign_source_on_mysql(db_url: str) -> None:
-    """Foreign sources refuse MySQL and MariaDB until theirs run there (issue 29): a test
-    of one on that engine is skipped, saying so (the refusal has its own test)."""
-    if db_url.startswith(("mysql", "mariadb")):
-        pytest.skip("foreign sources refuse MySQL for now (test_config_wiring tests it)")
-
-
 def run_cli(db: str, *args: str, timeout: float = 60, process: bool | None = None,
             **settings: Any) -> subprocess.CompletedProcess[str]:
     """``reconciler ARGS`` against ``db`` with settings as env vars, as a finished process.

@@ -252,7 +252,7 @@ REGISTRY: tuple[SourceEntry, ...] = (
                                           actions=frozenset(OperatorAction))),
     SourceEntry(kind="table", config="reconciler.sources.table.config:TableConfig",
                 source="reconciler.sources.table:DECLARATION", job_key="either",
-                engines=SQLITE_AND_POSTGRESQL,
+                engines=EVERY_ENGINE,
                 capabilities=Capabilities(heartbeat=False, error_field=True,
                                           actions=frozenset(OperatorAction))),
     # Task ids are UUIDs; the backend keeps no heartbeat (a lease is max_run_seconds), and
@@ -260,14 +260,14 @@ REGISTRY: tuple[SourceEntry, ...] = (
     SourceEntry(kind="django-tasks",
                 config="reconciler.sources.django_tasks:DjangoTasksConfig",
                 source="reconciler.sources.django_tasks:DECLARATION", job_key="text",
-                engines=SQLITE_AND_POSTGRESQL,
+                engines=EVERY_ENGINE,
                 capabilities=Capabilities(heartbeat=False, error_field=True,
                                           actions=frozenset(OperatorAction))),
     # Liveness is its workers' answer to Celery's control ping over the broker; our reason
-    # is the failed result's exception. On both engines its database result backend runs.
+    # is the failed result's exception. On every engine its database result backend runs.
     SourceEntry(kind="celery", config="reconciler.sources.celery:CeleryConfig",
                 source="reconciler.sources.celery:DECLARATION", job_key="text",
-                engines=SQLITE_AND_POSTGRESQL,
+                engines=EVERY_ENGINE,
                 capabilities=Capabilities(heartbeat=True, error_field=True,
                                           actions=frozenset(OperatorAction)),
                 extra="celery", imports=("celery", "redis")),

@@ -53,8 +53,9 @@ from tests.sources.celery_support import (
     _celery_tables,
     declare_queues,
     open_django_celery,
+    shared_database,
 )
-from tests.sources.conftest import SourcesDatabase, clear_ledger
+from tests.sources.conftest import clear_ledger
 from tests.sources.django_tasks_support import LEDGER, record_steps, set_ledger
 
 OUTCOMES: dict[str, Outcome] = {"STARTED": "running", "RETRY": "runnable",
@@ -239,7 +240,7 @@ def open_celery(request: pytest.FixtureRequest) -> Iterator[CeleryFixture]:
         finally:
             engine.dispose()
         return
-    db: SourcesDatabase = request.getfixturevalue("sources_db")
+    db = shared_database(request, request.param[1])
     _celery_tables(db.engine)
     db.execute("TRUNCATE celery_taskmeta")
     clear_ledger(db)
@@ -247,7 +248,7 @@ def open_celery(request: pytest.FixtureRequest) -> Iterator[CeleryFixture]:
     yield CeleryFixture(db.engine, broker_url, live)
 
 
-CELERY = RegisteredSource("celery", ("sqlite", "postgresql"), open_celery, shared=True)
+CELERY = RegisteredSource("celery", ("sqlite", "postgresql", "mysql"), open_celery, shared=True)
 
 
 @contextmanager
@@ -268,6 +269,7 @@ def open_django_celery_fixture(request: pytest.FixtureRequest) -> Iterator[Celer
         projects.close()
 
 
-CELERY_DJANGO = RegisteredSource("celery", ("sqlite", "postgresql"), open_django_celery_fixture,
+CELERY_DJANGO = RegisteredSource("celery", ("sqlite", "postgresql", "mysql"),
+                                 open_django_celery_fixture,
                                  shared=True, label="celery-django-celery-results")
 """The same source over django-celery-results' table."""

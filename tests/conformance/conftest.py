@@ -23,11 +23,12 @@ from tests.conformance.native import NATIVE
 from tests.conformance.rq import RQ
 from tests.conformance.systems import GRAPHILE_WORKER, PG_BOSS, PROCRASTINATE
 from tests.conformance.table import TABLE
-from tests.conftest import ENGINES, PostgresForTests
+from tests.conftest import ENGINES, MariaDBForTests, PostgresForTests
 from tests.helpers import fresh_database
 from tests.pg_server import INSTALL_HINT
 from tests.sources.celery_support import (  # noqa: F401 - fixtures, found by name
     celery_live_worker,
+    django_celery_results_mariadb_schema,
     django_celery_results_schema,
     django_celery_sqlite_template,
     redis_server,
@@ -38,6 +39,7 @@ from tests.sources.celery_support import (  # noqa: F401 - fixtures, found by na
 from tests.sources.conftest import (  # noqa: F401 - fixtures, found by name
     graphile_db,
     graphile_schema,
+    mariadb_sources_db,
     node_modules,
     pgboss_db,
     pgboss_schema,
@@ -47,6 +49,7 @@ from tests.sources.conftest import (  # noqa: F401 - fixtures, found by name
 )
 from tests.sources.django_tasks_support import (  # noqa: F401 - fixtures, found by name
     django_sqlite_template,
+    django_tasks_mariadb_schema,
     django_tasks_schema,
 )
 
@@ -54,8 +57,18 @@ SOURCES: tuple[RegisteredSource, ...] = (NATIVE, TABLE, PROCRASTINATE, GRAPHILE_
                                          PG_BOSS, DJANGO_TASKS, CELERY, CELERY_DJANGO, RQ)
 
 
+DIALECTS = {"mariadb": "mysql"}
+"""The registry's engine (a dialect name) of a test engine other than by that name: the
+throwaway MariaDB is the ``mysql`` dialect's."""
+
+
+def dialect_of(engine: str) -> str:
+    """The registry's name of a test engine (``ENGINES``)."""
+    return DIALECTS.get(engine, engine)
+
+
 CASES = [(registered, engine) for registered in SOURCES for engine in ENGINES
-         if engine in entry_for(registered.name).engines]
+         if dialect_of(engine) in entry_for(registered.name).engines]
 """Every source on every engine it runs on (no case for an engine a source never uses)."""
 
 
@@ -74,6 +87,15 @@ def source(request: pytest.FixtureRequest, tmp_path: Path,
     if engine == "sqlite":
         with registered.open(fresh_database(tmp_path)) as fixture:
             yield fixture
+        return
+    if engine == "mariadb":
+        mariadb: MariaDBForTests = request.getfixturevalue("mariadb")
+        name = mariadb.new_database(migrated=True)
+        try:
+            with registered.open(mariadb.server.url(name)) as fixture:
+                yield fixture
+        finally:
+            mariadb.server.drop_database(name)
         return
     assert postgres is not None
     name = postgres.new_database(migrated=True)

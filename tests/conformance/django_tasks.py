@@ -145,7 +145,8 @@ def open_django_tasks(request: pytest.FixtureRequest) -> Iterator[DjangoTasksFix
         opened.close()
 
 
-DJANGO_TASKS = RegisteredSource("django-tasks", ("sqlite", "postgresql"), open_django_tasks,
+DJANGO_TASKS = RegisteredSource("django-tasks", ("sqlite", "postgresql", "mysql"),
+                                open_django_tasks,
                                 shared=True)
 
 __all__ = ["DJANGO_TASKS", "sa"]

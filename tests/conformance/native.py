@@ -292,5 +292,5 @@ def open_native(database_url: str) -> Iterator[NativeSource]:
         source.close()
 
 
-NATIVE = RegisteredSource("native", ("sqlite", "postgresql"), open_native)
+NATIVE = RegisteredSource("native", ("sqlite", "postgresql", "mysql"), open_native)
 

@@ -1,5 +1,5 @@
 """The ``table`` source's fixture: a home-grown job table mapped column by column (every key
-of the example in docs/sources.md), on SQLite and PostgreSQL.
+of the example in docs/sources.md), on SQLite, PostgreSQL and MariaDB.
 
 The table is the one tests/sources/test_table_source.py maps: a status, a kind, a reason,
 activity and lease times, an owner, attempts and their budget, a generation, the resume
@@ -181,6 +181,6 @@ def open_table(database_url: str) -> Iterator[TableFixture]:
         fixture.close()
 
 
-TABLE = RegisteredSource("table", ("sqlite", "postgresql"), open_table)
+TABLE = RegisteredSource("table", ("sqlite", "postgresql", "mysql"), open_table)
 
 __all__ = ["TABLE", "sa"]

@@ -31,6 +31,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from tests.conftest import ENGINES
 from tests.helpers import fresh_database
 from tests.sources.conftest import (
     SourcesDatabase,
@@ -227,7 +228,14 @@ def _celery_tables(engine: Engine) -> None:
     TaskExtended.metadata.create_all(engine)
 
 
-@pytest.fixture(params=("sqlite", "postgresql"))
+def shared_database(request: pytest.FixtureRequest, engine_name: str) -> SourcesDatabase:
+    """The session's database of a server engine: PostgreSQL's or MariaDB's."""
+    fixture = "mariadb_sources_db" if engine_name == "mariadb" else "sources_db"
+    db: SourcesDatabase = request.getfixturevalue(fixture)
+    return db
+
+
+@pytest.fixture(params=ENGINES)
 def celery_project(request: pytest.FixtureRequest, tmp_path: Path, redis_url: str
                    ) -> Iterator[CeleryProject]:
     """Celery's result tables beside the reconciler's, on each engine, empty."""
@@ -243,7 +251,7 @@ def celery_project(request: pytest.FixtureRequest, tmp_path: Path, redis_url: st
         finally:
             engine.dispose()
         return
-    db: SourcesDatabase = request.getfixturevalue("sources_db")
+    db = shared_database(request, request.param)
     _celery_tables(db.engine)
     db.execute("TRUNCATE celery_taskmeta")
     clear_ledger(db)
@@ -304,7 +312,16 @@ def django_celery_results_schema(sources_db: SourcesDatabase, redis_server: str)
     return DJANGO_TABLE
 
 
-@pytest.fixture(params=("sqlite", "postgresql"))
+@pytest.fixture(scope="session")
+def django_celery_results_mariadb_schema(mariadb_sources_db: SourcesDatabase,
+                                         redis_server: str) -> str:
+    """django-celery-results' migrations, applied once into the session's MariaDB."""
+    CeleryProject(redis_server, mariadb_sources_db.url, mariadb_sources_db.engine,
+                  mariadb_sources_db.url).migrate()
+    return DJANGO_TABLE
+
+
+@pytest.fixture(params=ENGINES)
 def django_celery_project(request: pytest.FixtureRequest, tmp_path: Path, redis_url: str
                           ) -> Iterator[CeleryProject]:
     """django-celery-results' table beside the reconciler's, on each engine, empty."""
@@ -313,15 +330,17 @@ def django_celery_project(request: pytest.FixtureRequest, tmp_path: Path, redis_
 
 def open_django_celery(request: pytest.FixtureRequest, engine_name: str, folder: Path,
                        redis_url: str) -> Iterator[CeleryProject]:
-    """A fresh SQLite file migrated, or the session's PostgreSQL database emptied."""
+    """A fresh SQLite file migrated, or the session's PostgreSQL (or MariaDB) database
+    emptied."""
     require_celery()
     if engine_name == "sqlite":
         template: Path = request.getfixturevalue("django_celery_sqlite_template")
         with sqlite_copy(template, folder) as (url, engine):
             yield CeleryProject(redis_url, url, engine, url)
         return
-    db: SourcesDatabase = request.getfixturevalue("sources_db")
-    request.getfixturevalue("django_celery_results_schema")
+    db = shared_database(request, engine_name)
+    request.getfixturevalue("django_celery_results_mariadb_schema" if engine_name == "mariadb"
+                            else "django_celery_results_schema")
     # Attempts on this table are counted from the audit: each test starts with none.
     empty_for_a_test(db, DJANGO_TABLE)
     yield CeleryProject(redis_url, db.url, db.engine, db.libpq)

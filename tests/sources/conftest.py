@@ -32,7 +32,7 @@ from sqlalchemy.engine import Engine
 from models import StepLedgerEntry
 from reconciler.storage.engines import create_engine
 from reconciler.storage.schema import upgrade
-from tests.conftest import REPO_ROOT, PostgresForTests
+from tests.conftest import ENGINES, REPO_ROOT, MariaDBForTests, PostgresForTests
 from tests.pg_server import INSTALL_HINT
 from tests.sources.support import processes  # noqa: F401 - a fixture of this folder
 
@@ -101,6 +101,20 @@ def sources_db(postgres: PostgresForTests | None) -> Iterator[SourcesDatabase]:
     finally:
         engine.dispose()
         postgres.drop(name)
+
+
+@pytest.fixture(scope="session")
+def mariadb_sources_db(mariadb: MariaDBForTests) -> Iterator[SourcesDatabase]:
+    """A migrated database of the session's MariaDB, for the real systems that run there
+    (Django's tasks, Celery's result tables): as ``sources_db``, its URL for both."""
+    name = mariadb.new_database(migrated=True)
+    url = mariadb.server.url(name)
+    engine = create_engine(url)
+    try:
+        yield SourcesDatabase(url, url, engine)
+    finally:
+        engine.dispose()
+        mariadb.server.drop_database(name)
 
 
 def clear_ledger(db: SourcesDatabase) -> None:
@@ -258,10 +272,21 @@ def pgboss_db(sources_db: SourcesDatabase, pgboss_schema: str) -> SourcesDatabas
 # --------------------------------------------------------------------------- #
 
 
-@pytest.fixture(params=("sqlite", "postgresql"))
+@pytest.fixture(params=ENGINES)
 def reconciler_engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
-    """The reconciler's migrated database on each engine: a fresh SQLite file, or the
-    session's PostgreSQL database with the step ledger emptied (no database per test)."""
+    """The reconciler's migrated database on each engine: a fresh SQLite file, the
+    session's PostgreSQL database with the step ledger emptied (no database per test), or
+    a fresh MariaDB database (made ahead in the background)."""
+    if request.param == "mariadb":
+        mariadb: MariaDBForTests = request.getfixturevalue("mariadb")
+        name = mariadb.new_database(migrated=True)
+        engine = create_engine(mariadb.server.url(name))
+        try:
+            yield engine
+        finally:
+            engine.dispose()
+            mariadb.server.drop_database(name)
+        return
     if request.param == "sqlite":
         engine = create_engine(f"sqlite:///{tmp_path / 'reconciler.db'}")
         upgrade(engine)
@@ -280,6 +305,7 @@ from tests.sources.celery_support import (  # noqa: E402, F401 - it imports this
     celery_live_worker,
     celery_project,
     django_celery_project,
+    django_celery_results_mariadb_schema,
     django_celery_results_schema,
     django_celery_sqlite_template,
     redis_server,
@@ -288,5 +314,6 @@ from tests.sources.celery_support import (  # noqa: E402, F401 - it imports this
 from tests.sources.django_tasks_support import (  # noqa: E402, F401 - it imports this module
     django_db,
     django_sqlite_template,
+    django_tasks_mariadb_schema,
     django_tasks_schema,
 )

@@ -37,7 +37,7 @@ from reconciler.sources.django_tasks import (
 from reconciler.sources.kit.source import DeclaredSource
 from reconciler.storage.clock import now_plus
 from reconciler.storage.engines import create_engine
-from tests.conftest import REPO_ROOT
+from tests.conftest import ENGINES, REPO_ROOT
 from tests.helpers import fresh_database
 from tests.sources.conftest import (
     SourcesDatabase,
@@ -129,7 +129,16 @@ def django_tasks_schema(sources_db: SourcesDatabase) -> str:
     return TABLE
 
 
-@pytest.fixture(params=("sqlite", "postgresql"))
+@pytest.fixture(scope="session")
+def django_tasks_mariadb_schema(mariadb_sources_db: SourcesDatabase) -> str:
+    """Django's migrate, applied once into the session's MariaDB database."""
+    require_django()
+    DjangoDatabase(mariadb_sources_db.url, mariadb_sources_db.url,
+                   mariadb_sources_db.engine).manage("migrate", "-v0")
+    return TABLE
+
+
+@pytest.fixture(params=ENGINES)
 def django_db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[DjangoDatabase]:
     """The Django project's database on each engine, its task table empty."""
     yield from open_django_db(request, request.param, tmp_path)
@@ -137,7 +146,14 @@ def django_db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Django
 
 def open_django_db(request: pytest.FixtureRequest, engine_name: str, folder: Path
                    ) -> Iterator[DjangoDatabase]:
-    """A copy of the SQLite template, or the session's PostgreSQL database emptied."""
+    """A copy of the SQLite template, or the session's PostgreSQL (or MariaDB) database
+    emptied."""
+    if engine_name == "mariadb":
+        maria: SourcesDatabase = request.getfixturevalue("mariadb_sources_db")
+        request.getfixturevalue("django_tasks_mariadb_schema")
+        empty_for_a_test(maria, TABLE)
+        yield DjangoDatabase(maria.url, maria.url, maria.engine)
+        return
     if engine_name == "sqlite":
         template: Path = request.getfixturevalue("django_sqlite_template")
         with sqlite_copy(template, folder) as (url, engine):
@@ -212,7 +228,7 @@ class DjangoTasksFactory:
                 backend: str = "default") -> str:
         """A ``READY`` row as the backend's ``enqueue`` inserts it."""
         job = uuid.uuid4()
-        run_after = DATE_MAX if self.engine.dialect.name == "sqlite" else DATE_MAX + "+00"
+        run_after = DATE_MAX + "+00" if self.engine.dialect.name == "postgresql" else DATE_MAX
         with self.engine.begin() as conn:
             conn.execute(self.table.insert().values(
                 id=job, status="READY", priority=0, task_path=kind, queue_name="default",
@@ -263,7 +279,7 @@ class DjangoTasksFactory:
         if found is None:
             return None
         row = dict(found)
-        if self.engine.dialect.name == "sqlite":  # JSON text there; jsonb arrives decoded
+        if self.engine.dialect.name != "postgresql":  # JSON text there; jsonb arrives decoded
             for key in ("worker_ids", "args_kwargs", "return_value"):
                 if row[key] is not None:
                     row[key] = json.loads(row[key])

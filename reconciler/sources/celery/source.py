@@ -1,7 +1,8 @@
 """Celery (5.x) as a job source: its result table (Celery's database backend's
 ``celery_taskmeta``, or django-celery-results' ``django_celery_results_taskresult``; written
-with ``task_track_started`` and ``result_extended``) and its Redis broker, on SQLite and
-PostgreSQL. What differs between the two tables is their ``ResultTable`` (celery_tables).
+with ``task_track_started`` and ``result_extended``) and its Redis broker, on SQLite,
+PostgreSQL and MySQL/MariaDB. What differs between the two tables is their
+``ResultTable`` (celery_tables).
 
 - **Running**: ``status = 'STARTED'``; the kind is the task name. A row without a name
   was written without ``result_extended`` and is left alone (it has no args, queue or
@@ -19,10 +20,10 @@ PostgreSQL. What differs between the two tables is their ``ResultTable`` (celery
   a ``celery_taskmeta`` row written without ``result_extended`` (``retries`` NULL).
 - **Fence**: (``status = 'STARTED'``, ``worker``, ``retries``) as read, and ``date_done`` as
   read where every write stamps it, in the WHERE clause of one UPDATE per batch over the
-  batch's snapshots (PostgreSQL: ``FROM unnest(...)``; SQLite: one per row); a row whose
-  fence no longer holds is left as it is (on PostgreSQL the scan's ``FOR UPDATE SKIP
-  LOCKED`` holds the row from then on). The workers pinged come from one read of the
-  ``STARTED`` rows a pass, which also finds the rows without a name.
+  batch's snapshots (PostgreSQL: ``FROM unnest(...)``; SQLite and MySQL: one per row); a
+  row whose fence no longer holds is left as it is (on PostgreSQL and MySQL the scan's
+  ``FOR UPDATE SKIP LOCKED`` holds the row from then on). The workers pinged come from
+  one read of the ``STARTED`` rows a pass, which also finds the rows without a name.
 - **Resume**: the row in Celery's own ``RETRY`` shape (``result`` an exception naming our
   reason, as its retry writes one), then the task re-published through Celery's
   ``send_task`` with the same id, name, args, kwargs and queue and ``retries + 1``. Args
@@ -68,7 +69,7 @@ from reconciler.sources.celery.tables import (
     retries_of,
     shape_for,
 )
-from reconciler.sources.kit.batches import Batch, fence_of
+from reconciler.sources.kit.batches import Batch, fence_of, swapped
 from reconciler.sources.kit.checks import require_columns
 from reconciler.sources.kit.declaration import Declaration
 from reconciler.sources.kit.fences import ForeignFence
@@ -259,10 +260,10 @@ class CelerySql:
         rows = self.rows
         still = [] if batch.stalled is None else [batch.stalled]
         values = self.result.written(batch.reason, resume=resume)
-        done = {task_id for fenced in self._fenced(scope, changes, fences)
-                for task_id in scope.conn.execute(
-                    rows.update().where(rows.c.status == constant("STARTED"), *fenced, *still)
-                    .values(values).returning(rows.c.task_id)).scalars()}
+        done = swapped(scope.conn, [
+            rows.update().where(rows.c.status == constant("STARTED"), *fenced, *still)
+            .values(values) for fenced in self._fenced(scope, changes, fences)],
+            rows.c.task_id, [str(change.decision.job_id) for change in changes])
         changed: Changed = {}
         for change, seen in zip(changes, fences, strict=True):
             task_id = str(change.decision.job_id)
@@ -278,7 +279,8 @@ class CelerySql:
                 fences: Sequence[CeleryFence]) -> list[list[sa.ColumnElement[bool]]]:
         """The WHERE clauses of the swap's statements, each row only as read: one statement
         over the batch's snapshots on PostgreSQL, one per change on SQLite (in process, a
-        statement per change costs no round trip)."""
+        statement per change costs no round trip) and MySQL (no ``UPDATE ... RETURNING``:
+        each judged by its affected rows, ``kit.batches.swapped``)."""
         rows, result = self.rows, self.result
         if not changes:
             return []

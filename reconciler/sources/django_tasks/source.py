@@ -1,5 +1,5 @@
 """Django's tasks framework with the database backend (django-tasks-db) as a job source, on
-SQLite and PostgreSQL (wherever the Django project's database is).
+SQLite, PostgreSQL and MySQL/MariaDB (wherever the Django project's database is).
 
 One shape for Django 5.2 with the django-tasks backport and for Django 6's own
 ``django.tasks``: django-tasks-db keeps its app label, table, migrations and statuses on
@@ -15,9 +15,9 @@ both (it imports whichever framework Django has), so nothing here depends on the
   budget is the kind's ``max_attempts``. A task's ``TaskContext.attempt`` is the same count.
 - **Fence**: (``status = 'RUNNING'``, ``started_at``, ``worker_ids``) as read, and the lease
   still run out, in the WHERE clause of one UPDATE per batch over the batch's snapshots
-  (PostgreSQL: ``FROM unnest(...)``; SQLite: one per row); a row whose fence no
-  longer holds is not returned, and is left as it is. On PostgreSQL the scan's ``FOR UPDATE
-  SKIP LOCKED`` holds the rows from the decision on.
+  (PostgreSQL: ``FROM unnest(...)``; SQLite and MySQL: one per row); a row whose fence no
+  longer holds is not changed, and is left as it is. On PostgreSQL and MySQL the scan's
+  ``FOR UPDATE SKIP LOCKED`` holds the rows from the decision on.
 - **Resume**: ``READY``, as the backend's own ``enqueue`` leaves a task: its ``db_worker``
   takes it again (``run_after`` is left as it is: its claim proved it due). ``started_at``
   and ``worker_ids`` stay as the dead claim left them, so Django's result shows the last
@@ -31,8 +31,10 @@ The backend's worker writes a task's end by id only (``save(update_fields=...)``
 a worker paused past ``max_run_seconds`` that wakes up overwrites what the reconciler
 wrote. docs/sources.md's late-writer table says so.
 
-Ids are UUIDs: a native ``uuid`` on PostgreSQL, 32 hex digits on SQLite (Django's storage);
-the job key is the dashed text in both, as ``TaskResult.id`` spells it.
+Ids are UUIDs: a native ``uuid`` on PostgreSQL and MariaDB 10.7+, 32 hex digits on SQLite
+and MySQL (Django's storage); the job key is the dashed text in all, as ``TaskResult.id``
+spells it. Django with ``USE_TZ`` keeps UTC in MySQL's ``DATETIME(6)``, which the
+reconciler's sessions (``time_zone = '+00:00'``) compare with ``UTC_TIMESTAMP(6)`` as is.
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ from reconciler.core.evidence import StepFacts
 from reconciler.core.kinds import KindPolicy
 from reconciler.core.ports import Candidate, Fence, PlannedChange
 from reconciler.core.vocabulary import Disposition, JobStatus, Reason
-from reconciler.sources.kit.batches import Batch, fence_of
+from reconciler.sources.kit.batches import Batch, fence_of, swapped
 from reconciler.sources.kit.checks import require_columns
 from reconciler.sources.kit.declaration import Declaration
 from reconciler.sources.kit.fences import ForeignFence
@@ -135,6 +137,17 @@ def _task_key_dashed(element: task_key, compiler: Any, **kw: Any) -> str:
     return str(compiler.process(sa.func.lower(dashed), **kw))
 
 
+@compiles(task_key, "mysql")
+def _task_key_mysql(element: task_key, compiler: Any, **kw: Any) -> str:
+    # Django keeps 32 hex digits in a CHAR(32) on MySQL, a native (dashed) UUID on
+    # MariaDB 10.7+: either as the dashed text.
+    raw = compiler.process(sa.cast(element.column, sa.Text()), **kw)
+    dashed = raw
+    for at in (9, 14, 19, 24):
+        dashed = f"INSERT({dashed}, {at}, 0, '-')"
+    return f"LOWER(IF(CHAR_LENGTH({raw}) = 32, {dashed}, {raw}))"
+
+
 @dataclass(frozen=True, slots=True)
 class DjangoTasksSql:
     """django-tasks-db's own SQL over its table, named by the config."""
@@ -150,6 +163,11 @@ class DjangoTasksSql:
         tasks = sa.table(config.table, sa.column("id", sa.Uuid()),
                          *(sa.column(c) for c in COLUMNS[1:]))
         return cls(config.table, config.backend_name, tasks, task_key(tasks.c.id))
+
+    def by_ids(self, keys: Sequence[Any]) -> sa.ColumnElement[bool]:
+        """The tasks of these ids (dashed text) by the table's primary key, which the
+        dashed ``key`` (an expression of it) is not."""
+        return self.tasks.c.id.in_([uuid.UUID(str(key)) for key in keys])
 
     def check_schema(self, conn: Connection) -> None:
         """The backend's table and the columns this source reads and writes."""
@@ -209,8 +227,8 @@ class DjangoTasksSql:
     def listing(self, conn: Connection) -> sa.Select[Any]:
         """Every task result of the backend (of ``backend_name`` when the config names one)."""
         tasks = self.tasks
-        length = ("jsonb_array_length" if conn.dialect.name == "postgresql"
-                  else "json_array_length")
+        length = {"postgresql": "jsonb_array_length", "mysql": "json_length"}.get(
+            conn.dialect.name, "json_array_length")
         # Only a traceback the reconciler wrote names a reason: the task's own never shows.
         ours = sa.case(*((tasks.c.traceback == failure_traceback(r.value), r.value)
                          for r in Reason), else_=sa.null())
@@ -252,7 +270,9 @@ class DjangoTasksSql:
     def _swap_set(self, scope: Scope, batch: Batch, changes: Sequence[PlannedChange],
                   still: sa.ColumnElement[bool]) -> Changed:
         """The changes of one lease swapped in, each row only as its decision read it: one
-        UPDATE on PostgreSQL, one per change on SQLite; the tasks changed, their attempts."""
+        UPDATE on PostgreSQL, one per change on SQLite and MySQL (each judged by its
+        affected rows: MySQL has no ``UPDATE ... RETURNING``); the tasks changed, their
+        attempts."""
         tasks = self.tasks
         fences = [fence_of(change, DjangoTasksFence) for change in changes]
         ids = [uuid.UUID(str(change.decision.job_id)) for change in changes]
@@ -266,7 +286,8 @@ class DjangoTasksSql:
                            tasks.c.started_at.is_not_distinct_from(seen.c.started_at),
                            worker_ids.is_not_distinct_from(seen.c.worker_ids))]
         else:
-            # SQLite runs in process: a statement per change costs no round trip.
+            # SQLite runs in process: a statement per change costs no round trip. MySQL's
+            # rows are locked by the scan already: one short UPDATE each by primary key.
             statements = [(tasks.c.id == i, tasks.c.started_at.is_not_distinct_from(
                                f.started_at), worker_ids.is_not_distinct_from(f.worker_ids))
                           for i, f in zip(ids, fences, strict=True)]
@@ -277,9 +298,10 @@ class DjangoTasksSql:
                       "return_value": sa.null(),
                       "exception_class_path": EXCEPTION_CLASS_PATH,
                       "traceback": failure_traceback(batch.reason)}
-        done = {key for fenced in statements for key in scope.conn.execute(
-            tasks.update().where(tasks.c.status == constant("RUNNING"), *fenced, still)
-            .values(values).returning(self.key)).scalars()}
+        updates = [tasks.update().where(tasks.c.status == constant("RUNNING"), *fenced, still)
+                   .values(values) for fenced in statements]
+        done = swapped(scope.conn, updates, self.key,
+                       [str(change.decision.job_id) for change in changes])
         changed: Changed = {}
         for change, fence in zip(changes, fences, strict=True):
             if str(change.decision.job_id) in done:
@@ -295,7 +317,7 @@ def declare(config: DjangoTasksConfig) -> System:
     return System(
         # Django stores UTC: its timestamps are read and written so.
         shape=Shape(key=sql.key, kind=sql.tasks.c.task_path, locks=sql.tasks,
-                    scans_all_kinds=True, naive_utc="scan"),
+                    scans_all_kinds=True, naive_utc="scan", lock_by=sql.by_ids),
         running=sql.running, expired=sql.expired, candidate=sql.candidate, swap=sql.swap,
         check_schema=sql.check_schema, listing=sql.listing, status_words=_STATUS_WORDS,
         wedge_guard=sql.wedge_guard)

@@ -30,6 +30,7 @@ from reconciler.storage.operator_record import (
     record_action,
     set_hold,
 )
+from reconciler.storage.sql import SQLITE
 from reconciler.storage.step_ledger import restart_attempts
 
 UNMAPPED_STATUS = "status_not_mapped"
@@ -97,9 +98,9 @@ def locked(query: sa.Select[Any], lock: bool) -> sa.Select[Any]:
 def read_locked(conn: Connection, query: sa.Select[Any], status: str,
                 words: Mapping[str, JobStatus], *, lock: bool) -> ForeignJob | None:
     """The one job ``query`` finds, with ``lock`` its row locked for the action's swap on
-    PostgreSQL (SQLite's write lock is the transaction's), in our words by its ``status``
-    column; None when the system has no such job."""
-    row = conn.execute(locked(query, lock and conn.dialect.name == "postgresql")).first()
+    PostgreSQL and MySQL (SQLite's write lock is the transaction's), in our words by its
+    ``status`` column; None when the system has no such job."""
+    row = conn.execute(locked(query, lock and conn.dialect.name != SQLITE)).first()
     if row is None:
         return None
     state = str(row._mapping[status])

@@ -12,13 +12,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
+from sqlalchemy.engine import Connection
 
 from reconciler.core.ports import PlannedChange
 from reconciler.core.vocabulary import Disposition
 from reconciler.sources.kit.shapes import is_wedged, reason_text
+from reconciler.storage.sql import POSTGRESQL
 from reconciler.storage.step_ledger import PassLedger
 
 
@@ -66,3 +68,16 @@ def fence_of(change: PlannedChange, kind: type[SnapshotT]) -> SnapshotT:
                         f"{type(snapshot).__name__}, not {kind.__name__}")
     return snapshot
 
+
+
+def swapped(conn: Connection, updates: Sequence[sa.Update], key: sa.ColumnElement[Any],
+            keys: Sequence[str]) -> set[str]:
+    """The keys (as text) of the rows a swap's fenced ``updates`` changed. PostgreSQL: the
+    rows each returns (``RETURNING key``; one statement may cover a whole batch). Elsewhere
+    one statement per change, ``keys`` in the same order, judged by its affected rows:
+    MySQL has no ``UPDATE ... RETURNING``, and the row is the scan's, locked already."""
+    if conn.dialect.name == POSTGRESQL:
+        return {str(found) for update in updates
+                for found in conn.execute(update.returning(key)).scalars()}
+    return {job for job, update in zip(keys, updates, strict=True)
+            if conn.execute(update).rowcount == 1}

@@ -31,10 +31,11 @@ def expired_scan(running: sa.Select[Any], expired: sa.ColumnElement[bool],
     ``expired_total``, the brake's counts (a held job is not counted stale: it is stale
     on purpose, as a native held job is)."""
     if not locking:
-        # Nothing to lock (SQLite, a dry run): the candidates' columns are kept with the
-        # read and taken from it.
+        # Nothing to lock here (SQLite; a dry run; MySQL, whose kit locks the rows found
+        # by key afterwards): the candidates' columns are kept with the read and taken
+        # from it.
         kept = running.add_columns(expired.label("expired"), order.label("scan_key"))
-        read = kept.cte("running").prefix_with("MATERIALIZED")
+        read = _kept(kept.cte("running"))
         scan = sa.select(*(read.c[c.name] for c in running.selected_columns),
                          *_totals(read, unheld)).select_from(read)
     else:
@@ -51,7 +52,7 @@ def expired_scan(running: sa.Select[Any], expired: sa.ColumnElement[bool],
         narrow = running.with_only_columns(
             running.selected_columns.job_id, expired.label("expired"),
             order.label("scan_key"), table.label("row_table"), ctid.label("row_ctid"))
-        read = narrow.cte("running").prefix_with("MATERIALIZED")
+        read = _kept(narrow.cte("running"))
         chosen = sa.select(read.c.row_table, read.c.row_ctid).where(read.c.expired.is_(True))
         if after is not None:
             chosen = chosen.where(read.c.job_id > after)
@@ -63,6 +64,13 @@ def expired_scan(running: sa.Select[Any], expired: sa.ColumnElement[bool],
     if after is not None:
         scan = scan.where(read.c.job_id > after)
     return scan
+
+
+def _kept(read: sa.CTE) -> sa.CTE:
+    """The read, kept once (``MATERIALIZED``) where the engine has the word; MySQL has
+    none and chooses for itself."""
+    return (read.prefix_with("MATERIALIZED", dialect="postgresql")
+            .prefix_with("MATERIALIZED", dialect="sqlite"))
 
 
 def _totals(read: Any, unheld: Unheld) -> list[sa.Label[Any]]:

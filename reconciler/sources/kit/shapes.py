@@ -142,7 +142,9 @@ class UtcTimes:
     the rest of the connection's transaction, whatever the role's TimeZone: called before
     the first time is read or written by a source whose system stores naive UTC. Set once
     per transaction (the kit keeps one in each transaction's state); nothing to do on
-    SQLite."""
+    SQLite, nor on MySQL, whose ``DATETIME`` columns are never converted and whose
+    sessions the engine sets to ``time_zone = '+00:00'`` (``TIMESTAMP`` columns read as
+    UTC, beside ``UTC_TIMESTAMP(6)``)."""
 
     def __init__(self, conn: Connection) -> None:
         self._conn = conn
@@ -194,6 +196,10 @@ class Shape:
     """Where its timestamps are naive UTC, when the kit first sets the transaction's
     TimeZone to UTC: before the scans read (and the swaps write), or before the swaps
     only; None: never (``UtcTimes``)."""
+    lock_by: Callable[[Sequence[Any]], sa.ColumnElement[bool]] | None = None
+    """The scanned rows of some keys (job ids as the scan read them) by the lock target's
+    primary key, where ``key`` is an expression no index answers: MySQL locks the rows it
+    finds so, reading those rows only (None: ``key IN (...)``)."""
     judged_first: bool = False
     """Whether its liveness's verdict loads what ``running`` reads (a snapshot of a store
     outside SQL, in a temporary table): the verdict is then read before any read of its

@@ -40,6 +40,7 @@ from reconciler.sources.kit.system import Changed, Scope, System, Wanted
 from reconciler.sources.kit.transaction import SourceTransaction
 from reconciler.storage.clock import now_plus, seconds_since
 from reconciler.storage.operator_record import not_held
+from reconciler.storage.sql import MYSQL, POSTGRESQL
 
 
 class DeclaredSource:
@@ -90,7 +91,11 @@ class DeclaredSource:
         (which grows with each new job in the systems that keep no creation time)."""
         if self.system.listing_order is not None:
             return self.system.listing_order(jobs)
-        return [jobs.c.created_at.desc().nulls_last(), jobs.c.job_id.desc()]
+        newest = jobs.c.created_at.desc()
+        # MySQL has no NULLS LAST, and needs none: its NULLs sort first, so last descending.
+        if self._conn.dialect.name != MYSQL:
+            newest = newest.nulls_last()
+        return [newest, jobs.c.job_id.desc()]
 
     def unjudged(self, job_id: JobKey | None = None) -> Unjudged | None:
         """Running jobs (``job_id``: only that one) whose rows lack what a pass reads, so
@@ -119,12 +124,12 @@ class DeclaredSource:
             return []
         key = self.system.shape.key
         expired = self._expired(policies)
-        rows = self._conn.execute(expired_scan(
+        rows = self._held(self._conn.execute(expired_scan(
             self._running(policies).where(self._reconciled(policies)), expired,
             self._order(), self.system.shape.locks, limit=limit,
             after=None if after is None or after.position is None else after.position[0],
-            locking=self._lock and self._conn.dialect.name == "postgresql",
-            unheld=self._unheld)).all()
+            locking=self._lock and self._conn.dialect.name == POSTGRESQL,
+            unheld=self._unheld)).all())
         if rows:  # the brake's counts, read with the candidates (``kit.scan``)
             self._tx.brake_counts = (int(rows[0].running_total), int(rows[0].expired_total))
         found = self._build(rows, policies, position=True)
@@ -136,8 +141,9 @@ class DeclaredSource:
                            .order_by(self._order()).limit(room))
             if after is not None and after.wedged is not None:
                 wedged_scan = wedged_scan.where(key > after.wedged[0])
-            stalled = self._build(self._conn.execute(self._locked(wedged_scan)).all(),
-                                  policies, position=True)
+            stalled = self._build(
+                self._held(self._conn.execute(self._locked(wedged_scan)).all()),
+                policies, position=True)
             found += [dataclasses.replace(c, position=c.position.in_wedged_scan())
                       for c in stalled if c.position is not None]
         return found
@@ -236,8 +242,9 @@ class DeclaredSource:
                    .add_columns(self._expired(policies).label("expired")).subquery())
         count, expired = self._conn.execute(sa.select(
             sa.func.count(),
-            sa.func.count().filter(running.c.expired.is_(True),
-                                   self._unheld(running.c.job_id)))).one()
+            # count(CASE ...), not count() FILTER (...), which MySQL does not have.
+            sa.func.count(sa.case((sa.and_(running.c.expired.is_(True),
+                                           self._unheld(running.c.job_id)), 1))))).one()
         self._tx.brake_counts = (int(count), int(expired))
         return int(count)
 
@@ -342,12 +349,31 @@ class DeclaredSource:
         return last < now_plus(-seconds)
 
     def _order(self) -> sa.ColumnElement[Any]:
-        return self.system.shape.order(self._conn.dialect.name == "postgresql")
+        return self.system.shape.order(self._conn.dialect.name == POSTGRESQL)
 
     def _locked(self, query: sa.Select[Any]) -> sa.Select[Any]:
-        if not self._lock or self._conn.dialect.name != "postgresql":
+        if not self._lock or self._conn.dialect.name != POSTGRESQL:
             return query
         return query.with_for_update(skip_locked=True, of=self.system.shape.locks)
+
+    def _held(self, rows: Sequence[sa.Row[Any]]) -> Sequence[sa.Row[Any]]:
+        """The scanned rows this transaction holds: on MySQL, the rows found are then
+        locked by their key (``FOR UPDATE SKIP LOCKED``), and those another replica holds
+        are left out. A locking scan would lock every row InnoDB reads on its way (every
+        running job, other replicas' batches among them); by key it locks the batch's
+        rows only. A row changed between the read and the lock no longer matches its
+        fence, which its swap repeats: it is recorded ``fence_lost``, never overwritten.
+        Elsewhere the scan locked them (PostgreSQL) or the transaction holds the write
+        lock (SQLite)."""
+        if not rows or not self._lock or self._conn.dialect.name != MYSQL:
+            return rows
+        shape = self.system.shape
+        ids = [row.job_id for row in rows]
+        found = shape.key.in_(ids) if shape.lock_by is None else shape.lock_by(ids)
+        locked = {str(k) for k in self._conn.execute(
+            sa.select(shape.key).select_from(shape.locks).where(found)
+            .with_for_update(skip_locked=True)).scalars()}
+        return [row for row in rows if str(row.job_id) in locked]
 
     def _build(self, rows: Sequence[sa.Row[Any]], policies: Mapping[str, KindPolicy],
                *, position: bool) -> list[Candidate]:

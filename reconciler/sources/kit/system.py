@@ -47,7 +47,8 @@ class Scope:
 
     @property
     def postgres(self) -> bool:
-        """Whether the connection is PostgreSQL's (else SQLite's)."""
+        """Whether the connection is PostgreSQL's (else SQLite's or MySQL's: a statement
+        per change, judged by its affected rows)."""
         return self.conn.dialect.name == "postgresql"
 
 

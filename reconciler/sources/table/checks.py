@@ -88,9 +88,11 @@ def _refuses(conn: Connection, check: str, column: str, value: str) -> bool:
     evaluated over a one-row probe that has only that column. A check that reads other
     columns cannot be judged so and is not held against the value."""
     quoted = conn.dialect.identifier_preparer.quote(column)
+    # MySQL 8 casts to CHAR(n) only (MariaDB takes either).
+    text = "CHAR(4000)" if conn.dialect.name == "mysql" else "VARCHAR(4000)"
     # The check's text is the database's own catalog, not input; the value is bound.
     sql = (f"SELECT CASE WHEN ({check}) THEN 1 WHEN NOT ({check}) THEN 0 END "  # noqa: S608
-           f"FROM (SELECT CAST(:probe_value AS VARCHAR(4000)) AS {quoted}) AS probe")
+           f"FROM (SELECT CAST(:probe_value AS {text}) AS {quoted}) AS probe")
     probe = sa.text(sql)
     nested = conn.begin_nested() if conn.dialect.name == "postgresql" else None
     try:

@@ -1,5 +1,5 @@
-"""A home-grown job table as a job source, column by column (``kind = "table"``), on SQLite
-and PostgreSQL.
+"""A home-grown job table as a job source, column by column (``kind = "table"``), on SQLite,
+PostgreSQL and MySQL/MariaDB.
 
 - **Running**: ``status_column = processing``; the kind is ``kind_column`` (else, and where
   it is NULL, the table's name), matched by ``[kinds]``. The mapped status values are
@@ -18,15 +18,16 @@ and PostgreSQL.
   ``generation_column``, ``lease_expires_column``, ``activity_column``) as read, and the
   rule's time predicate, all in the UPDATE's WHERE clause: on PostgreSQL one UPDATE per
   batch over the snapshots as rows of the table's own type (``jsonb_populate_recordset``),
-  on SQLite one per change.
+  on SQLite and MySQL one per change (judged by its affected rows).
 - **Resume**: ``status = queued``, ``resume_column`` = the step to start at,
   ``generation_column + 1``, ``reason_column`` = our reason code.
 - **Terminalize**: ``status = failed``, ``generation_column + 1``, ``reason_column``.
   No other column is written: the owner, the lease and the attempts stay the job system's.
 
 Timestamps are compared by the database's clock: ``timestamptz`` or ``timestamp`` (read
-as UTC) on PostgreSQL, ISO-8601 text on SQLite. A time SQLite cannot read makes the job a
-``reconcile_error`` naming the column.
+as UTC) on PostgreSQL, ``DATETIME`` or ``TIMESTAMP`` holding UTC on MySQL, ISO-8601 text
+on SQLite. A time SQLite cannot read makes the job a ``reconcile_error`` naming the
+column.
 """
 
 from __future__ import annotations
@@ -250,9 +251,12 @@ class TableSql:
 
     def swap(self, scope: Scope, batch: Batch) -> Changed:
         """The batch's changes, each row only as read: one statement per kind's lease
-        on PostgreSQL, one per change on SQLite."""
+        on PostgreSQL, one per change on SQLite and MySQL."""
         if not scope.postgres:
-            # SQLite runs in process: a statement per change costs no round trip.
+            # SQLite runs in process: a statement per change costs no round trip. MySQL
+            # has no row type to read the snapshots back as (each fenced column compared
+            # with its own type, whatever the user's): a statement per change, judged by
+            # its affected rows, on rows the scan already locked.
             return {change.decision.job_id: generation for change in batch.changes
                     for swapped, generation in [self._apply_one(scope.conn, batch, change)]
                     if swapped}
@@ -337,7 +341,7 @@ class TableSql:
 
     def _apply_one(self, conn: Connection, batch: Batch, change: PlannedChange
                    ) -> tuple[bool, int | None]:
-        """One change swapped in alone (SQLite); (changed, generation after)."""
+        """One change swapped in alone (SQLite, MySQL); (changed, generation after)."""
         decision = change.decision
         fence = fence_of(change, TableFence)
         where = [self.key == decision.job_id,

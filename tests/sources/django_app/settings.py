@@ -1,5 +1,6 @@
 """Settings of the test project: one database named by ``SOURCES_DJANGO_DB`` (a SQLite
-file, ``sqlite:///PATH``, or a PostgreSQL URL), the database task backend."""
+file, ``sqlite:///PATH``, a PostgreSQL URL or a ``mysql+pymysql://`` one), the database
+task backend."""
 
 from __future__ import annotations
 
@@ -14,6 +15,18 @@ if _url.startswith("sqlite:///"):
                              "NAME": _url.removeprefix("sqlite:///"),
                              # The reconciler and the worker share the file.
                              "OPTIONS": {"timeout": 30}}}
+elif _url.startswith(("mysql", "mariadb")):
+    # PyMySQL in place of mysqlclient (Django accepts it: it reports a version above
+    # Django's minimum), the driver the reconciler's mysql+pymysql:// URL uses too.
+    import pymysql  # type: ignore[import-untyped]
+
+    pymysql.install_as_MySQLdb()
+    _parts = urlparse(_url)
+    DATABASES = {"default": {"ENGINE": "django.db.backends.mysql",
+                             "NAME": _parts.path.lstrip("/"), "USER": _parts.username or "",
+                             "PASSWORD": _parts.password or "",
+                             "HOST": _parts.hostname or "", "PORT": str(_parts.port or ""),
+                             "OPTIONS": {"charset": "utf8mb4"}}}
 else:
     _parts = urlparse(_url)
     DATABASES = {"default": {"ENGINE": "django.db.backends.postgresql",
