@@ -56,9 +56,10 @@ def _free_port() -> int:
 
 class ThrowawayMariaDB:
     """One MariaDB server of the tests' own: ``start``, ``url``, ``create_database``,
-    ``stop``."""
+    ``stop``. ``buffer_pool``: InnoDB's buffer pool (small for tests; benchmarks hold
+    their million jobs in memory)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, buffer_pool: str = "64M") -> None:
         found = find_binaries()
         if found is None:
             raise RuntimeError(INSTALL_HINT)
@@ -66,6 +67,7 @@ class ThrowawayMariaDB:
         base = str(_RAM_DIR) if _RAM_DIR.is_dir() else None
         self.base = Path(tempfile.mkdtemp(prefix="reconciler-mariadb-", dir=base))
         self.port = _free_port()
+        self.buffer_pool = buffer_pool
         self._process: subprocess.Popen[bytes] | None = None
         self._watchdog: subprocess.Popen[bytes] | None = None
 
@@ -100,7 +102,7 @@ class ThrowawayMariaDB:
              f"--log-error={self.base / 'error.log'}",
              # A test server: small, and not durable across a power cut (the suite's data
              # is thrown away); the engine's own settings are the reconciler's to set.
-             "--innodb-buffer-pool-size=64M", "--innodb-flush-log-at-trx-commit=2",
+             f"--innodb-buffer-pool-size={self.buffer_pool}", "--innodb-flush-log-at-trx-commit=2",
              "--max-connections=500", *self._as_server_user()],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True)
