@@ -95,6 +95,13 @@ class ThrowawayMariaDB:
                  *self._as_server_user()], stdout=out, stderr=subprocess.STDOUT, check=False)
         if done.returncode != 0:
             raise RuntimeError(f"mariadb-install-db failed: {log.read_text()[-2000:]}")
+        self._launch()
+        atexit.register(self.stop)
+        self._start_watchdog()
+        self._wait_ready()
+        return self
+
+    def _launch(self) -> None:
         self._process = subprocess.Popen(
             [self._server, "--no-defaults", f"--datadir={self.data_dir}",
              f"--port={self.port}", f"--bind-address={_HOST}", "--skip-name-resolve",
@@ -102,14 +109,26 @@ class ThrowawayMariaDB:
              f"--log-error={self.base / 'error.log'}",
              # A test server: small, and not durable across a power cut (the suite's data
              # is thrown away); the engine's own settings are the reconciler's to set.
-             f"--innodb-buffer-pool-size={self.buffer_pool}", "--innodb-flush-log-at-trx-commit=2",
-             "--max-connections=500", *self._as_server_user()],
+             f"--innodb-buffer-pool-size={self.buffer_pool}",
+             "--innodb-flush-log-at-trx-commit=2", "--max-connections=500",
+             *self._as_server_user()],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True)
-        atexit.register(self.stop)
+
+    def restart(self) -> None:
+        """Kill the server (SIGKILL: a crash, as PostgreSQL's immediate restart) and start
+        it again on the same data and port; InnoDB recovers from its log. The watchdog
+        stops whichever server runs when this process dies."""
+        assert self._process is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self._process.pid, signal.SIGKILL)
+        self._process.wait()
+        self._launch()
+        if self._watchdog is not None:
+            self._watchdog.kill()
+            self._watchdog.wait()
         self._start_watchdog()
         self._wait_ready()
-        return self
 
     def _start_watchdog(self) -> None:
         """A shell that stops the server when this process dies (a killed test run)."""
