@@ -56,7 +56,7 @@ def _series(conn: Connection, first: int, last: int) -> str:
             f"WHERE n < {last}) SELECT n FROM seq) AS s")
 
 
-def _token(conn: Connection, column: str) -> str:
+def lease_token_sql(conn: Connection, column: str) -> str:
     """'bench-token-' followed by ``column`` (MySQL's ``||`` is a logical OR)."""
     if _is_mysql(conn):
         return f"CONCAT('bench-token-', {column})"
@@ -74,7 +74,7 @@ def _insert_jobs(conn: Connection, first: int, last: int, status: str, *, lease:
             lease_expires_at, claimed_at, last_activity_at, available_at, operator_hold,
             created_at, updated_at, finished_at)
         SELECT n, 'report', '{status}', '{PLAN}', 0, {attempts}, 3,
-            {'1' if lease else '0'}, {_token(conn, 'n') if lease else 'NULL'},
+            {'1' if lease else '0'}, {lease_token_sql(conn, 'n') if lease else 'NULL'},
             {"'bench-worker'" if lease else 'NULL'}, {lease or 'NULL'}, {activity or 'NULL'},
             {activity or 'NULL'}, {now}, false, {now}, {now}, {now if finished else 'NULL'}
         FROM {_series(conn, first, last)}
@@ -210,7 +210,7 @@ def restore_stale(engine: Engine, shape: Shape) -> None:
     with engine.begin() as conn:
         conn.execute(sa.text(f"""
             UPDATE job_runs SET job_status = 'processing', claim_generation = 1,
-                lease_token = {_token(conn, 'job_id')}, lease_owner = 'bench-worker',
+                lease_token = {lease_token_sql(conn, 'job_id')}, lease_owner = 'bench-worker',
                 lease_expires_at = {_ts(conn, -300)}, available_at = created_at
             WHERE job_id <= {shape.stale}"""))
         conn.execute(sa.text(f"""
