@@ -2,7 +2,10 @@
 
     python -m benchmarks --engine sqlite --jobs 1000000 --stale 10000
     python -m benchmarks --engine postgresql --jobs 1000000 --stale 10000 [--peers]
+    python -m benchmarks --engine mariadb --jobs 1000000   # MariaDB beside PostgreSQL
+    python -m benchmarks --engine all       # SQLite, PostgreSQL and MariaDB in one run
     python -m benchmarks --smoke            # N = 10k on both engines, checks it runs
+    python -m benchmarks --engine mariadb --smoke   # the same on MariaDB and PostgreSQL
     # every run also counts the job table's reads in a recovering and a quiet pass
     python -m benchmarks --measure time_to_recovery [--smoke]   # benchmarks/recovery.py
     python -m benchmarks --measure parked [--smoke]   # held and gated jobs: benchmarks/parked.py
@@ -14,8 +17,9 @@
         # RQ at 100k jobs in Redis beside its StartedJobRegistry.cleanup:
         # benchmarks/foreign_rq.py (not in "all": it needs rq and redis-server)
 
-PostgreSQL: ``--database-url`` names an empty database to use, else a throwaway server is
-started (tests/pg_server.py; Debian's postgresql binaries).
+PostgreSQL and MariaDB: ``--database-url`` names an empty database of its engine to use,
+else a throwaway server is started (tests/pg_server.py, tests/mariadb_server.py; Debian's
+postgresql and mariadb-server binaries).
 """
 
 from __future__ import annotations
@@ -238,6 +242,21 @@ def measure_parked(engine_name: str, base_url: str | None, jobs: int, count: int
                        figures.pop("parked_quiet_ms"), "ms", figures)
 
 
+ENGINE_NAMES = ("sqlite", "postgresql", "mariadb")
+ENGINE_RUNS = {"both": ("sqlite", "postgresql"), "mariadb": ("postgresql", "mariadb"),
+               "all": ENGINE_NAMES}
+"""``--engine`` values that run several engines. MariaDB's figures are read beside
+PostgreSQL's measured in the same run, so ``mariadb`` runs both."""
+
+
+def _named_url(database_url: str | None, engine_name: str) -> str | None:
+    """``--database-url`` for the engine it names (by its scheme), else None."""
+    if database_url is None or engine_name == "sqlite":
+        return None
+    scheme = "mysql" if engine_name == "mariadb" else "postgresql"
+    return database_url if database_url.startswith(scheme) else None
+
+
 def _table_row(m: Measurement) -> str:
     extra = " ".join(f"{k}={v}" for k, v in m.extra.items())
     return (f"{m.measurement:<22} {m.engine:<10} {m.jobs:>9} {m.stale:>7} "
@@ -262,8 +281,11 @@ def native(argv: list[str]) -> int:
     """The native source's benchmarks."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--engine", choices=("sqlite", "postgresql", "both"), default="both")
-    parser.add_argument("--database-url", help="an empty PostgreSQL database to use")
+    parser.add_argument("--engine", choices=(*ENGINE_RUNS, *ENGINE_NAMES), default="both",
+                        help="both: SQLite and PostgreSQL; mariadb: MariaDB beside "
+                        "PostgreSQL, in the same run; all: the three")
+    parser.add_argument("--database-url",
+                        help="an empty PostgreSQL (or MariaDB) database to use")
     parser.add_argument("--jobs", type=int, default=1_000_000)
     parser.add_argument("--stale", type=int, default=None, help="default: 1%% of --jobs")
     parser.add_argument("--memory", default="1000,100000",
@@ -296,7 +318,7 @@ def native(argv: list[str]) -> int:
     jobs = 10_000 if args.smoke else args.jobs
     stale = args.stale if args.stale is not None else max(jobs // 100, 1)
     memory = (100, 1000) if args.smoke else tuple(int(x) for x in args.memory.split(","))
-    engines = ("sqlite", "postgresql") if args.engine == "both" else (args.engine,)
+    engines = ENGINE_RUNS.get(args.engine, (args.engine,))
 
     def emit(m: Measurement) -> None:
         print(m.as_json() if args.json else _table_row(m), flush=True)
@@ -318,11 +340,11 @@ def native(argv: list[str]) -> int:
     with PROGRESS:
         for name in engines:
             if "pass" in measures:
-                run(name, args.database_url if name == "postgresql" else None, jobs, stale,
+                run(name, _named_url(args.database_url, name), jobs, stale,
                     memory=memory, peers=args.peers and name == "postgresql", emit=emit)
             if "parked" in measures:
                 PROGRESS.phase(f"{name}: held and gated jobs parked")
-                emit(measure_parked(name, args.database_url if name == "postgresql" else None,
+                emit(measure_parked(name, _named_url(args.database_url, name),
                                     jobs, 1_000 if args.smoke else args.parked))
             if "time_to_recovery" in measures:
                 PROGRESS.phase(f"{name}: time to recovery ({plan.orphans} orphans)")

@@ -2,6 +2,7 @@
 
     python -m benchmarks.breakdown --engine sqlite --jobs 1000000 --stale 10000
     python -m benchmarks.breakdown --engine postgresql --jobs 1000000 --stale 10000
+    python -m benchmarks.breakdown --engine mariadb --jobs 1000000 --stale 10000
 
 Builds the recovery dataset, drains it as ``python -m benchmarks`` does (batches of 500),
 and prints the mean milliseconds per batch of each part of a pass: the pass's own store
@@ -114,8 +115,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.breakdown",
                                      description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--engine", choices=("sqlite", "postgresql"), default="sqlite")
-    parser.add_argument("--database-url", help="an empty PostgreSQL database to use")
+    parser.add_argument("--engine", choices=("sqlite", "postgresql", "mariadb"),
+                        default="sqlite")
+    parser.add_argument("--database-url",
+                        help="an empty PostgreSQL (or MariaDB) database to use")
     parser.add_argument("--jobs", type=int, default=1_000_000)
     parser.add_argument("--stale", type=int, default=10_000)
     args = parser.parse_args(argv)

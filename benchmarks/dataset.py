@@ -1,4 +1,4 @@
-"""Build N jobs with S stale claims in bulk SQL, fast, on SQLite or PostgreSQL.
+"""Build N jobs with S stale claims in bulk SQL, fast, on SQLite, PostgreSQL or MariaDB.
 
 The shape, for every measurement: S jobs ``processing`` with a lease expired 5 minutes ago
 and no activity for 10 (one tenth of them out of attempts), N/100 jobs processing under a
@@ -15,6 +15,10 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from reconciler.storage.engines import is_postgresql
+
+
+def _is_mysql(conn: Connection | Engine) -> bool:
+    return conn.dialect.name == "mysql"
 
 PLAN = ('[{"step_name": "fetch", "effect_kind": "idempotent"}, '
         '{"step_name": "render", "effect_kind": "pure"}, '
@@ -36,6 +40,8 @@ class Shape:
 def _ts(conn: Connection, offset_seconds: int) -> str:
     if is_postgresql(conn):
         return f"(statement_timestamp() + make_interval(secs => {offset_seconds}))"
+    if _is_mysql(conn):
+        return f"TIMESTAMPADD(SECOND, {offset_seconds}, UTC_TIMESTAMP(6))"
     return f"(strftime('%Y-%m-%d %H:%M:%f', 'now', '{offset_seconds:+d} seconds') || '000')"
 
 
@@ -43,8 +49,18 @@ def _series(conn: Connection, first: int, last: int) -> str:
     """A FROM clause yielding n = first..last."""
     if is_postgresql(conn):
         return f"generate_series({first}, {last}) AS s(n)"
+    if _is_mysql(conn):
+        # MariaDB's Sequence engine: a virtual table seq_FIRST_to_LAST of one column, seq.
+        return f"(SELECT seq AS n FROM seq_{first}_to_{last}) AS s"
     return (f"(WITH RECURSIVE seq(n) AS (SELECT {first} UNION ALL SELECT n + 1 FROM seq "
             f"WHERE n < {last}) SELECT n FROM seq) AS s")
+
+
+def lease_token_sql(conn: Connection, column: str) -> str:
+    """'bench-token-' followed by ``column`` (MySQL's ``||`` is a logical OR)."""
+    if _is_mysql(conn):
+        return f"CONCAT('bench-token-', {column})"
+    return f"'bench-token-' || {column}"
 
 
 def _insert_jobs(conn: Connection, first: int, last: int, status: str, *, lease: str | None,
@@ -58,7 +74,7 @@ def _insert_jobs(conn: Connection, first: int, last: int, status: str, *, lease:
             lease_expires_at, claimed_at, last_activity_at, available_at, operator_hold,
             created_at, updated_at, finished_at)
         SELECT n, 'report', '{status}', '{PLAN}', 0, {attempts}, 3,
-            {'1' if lease else '0'}, {"'bench-token-' || n" if lease else 'NULL'},
+            {'1' if lease else '0'}, {lease_token_sql(conn, 'n') if lease else 'NULL'},
             {"'bench-worker'" if lease else 'NULL'}, {lease or 'NULL'}, {activity or 'NULL'},
             {activity or 'NULL'}, {now}, false, {now}, {now}, {now if finished else 'NULL'}
         FROM {_series(conn, first, last)}
@@ -122,6 +138,11 @@ def analyze(engine: Engine) -> None:
         with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
             conn.execute(sa.text("VACUUM ANALYZE"))
         return
+    if _is_mysql(engine):
+        with engine.connect() as conn:
+            conn.execute(sa.text("ANALYZE TABLE job_runs, step_runs, job_attempts, "
+                                 "reconciliation_decisions"))
+        return
     with engine.connect() as conn:
         conn.execute(sa.text("ANALYZE"))
         conn.commit()
@@ -158,9 +179,13 @@ def writes_floor(engine: Engine) -> int:
         now = _ts(conn, 0)
         evidence = "CAST(:evidence AS json)" if is_postgresql(conn) else ":evidence"
         expired = f"job_status = 'processing' AND lease_expires_at <= {now}"
-        pass_id = conn.execute(sa.text(
-            f"INSERT INTO reconciliation_passes (reconciler_instance, started_at) "
-            f"VALUES ('writes-floor', {now}) RETURNING pass_id")).scalar_one()
+        insert_pass = ("INSERT INTO reconciliation_passes (reconciler_instance, started_at) "
+                       f"VALUES ('writes-floor', {now})")
+        if _is_mysql(conn):
+            # No RETURNING on MySQL 8: the new key is the cursor's lastrowid.
+            pass_id = conn.execute(sa.text(insert_pass)).lastrowid
+        else:
+            pass_id = conn.execute(sa.text(f"{insert_pass} RETURNING pass_id")).scalar_one()
         conn.execute(sa.text(f"""
             INSERT INTO reconciliation_decisions (pass_id, job_id, decided_at, disposition,
                 decision_reason, generation_before, generation_after, resume_step_index,
@@ -185,7 +210,7 @@ def restore_stale(engine: Engine, shape: Shape) -> None:
     with engine.begin() as conn:
         conn.execute(sa.text(f"""
             UPDATE job_runs SET job_status = 'processing', claim_generation = 1,
-                lease_token = 'bench-token-' || job_id, lease_owner = 'bench-worker',
+                lease_token = {lease_token_sql(conn, 'job_id')}, lease_owner = 'bench-worker',
                 lease_expires_at = {_ts(conn, -300)}, available_at = created_at
             WHERE job_id <= {shape.stale}"""))
         conn.execute(sa.text(f"""

@@ -72,7 +72,7 @@ class Databases:
             path = self._tmp / f"{uuid.uuid4().hex[:8]}.db"
             url = f"sqlite:///{path}"
         else:
-            url = self.postgres_database()
+            url = self.server_database()
         # Datasets of a million rows take longer than a session's statement timeout.
         engine = create_engine(url, timeouts=UNLIMITED_TIMEOUTS)
         upgrade(engine)
@@ -87,15 +87,14 @@ class Databases:
                 for suffix in ("", "-wal", "-shm"):
                     Path(f"{path}{suffix}").unlink(missing_ok=True)
 
-    def postgres_database(self) -> str:
-        """The URL of a new empty database on the throwaway server, or ``--database-url``."""
+    def server_database(self) -> str:
+        """The URL of a new empty database on the throwaway server (PostgreSQL or
+        MariaDB), or ``--database-url``."""
         if self.base_url is not None:
             return self.base_url
         if self._server is None:
             sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-            from tests.pg_server import ThrowawayPostgres  # noqa: PLC0415 - only for PostgreSQL
-
-            self._server = ThrowawayPostgres().start()
+            self._server = _throwaway_server(self.engine_name)
         name = f"bench_{uuid.uuid4().hex[:8]}"
         self._server.create_database(name)
         return str(self._server.url(name))
@@ -103,6 +102,22 @@ class Databases:
     def close(self) -> None:
         if self._server is not None:
             self._server.stop()
+
+
+MARIADB_BUFFER_POOL = "2G"
+"""The benchmark's MariaDB holds a million jobs in memory, as PostgreSQL's page cache does
+(the test server's 64 MiB pool would measure the disk instead)."""
+
+
+def _throwaway_server(engine_name: str) -> Any:
+    """A started throwaway server of the engine: tests/pg_server.py or tests/mariadb_server.py."""
+    if engine_name == "mariadb":
+        from tests.mariadb_server import ThrowawayMariaDB  # noqa: PLC0415 - only for MariaDB
+
+        return ThrowawayMariaDB(buffer_pool=MARIADB_BUFFER_POOL).start()
+    from tests.pg_server import ThrowawayPostgres  # noqa: PLC0415 - only for PostgreSQL
+
+    return ThrowawayPostgres().start()
 
 
 def store_on(engine: Engine) -> SqlStore:

@@ -25,7 +25,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from benchmarks.dataset import Shape, analyze, build
+from benchmarks.dataset import Shape, analyze, build, lease_token_sql
 from benchmarks.harness import store_on
 from reconciler.core.passes import PassConfig, run_pass
 
@@ -93,8 +93,9 @@ def measure(engine: Engine, config: PassConfig, jobs: int, parked: int) -> dict[
     baseline_ms = _median_ms(lambda: run_pass(store, config))
     with engine.begin() as conn:
         conn.execute(sa.text(
-            f"UPDATE job_runs SET job_status = 'processing', lease_token = 'bench-token-' "
-            f"|| job_id, lease_expires_at = last_activity_at WHERE job_id <= {parked}"))
+            f"UPDATE job_runs SET job_status = 'processing', lease_token = "
+            f"{lease_token_sql(conn, 'job_id')}, lease_expires_at = last_activity_at "
+            f"WHERE job_id <= {parked}"))
     hold_and_gate(engine, parked)
 
     rows_before = decision_rows(engine)

@@ -74,7 +74,7 @@ CHECK = """
 @contextmanager
 def _own_schema(dbs: Databases) -> Iterator[str]:
     """Conninfo of a new PostgreSQL schema, dropped afterwards: it never meets our tables."""
-    url = sa.engine.make_url(dbs.postgres_database()).set(drivername="postgresql")
+    url = sa.engine.make_url(dbs.server_database()).set(drivername="postgresql")
     base = make_conninfo(url.render_as_string(hide_password=False))
     name = f"peer_procrastinate_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(base, autocommit=True) as conn:

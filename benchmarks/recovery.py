@@ -26,8 +26,8 @@ the worst job's wait from its own due time, against the goal of ``interval_secon
 The baseline, measured in the same run on the same engine: ``floor_s``, the pass deciding
 the same number of orphans back to back in-process.
 
-**backlog_drain** (PostgreSQL): a backlog of B orphans (benchmarks/dataset.py's stale jobs)
-whose leases all run out at one moment once the replicas are up (one UPDATE, as a pass
+**backlog_drain** (PostgreSQL and MariaDB): a backlog of B orphans (benchmarks/dataset.py's
+stale jobs) whose leases all run out at one moment once the replicas are up (one UPDATE, as a pass
 does when it finds their session gone), decided by 1 and then by 2 replicas; jobs per
 second from the first decision to the last, and two replicas' speedup over one measured
 in the same run (goal: 1.6). Beside it, what the replicas did, from their own logs:
@@ -370,7 +370,7 @@ def run_recovery(dbs: Databases, plan: RecoveryPlan, emit: Callable[[Measurement
         m = time_to_recovery(dbs, plan, scenario, floor)
         ok = ok and not m.extra.get("timed_out", False) and m.extra["decided_twice"] == 0
         emit(m)
-    if dbs.engine_name == "postgresql":
+    if dbs.engine_name != "sqlite":
         one = backlog_drain(dbs, plan, 1)
         emit(one)
         two = backlog_drain(dbs, plan, 2)

@@ -56,9 +56,10 @@ def _free_port() -> int:
 
 class ThrowawayMariaDB:
     """One MariaDB server of the tests' own: ``start``, ``url``, ``create_database``,
-    ``stop``."""
+    ``stop``. ``buffer_pool``: InnoDB's buffer pool (small for tests; benchmarks hold
+    their million jobs in memory)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, buffer_pool: str = "64M") -> None:
         found = find_binaries()
         if found is None:
             raise RuntimeError(INSTALL_HINT)
@@ -66,6 +67,7 @@ class ThrowawayMariaDB:
         base = str(_RAM_DIR) if _RAM_DIR.is_dir() else None
         self.base = Path(tempfile.mkdtemp(prefix="reconciler-mariadb-", dir=base))
         self.port = _free_port()
+        self.buffer_pool = buffer_pool
         self._process: subprocess.Popen[bytes] | None = None
         self._watchdog: subprocess.Popen[bytes] | None = None
 
@@ -93,6 +95,13 @@ class ThrowawayMariaDB:
                  *self._as_server_user()], stdout=out, stderr=subprocess.STDOUT, check=False)
         if done.returncode != 0:
             raise RuntimeError(f"mariadb-install-db failed: {log.read_text()[-2000:]}")
+        self._launch()
+        atexit.register(self.stop)
+        self._start_watchdog()
+        self._wait_ready()
+        return self
+
+    def _launch(self) -> None:
         self._process = subprocess.Popen(
             [self._server, "--no-defaults", f"--datadir={self.data_dir}",
              f"--port={self.port}", f"--bind-address={_HOST}", "--skip-name-resolve",
@@ -100,14 +109,26 @@ class ThrowawayMariaDB:
              f"--log-error={self.base / 'error.log'}",
              # A test server: small, and not durable across a power cut (the suite's data
              # is thrown away); the engine's own settings are the reconciler's to set.
-             "--innodb-buffer-pool-size=64M", "--innodb-flush-log-at-trx-commit=2",
-             "--max-connections=500", *self._as_server_user()],
+             f"--innodb-buffer-pool-size={self.buffer_pool}",
+             "--innodb-flush-log-at-trx-commit=2", "--max-connections=500",
+             *self._as_server_user()],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True)
-        atexit.register(self.stop)
+
+    def restart(self) -> None:
+        """Kill the server (SIGKILL: a crash, as PostgreSQL's immediate restart) and start
+        it again on the same data and port; InnoDB recovers from its log. The watchdog
+        stops whichever server runs when this process dies."""
+        assert self._process is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self._process.pid, signal.SIGKILL)
+        self._process.wait()
+        self._launch()
+        if self._watchdog is not None:
+            self._watchdog.kill()
+            self._watchdog.wait()
         self._start_watchdog()
         self._wait_ready()
-        return self
 
     def _start_watchdog(self) -> None:
         """A shell that stops the server when this process dies (a killed test run)."""

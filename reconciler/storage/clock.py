@@ -8,7 +8,9 @@ exact string comparisons with microsecond width.
 On SQLite, every clock expression starts from ``reconciler_clock()``, a function every
 connection registers (reconciler.storage.engines). It returns ``'now'``, SQLite's own
 reading, unless a test froze the clock with ``freeze_sqlite_clock``: the state-machine tests
-use that to let virtual time pass.
+use that to let virtual time pass. On MySQL the clock expressions read the session's clock
+(``UTC_TIMESTAMP(6)``), which a test freezes with ``SET timestamp`` at the instant
+``frozen_clock`` gives (tests/statemachine/harness.py).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ SQLITE_FORMAT = "'%Y-%m-%d %H:%M:%f'"
 SQLITE_NOW = "reconciler_clock()"
 
 _sqlite_frozen_at: str | None = None
+_frozen_posix: float | None = None
 
 
 def freeze_sqlite_clock(posix_seconds: float | None) -> None:
@@ -37,9 +40,16 @@ def freeze_sqlite_clock(posix_seconds: float | None) -> None:
     call waits for the CPU nor differs between statements, so a test's model of time is
     exact to the millisecond.
     """
-    global _sqlite_frozen_at  # noqa: PLW0603 - one process-wide test clock
-    _sqlite_frozen_at = None if posix_seconds is None else (
-        datetime.fromtimestamp(round(posix_seconds, 3), UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3])
+    global _sqlite_frozen_at, _frozen_posix  # noqa: PLW0603 - one process-wide test clock
+    _frozen_posix = None if posix_seconds is None else round(posix_seconds, 3)
+    _sqlite_frozen_at = None if _frozen_posix is None else (
+        datetime.fromtimestamp(_frozen_posix, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3])
+
+
+def frozen_clock() -> float | None:
+    """The instant ``freeze_sqlite_clock`` froze (POSIX seconds, to the millisecond), or
+    None for the real clock. Tests only: their MySQL sessions follow it."""
+    return _frozen_posix
 
 
 def sqlite_clock() -> str:

@@ -11,7 +11,9 @@ import signal
 import sys
 from types import FrameType
 
-from tests.chaos.harness import ChaosParams, run_chaos
+from tests.chaos.harness import ENGINES, ChaosParams, run_chaos
+from tests.mariadb_server import INSTALL_HINT as MARIADB_INSTALL_HINT
+from tests.mariadb_server import find_binaries
 from tests.pg_server import INSTALL_HINT, find_pg_bin
 
 
@@ -20,13 +22,13 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m tests.chaos",
         description="Kill workers, reconciler replicas and the database at random; then "
                     "check that no job was lost, no effect repeated, no stale write landed.")
-    parser.add_argument("--engine", choices=("sqlite", "postgresql"), default="sqlite")
+    parser.add_argument("--engine", choices=ENGINES, default="sqlite")
     parser.add_argument("--jobs", type=int, default=300, help="jobs enqueued during the run")
     parser.add_argument("--kills", type=int, default=40,
                         help="process deaths to cause (failpoints and the killer)")
     parser.add_argument("--replicas", type=int, default=2, help="`reconciler run` replicas")
     parser.add_argument("--db-restarts", type=int, default=0,
-                        help="PostgreSQL immediate restarts (postgresql only)")
+                        help="database server crashes and restarts (postgresql, mariadb)")
     parser.add_argument("--seconds", type=float, default=60.0, help="length of the fault phase")
     parser.add_argument("--workers", type=int, default=4, help="worker processes at a time")
     parser.add_argument("--concurrency", type=int, default=4, help="slots per worker")
@@ -53,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.engine == "postgresql" and find_pg_bin() is None:
         print(f"chaos: {INSTALL_HINT}", file=sys.stderr)
+        return 2
+    if args.engine == "mariadb" and find_binaries() is None:
+        print(f"chaos: {MARIADB_INSTALL_HINT}", file=sys.stderr)
         return 2
     try:
         params = ChaosParams(

@@ -2,8 +2,8 @@
 
 One run:
 
-1. its own database: a SQLite file, or its own throwaway PostgreSQL server (so it can
-   restart it), migrated with ``reconciler.storage.schema.upgrade``;
+1. its own database: a SQLite file, or its own throwaway PostgreSQL or MariaDB server (so
+   it can restart it), migrated with ``reconciler.storage.schema.upgrade``;
 2. a fault phase of ``seconds``: jobs are enqueued at a steady pace; ``workers`` worker
    processes (tests/chaos/chaos_worker.py, the real ``Worker``) and ``replicas``
    ``reconciler run`` processes run them. Processes are started with a failpoint (worker
@@ -11,8 +11,9 @@ One run:
    none, and the killer SIGKILLs random workers and replicas until ``kills`` deaths;
    every dead process is restarted, often under its old name (session replacement). On
    PostgreSQL the server is restarted (``pg_ctl restart -m immediate``) ``db_restarts``
-   times. On SQLite, deaths land inside write transactions (the pass failpoints sit
-   inside its transaction; the killer strikes wherever a process is);
+   times, on MariaDB killed (SIGKILL) and started again on its data. On SQLite, deaths
+   land inside write transactions (the pass failpoints sit inside its transaction; the
+   killer strikes wherever a process is);
 3. a drain phase without faults: everything left is SIGKILLed, plain workers (under the
    old names) and one replica run until every job is terminal or ``drain_seconds`` pass;
 4. the checks (tests/chaos/checks.py) over the database and the ledger.
@@ -48,6 +49,7 @@ from tests.chaos import chaos_worker
 from tests.chaos.checks import TERMINAL, CheckReport, jobs_table, run_checks
 from tests.chaos.lifeline import PARENT_ENV
 from tests.chaos.spawner import ForkServer
+from tests.mariadb_server import ThrowawayMariaDB
 from tests.pg_server import ThrowawayPostgres
 from tests.progress import Progress
 
@@ -55,6 +57,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 leases_table = cast(sa.Table, ReconcilerLease.__table__)
 LEADER_LEASE_NAME = "reconciler"  # the chores' leader lease, as the service names it
 
+ENGINES = ("sqlite", "postgresql", "mariadb")
 PASS_FAILPOINTS = ("between_decide_and_apply", "between_apply_and_record")
 WORKER_FAILPOINTS = tuple(p for p in failpoints.POINTS if p not in PASS_FAILPOINTS)
 STEP_FAILPOINTS = ("before_step_start", "after_step_start", "after_step_effect")
@@ -117,10 +120,10 @@ class ChaosParams:
     """Print what the run is doing at least every 10 s (the full runs; CI's stay quiet)."""
 
     def __post_init__(self) -> None:
-        if self.engine not in ("sqlite", "postgresql"):
-            raise ValueError("engine must be sqlite or postgresql")
-        if self.db_restarts and self.engine != "postgresql":
-            raise ValueError("--db-restarts needs --engine postgresql")
+        if self.engine not in ENGINES:
+            raise ValueError("engine must be sqlite, postgresql or mariadb")
+        if self.db_restarts and self.engine == "sqlite":
+            raise ValueError("--db-restarts needs --engine postgresql or mariadb")
         if min(self.jobs, self.workers, self.concurrency, self.replicas) < 1:
             raise ValueError("jobs, workers, concurrency and replicas must be at least 1")
         if self.kills < 0 or self.db_restarts < 0 or self.seconds <= 0 or self.poison < 0:
@@ -259,6 +262,7 @@ class Harness:
         self.ledger_dir.mkdir()
         (self.workdir / "logs").mkdir()
         self.pg: ThrowawayPostgres | None = None
+        self.mariadb: ThrowawayMariaDB | None = None
         self.url = ""
         self.engine: Engine | None = None
         self.client: JobClient | None = None
@@ -299,6 +303,10 @@ class Harness:
             self.pg = ThrowawayPostgres(max_connections=400).start()
             self.pg.create_database("chaos")
             self.url = self.pg.url("chaos")
+        elif self.params.engine == "mariadb":
+            self.mariadb = ThrowawayMariaDB().start()
+            self.mariadb.create_database("chaos")
+            self.url = self.mariadb.url("chaos")
         else:
             self.url = f"sqlite:///{self.workdir / 'chaos.db'}"
         self.engine = create_engine(self.url)
@@ -312,6 +320,8 @@ class Harness:
             self.engine.dispose()
         if self.pg is not None:
             self.pg.stop()
+        if self.mariadb is not None:
+            self.mariadb.stop()
         if not self.params.keep:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
@@ -545,8 +555,11 @@ class Harness:
             return None
 
     def _restart_database(self) -> None:
-        assert self.pg is not None
-        self.pg.restart(mode="immediate")
+        if self.mariadb is not None:
+            self.mariadb.restart()
+        else:
+            assert self.pg is not None
+            self.pg.restart(mode="immediate")
         self.stats.db_restarts += 1
 
     def _stop_children(self, sig: signal.Signals, *, count_as_drain_kills: bool) -> None:

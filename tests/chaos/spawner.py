@@ -38,7 +38,8 @@ from typing import Any
 
 PRELOAD = (
     "sqlalchemy", "sqlalchemy.orm", "sqlalchemy.ext.compiler", "sqlalchemy.dialects.sqlite",
-    "sqlalchemy.dialects.postgresql", "psycopg", "pydantic",
+    "sqlalchemy.dialects.postgresql", "psycopg", "sqlalchemy.dialects.mysql", "pymysql",
+    "pydantic",
     "alembic.config", "alembic.script", "alembic.runtime.migration", "alembic.command",
     "apscheduler.schedulers.background", "prometheus_client",
 )

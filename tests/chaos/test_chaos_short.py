@@ -2,7 +2,9 @@
 
 The CI-sized version of ``python -m tests.chaos`` (see README.md in this folder for the
 full run). PostgreSQL needs its own server (the run restarts it): without PostgreSQL
-binaries the PostgreSQL run is skipped, except under ``CI=true``, where that fails.
+binaries the PostgreSQL run is skipped, except under ``CI=true``, where that fails. MariaDB
+runs on its own throwaway server too, killed and started again once, where the engines
+are chosen to include it (``RECONCILER_TEST_ENGINES=mariadb``, as .ci/run does).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import pytest
 
 from tests.chaos.harness import PASS_FAILPOINTS, ChaosParams, run_chaos
+from tests.conftest import ENGINES
 from tests.helpers import require_pg_bin
 
 pytestmark = pytest.mark.chaos
@@ -21,11 +24,13 @@ SHORT_RUNS = {
                           drain_seconds=240),
     "postgresql": ChaosParams(engine="postgresql", jobs=300, kills=40, replicas=2,
                               db_restarts=1, seconds=30, drain_seconds=240),
+    "mariadb": ChaosParams(engine="mariadb", jobs=300, kills=40, replicas=2,
+                           db_restarts=1, seconds=30, drain_seconds=240),
 }
 MIN_KILLS = 30
 
 
-@pytest.mark.parametrize("engine", list(SHORT_RUNS))
+@pytest.mark.parametrize("engine", [e for e in SHORT_RUNS if e in ENGINES])
 def test_short_chaos_run_keeps_every_invariant(engine: str) -> None:
     """Workers and replicas die at failpoints and at random; no job, effect or write goes wrong."""
     if engine == "postgresql":

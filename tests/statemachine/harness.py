@@ -2,10 +2,15 @@
 
 Each machine run (and each regression test) gets its own migrated SQLite file, copied from
 one template migrated once per process (``tests.helpers.fresh_database``), so a run starts
-in milliseconds. Time moves only by ``freeze_sqlite_clock``: ``DbClock`` freezes the
-database clock at a virtual instant before each call, and ``Window`` brackets a call: every
-database instant inside the call lies within ``SLACK`` of that instant (it is the instant
-itself, to SQLite's millisecond).
+in milliseconds. Where the engines chosen for the tests are MariaDB without SQLite
+(``RECONCILER_TEST_ENGINES=mariadb``), the machine runs there instead: one migrated
+database for the test, emptied at the start of each run (``MachineDatabase``).
+
+Time moves only by ``freeze_sqlite_clock``: ``DbClock`` freezes the database clock at a
+virtual instant before each call, and ``Window`` brackets a call: every database instant
+inside the call lies within ``SLACK`` of that instant (it is the instant itself, to the
+millisecond). On MariaDB every session follows the frozen instant with ``SET timestamp``,
+the session's clock that ``UTC_TIMESTAMP(6)`` reads (``follow_frozen_clock``).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
@@ -23,8 +29,10 @@ from hypothesis.control import currently_in_test_context
 from sqlalchemy.engine import Engine
 
 from models import Base
-from reconciler.storage.clock import freeze_sqlite_clock
-from reconciler.storage.engines import read_only
+from reconciler.storage.clock import freeze_sqlite_clock, frozen_clock
+from reconciler.storage.engines import create_engine, read_only
+from tests.conftest import ENGINES
+from tests.helpers import fresh_database
 
 SLACK = timedelta(milliseconds=10)
 """How far a database instant may sit from the frozen instant of its call."""
@@ -37,7 +45,57 @@ ORDER_GAP_SECONDS = 0.025
 """Between two calls at one instant: more than twice ``SLACK``, so the later call's
 timestamps sort after the earlier's."""
 
+MACHINE_ENGINE = "mariadb" if "mariadb" in ENGINES and "sqlite" not in ENGINES else "sqlite"
+"""The engine the state machine runs on: SQLite, or MariaDB where the tests' engines include
+it and not SQLite (``RECONCILER_TEST_ENGINES=mariadb``); its clock is frozen per session
+there. PostgreSQL's ``statement_timestamp()`` cannot be frozen: not there."""
+_PINNED = "statemachine_pinned_timestamp"
+
 T = TypeVar("T")
+
+
+def follow_frozen_clock(engine: Engine) -> None:
+    """Make a MySQL engine's sessions read the frozen clock (``frozen_clock``).
+
+    Before a statement, a session whose ``timestamp`` is not the frozen instant gets it
+    (``DEFAULT``, the real clock, when nothing is frozen): ``UTC_TIMESTAMP(6)``, which every
+    clock expression reads there, is then that instant for the whole statement.
+    """
+    @sa.event.listens_for(engine, "before_cursor_execute")
+    def _pin(conn: sa.Connection, cursor: Any, *_args: Any) -> None:
+        frozen = frozen_clock()
+        if conn.info.get(_PINNED, None) == frozen:
+            return
+        if frozen is None:
+            cursor.execute("SET timestamp = DEFAULT")
+        else:
+            cursor.execute(f"SET timestamp = {frozen:.3f}")
+        conn.info[_PINNED] = frozen
+
+
+@dataclass
+class MachineDatabase:
+    """Where each machine run gets its database: a fresh SQLite file, or the test's
+    MariaDB database (``mariadb_url``, set by the test's fixture) emptied."""
+
+    mariadb_url: str | None = None
+
+    def engine(self, folder: Path) -> Engine:
+        """An engine on an empty, migrated database for one run."""
+        if self.mariadb_url is None:
+            return create_engine(fresh_database(folder))
+        engine = create_engine(self.mariadb_url)
+        follow_frozen_clock(engine)
+        with engine.begin() as conn:
+            # The previous run's rows, whatever refers to what (keys keep counting up).
+            conn.exec_driver_sql("SET foreign_key_checks = 0")
+            for table in reversed(Base.metadata.sorted_tables):
+                conn.execute(table.delete())
+            conn.exec_driver_sql("SET foreign_key_checks = 1")
+        return engine
+
+
+DATABASE = MachineDatabase()
 
 
 def snapshot(engine: Engine) -> dict[str, list[tuple[Any, ...]]]:

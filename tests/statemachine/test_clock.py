@@ -1,5 +1,7 @@
 """The frozen database clock the state machine stands on (reconciler.storage.clock's test hook).
 
+On SQLite, or on MariaDB where the machine runs there (``SET timestamp``, harness.py).
+
 The machine is repeatable only if the database's 'now' is the instant it froze, however
 long a call takes on a loaded machine; a run that drifted failed with
 FlakyStrategyDefinition before the clock was frozen per statement.
@@ -17,15 +19,14 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from reconciler.storage.clock import db_now, freeze_sqlite_clock
-from reconciler.storage.engines import create_engine
-from tests.helpers import fresh_database
+from tests.statemachine.harness import DATABASE
 
 FROZEN = datetime(2031, 5, 17, 8, 30, 0, 250000, tzinfo=UTC)
 
 
 @pytest.fixture
 def engine(tmp_path: Path) -> Iterator[Engine]:
-    engine = create_engine(fresh_database(tmp_path))
+    engine = DATABASE.engine(tmp_path)
     yield engine
     freeze_sqlite_clock(None)
     engine.dispose()

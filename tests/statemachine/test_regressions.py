@@ -1,6 +1,7 @@
 """Counterexamples the state machine found, shrunk and kept as plain tests.
 
-Each test is the machine's shrunk sequence of calls, on a fresh SQLite database with the
+Each test is the machine's shrunk sequence of calls, on a fresh database (SQLite, or
+MariaDB as the machine's own: harness.MACHINE_ENGINE) with the
 controllable database clock, asserting what the docs promise, so the bug stays fixed
 whatever becomes of the machine's rules.
 """
@@ -15,10 +16,8 @@ import pytest
 from reconciler.config.settings import Settings
 from reconciler.core.decisions import Thresholds
 from reconciler.core.passes import PassConfig, run_pass
-from reconciler.storage.engines import create_engine
 from reconciler.worker import JobClient, LeaseLost, Step
-from tests.helpers import fresh_database
-from tests.statemachine.harness import DbClock
+from tests.statemachine.harness import DATABASE, DbClock
 
 PASS = PassConfig(batch_size=50, thresholds=Thresholds(stale_after_seconds=5.0,
                                                         wedged_after_seconds=60.0),
@@ -35,8 +34,8 @@ def clock() -> Iterator[DbClock]:
 
 @pytest.fixture
 def client(tmp_path: Path) -> Iterator[JobClient]:
-    """A client on a fresh migrated SQLite database."""
-    engine = create_engine(fresh_database(tmp_path))
+    """A client on a fresh migrated database (SQLite, or the test's MariaDB emptied)."""
+    engine = DATABASE.engine(tmp_path)
     with JobClient(engine, settings=Settings()) as c:
         yield c
     engine.dispose()

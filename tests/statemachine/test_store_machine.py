@@ -1,7 +1,8 @@
 """A Hypothesis state machine over the real store on SQLite with a controllable clock.
 
 Every rule is a real call through ``JobClient``, ``Claim``, ``SqlStore`` or ``run_pass`` on
-a fresh migrated SQLite file per run; time passes only through the frozen database clock
+a fresh migrated SQLite file per run (on MariaDB, with ``RECONCILER_TEST_ENGINES=mariadb``:
+one database emptied per run; see harness.py); time passes only through the frozen database clock
 (``freeze_sqlite_clock``). Beside the database the machine keeps a small model: each
 job's status, generation, attempts used and budget, resume point, hold, step records,
 attempt rows and artifacts; which claim object is current; the worker sessions; the leader
@@ -119,13 +120,11 @@ from reconciler.core.vocabulary import OperatorAction as Act
 from reconciler.sidecar.service import LEADER_LEASE_NAME
 from reconciler.storage.claims import StepNotStartedError
 from reconciler.storage.desks import NativeDesk
-from reconciler.storage.engines import create_engine
 from reconciler.storage.operator import NATIVE
 from reconciler.storage.sql_store import SqlStore
 from reconciler.worker import Claim, JobClient, LeaseLost, Step
-from tests.helpers import fresh_database
 from tests.progress import Progress
-from tests.statemachine.harness import DbClock, Window, rows, snapshot
+from tests.statemachine.harness import DATABASE, DbClock, Window, rows, snapshot
 
 EXAMPLES = int(os.environ.get("RECONCILER_STATEMACHINE_EXAMPLES", "60"))
 STEPS_PER_EXAMPLE = int(os.environ.get("RECONCILER_STATEMACHINE_STEPS", "40"))
@@ -288,7 +287,7 @@ class StoreMachine(RuleBasedStateMachine):
         super().__init__()
         self.clock = DbClock()
         self.folder = Path(tempfile.mkdtemp(prefix="store-machine-"))
-        self.engine = create_engine(fresh_database(self.folder))
+        self.engine = DATABASE.engine(self.folder)
         self.client = JobClient(self.engine, settings=Settings(
             retry_backoff_seconds=BACKOFF_SECONDS,
             retry_backoff_max_seconds=BACKOFF_MAX_SECONDS))
