@@ -476,7 +476,17 @@ def test_wedged_worker_is_failed_not_requeued_while_an_active_one_is_left_alone(
         assert lease_is_live(engine, wedged.job_id)
         before_active = job(engine, active.job_id)["claim_generation"]
 
-        report = run_pass(store, config(stale=0.0, wedged=0.5))
+        # A pass skips a row another transaction holds (SKIP LOCKED): a beat of the
+        # wedged worker writing its lease at that instant (three statements on MySQL)
+        # leaves it to the next pass, as the sidecar's next tick would.
+        reports = []
+
+        def decided() -> bool:
+            reports.append(run_pass(store, config(stale=0.0, wedged=0.5)))
+            return bool(reports[-1].decisions)
+
+        wait_until(decided, "a pass to decide the wedged job", timeout=30.0)
+        report = reports[-1]
 
         # The next beat after the decision is refused; on a busy machine it may come late.
         # A beat that failed otherwise ends the wait at once and is named, as is what the
