@@ -51,6 +51,10 @@ only aged entries are candidates, and only dead or long-stopped workers' are age
 live worker's silence inside a job (a SimpleWorker does not heartbeat there) decides
 nothing; and the replicas get to decide before most restarted workers' start-up cleanup
 (a second or so after a kill) takes the job the RQ way."""
+STUCK_SECONDS = 5.0
+"""A job held only on RQ's intermediate queue this long is its dead worker's: a live one
+takes it out (its next two pipelines) within milliseconds of taking it; RQ's own
+maintenance waits a minute from first seeing it there (``IntermediateQueue.cleanup``)."""
 T = TypeVar("T")
 
 
@@ -71,6 +75,7 @@ class Rq(SystemBase):
         self.url = ""
         self.feeder: threading.Thread | None = None
         self.stopping = threading.Event()
+        self.held_since: dict[str, float] = {}  # maintain: first seen held only there
 
     # -- the store ------------------------------------------------------------------------
 
@@ -222,6 +227,40 @@ class Rq(SystemBase):
                     client.zadd(registry.key, {entry: time.time()}, xx=True)
 
         self._redis(aged)
+
+    def maintain(self) -> None:
+        """RQ's own handling of a job stuck on its intermediate queue (a worker took it,
+        ``LMOVE``, and died before starting it: no started entry, so no reconciler sees
+        it), its minute compressed to ``STUCK_SECONDS`` as ``age`` compresses the started
+        registry's: what ``IntermediateQueue.cleanup`` (each worker's maintenance, every
+        few minutes in a live fleet) does to such a job, ``handle_job_failure``: requeued
+        with a retry used, or failed ("stuck in intermediate queue") when none is left,
+        RQ's loss. Only jobs seen stuck that long are handled, not the whole list, so a
+        live worker's job between ``LMOVE`` and its start is never touched."""
+        from rq import Queue  # noqa: PLC0415 - optional
+        from rq.worker import SimpleWorker  # noqa: PLC0415 - optional
+
+        def handle(client: Any) -> None:
+            queued, held, started = self._copies(client)
+            stuck = {job for job in held if job not in queued and job not in started}
+            now = time.monotonic()
+            self.held_since = {job: self.held_since.get(job, now) for job in stuck}
+            due = [job for job, since in self.held_since.items()
+                   if now - since >= STUCK_SECONDS]
+            if not due:
+                return
+            queue = Queue(QUEUE, connection=client)
+            # Not a worker of the run (no `chaos-` key, no pid): RQ's maintenance only.
+            maintenance = SimpleWorker([queue], connection=client, name="rq-maintenance")
+            for job_id in due:
+                job = queue.fetch_job(job_id)
+                if job is not None:
+                    maintenance.handle_job_failure(
+                        job, queue, exc_string="Job was stuck in intermediate queue.")
+                queue.intermediate_queue.remove(job_id)
+                del self.held_since[job_id]
+
+        self._redis(handle)
 
     def used_of(self, marker_attempt: int) -> int:
         return marker_attempt  # budget - retries_left: the running attempt counted

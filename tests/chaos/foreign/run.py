@@ -390,6 +390,7 @@ class ForeignRun:
                 self.stats.drained = True
                 break
             self._reap_and_respawn(time.monotonic())
+            self.system.maintain()
             time.sleep(0.5)
         self.stats.drain_seconds = time.monotonic() - started
         # Late writers finish their task and write what they write, then everything stops.
