@@ -229,20 +229,27 @@ class Rq(SystemBase):
         self._redis(aged)
 
     def maintain(self) -> None:
-        """RQ's own handling of a job stuck on its intermediate queue (a worker took it,
-        ``LMOVE``, and died before starting it: no started entry, so no reconciler sees
-        it), its minute compressed to ``STUCK_SECONDS`` as ``age`` compresses the started
-        registry's: what ``IntermediateQueue.cleanup`` (each worker's maintenance, every
-        few minutes in a live fleet) does to such a job, ``handle_job_failure``: requeued
-        with a retry used, or failed ("stuck in intermediate queue") when none is left,
-        RQ's loss. Only jobs seen stuck that long are handled, not the whole list, so a
-        live worker's job between ``LMOVE`` and its start is never touched."""
+        """RQ's own handling of a job its worker took and died with before starting it
+        (no reconciler sees it: RQ's status is still ``queued``, and the source reads
+        ``started`` jobs only), its minute compressed to ``STUCK_SECONDS`` as ``age``
+        compresses the started registry's. Such a job sits on RQ's intermediate queue
+        (the worker's ``LMOVE``), with no started entry or with one its worker made just
+        before dying, aged by the run; RQ's maintenance in a live fleet
+        (``IntermediateQueue.cleanup``, ``StartedJobRegistry.cleanup``) handles it a
+        minute on: requeued with a retry used, or failed when none is left (RQ's loss).
+        Only jobs seen so for that long are handled, never one a live worker holds (its
+        entry is not expired) nor one that started (the reconciler's)."""
         from rq import Queue  # noqa: PLC0415 - optional
         from rq.worker import SimpleWorker  # noqa: PLC0415 - optional
 
         def handle(client: Any) -> None:
-            queued, held, started = self._copies(client)
-            stuck = {job for job in held if job not in queued and job not in started}
+            queued = {j.decode() for j in client.lrange(f"rq:queue:{QUEUE}", 0, -1)}
+            held = {j.decode() for j in client.lrange(f"rq:queue:{QUEUE}:intermediate", 0, -1)}
+            registry = f"rq:wip:{QUEUE}"
+            live = {e.decode().split(":", 1)[0]
+                    for e in client.zrangebyscore(registry, f"({time.time()}", "+inf")}
+            stuck = {job for job in held - queued - live
+                     if client.hget(f"rq:job:{job}", "status") == b"queued"}
             now = time.monotonic()
             self.held_since = {job: self.held_since.get(job, now) for job in stuck}
             due = [job for job, since in self.held_since.items()
@@ -252,11 +259,15 @@ class Rq(SystemBase):
             queue = Queue(QUEUE, connection=client)
             # Not a worker of the run (no `chaos-` key, no pid): RQ's maintenance only.
             maintenance = SimpleWorker([queue], connection=client, name="rq-maintenance")
+            entries = [e.decode() for e in client.zrange(registry, 0, -1)]
             for job_id in due:
                 job = queue.fetch_job(job_id)
                 if job is not None:
                     maintenance.handle_job_failure(
                         job, queue, exc_string="Job was stuck in intermediate queue.")
+                for entry in entries:  # its dead worker's expired entry, if it made one
+                    if entry.split(":", 1)[0] == job_id:
+                        client.zrem(registry, entry)
                 queue.intermediate_queue.remove(job_id)
                 del self.held_since[job_id]
 
