@@ -15,6 +15,8 @@ death left them). The reconciler still judges both signals: the entry expired an
 worker silent past ``session_timeout_seconds``. Live workers' entries are never touched,
 and RQ's own maintenance (a restarted worker's start-up ``StartedJobRegistry.cleanup``)
 runs beside the replicas and may take an aged job first: that is RQ's behaviour, not ours.
+A job its worker took and died with before starting it is RQ's alone to end (a minute on,
+``IntermediateQueue.cleanup``): the drain runs that handling, compressed (``maintain``).
 """
 
 from __future__ import annotations
