@@ -33,6 +33,7 @@ class Child:
     log: Path
     stopped_until: float | None = None  # SIGSTOPped until then (monotonic)
     killed: bool = False  # SIGKILLed by the run
+    reaped: bool = False  # its death seen by the run (counted, aged, respawned) once
 
     @property
     def pid(self) -> int:

@@ -15,6 +15,8 @@ death left them). The reconciler still judges both signals: the entry expired an
 worker silent past ``session_timeout_seconds``. Live workers' entries are never touched,
 and RQ's own maintenance (a restarted worker's start-up ``StartedJobRegistry.cleanup``)
 runs beside the replicas and may take an aged job first: that is RQ's behaviour, not ours.
+A job its worker took and died with before starting it is RQ's alone to end (a minute on,
+``IntermediateQueue.cleanup``): the drain runs that handling, compressed (``maintain``).
 """
 
 from __future__ import annotations
@@ -51,6 +53,10 @@ only aged entries are candidates, and only dead or long-stopped workers' are age
 live worker's silence inside a job (a SimpleWorker does not heartbeat there) decides
 nothing; and the replicas get to decide before most restarted workers' start-up cleanup
 (a second or so after a kill) takes the job the RQ way."""
+STUCK_SECONDS = 5.0
+"""A job held only on RQ's intermediate queue this long is its dead worker's: a live one
+takes it out (its next two pipelines) within milliseconds of taking it; RQ's own
+maintenance waits a minute from first seeing it there (``IntermediateQueue.cleanup``)."""
 T = TypeVar("T")
 
 
@@ -71,6 +77,7 @@ class Rq(SystemBase):
         self.url = ""
         self.feeder: threading.Thread | None = None
         self.stopping = threading.Event()
+        self.held_since: dict[str, float] = {}  # maintain: first seen held only there
 
     # -- the store ------------------------------------------------------------------------
 
@@ -222,6 +229,51 @@ class Rq(SystemBase):
                     client.zadd(registry.key, {entry: time.time()}, xx=True)
 
         self._redis(aged)
+
+    def maintain(self) -> None:
+        """RQ's own handling of a job its worker took and died with before starting it
+        (no reconciler sees it: RQ's status is still ``queued``, and the source reads
+        ``started`` jobs only), its minute compressed to ``STUCK_SECONDS`` as ``age``
+        compresses the started registry's. Such a job sits on RQ's intermediate queue
+        (the worker's ``LMOVE``), with no started entry or with one its worker made just
+        before dying, aged by the run; RQ's maintenance in a live fleet
+        (``IntermediateQueue.cleanup``, ``StartedJobRegistry.cleanup``) handles it a
+        minute on: requeued with a retry used, or failed when none is left (RQ's loss).
+        Only jobs seen so for that long are handled, never one a live worker holds (its
+        entry is not expired) nor one that started (the reconciler's)."""
+        from rq import Queue  # noqa: PLC0415 - optional
+        from rq.worker import SimpleWorker  # noqa: PLC0415 - optional
+
+        def handle(client: Any) -> None:
+            queued = {j.decode() for j in client.lrange(f"rq:queue:{QUEUE}", 0, -1)}
+            held = {j.decode() for j in client.lrange(f"rq:queue:{QUEUE}:intermediate", 0, -1)}
+            registry = f"rq:wip:{QUEUE}"
+            live = {e.decode().split(":", 1)[0]
+                    for e in client.zrangebyscore(registry, f"({time.time()}", "+inf")}
+            stuck = {job for job in held - queued - live
+                     if client.hget(f"rq:job:{job}", "status") == b"queued"}
+            now = time.monotonic()
+            self.held_since = {job: self.held_since.get(job, now) for job in stuck}
+            due = [job for job, since in self.held_since.items()
+                   if now - since >= STUCK_SECONDS]
+            if not due:
+                return
+            queue = Queue(QUEUE, connection=client)
+            # Not a worker of the run (no `chaos-` key, no pid): RQ's maintenance only.
+            maintenance = SimpleWorker([queue], connection=client, name="rq-maintenance")
+            entries = [e.decode() for e in client.zrange(registry, 0, -1)]
+            for job_id in due:
+                job = queue.fetch_job(job_id)
+                if job is not None:
+                    maintenance.handle_job_failure(
+                        job, queue, exc_string="Job was stuck in intermediate queue.")
+                for entry in entries:  # its dead worker's expired entry, if it made one
+                    if entry.split(":", 1)[0] == job_id:
+                        client.zrem(registry, entry)
+                queue.intermediate_queue.remove(job_id)
+                del self.held_since[job_id]
+
+        self._redis(handle)
 
     def used_of(self, marker_attempt: int) -> int:
         return marker_attempt  # budget - retries_left: the running attempt counted

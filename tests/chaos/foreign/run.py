@@ -257,17 +257,22 @@ class ForeignRun:
     def _reap_and_respawn(self, now: float) -> None:
         """Schedule a restart of every child that died; start those due."""
         for child in list(self.children.started):
+            if child.reaped or child.alive():
+                continue
+            # Each death is handled once, by itself: a slot's earlier dead child must not
+            # mask a later one's exit (it used to schedule the slot's respawn first, and the
+            # later child, seeing a respawn due, was never counted nor aged: its job stayed
+            # `started` with a minute-long entry, jobs_not_terminal under load).
+            child.reaped = True
             if child.role == "replica" and child.slot >= self.replica_slots:
                 continue
-            if child.alive() or any(c.role == child.role and c.slot == child.slot and c.alive()
-                                    for c in self.children.started):
-                continue
-            if not any(r[1:] == (child.role, child.slot) for r in self.respawns):
-                if not child.killed:
-                    self.stats.unexpected_exits[exit_cause(child)] += 1
-                    child.killed = True  # counted once
-                    if child.role == "worker":
-                        self.system.age(child.pid)
+            if not child.killed:
+                self.stats.unexpected_exits[exit_cause(child)] += 1
+                if child.role == "worker":
+                    self.system.age(child.pid)
+            if not any(c.role == child.role and c.slot == child.slot and c.alive()
+                       for c in self.children.started) and not any(
+                    r[1:] == (child.role, child.slot) for r in self.respawns):
                 self.respawns.append((now + self.rng.uniform(*RESPAWN_DELAY_SECONDS),
                                       child.role, child.slot))
         due = [r for r in self.respawns if r[0] <= now]
@@ -385,6 +390,7 @@ class ForeignRun:
                 self.stats.drained = True
                 break
             self._reap_and_respawn(time.monotonic())
+            self.system.maintain()
             time.sleep(0.5)
         self.stats.drain_seconds = time.monotonic() - started
         # Late writers finish their task and write what they write, then everything stops.

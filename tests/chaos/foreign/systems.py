@@ -125,6 +125,12 @@ class System(Protocol):
         leaves them once their expiry has passed, where that expiry is longer than a run
         can wait (RQ's minute: rq_system.py); nothing for the others."""
 
+    def maintain(self) -> None:
+        """During the drain, the system's own periodic maintenance that a live fleet runs
+        beside its workers, where it is what ends a dead worker's job and its interval is
+        longer than a run can wait (RQ's intermediate queue: rq_system.py); nothing for
+        the others."""
+
 
 class SystemBase:
     """Kinds spelt as enqueued (``idem.work``), nothing to stop at the end, PostgreSQL the
@@ -146,6 +152,9 @@ class SystemBase:
         return False
 
     def age(self, pid: int) -> None:
+        return None
+
+    def maintain(self) -> None:
         return None
 
 
