@@ -17,22 +17,18 @@ so in one line and exits 2.
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import sqlalchemy as sa
 
 from reconciler.demos.support import (
-    MissingPrerequisiteError,
     demo_config,
     kill_tree,
     pass_until_decided,
-    redis_server,
+    run_over_redis,
     say,
     wait,
 )
@@ -45,21 +41,7 @@ KINDS = {"reports.*": {"effect": "idempotent"}}
 
 def run_celery_demo() -> int:
     """The demo; 0 when the killed workers' tasks were recovered as the table says."""
-    missing = [p for p in ("celery", "redis") if importlib.util.find_spec(p) is None]
-    if missing:
-        raise MissingPrerequisiteError(
-            f"the Celery demo needs {', '.join(missing)}: pip install "
-            "'stale-claim-reconciler[celery]'")
-    binary = shutil.which("redis-server")
-    if binary is None:
-        raise MissingPrerequisiteError(
-            "the Celery demo needs redis-server (its broker): apt-get install redis-server")
-    folder = Path(tempfile.mkdtemp(prefix="reconciler-demo-celery-"))
-    try:
-        with redis_server(binary, folder) as broker_url:
-            return _demo(folder / "demo.db", broker_url)
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    return run_over_redis("Celery", ("celery", "redis"), "celery", "its broker", _demo)
 
 
 def _demo(path: Path, broker_url: str) -> int:

@@ -21,22 +21,18 @@ line and exits 2.
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from reconciler.demos.support import (
-    MissingPrerequisiteError,
     demo_config,
     kill_tree,
     pass_until_decided,
-    redis_server,
+    run_over_redis,
     say,
     wait,
 )
@@ -50,21 +46,7 @@ KINDS = {f"{APP}.render": {"effect": "idempotent"}}
 
 def run_rq_demo() -> int:
     """The demo; 0 when the killed workers' jobs were recovered as the table says."""
-    missing = [p for p in ("rq", "redis") if importlib.util.find_spec(p) is None]
-    if missing:
-        raise MissingPrerequisiteError(
-            f"the RQ demo needs {', '.join(missing)}: "
-            "pip install 'stale-claim-reconciler[rq]'")
-    binary = shutil.which("redis-server")
-    if binary is None:
-        raise MissingPrerequisiteError(
-            "the RQ demo needs redis-server (RQ's store): apt-get install redis-server")
-    folder = Path(tempfile.mkdtemp(prefix="reconciler-demo-rq-"))
-    try:
-        with redis_server(binary, folder) as redis_url:
-            return _demo(folder / "demo.db", redis_url)
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    return run_over_redis("RQ", ("rq", "redis"), "rq", "RQ's store", _demo)
 
 
 def _demo(path: Path, redis_url: str) -> int:

@@ -4,10 +4,13 @@ decided."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -69,6 +72,28 @@ def pass_until_decided(config: Config, tasks: set[str], due: str) -> bool:
     if decided != tasks:
         say("no pass decided both tasks within 30 s")
     return decided == tasks
+
+
+def run_over_redis(name: str, packages: tuple[str, ...], extra: str, role: str,
+                   demo: Callable[[Path, str], int]) -> int:
+    """A demo over a throwaway redis-server: ``demo(sqlite_path, redis_url)``, once its
+    packages and redis-server are there (each missing one is one line naming how to get
+    it); its folder removed after."""
+    missing = [p for p in packages if importlib.util.find_spec(p) is None]
+    if missing:
+        raise MissingPrerequisiteError(
+            f"the {name} demo needs {', '.join(missing)}: pip install "
+            f"'stale-claim-reconciler[{extra}]'")
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise MissingPrerequisiteError(
+            f"the {name} demo needs redis-server ({role}): apt-get install redis-server")
+    folder = Path(tempfile.mkdtemp(prefix=f"reconciler-demo-{extra}-"))
+    try:
+        with redis_server(binary, folder) as url:
+            return demo(folder / "demo.db", url)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @contextmanager
