@@ -168,15 +168,7 @@ class Celery(SystemBase):
         self.stopping.set()
         if self.feeder is not None:
             self.feeder.join(timeout=30)
-        if self.redis is not None:
-            self.redis.send_signal(signal.SIGTERM)
-            try:
-                self.redis.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.redis.kill()
-                self.redis.wait()
-        if self.redis_dir is not None:
-            shutil.rmtree(self.redis_dir, ignore_errors=True)
+        stop_redis(self.redis, self.redis_dir)
 
     def source_table(self) -> dict[str, str]:
         return {"broker_url": self.broker_url}
@@ -274,6 +266,20 @@ class Celery(SystemBase):
                 mapped.get(status, status), (retries or 0) + 1, self.max_attempts,
                 None if done is None or status != "SUCCESS" else float(done))
         return states
+
+
+def stop_redis(process: subprocess.Popen[bytes] | None, folder: Path | None) -> None:
+    """A run's own redis-server stopped (SIGTERM, then SIGKILL after 10 s), its folder
+    removed."""
+    if process is not None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _free_port() -> int:

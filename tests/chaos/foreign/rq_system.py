@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -37,7 +36,7 @@ from typing import Any, TypeVar
 
 from tests.chaos.foreign.database import Database
 from tests.chaos.foreign.processes import die_with_parent
-from tests.chaos.foreign.python_systems import REDIS_HINT, _free_port
+from tests.chaos.foreign.python_systems import REDIS_HINT, _free_port, stop_redis
 from tests.chaos.foreign.systems import JobSpec, JobState, SystemBase, UnavailableError
 
 QUEUE = "chaos"
@@ -142,15 +141,7 @@ class Rq(SystemBase):
         self.stopping.set()
         if self.feeder is not None:
             self.feeder.join(timeout=30)
-        if self.redis is not None:
-            self.redis.send_signal(signal.SIGTERM)
-            try:
-                self.redis.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.redis.kill()
-                self.redis.wait()
-        if self.redis_dir is not None:
-            shutil.rmtree(self.redis_dir, ignore_errors=True)
+        stop_redis(self.redis, self.redis_dir)
 
     # -- the run's config -----------------------------------------------------------------
 
@@ -158,9 +149,7 @@ class Rq(SystemBase):
         return {"redis_url": self.url}
 
     def settings(self) -> dict[str, float]:
-        # console = false: the rq source takes no operator action yet (issue 28's core),
-        # and `reconciler run` refuses a console over such a source.
-        return {"session_timeout_seconds": self.session_timeout_seconds, "console": False}
+        return {"session_timeout_seconds": self.session_timeout_seconds}
 
     def kind_rule(self) -> dict[str, float]:
         return {}  # each job's budget is its own Retry
