@@ -43,7 +43,7 @@ from reconciler.storage.transitions import PLANNED_COLUMNS, swap_changes
 def swap_without_evidence(self: NativeSource, acting: Sequence[PlannedChange]
                           ) -> dict[JobKey, int | None]:
     """``_swap`` matching the job by id alone: whatever happened since the read is lost."""
-    values = json_rows(self.postgres, "planned", PLANNED_COLUMNS)
+    values = json_rows(self.dialect, "planned", PLANNED_COLUMNS)
     stmt = (
         jobs.update()
         .where(jobs.c.job_id == values.c.job_id)  # MUTATION: no generation/status/time

@@ -14,6 +14,7 @@ import contextlib
 import os
 import signal
 import sys
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -104,9 +105,18 @@ def worker_argv(project: RqProject, name: str, queues: tuple[str, ...] = ("defau
             "--path", str(REPO), *extra, *queues]
 
 
+def unique(name: str) -> str:
+    """A worker name of this test's own: a worker of an earlier test on the session's
+    Redis that still heartbeats while its process goes down keeps its key alive, and RQ
+    refuses a second worker of an active name."""
+    return f"{name}-{uuid.uuid4().hex[:8]}"
+
+
 def start_worker(processes: Processes, project: RqProject, markers: Markers, name: str,
                  queues: tuple[str, ...] = ("default",), *extra: str) -> Process:
-    """A worker of the app, its markers in ``markers``."""
+    """A worker of the app (named ``name`` and a suffix: ``unique``), its markers in
+    ``markers``."""
+    name = unique(name)
     return processes.start(name, worker_argv(project, name, queues, *extra),
                            {"SOURCES_MARKERS": str(markers.folder)}, cwd=REPO)
 

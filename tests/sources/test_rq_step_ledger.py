@@ -11,7 +11,14 @@ from pathlib import Path
 import pytest
 
 from reconciler.core.vocabulary import Disposition, Reason
-from tests.sources.rq_support import RqProject, rq_project, sigkill, wait_status, worker_argv
+from tests.sources.rq_support import (
+    RqProject,
+    rq_project,
+    sigkill,
+    unique,
+    wait_status,
+    worker_argv,
+)
 from tests.sources.support import Markers, Process, Processes, by_job, reconcile_once, wait_until
 from tests.sources.test_rq_workers import KINDS
 
@@ -28,6 +35,7 @@ def markers(tmp_path: Path) -> Markers:
 def start(processes: Processes, project: RqProject, markers: Markers, name: str) -> Process:
     """An ``rq worker`` whose jobs record their steps in the reconciler's database."""
     url = project.engine.url.render_as_string(hide_password=False)
+    name = unique(name)
     return processes.start(name, worker_argv(project, name),
                            {"SOURCES_MARKERS": str(markers.folder),
                             "RECONCILER_DATABASE_URL": url}, cwd=REPO)
