@@ -20,6 +20,7 @@ from reconciler.sources.table import DECLARATION as TABLE
 from reconciler.sources.table import TableFence
 from reconciler.sources.table.config import TableConfig
 from reconciler.storage.clock import now_plus
+from tests.sources.actions_support import forget_source
 from tests.sources.support import by_job, explain, plan_changes, reconcile_once
 
 FULL = TableConfig(
@@ -82,9 +83,9 @@ def home(reconciler_engine: Engine) -> Iterator[Home]:
         schema = f"home_{uuid.uuid4().hex[:8]}"
         with reconciler_engine.begin() as conn:
             conn.execute(sa.schema.CreateSchema(schema))
-            # The reconciler's tables are the session's there, and every test's table
-            # counts from 1: an earlier test's hold on job 1 is not this test's.
-            conn.execute(sa.text("DELETE FROM operator_holds WHERE job_source = 'table'"))
+        # The reconciler's tables are the session's there, and every test's table counts
+        # from 1: an earlier test's hold, action or decision about job 1 is not this test's.
+        forget_source(reconciler_engine, "table")
     jobs = jobs_table(schema)
     jobs.metadata.create_all(reconciler_engine)
     try:
