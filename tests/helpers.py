@@ -6,6 +6,8 @@ import atexit
 import functools
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -91,3 +93,15 @@ def sidecar_service(settings: Any, *, instance: str | None = None) -> Any:
 
     config = Config(settings=settings, source=NativeConfig(), kinds=parse_kinds(None, settings))
     return Service(assemble_sidecar(config, instance=instance))
+
+
+def demo_process(source: str, *blocked: str, path: str | None = None
+                 ) -> subprocess.CompletedProcess[str]:
+    """``reconciler demo --source SOURCE`` in a process of its own, with ``blocked``
+    packages made unimportable and ``PATH`` replaced where given."""
+    argv = ["reconciler", "demo", "--source", source]
+    body = (f"import sys; sys.modules.update(dict.fromkeys({list(blocked)!r})); "
+            f"sys.argv = {argv!r}; from reconciler.cli import main; sys.exit(main())")
+    env = {**os.environ, **({"PATH": path} if path is not None else {})}
+    return subprocess.run([sys.executable, "-c", body], capture_output=True, text=True,
+                          timeout=240, check=False, env=env)

@@ -3,26 +3,19 @@ pass, over a redis-server and a SQLite file the demo starts and makes itself."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
-import sys
 import time
 
 import pytest
 
+from tests.helpers import demo_process
+
 pytestmark = pytest.mark.integration
 
-DEMO = ["reconciler", "demo", "--source", "rq"]
-
-
 def demo(*blocked: str, path: str | None = None) -> subprocess.CompletedProcess[str]:
-    """The demo in a process of its own, with ``blocked`` packages made unimportable."""
-    body = (f"import sys; sys.modules.update(dict.fromkeys({list(blocked)!r})); "
-            f"sys.argv = {DEMO!r}; from reconciler.cli import main; sys.exit(main())")
-    env = {**os.environ, **({"PATH": path} if path is not None else {})}
-    return subprocess.run([sys.executable, "-c", body], capture_output=True, text=True,
-                          timeout=240, check=False, env=env)
+    """The rq demo in a process of its own (``demo_process``)."""
+    return demo_process("rq", *blocked, path=path)
 
 
 def test_the_killed_workers_jobs_are_recovered_the_rq_way() -> None:
