@@ -95,6 +95,10 @@ STOP_TIMEOUT_SECONDS = 15.0
 MAX_ATTEMPTS_RANGE = (3, 6)
 # Well above crash_loop_after: a poison job must end crash_loop, not run out of attempts.
 POISON_MAX_ATTEMPTS = 6
+# The poison is enqueued once the fleet is warm: in the first seconds a loaded machine
+# loses leases to late heartbeats, and a poison job quarantined by those losses before its
+# step ever ran would leave the containment check with nothing to check.
+POISON_AT_SHARE = 0.15
 
 
 @dataclass(frozen=True)
@@ -337,7 +341,7 @@ class Harness:
             self._spawn("replica", slot, same_name=True)
         for slot in range(p.workers):
             self._spawn("worker", slot, same_name=True)
-        self._enqueue_poison()
+        poison_at: float | None = started + p.seconds * POISON_AT_SHARE
         self.progress.phase(f"fault phase ({p.seconds:g}s)", total=round(p.seconds),
                             detail=self._status_counts)
         next_status = started
@@ -349,6 +353,8 @@ class Harness:
             elapsed = now - started
             self.progress.advance(round(elapsed))
             self._enqueue_due(elapsed)
+            if poison_at is not None and now >= poison_at and self._enqueue_poison():
+                poison_at = None
             self._reap()
             self._respawn_due(now)
             if restarts and now >= restarts[0]:
@@ -359,7 +365,7 @@ class Harness:
                 next_status = now + STATUS_EVERY_SECONDS
                 unfinished = self._unfinished()  # also what progress lines show
                 if (self.stats.jobs_enqueued == p.jobs and self.stats.kills >= p.kills
-                        and not restarts and unfinished == 0):
+                        and not restarts and poison_at is None and unfinished == 0):
                     break
             time.sleep(TICK_SECONDS)
         self.stats.fault_seconds = time.monotonic() - started
@@ -414,12 +420,17 @@ class Harness:
                 return  # the database is restarting; the same keys are tried again later
             self.stats.jobs_enqueued = last
 
-    def _enqueue_poison(self) -> None:
+    def _enqueue_poison(self) -> bool:
+        """Enqueue the poison jobs; False while the database is restarting (tried again)."""
         assert self.client is not None
-        for n in range(self.params.poison):
-            self.client.enqueue(chaos_worker.POISON_KIND, chaos_worker.POISON_PLAN,
-                                idempotency_key=f"chaos-poison-{n}",
-                                max_attempts=POISON_MAX_ATTEMPTS)
+        try:
+            for n in range(self.params.poison):
+                self.client.enqueue(chaos_worker.POISON_KIND, chaos_worker.POISON_PLAN,
+                                    idempotency_key=f"chaos-poison-{n}",
+                                    max_attempts=POISON_MAX_ATTEMPTS)
+        except sa.exc.DBAPIError:
+            return False  # the idempotency keys make the next try enqueue each job once
+        return True
 
     def _unfinished(self) -> int:
         assert self.engine is not None
