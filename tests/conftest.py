@@ -1,9 +1,18 @@
-"""Shared fixtures: every integration test runs on SQLite and on PostgreSQL.
+"""Shared fixtures: every integration test runs on SQLite and on PostgreSQL, and the tests
+marked ``every_engine`` on MariaDB too.
 
 PostgreSQL comes from ``RECONCILER_TEST_PG_DSN`` (a libpq ``host=... port=... user=...``
 string) when set, else from a throwaway server this session starts itself
-(tests/pg_server.py). Without PostgreSQL binaries the PostgreSQL half is skipped with an
+(tests/pg_server.py); MariaDB from a throwaway server too (tests/mariadb_server.py), started
+by the first test that needs it. Without an engine's binaries its half is skipped with an
 install hint, except under ``CI=true``, where that is a failure.
+
+``EVERY_ENGINE_MODULES`` (marked ``every_engine`` at collection) are the modules whose SQL
+differs by engine; the rest (the CLI, the console, the service, explain around them) reach
+the database only through the operations these test, so a third engine would rerun the
+same statements. ``RECONCILER_TEST_ENGINES`` (``sqlite,postgresql,mariadb`` by default)
+chooses the engines; named explicitly, every test runs on each engine named, marked or not
+(.ci/run runs the rest on MariaDB that way).
 """
 
 from __future__ import annotations
@@ -29,13 +38,35 @@ from reconciler.storage.schema import upgrade
 from reconciler.storage.sql_store import SqlStore
 from reconciler.worker import JobClient
 from tests.cli_runner import run_main, settings_env
-from tests.helpers import fresh_database, require_pg_bin
+from tests.helpers import fresh_database, require_mariadb_bin, require_pg_bin
 from tests.pg_server import DSN_ENV, INSTALL_HINT, ThrowawayPostgres, find_pg_bin
 
-ENGINES: tuple[str, ...] = ("sqlite", "postgresql")
-if os.environ.get("RECONCILER_TEST_ENGINES"):
-    ENGINES = tuple(os.environ["RECONCILER_TEST_ENGINES"].split(","))
+ENGINES_CHOSEN = bool(os.environ.get("RECONCILER_TEST_ENGINES"))
+ENGINES: tuple[str, ...] = (tuple(os.environ["RECONCILER_TEST_ENGINES"].split(","))
+                            if ENGINES_CHOSEN else ("sqlite", "postgresql", "mariadb"))
 REPO_ROOT = Path(__file__).resolve().parent.parent
+EVERY_ENGINE_MODULES = frozenset({
+    # The lease contract and the worker runtime: claims (SKIP LOCKED), fences by affected
+    # rows, the database clock, sessions, deadlocks retried, the schema and its migrations.
+    "integration/test_worker_protocol.py", "integration/test_worker_runtime.py",
+    "integration/test_crash_recovery.py", "integration/test_artifacts.py",
+    "integration/test_migrations.py", "integration/test_mysql_deadlocks.py",
+    "integration/test_mysql_sessions.py",
+    # The pass and its chores: the candidate scan, the swap, the audit, replicas side by
+    # side, the brake, retention, operator actions, and what a pass costs in statements.
+    "integration/test_pass.py", "integration/test_replicas.py",
+    "integration/test_native_brake.py", "integration/test_stuck_work.py",
+    "integration/test_job_retention.py", "integration/test_operator_actions.py",
+    "integration/test_pass_cost.py", "integration/test_config_wiring.py",
+    # The foreign sources MySQL carries, with their real workers, and every source's
+    # conformance cases.
+    "sources/test_table_source.py", "sources/test_table_actions.py",
+    "sources/test_django_tasks_workers.py", "sources/test_django_tasks_actions.py",
+    "sources/test_celery_workers.py", "conformance/test_source_conformance.py",
+    "conformance/test_registry_coverage.py",
+    # The state machine (its MariaDB class) and the short chaos run.
+    "statemachine/test_store_machine.py", "chaos/test_chaos_short.py",
+})
 
 
 class PostgresForTests:
@@ -172,15 +203,40 @@ class MariaDBForTests:
         self.server.stop()
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark ``EVERY_ENGINE_MODULES``; unless the engines were chosen, leave out the MariaDB
+    runs of the tests not marked (module docstring)."""
+    tests_root = Path(__file__).resolve().parent
+    for item in items:
+        if (item.path.is_relative_to(tests_root)
+                and item.path.relative_to(tests_root).as_posix() in EVERY_ENGINE_MODULES):
+            item.add_marker(pytest.mark.every_engine)
+    if ENGINES_CHOSEN:
+        return
+    kept, left_out = [], []
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        on_mariadb = callspec is not None and any(
+            isinstance(value, str) and value == "mariadb" for value in callspec.params.values())
+        (left_out if on_mariadb and item.get_closest_marker("every_engine") is None
+         else kept).append(item)
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+        items[:] = kept
+
+
 @pytest.fixture(scope="session")
 def mariadb() -> Iterator[MariaDBForTests]:
+    """The session's MariaDB, started by the first test that needs it."""
+    require_mariadb_bin()
     shared = MariaDBForTests()
     yield shared
     shared.close()
 
 
-def _database_url(request: pytest.FixtureRequest, tmp_path: Path,
-                  postgres: PostgresForTests | None, *, migrated: bool) -> Iterator[str]:
+def database_url(request: pytest.FixtureRequest, tmp_path: Path,
+                 postgres: PostgresForTests | None, *, migrated: bool) -> Iterator[str]:
+    """A fresh database on the engine ``request.param`` (for a fixture of a test's own)."""
     if request.param == "mariadb":
         db: MariaDBForTests = request.getfixturevalue("mariadb")
         name = db.new_database(migrated=migrated)
@@ -201,14 +257,14 @@ def _database_url(request: pytest.FixtureRequest, tmp_path: Path,
 def empty_db_url(request: pytest.FixtureRequest, tmp_path: Path,
                  postgres: PostgresForTests | None) -> Iterator[str]:
     """A URL of an empty database (no schema) on each engine."""
-    yield from _database_url(request, tmp_path, postgres, migrated=False)
+    yield from database_url(request, tmp_path, postgres, migrated=False)
 
 
 @pytest.fixture(params=ENGINES)
 def db_url(request: pytest.FixtureRequest, tmp_path: Path,
            postgres: PostgresForTests | None) -> Iterator[str]:
     """A URL of a freshly migrated database on each engine."""
-    yield from _database_url(request, tmp_path, postgres, migrated=True)
+    yield from database_url(request, tmp_path, postgres, migrated=True)
 
 
 @pytest.fixture

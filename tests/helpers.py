@@ -21,6 +21,8 @@ from sqlalchemy.engine import Engine
 from models import JobRun
 from reconciler.storage.engines import create_engine
 from reconciler.storage.schema import upgrade
+from tests.mariadb_server import INSTALL_HINT as MARIADB_INSTALL_HINT
+from tests.mariadb_server import find_binaries as find_mariadb_binaries
 from tests.pg_server import INSTALL_HINT, find_pg_bin
 
 JOBS = JobRun.__table__
@@ -59,9 +61,19 @@ def job_row(engine: Engine, job_id: int) -> dict[str, Any]:
 def require_pg_bin() -> None:
     """Skip when PostgreSQL's server binaries are missing; with CI=true, fail instead."""
     if find_pg_bin() is None:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"CI=true but PostgreSQL is unavailable: {INSTALL_HINT}", pytrace=False)
-        pytest.skip(f"PostgreSQL not available: {INSTALL_HINT}")
+        _unavailable("PostgreSQL", INSTALL_HINT)
+
+
+def require_mariadb_bin() -> None:
+    """Skip when MariaDB's server binaries are missing; with CI=true, fail instead."""
+    if find_mariadb_binaries() is None:
+        _unavailable("MariaDB", MARIADB_INSTALL_HINT)
+
+
+def _unavailable(engine: str, hint: str) -> None:
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"CI=true but {engine} is unavailable: {hint}", pytrace=False)
+    pytest.skip(f"{engine} not available: {hint}")
 
 
 @functools.cache

@@ -160,7 +160,8 @@ class ThrowawayMariaDB:
             return (self.base / "error.log").read_text()[-2000:]
         return "(no error log)"
 
-    def _admin(self, statement: str) -> None:
+    def admin(self, statement: str) -> None:
+        """Run one statement as the server's root."""
         conn = pymysql.connect(host=_HOST, port=self.port, user="root", autocommit=True)
         try:
             with conn.cursor() as cur:
@@ -171,11 +172,11 @@ class ThrowawayMariaDB:
     def create_database(self, name: str) -> None:
         """Create an empty database (utf8mb4, binary collation: keys compare as bytes,
         as on the other engines)."""
-        self._admin(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")
+        self.admin(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")
 
     def drop_database(self, name: str) -> None:
         """Drop a database if it exists."""
-        self._admin(f"DROP DATABASE IF EXISTS `{name}`")
+        self.admin(f"DROP DATABASE IF EXISTS `{name}`")
 
     def stop(self) -> None:
         """Stop the server and remove its files."""

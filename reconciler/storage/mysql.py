@@ -5,7 +5,8 @@
   default, REPEATABLE READ, takes gap locks that make concurrent claims deadlock).
 - Every session in UTC (``time_zone = '+00:00'``): the database clock is
   ``UTC_TIMESTAMP(6)`` and ``DATETIME(6)`` columns hold UTC, as on the other engines.
-- Lock waits bounded by ``innodb_lock_wait_timeout`` (whole seconds) and statements by
+- Lock waits bounded by ``innodb_lock_wait_timeout`` and ``lock_wait_timeout`` (row and
+  metadata locks, whole seconds) and statements by
   ``max_statement_time`` (MariaDB, seconds) or ``max_execution_time`` (MySQL, ms, reads).
 - A server older than MySQL 8.0 or MariaDB 10.6 (no ``SKIP LOCKED``) is one line.
 """
@@ -76,12 +77,18 @@ _LIMITED = "reconciler_mysql_limited"
 NO_LOCK_LIMIT = 100_000_000
 """innodb_lock_wait_timeout's largest value on MariaDB (three years; MySQL's is ten times
 that): no limit."""
+METADATA_LOCK_LIMIT_MAX = 31_536_000
+"""lock_wait_timeout's largest value (a year)."""
 
 
 def _limits(version: str, statement_seconds: float | None, lock_seconds: float | None) -> str:
     """``SET SESSION`` of a lock wait and a statement limit (None: none)."""
     lock = _whole_seconds(lock_seconds) or NO_LOCK_LIMIT
+    # innodb_lock_wait_timeout bounds row locks only; a table's metadata lock (held by a
+    # migration's ALTER TABLE or a LOCK TABLES) is waited on for lock_wait_timeout, a day
+    # by default: bounded by the same limit, so that such a wait ends as lock_timeout too.
     return (f"SET SESSION innodb_lock_wait_timeout = {lock}, "
+            f"lock_wait_timeout = {min(lock, METADATA_LOCK_LIMIT_MAX)}, "
             f"{_statement_limit(version, statement_seconds or 0.0)}")
 
 

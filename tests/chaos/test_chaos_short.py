@@ -13,7 +13,7 @@ import pytest
 
 from tests.chaos.harness import PASS_FAILPOINTS, ChaosParams, run_chaos
 from tests.conftest import ENGINES
-from tests.helpers import require_pg_bin
+from tests.helpers import require_mariadb_bin, require_pg_bin
 
 pytestmark = pytest.mark.chaos
 
@@ -35,6 +35,8 @@ def test_short_chaos_run_keeps_every_invariant(engine: str) -> None:
     """Workers and replicas die at failpoints and at random; no job, effect or write goes wrong."""
     if engine == "postgresql":
         require_pg_bin()
+    if engine == "mariadb":
+        require_mariadb_bin()
     params = SHORT_RUNS[engine]
     result = run_chaos(params)
     print(result.render())

@@ -32,6 +32,7 @@ from reconciler.worker import Claim, JobClient, Step, StepContext, Worker
 from tests.chaos import mutants
 from tests.chaos.checks import CheckReport, jobs_table, run_checks
 from tests.chaos.ledger import Ledger, instrument
+from tests.conftest import ENGINES, PostgresForTests, database_url
 from tests.helpers import sidecar_service
 from tests.pg_server import ThrowawayPostgres
 
@@ -119,6 +120,15 @@ class Scene:
             client.close()
             ledger.close()
         self.engine.dispose()
+
+
+@pytest.fixture(params=[engine for engine in ENGINES if engine != "mariadb"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path,
+           postgres: PostgresForTests | None) -> Iterator[str]:
+    """The session's engines but MariaDB: the mutants (tests/chaos/mutants.py) are copies
+    of the SQLite and PostgreSQL statements, and what they check, that the chaos checks
+    catch each bug, no engine changes."""
+    yield from database_url(request, tmp_path, postgres, migrated=True)
 
 
 @pytest.fixture

@@ -380,15 +380,25 @@ def test_a_password_given_as_a_flag_draws_a_warning(tmp_path: Path) -> None:
 
 
 @contextlib.contextmanager
-def unwritable_url(db_url: str, postgres: PostgresForTests | None) -> Iterator[str]:
+def unwritable_url(db_url: str, request: pytest.FixtureRequest) -> Iterator[str]:
     """The same database, as the service would see it through a read-only SQLite handle or
-    a PostgreSQL role that may only SELECT."""
+    a PostgreSQL role or MySQL user that may only SELECT."""
     if db_url.startswith("sqlite"):
         yield f"sqlite:///file:{db_url.removeprefix('sqlite:///')}?mode=ro&uri=true"
         return
-    assert postgres is not None
     role = f"reader_{uuid.uuid4().hex[:8]}"
     dbname = db_url.rsplit("/", 1)[1]
+    if db_url.startswith("mysql"):
+        server = request.getfixturevalue("mariadb").server
+        server.admin(f"CREATE USER '{role}'@'%'")
+        server.admin(f"GRANT SELECT ON `{dbname}`.* TO '{role}'@'%'")
+        try:
+            yield db_url.replace("root@", f"{role}@", 1)
+        finally:
+            server.admin(f"DROP USER '{role}'@'%'")
+        return
+    postgres: PostgresForTests | None = request.getfixturevalue("postgres")
+    assert postgres is not None
     with psycopg.connect(f"{postgres.dsn} dbname={dbname}", autocommit=True) as conn:
         conn.execute(f"CREATE ROLE {role} LOGIN")
         conn.execute(f"GRANT SELECT ON ALL TABLES IN SCHEMA public TO {role}")
@@ -401,14 +411,14 @@ def unwritable_url(db_url: str, postgres: PostgresForTests | None) -> Iterator[s
 
 
 def test_a_pass_that_cannot_write_says_why_in_its_log_readyz_and_metrics(
-    db_url: str, postgres: PostgresForTests | None, launcher: Launcher  # noqa: F811
+    db_url: str, request: pytest.FixtureRequest, launcher: Launcher  # noqa: F811
 ) -> None:
-    """On a read-only SQLite handle or a SELECT-only PostgreSQL role, `reconciler run`
+    """On a read-only SQLite handle or a SELECT-only PostgreSQL role or MySQL user, `reconciler run`
     logs `code=read_only` / `code=permission_denied` with the driver's reason, /readyz
     says the same instead of "no pass has finished yet", and
     `reconciler_pass_errors_total{code}` counts it; `reconciler pass` ends in one line."""
     expected = "read_only" if db_url.startswith("sqlite") else "permission_denied"
-    with unwritable_url(db_url, postgres) as url:
+    with unwritable_url(db_url, request) as url:
         service = launcher.start(url, interval_seconds=0.3, wait_ready=False)
         wait_until(lambda: (service.metric("reconciler_pass_errors_total", code=expected)
                             or 0) >= 1, f"a pass failing with {expected}")
@@ -418,7 +428,8 @@ def test_a_pass_that_cannot_write_says_why_in_its_log_readyz_and_metrics(
     assert f"the last pass failed ({expected})" in why, why
     line = next(line for line in service.stderr_lines() if "event=pass_failed" in line)
     assert f" code={expected} " in line, line
-    assert ("readonly" if expected == "read_only" else "permission denied") in line, line
+    reason = {"sqlite": "readonly", "postgresql": "permission denied", "mysql": "command denied"}
+    assert reason[db_url.split(":", 1)[0].split("+", 1)[0]] in line, line
     one_line(by_hand, 3, f"({expected})")
 
 
@@ -429,9 +440,11 @@ def test_readiness_never_reads_the_migration_scripts_of_a_database_at_head(
     at head is checked against the recorded head revision, with no script read at all."""
     reads: list[int] = []
     original = ScriptDirectory.from_config
+    probing = threading.get_ident()  # not the fixture's thread migrating the next database
 
     def counting(*args: Any, **kwargs: Any) -> ScriptDirectory:
-        reads.append(1)
+        if threading.get_ident() == probing:
+            reads.append(1)
         return original(*args, **kwargs)
 
     monkeypatch.setattr(ScriptDirectory, "from_config", staticmethod(counting))

@@ -3,8 +3,9 @@
 Each machine run (and each regression test) gets its own migrated SQLite file, copied from
 one template migrated once per process (``tests.helpers.fresh_database``), so a run starts
 in milliseconds. Where the engines chosen for the tests are MariaDB without SQLite
-(``RECONCILER_TEST_ENGINES=mariadb``), the machine runs there instead: one migrated
-database for the test, emptied at the start of each run (``MachineDatabase``).
+(``RECONCILER_TEST_ENGINES=mariadb``), or for a test class whose ``machine_engine`` is
+``"mariadb"``, the machine runs there instead: one migrated database for the test, emptied
+at the start of each run (``MachineDatabase``).
 
 Time moves only by ``freeze_sqlite_clock``: ``DbClock`` freezes the database clock at a
 virtual instant before each call, and ``Window`` brackets a call: every database instant
@@ -45,10 +46,12 @@ ORDER_GAP_SECONDS = 0.025
 """Between two calls at one instant: more than twice ``SLACK``, so the later call's
 timestamps sort after the earlier's."""
 
-MACHINE_ENGINE = "mariadb" if "mariadb" in ENGINES and "sqlite" not in ENGINES else "sqlite"
-"""The engine the state machine runs on: SQLite, or MariaDB where the tests' engines include
-it and not SQLite (``RECONCILER_TEST_ENGINES=mariadb``); its clock is frozen per session
-there. PostgreSQL's ``statement_timestamp()`` cannot be frozen: not there."""
+DEFAULT_MACHINE_ENGINE = ("mariadb" if "mariadb" in ENGINES and "sqlite" not in ENGINES
+                          else "sqlite")
+"""Where a machine test runs unless its class names ``machine_engine``: SQLite, or MariaDB
+where the tests' engines include it and not SQLite (``RECONCILER_TEST_ENGINES=mariadb``);
+its clock is frozen per session there. PostgreSQL's ``statement_timestamp()`` cannot be
+frozen: not there."""
 _PINNED = "statemachine_pinned_timestamp"
 
 T = TypeVar("T")

@@ -1,7 +1,7 @@
 """Counterexamples the state machine found, shrunk and kept as plain tests.
 
 Each test is the machine's shrunk sequence of calls, on a fresh database (SQLite, or
-MariaDB as the machine's own: harness.MACHINE_ENGINE) with the
+MariaDB as the machine's own: harness.DEFAULT_MACHINE_ENGINE) with the
 controllable database clock, asserting what the docs promise, so the bug stays fixed
 whatever becomes of the machine's rules.
 """

@@ -1,7 +1,7 @@
 """A Hypothesis state machine over the real store on SQLite with a controllable clock.
 
 Every rule is a real call through ``JobClient``, ``Claim``, ``SqlStore`` or ``run_pass`` on
-a fresh migrated SQLite file per run (on MariaDB, with ``RECONCILER_TEST_ENGINES=mariadb``:
+a fresh migrated SQLite file per run, and again on MariaDB (``TestStoreMachineOnMariaDB``:
 one database emptied per run; see harness.py); time passes only through the frozen database clock
 (``freeze_sqlite_clock``). Beside the database the machine keeps a small model: each
 job's status, generation, attempts used and budget, resume point, hold, step records,
@@ -1285,6 +1285,13 @@ StoreMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 TestStoreMachine = StoreMachine.TestCase
+TestStoreMachine.machine_engine = "sqlite"  # type: ignore[attr-defined]
+
+
+class TestStoreMachineOnMariaDB(TestStoreMachine):  # type: ignore[misc, valid-type]
+    """The same machine on MariaDB, its clock frozen with ``SET timestamp``."""
+
+    machine_engine = "mariadb"
 
 
 @pytest.fixture(autouse=True)
