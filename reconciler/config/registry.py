@@ -68,7 +68,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_SOURCE", "ENGINE_NAMES", "EVERY_ENGINE", "POSTGRESQL", "REGISTRY", "SOURCES",
-    "SQLITE_AND_POSTGRESQL", "Bound",
+    "Bound",
     "Capabilities", "Declared", "KeyType", "Opener", "SourceEntry", "entry_for", "entry_of",
     "integer_keyed", "is_native",
 ]
@@ -77,8 +77,6 @@ MAX_INTEGER_KEY = 2**63 - 1
 """The largest integer job id any source stores (a BIGINT)."""
 POSTGRESQL = frozenset({"postgresql"})
 EVERY_ENGINE = frozenset({"sqlite", "postgresql", "mysql"})
-SQLITE_AND_POSTGRESQL = frozenset({"sqlite", "postgresql"})
-"""The foreign systems that run on MySQL too, until their sources do (issue 29)."""
 ENGINE_NAMES = {"sqlite": "SQLite", "postgresql": "PostgreSQL", "mysql": "MySQL or MariaDB"}
 """An engine (a SQLAlchemy dialect's name) as a refusal names it."""
 
@@ -273,10 +271,10 @@ REGISTRY: tuple[SourceEntry, ...] = (
                 extra="celery", imports=("celery", "redis")),
     # Liveness is the started registry's expiry and its workers' keys in Redis; our
     # reason is the failed job's exc_info and latest result. The reconciler's own tables
-    # stay on either engine (database_url), Redis is the second store.
+    # stay on any engine (database_url), Redis is the second store.
     SourceEntry(kind="rq", config="reconciler.sources.rq:RqConfig",
                 source="reconciler.sources.rq:DECLARATION", job_key="text",
-                engines=SQLITE_AND_POSTGRESQL,
+                engines=EVERY_ENGINE,
                 capabilities=Capabilities(heartbeat=True, error_field=True,
                                           actions=frozenset(OperatorAction)),
                 extra="rq", imports=("rq", "redis")),

@@ -186,19 +186,14 @@ def test_db_upgrade_names_a_missing_foreign_schema_in_one_line(
     assert "Traceback" not in done.stderr
 
 
-@pytest.mark.parametrize("kind", ["rq", "procrastinate"])
+@pytest.mark.parametrize("kind", ["procrastinate", "graphile-worker", "pg-boss"])
 def test_a_foreign_source_on_mysql_is_refused_in_one_line(
         tmp_path: Path, db_url: str, kind: str) -> None:
-    """The sources that do not run on MySQL or MariaDB (the PostgreSQL-only systems, RQ's
-    snapshot tables): ``db upgrade`` says which engines the configured one needs, in one
-    line (this project's tables are there)."""
+    """The PostgreSQL-only systems on MySQL or MariaDB: ``db upgrade`` says which engine
+    the configured one needs, in one line (this project's tables are there)."""
     if not db_url.startswith("mysql"):
         pytest.skip("the refusal of MySQL")
     path = write_config(tmp_path, f"""
-        [source]
-        kind = "{kind}"
-        redis_url = "redis://127.0.0.1:9/0"
-    """ if kind == "rq" else f"""
         [source]
         kind = "{kind}"
     """)
@@ -206,8 +201,7 @@ def test_a_foreign_source_on_mysql_is_refused_in_one_line(
     assert done.returncode != 0
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr
-    needs = "PostgreSQL" if kind == "procrastinate" else "SQLite or PostgreSQL"
-    assert f"source {kind} needs {needs} (the database_url is mysql)" in lines[0]
+    assert f"source {kind} needs PostgreSQL (the database_url is mysql)" in lines[0]
 
 
 def test_db_upgrade_with_a_table_source_checks_its_columns(

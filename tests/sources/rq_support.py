@@ -148,9 +148,5 @@ def wait_status(project: RqProject, job_id: str, status: str, timeout: float = 6
 
 @pytest.fixture
 def rq_project(reconciler_engine: Engine, redis_url: str) -> RqProject:
-    """Redis emptied, and the reconciler's database on each engine the rq source runs
-    on (not MySQL: its snapshot tables are SQLite's and PostgreSQL's)."""
-    if reconciler_engine.dialect.name == "mysql":
-        pytest.skip("the rq source runs on SQLite and PostgreSQL (a mysql database_url is "
-                    "refused in one line: test_config_wiring)")
+    """Redis emptied, and the reconciler's database on each engine."""
     return RqProject(redis_url, reconciler_engine)

@@ -30,6 +30,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import mysql
 from sqlalchemy.engine import Connection
 from sqlalchemy.schema import CreateTable
 
@@ -40,7 +41,7 @@ from reconciler.sources.kit.system import Wanted
 from reconciler.sources.rq.config import RqConfig
 from reconciler.sources.rq.keys import QUEUE_PREFIX, QUEUES, job_key, queue_key, started_key
 from reconciler.sources.rq.kinds import UNREADABLE_LABEL, func_name
-from reconciler.sources.rq.snapshot import ATTEMPT_FIELD
+from reconciler.sources.rq.snapshot import ATTEMPT_FIELD, JOB_ID
 from reconciler.sources.rq.writes import exc_text
 
 STATUS_WORDS: Mapping[str, JobStatus] = {
@@ -218,16 +219,20 @@ class RqListing:
         return rows
 
 
+INSTANT = sa.DateTime(timezone=True).with_variant(mysql.DATETIME(fsp=6), "mysql")
+"""RQ's instants to the microsecond (MySQL's plain DATETIME drops the fraction, and the
+listing's order with it)."""
+
 LISTED = sa.Table(
     "reconciler_rq_listed", sa.MetaData(),
-    sa.Column("job_id", sa.Text(), primary_key=True),
+    sa.Column("job_id", JOB_ID, primary_key=True),
     sa.Column("job_kind", sa.Text()),
     sa.Column("source_status", sa.Text()),
     sa.Column("attempts", sa.Integer()),
     sa.Column("max_attempts", sa.Integer()),
     sa.Column("reason", sa.Text()),
-    sa.Column("created_at", sa.DateTime(timezone=True)),
-    sa.Column("updated_at", sa.DateTime(timezone=True)),
+    sa.Column("created_at", INSTANT),
+    sa.Column("updated_at", INSTANT),
     prefixes=["TEMPORARY"], postgresql_on_commit="DELETE ROWS",
 )
 """The jobs one operator's read copied from Redis, on its own connection only."""

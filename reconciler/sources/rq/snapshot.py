@@ -41,19 +41,23 @@ from reconciler.storage.sql import encode_rows, json_rows
 
 log = logging.getLogger("reconciler.sources.rq")
 
+JOB_ID = sa.Text().with_variant(sa.String(768), "mysql")
+"""An RQ job id as a key: MySQL keys no TEXT column, and 768 characters of utf8mb4 is
+InnoDB's longest key (3,072 bytes)."""
+
 STARTED = sa.Table(
     "reconciler_rq_started", sa.MetaData(),
-    sa.Column("job_id", sa.Text(), primary_key=True),
+    sa.Column("job_id", JOB_ID, primary_key=True),
     sa.Column("job_kind", sa.Text(), nullable=False),
     sa.Column("unreadable", sa.Boolean(), nullable=False),
     sa.Column("queue", sa.Text(), nullable=False),
     sa.Column("execution_id", sa.Text(), nullable=False),
-    sa.Column("score", sa.Float(), nullable=False),
-    sa.Column("entry_over", sa.Float(), nullable=False),
+    sa.Column("score", sa.Double(), nullable=False),
+    sa.Column("entry_over", sa.Double(), nullable=False),
     sa.Column("status", sa.Text()),
     sa.Column("worker", sa.Text()),
     sa.Column("worker_gone", sa.Boolean(), nullable=False),
-    sa.Column("run_seconds", sa.Float()),
+    sa.Column("run_seconds", sa.Double()),
     sa.Column("retries_left", sa.Integer()),
     sa.Column("attempt", sa.Integer(), nullable=False),
     prefixes=["TEMPORARY"], postgresql_on_commit="DELETE ROWS",

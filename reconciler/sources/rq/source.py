@@ -59,11 +59,11 @@ class RqSql:
         once its entry expired."""
         t = STARTED.c
         max_run = by_kind(t.job_kind, policies, lambda p: p.max_run_seconds)
-        ran_over = t.run_seconds - sa.cast(max_run, sa.Float())
+        ran_over = t.run_seconds - sa.cast(max_run, sa.Double())
         return sa.case(
             (sa.and_(t.worker_gone, t.entry_over >= 0), t.entry_over),
             (sa.and_(t.entry_over >= 0, ran_over >= 0), ran_over),
-            else_=sa.literal(-1.0, sa.Float()))
+            else_=sa.literal(-1.0, sa.Double()))
 
     def running(self, scope: Scope, policies: Policies) -> sa.Select[Any]:
         """Every started job of the watched queues, as Redis was read."""
