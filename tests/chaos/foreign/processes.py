@@ -50,8 +50,9 @@ class Child:
 
 UNREACHABLE_AT_START = "replica:database_unreachable_at_start"
 """A replica started while PostgreSQL restarted: ``reconciler run`` refuses to start on a
-database it cannot reach (one line, exit 3), as it does for a user; the harness starts it
-again, as an orchestrator would."""
+database it cannot use (one line naming the database, exit 3: not reached, not answering
+in time, or "the database system is starting up"), as it does for a user; the harness
+starts it again, as an orchestrator would."""
 
 
 def exit_cause(child: Child) -> str:
@@ -60,7 +61,7 @@ def exit_cause(child: Child) -> str:
     code = child.popen.returncode
     lines = child.log.read_bytes().decode(errors="replace").strip().splitlines()
     if (child.role == "replica" and code == 3 and lines
-            and "cannot reach the database" in lines[-1]):
+            and lines[-1].startswith("reconciler: error:") and "database" in lines[-1]):
         return UNREACHABLE_AT_START
     return f"{child.role}:exit_{code}"
 
