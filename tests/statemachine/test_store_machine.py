@@ -1302,17 +1302,20 @@ class TestStoreMachineOnMariaDB(TestStoreMachine):  # type: ignore[misc, valid-t
 
 
 @pytest.fixture(autouse=True)
-def example_progress(capsys: pytest.CaptureFixture[str]) -> Iterator[None]:
+def example_progress(request: pytest.FixtureRequest,
+                     capsys: pytest.CaptureFixture[str]) -> Iterator[None]:
     """A progress bar of the examples run, every 10 s, on the terminal (pytest's capture
     suspended for each line), for runs long enough to need one."""
+    examples = request.cls.settings.max_examples if request.cls is not None else EXAMPLES
+
     def to_terminal(line: str) -> None:
         with capsys.disabled():
             print(line, flush=True)
 
     StoreMachine.examples_run = 0
     with Progress("state machine", write=to_terminal) as progress:
-        progress.phase(f"{EXAMPLES} examples of up to {STEPS_PER_EXAMPLE} steps",
-                       total=EXAMPLES, announce=False)
+        progress.phase(f"{examples} examples of up to {STEPS_PER_EXAMPLE} steps",
+                       total=examples, announce=False)
         StoreMachine.progress = progress
         try:
             yield
