@@ -207,18 +207,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Mark ``EVERY_ENGINE_MODULES``; unless the engines were chosen, leave out the MariaDB
     runs of the tests not marked (module docstring)."""
     tests_root = Path(__file__).resolve().parent
-    for item in items:
-        if (item.path.is_relative_to(tests_root)
-                and item.path.relative_to(tests_root).as_posix() in EVERY_ENGINE_MODULES):
-            item.add_marker(pytest.mark.every_engine)
-    if ENGINES_CHOSEN:
-        return
     kept, left_out = [], []
     for item in items:
+        every_engine = (item.path.is_relative_to(tests_root) and item.path.relative_to(
+            tests_root).as_posix() in EVERY_ENGINE_MODULES)
+        if every_engine:
+            item.add_marker(pytest.mark.every_engine)
         callspec = getattr(item, "callspec", None)
         on_mariadb = callspec is not None and any(
             isinstance(value, str) and value == "mariadb" for value in callspec.params.values())
-        (left_out if on_mariadb and item.get_closest_marker("every_engine") is None
+        (left_out if on_mariadb and not every_engine and not ENGINES_CHOSEN
          else kept).append(item)
     if left_out:
         config.hook.pytest_deselected(items=left_out)

@@ -12,6 +12,7 @@ from tests.helpers import demo_process
 
 pytestmark = pytest.mark.integration
 
+
 def demo(*blocked: str, path: str | None = None) -> subprocess.CompletedProcess[str]:
     """The celery demo in a process of its own (``demo_process``)."""
     return demo_process("celery", *blocked, path=path)

@@ -13,6 +13,7 @@ from tests.helpers import demo_process
 
 pytestmark = pytest.mark.integration
 
+
 def demo(*blocked: str, path: str | None = None) -> subprocess.CompletedProcess[str]:
     """The rq demo in a process of its own (``demo_process``)."""
     return demo_process("rq", *blocked, path=path)
