@@ -49,6 +49,16 @@ KINDS = KindRules(
 """Per effect kind: its effect, and a declared run time as long as a live lease (the lease
 of a source that keeps none of its own)."""
 
+ALIKE_KINDS = KindRules(
+    [KindRule("*", max_run_seconds=TIMING.lease_seconds),
+     *(KindRule(f"conformance.{e.value}.*", effect=e) for e in EffectKind)],
+    stale_after_seconds=TIMING.stale_after_seconds,
+    wedged_after_seconds=TIMING.wedged_after_seconds, max_attempts=3,
+    crash_loop_after=TIMING.crash_loop_after)
+"""``KINDS`` resolved alike, with every key a scan reads set by ``[kinds."*"]``: what a
+source reads when its scans need not tell the kinds apart (the rq source then loads only
+its expired jobs and counts the live ones)."""
+
 
 def kind_for(effect: EffectKind, serial: int) -> str:
     """A job kind of its own per job (so a worker's fetch takes exactly that job)."""
@@ -62,6 +72,8 @@ class ForeignFixture:
     source_name: str
     gaps: Mapping[Capability, str] = {}
     """What the source cannot express, each with the one line that says why."""
+    kinds: KindRules = KINDS
+    """The ``[kinds]`` its passes run under."""
 
     def __init__(self, engine: Engine, source: SourceConfig) -> None:
         self.engine = engine
@@ -69,7 +81,7 @@ class ForeignFixture:
                             stale_after_seconds=TIMING.stale_after_seconds,
                             wedged_after_seconds=TIMING.wedged_after_seconds,
                             session_timeout_seconds=TIMING.session_timeout_seconds)
-        self.config = Config(settings=settings, source=source, kinds=KINDS)
+        self.config = Config(settings=settings, source=source, kinds=self.kinds)
         self.store: PassStore = assemble_cli(self.config, engine=engine).passes
 
     def supports(self, what: Capability) -> bool:
@@ -105,7 +117,7 @@ class ForeignFixture:
         settings = self.config.settings.model_copy(update={"batch_size": batch_size})
         # The suite's situations go stale together on purpose: the mass-staleness brake
         # (tested on its own) would hold them all back.
-        return replace(pass_config(settings, INSTANCE, KINDS), brake=None)
+        return replace(pass_config(settings, INSTANCE, self.kinds), brake=None)
 
     def run_pass(self, *, batch_size: int = 50, dry_run: bool = False,
                  after: object | None = None, brake: BrakeLimits | None = None) -> PassReport:
@@ -135,4 +147,4 @@ def clear_audit(engine: Engine) -> None:
         conn.execute(sa.text("DELETE FROM reconciliation_passes"))
 
 
-__all__ = ["KINDS", "Any", "ForeignFixture", "clear_audit", "kind_for"]
+__all__ = ["ALIKE_KINDS", "KINDS", "Any", "ForeignFixture", "clear_audit", "kind_for"]

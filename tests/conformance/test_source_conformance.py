@@ -504,6 +504,24 @@ def test_a_dry_run_applies_the_mass_staleness_brake_as_the_pass_right_after_does
     assert all(source.status(job) == "running" for job in jobs)
 
 
+def test_the_brake_counts_the_live_jobs_beside_the_stale_ones(source: SourceFixture) -> None:
+    """Two jobs stale among seven running, against a brake at half of them: the five live
+    jobs are counted (a source that loads only its expired jobs counts the rest), so
+    the brake stays off and both dead owners' jobs are decided; the live ones untouched."""
+    situations = [Situation(State.DIED_BEFORE_STEP, 1), Situation(State.DIED_BEFORE_STEP, 2)]
+    require(source, *situations, LIVE)
+    dead = [source.make(s) for s in situations]
+    live = [source.make(LIVE) for _ in range(5)]
+    limits = BrakeLimits(min_jobs=2, stale_fraction=0.5, hold_seconds=3600.0)
+
+    report = source.run_pass(brake=limits)
+
+    assert not report.braked
+    assert {(d.job_id, d.disposition) for d in report.decisions} == {
+        (job.key, RESUME) for job in dead}
+    assert all(source.status(job) == "running" for job in live)
+
+
 @pytest.mark.parametrize("race", [r for r in RACES if r.change is not Interference.RECLAIM],
                          ids=lambda r: f"{r.change}-{r.situation}")
 def test_a_lost_fence_costs_only_its_own_job_in_a_batch(

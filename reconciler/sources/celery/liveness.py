@@ -36,6 +36,7 @@ from reconciler.errors import ConfigError
 from reconciler.sources.celery.broker import CeleryBroker
 from reconciler.sources.celery.tables import ResultRows, queue_for
 from reconciler.sources.kit.shapes import constant
+from reconciler.sources.kit.system import NOT_LOADED, Loaded
 
 log = logging.getLogger("reconciler.sources.celery")
 _WARNED: set[str] = set()
@@ -142,8 +143,9 @@ class CeleryLiveness:
         queue = row.queue if self.result.queue is not None else None
         return queue or queue_for(name, self.task_routes, self.task_default_queue)
 
-    def judge(self, conn: Connection, kinds: KindRules) -> Judgement:
-        """The broker's view of the STARTED rows (``judge``). The same read finds the rows
+    def judge(self, conn: Connection, kinds: KindRules, *, every: bool) -> Judgement:
+        """The broker's view of the STARTED rows (``judge``), every one alike (``every``
+        changes nothing: the rows are in SQL already). The same read finds the rows
         written without ``result_extended``."""
         result, rows = self.result, self.result.sql_table
         started = conn.execute(
@@ -157,6 +159,10 @@ class CeleryLiveness:
             self._report_unextended(len(started) - len(named))
         return judge(self.broker, named, kinds, self.session_timeout_seconds,
                      unextended=len(started) - len(named))
+
+    def loaded(self, verdict: Judgement) -> Loaded:
+        """Nothing: the running tasks are the result table's rows, read by its SQL."""
+        return NOT_LOADED
 
     def unknown(self, verdict: Judgement) -> LivenessUnknown | None:
         """Why the broker's answers were not trusted this transaction (None: they were)."""

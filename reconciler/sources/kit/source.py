@@ -36,7 +36,7 @@ from reconciler.sources.kit.fences import ForeignFence, LedgerMark, with_ledger
 from reconciler.sources.kit.history import with_lost_attempts
 from reconciler.sources.kit.scan import expired_scan
 from reconciler.sources.kit.shapes import AllKinds, acting, by_kind
-from reconciler.sources.kit.system import Changed, Scope, System, Wanted
+from reconciler.sources.kit.system import NOT_LOADED, Changed, Loaded, Scope, System, Wanted
 from reconciler.sources.kit.transaction import SourceTransaction
 from reconciler.storage.clock import now_plus, seconds_since
 from reconciler.storage.operator_record import not_held
@@ -123,19 +123,26 @@ class DeclaredSource:
         if not policies or limit <= 0:
             return []
         key = self.system.shape.key
+        # Decided first: a declared liveness then reads once what both scans need (the
+        # live jobs too, only where some may be wedged).
+        wedge = self._may_be_wedged(policies)
+        if self._loaded(every=wedge).rows == 0:
+            return []  # the liveness loaded no running job: nothing to scan
+        running = self._running(policies, every=wedge)
         expired = self._expired(policies)
         rows = self._held(self._conn.execute(expired_scan(
-            self._running(policies).where(self._reconciled(policies)), expired,
+            running.where(self._reconciled(policies)), expired,
             self._order(), self.system.shape.locks, limit=limit,
             after=None if after is None or after.position is None else after.position[0],
             locking=self._lock and self._conn.dialect.name == POSTGRESQL,
             unheld=self._unheld)).all())
         if rows:  # the brake's counts, read with the candidates (``kit.scan``)
-            self._tx.brake_counts = (int(rows[0].running_total), int(rows[0].expired_total))
+            self._tx.brake_counts = (int(rows[0].running_total) + self._loaded().counted,
+                                     int(rows[0].expired_total))
         found = self._build(rows, policies, position=True)
         room = limit - len(found)
-        if room > 0 and self._may_be_wedged(policies):
-            wedged_scan = (self._running(policies)
+        if room > 0 and wedge:
+            wedged_scan = (self._running(policies, every=True)
                            .where(self._reconciled(policies), sa.not_(expired),
                                   self._stalled(policies))
                            .order_by(self._order()).limit(room))
@@ -157,7 +164,8 @@ class DeclaredSource:
         # Compared as text: an id from the command line names a job whatever the key's
         # type (a number, a UUID, a text key of digits), and this reads a handful of rows.
         named = sa.cast(key, sa.String()).in_([str(k) for k in job_ids])
-        rows = self._conn.execute(self._running(policies).where(named).order_by(key)).all()
+        rows = self._conn.execute(self._running(policies, every=True).where(named)
+                                  .order_by(key)).all()
         return self._build(rows, policies, position=False)
 
     def apply(self, changes: Sequence[PlannedChange]) -> dict[JobKey, int | None]:
@@ -178,7 +186,9 @@ class DeclaredSource:
         if swapping:
             if self.system.shape.naive_utc is not None:
                 self._tx.utc()
-            scope = self._scope(judged=True)
+            # A wedged job is live: a verdict read afresh for the swap loads it too.
+            scope = self._scope(judged=True,
+                                every=any(b.stalled is not None for b in swapping))
             for batch in swapping:
                 changed.update(self.system.swap(scope, batch))
         self._tx.ledger.fence_pending()
@@ -198,6 +208,8 @@ class DeclaredSource:
         policies = self._policies()
         if not policies:
             return self._stuck_beside({})
+        if self._loaded(every=False).rows == 0:
+            return self._stuck_beside({StuckReason.AWAITING_DECISION: StuckCount(0)})
         expired = self._running(policies).where(self._reconciled(policies),
                                                 self._expired(policies)).subquery()
         count, oldest = self._conn.execute(
@@ -226,8 +238,8 @@ class DeclaredSource:
     def running_kinds(self) -> list[str]:
         """The kinds of the running jobs, each once, sorted (whether reconciled or not)."""
         return sorted(k for k in self._conn.execute(
-            sa.select(self._running({}).subquery().c.job_kind).distinct()).scalars()
-            if k is not None)
+            sa.select(self._running({}, every=True).subquery().c.job_kind).distinct()
+        ).scalars() if k is not None)
 
     def running_count(self) -> int:
         """Running jobs of reconciled kinds, as the scan that found this transaction's
@@ -245,8 +257,8 @@ class DeclaredSource:
             # count(CASE ...), not count() FILTER (...), which MySQL does not have.
             sa.func.count(sa.case((sa.and_(running.c.expired.is_(True),
                                            self._unheld(running.c.job_id)), 1))))).one()
-        self._tx.brake_counts = (int(count), int(expired))
-        return int(count)
+        self._tx.brake_counts = (int(count) + self._loaded().counted, int(expired))
+        return self._tx.brake_counts[0]
 
     def stale_count(self, limit: int) -> int:
         """Expired running jobs of reconciled kinds no operator holds, up to ``limit`` (as
@@ -265,22 +277,38 @@ class DeclaredSource:
 
     # -- the declaration, called with what it needs -------------------------- #
 
-    def _scope(self, *, judged: bool) -> Scope:
+    def _scope(self, *, judged: bool, every: bool = False) -> Scope:
         """What a declared function is given; ``judged``: with the declared liveness's
-        verdict for this transaction, read the first time it is asked for."""
+        verdict for this transaction, read the first time it is asked for (again over
+        every running job the first time ``every`` asks for them)."""
         liveness = self.system.liveness
-        if judged and liveness is not None and self._tx.verdict is None:
-            self._tx.verdict = liveness.judge(self._conn, self._kinds)
+        if judged and liveness is not None and (
+                self._tx.verdict is None or (every and not self._tx.verdict_every)):
+            self._tx.verdict = liveness.judge(self._conn, self._kinds, every=every)
+            self._tx.verdict_every = every
         return Scope(self._conn, self._tx.ledger, self._tx.history,
                      self._tx.verdict if judged else None)
 
-    def _running(self, policies: Mapping[str, KindPolicy]) -> sa.Select[Any]:
+    def _running(self, policies: Mapping[str, KindPolicy], *, every: bool = False
+                 ) -> sa.Select[Any]:
+        """Every running job (``every``: the live ones too, where the declared liveness
+        would only count them)."""
         if self.system.shape.naive_utc == "scan":
             self._tx.utc()
         # Only a read of some kinds' jobs judges their liveness (not the list of kinds),
         # unless the verdict is what every read of its jobs reads.
         judged = bool(policies) or self.system.shape.judged_first
-        return self.system.running(self._scope(judged=judged), policies)
+        return self.system.running(self._scope(judged=judged, every=every), policies)
+
+    def _loaded(self, *, every: bool | None = None) -> Loaded:
+        """What this transaction's verdict loaded and counted of the running jobs (judged
+        first, over ``every`` running job or not, unless ``every`` is None)."""
+        liveness = self.system.liveness
+        if liveness is not None and every is not None:
+            self._scope(judged=True, every=every)
+        if liveness is None or self._tx.verdict is None:
+            return NOT_LOADED
+        return liveness.loaded(self._tx.verdict)
 
     def _unheld(self, key: sa.ColumnElement[Any]) -> sa.ColumnElement[bool]:
         """True where no operator holds the job: a held job is stale on purpose and the

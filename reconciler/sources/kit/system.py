@@ -52,13 +52,34 @@ class Scope:
         return self.conn.dialect.name == "postgresql"
 
 
+@dataclass(frozen=True, slots=True)
+class Loaded:
+    """What a liveness verdict put where the declared SQL reads the running jobs."""
+
+    rows: int | None
+    """How many running jobs it loaded (None: they are the system's own rows, read by the
+    SQL itself): none loaded, a pass reads nothing more."""
+    counted: int = 0
+    """The live jobs it counted without loading them, which the brake's count of running
+    jobs adds (no expired scan reads a live job)."""
+
+
+NOT_LOADED = Loaded(rows=None)
+"""A source without a declared liveness: its running jobs are its own rows."""
+
+
 class Liveness(Protocol):
     """Owner liveness kept outside the system's tables (a broker): one object per process,
     which may remember what it saw across passes; its verdict is read once per
     transaction and handed to the declared functions in their ``Scope``."""
 
-    def judge(self, conn: Connection, kinds: KindRules) -> object:
-        """The verdict of one transaction (never None)."""
+    def judge(self, conn: Connection, kinds: KindRules, *, every: bool) -> object:
+        """The verdict of one transaction (never None). ``every``: over every running job
+        (an operator's read, the wedged scan); else it may leave out the live ones, which
+        no expired scan reads, and only count them (``unloaded``)."""
+
+    def loaded(self, verdict: Any) -> Loaded:
+        """What of the running jobs the verdict loaded and what it only counted."""
 
     def unknown(self, verdict: Any) -> LivenessUnknown | None:
         """Why the verdict was not trusted (None: it was)."""

@@ -21,7 +21,7 @@ class SourceTransaction:
     """What one transaction of a pass read and owes, for one source."""
 
     __slots__ = ("brake_counts", "history", "kinds_read", "ledger", "running_kinds", "utc",
-                 "verdict")
+                 "verdict", "verdict_every")
 
     def __init__(self, conn: Connection, source_name: str) -> None:
         self.ledger = PassLedger(conn, source_name)
@@ -37,5 +37,8 @@ class SourceTransaction:
         """Each scanned job's kind, by key text, for the audit's rows."""
         self.verdict: object | None = None
         """The declared liveness's verdict, once read (one per transaction)."""
+        self.verdict_every = False
+        """Whether the verdict is over every running job (else the live ones may be only
+        counted), read again over every one when a read needs them."""
         self.utc = UtcTimes(conn)
         """Sets the transaction's TimeZone to UTC once, for a system of naive UTC times."""

@@ -34,6 +34,8 @@ from reconciler.core.kinds import KindRules
 from reconciler.core.ports import LivenessUnknown, StuckWork
 from reconciler.core.vocabulary import LivenessDoubt
 from reconciler.redaction import redact
+from reconciler.sources.kit.shapes import AllKinds
+from reconciler.sources.kit.system import Loaded
 from reconciler.sources.rq import keys
 from reconciler.sources.rq.config import RqConfig
 from reconciler.sources.rq.kinds import UNREADABLE_LABEL, func_name
@@ -75,6 +77,18 @@ def _load_statement(dialect: str) -> sa.Insert:
 
 
 _LOAD = {dialect: _load_statement(dialect) for dialect in ("postgresql", "mysql")}
+_CREATE: dict[str, str] = {}
+"""The temporary table's DDL by dialect, compiled once (every pass runs it, and a DDL is
+compiled each time it is executed)."""
+
+
+def _create(conn: Connection) -> None:
+    """``STARTED`` made on the connection's session, where it is not yet."""
+    name = conn.dialect.name
+    if name not in _CREATE:
+        _CREATE[name] = str(CreateTable(STARTED, if_not_exists=True)
+                            .compile(dialect=conn.dialect))
+    conn.exec_driver_sql(_CREATE[name])
 _COLUMNS = [c.name for c in STARTED.columns]
 _SQLITE_LOAD = str(STARTED.insert().compile(dialect=sqlite.dialect()))
 """``INSERT ... VALUES (?, ...)`` in ``_COLUMNS``' order, for the driver's executemany."""
@@ -99,12 +113,17 @@ class Execution:
     kind: str | None
 
 
+NOTHING_LOADED = Loaded(rows=0)
+"""A snapshot that loaded no entry (Redis unread, or nothing started or expired)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Snapshot:
     """One transaction's view of Redis, loaded into ``STARTED``: why it was not trusted
-    (None: it was)."""
+    (None: it was), and how many live entries it counted without loading them."""
 
     doubt: LivenessDoubt | None
+    loaded: Loaded = NOTHING_LOADED
 
     @property
     def may_swap(self) -> bool:
@@ -158,19 +177,26 @@ class RqLiveness:
         """The Redis URL with any password hidden."""
         return redact(self.config.url)
 
-    def judge(self, conn: Connection, kinds: KindRules) -> Snapshot:
-        """Redis read once, loaded into ``STARTED`` on ``conn`` (``load``; every kind
-        alike: the policies are applied in SQL over it)."""
-        return self.load(conn)
+    def judge(self, conn: Connection, kinds: KindRules, *, every: bool) -> Snapshot:
+        """Redis read once, loaded into ``STARTED`` on ``conn`` (``load``). Only the
+        expired entries are loaded, the live ones counted, unless ``every`` asks for them
+        or the kinds are told apart (``[kinds]`` sets a scan's key for some kind but
+        ``"*"``: the brake then counts the reconciled kinds' jobs only, read by kind)."""
+        return self.load(conn, every=every or AllKinds.of(kinds) is None)
 
-    def load(self, conn: Connection) -> Snapshot:
-        """Redis read once, loaded into ``STARTED`` on ``conn`` (emptied first)."""
-        conn.execute(CreateTable(STARTED, if_not_exists=True))
+    def loaded(self, verdict: Snapshot) -> Loaded:
+        """The entries the snapshot loaded, and the live ones it only counted."""
+        return verdict.loaded
+
+    def load(self, conn: Connection, *, every: bool = True) -> Snapshot:
+        """Redis read once, loaded into ``STARTED`` on ``conn`` (emptied first): every
+        watched started entry, or (not ``every``) the expired ones, the rest counted."""
+        _create(conn)
         conn.execute(STARTED.delete())
         import redis  # noqa: PLC0415 - only the rq source needs it
 
         try:
-            rows, doubt = self._read()
+            rows, unloaded, doubt = self._read(every=every)
         except redis.RedisError:
             return Snapshot(LivenessDoubt.BROKER_UNREACHABLE)
         if rows and conn.dialect.name == "sqlite":
@@ -182,28 +208,39 @@ class RqLiveness:
             # Over the network: one statement, the rows as one JSON parameter, so ten
             # thousand started jobs cost one round trip.
             conn.execute(_LOAD[conn.dialect.name], {"started_rows": encode_rows(rows)})
-        return Snapshot(doubt)
+        return Snapshot(doubt, Loaded(len(rows), unloaded))
 
-    def _read(self) -> tuple[list[dict[str, Any]], LivenessDoubt | None]:
-        """Every watched started registry; the jobs of expired entries (and of executions
-        not seen before) read in full, and the workers of the expired ones."""
+    def _read(self, *, every: bool) -> tuple[list[dict[str, Any]], int, LivenessDoubt | None]:
+        """Every watched started registry's entries (``every``), else its expired ones
+        and its size; the jobs of expired entries (and of executions not seen before)
+        read in full, and the workers of the expired ones; the rows, and the entries
+        counted but not read."""
         client = self.client()
         with client.pipeline(transaction=False) as pipe:
             pipe.time()
             pipe.smembers(keys.QUEUES)
-            pipe.scard(keys.WORKERS)
-            (seconds, micros), queue_keys, workers = pipe.execute()
+            (seconds, micros), queue_keys = pipe.execute()
         now = float(seconds) + float(micros) / 1e6
-        if not queue_keys and not workers:
-            return [], LivenessDoubt.QUEUES_MISSING  # no RQ key at all: not the app's
+        if not queue_keys and not client.scard(keys.WORKERS):
+            return [], 0, LivenessDoubt.QUEUES_MISSING  # no RQ key at all: not the app's
         names = sorted(k.decode().removeprefix(keys.QUEUE_PREFIX) for k in queue_keys)
         watched = [q for q in names if self.config.watches(q)]
         with client.pipeline(transaction=False) as pipe:
             for queue in watched:
-                pipe.zrange(keys.started_key(queue), 0, -1, withscores=True)
+                if every:
+                    pipe.zrange(keys.started_key(queue), 0, -1, withscores=True)
+                else:  # what RQ's own cleanup reads: the entries expired (Redis's clock)
+                    pipe.zrangebyscore(keys.started_key(queue), "-inf", now,
+                                       withscores=True)
             entries = [(queue, member.decode(), float(score))
                        for queue, found in zip(watched, pipe.execute(), strict=True)
                        for member, score in found]
+        unloaded = 0
+        if entries and not every:  # the brake's count: only a pass with candidates reads it
+            with client.pipeline(transaction=False) as pipe:
+                for queue in watched:
+                    pipe.zcard(keys.started_key(queue))
+                unloaded = sum(pipe.execute()) - len(entries)
         # Executions are kept across passes (by ``<job id>:<execution id>``, the
         # registry's member) while their entries last: what a pass reads of a job, but for
         # its heartbeat, does not change while one execution runs (its worker, start,
@@ -212,7 +249,7 @@ class RqLiveness:
         current = {member for _, member, _ in entries}
         self.seen = {m: job for m, job in self.seen.items() if m in current}
         if not entries:
-            return [], None
+            return [], unloaded, None
         # A fence is built from what an expired entry's job says now, never from memory.
         fresh = [member for _, member, score in entries
                  if score <= now or member not in self.seen]
@@ -227,7 +264,7 @@ class RqLiveness:
         for name, (_, _, _, version) in workers_read.items():
             if version:
                 keys.require_supported(version.decode(), f"worker {name}")
-        return [self._row(now, entry, workers_read) for entry in entries], None
+        return [self._row(now, entry, workers_read) for entry in entries], unloaded, None
 
     def _remember(self, client: Any, members: Sequence[str]) -> None:
         """Each execution's job read (pipelined) and kept; its kind read from its payload

@@ -98,30 +98,30 @@ class RqSql:
         return found
 
     def swap(self, scope: Scope, batch: Batch) -> Changed:
-        """Each job of the batch written in RQ's shape under its own fence."""
+        """The batch's jobs written in RQ's shape, each under its own fence, in one
+        Redis transaction (``writes.fenced_writes``)."""
         if not _judged(scope).may_swap:
             return {}  # Redis did not answer, or is not the app's: nothing is written
-        ids = [str(c.decision.job_id) for c in batch.changes]
+        ids = {str(c.decision.job_id) for c in batch.changes}
         if batch.stalled is not None:  # the wedged rule's predicate, on the ledger
-            still = set(scope.conn.execute(
-                sa.select(STARTED.c.job_id).where(STARTED.c.job_id.in_(ids), batch.stalled)
-            ).scalars())
-            ids = [i for i in ids if i in still]
+            ids &= set(scope.conn.execute(
+                sa.select(STARTED.c.job_id).where(STARTED.c.job_id.in_(sorted(ids)),
+                                                  batch.stalled)).scalars())
+        jobs = [(str(change.decision.job_id), fence_of(change, RqFence))
+                for change in batch.changes if str(change.decision.job_id) in ids]
         client = self.liveness.client()
-        resume = batch.disposition is Disposition.RESUME
+        if batch.disposition is Disposition.RESUME:
+            done = set(writes.resume(client, jobs))
+        else:
+            done = set(writes.terminalize(client, jobs, batch.reason))
+            writes.release_all_dependents(client, sorted(done))
+        attempts = {job_id: fence.attempt for job_id, fence in jobs}
         changed: Changed = {}
         for change in batch.changes:
             job_id = str(change.decision.job_id)
-            if job_id not in ids:
-                continue
-            seen = fence_of(change, RqFence)
-            done = (writes.resume(client, job_id, seen) if resume
-                    else writes.terminalize(client, job_id, seen, batch.reason))
-            if done and not resume:
-                writes.release_dependents(client, job_id)
-            if done:
-                batch.ledger.fence(job_id, seen.attempt + 1)
-                changed[change.decision.job_id] = seen.attempt
+            if job_id in done:
+                batch.ledger.fence(job_id, attempts[job_id] + 1)
+                changed[change.decision.job_id] = attempts[job_id]
         return changed
 
     def check_schema(self, conn: Connection) -> None:

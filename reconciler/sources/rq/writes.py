@@ -1,14 +1,17 @@
-"""Resume and terminalize in RQ's own shapes, each fenced on the job as read.
+"""Resume and terminalize in RQ's own shapes, each job fenced on itself as read.
 
-Each write is one ``MULTI``/``EXEC`` under a ``WATCH`` of the job's own keys only: its
-hash (every heartbeat of its own worker writes ``last_heartbeat`` there, in the same
-transaction that renews its registry entry; a worker that finishes or fails it writes
-its ``status`` there) and its execution's hash. Before ``MULTI`` the job is read again
-and compared with the fence: its status, worker, attempt, retries left and its entry in
-the started registry with the same score. The registry itself is never watched, so a
-heartbeat on another job of the same queue (which rewrites that sorted set) never fails
-the fence. A fence that no longer holds changes nothing: the pass records
-``fence_lost``.
+A batch of a pass's changes is one ``MULTI``/``EXEC`` under one ``WATCH`` of its jobs'
+own keys only: each job's hash (every heartbeat of its own worker writes
+``last_heartbeat`` there, in the same transaction that renews its registry entry; a
+worker that finishes or fails it writes its ``status`` there) and its execution's hash.
+Before ``MULTI`` the jobs are read again, pipelined, and each compared with its fence:
+its status, worker, attempt, retries left and its entry in the started registry with the
+same score. The registry itself is never watched, so a heartbeat on another job of the
+same queue (which rewrites that sorted set) never fails a fence. A job whose fence no
+longer holds is left out and changes nothing: the pass records ``fence_lost``. A batch
+whose ``WATCH`` broke (one of its jobs written after the read: a worker that woke up) is
+written again a job at a time, so one late writer costs its batch a few round trips and
+loses only its own job.
 
 - **Resume** (RQ's requeue, ``StartedJobRegistry.requeue`` and ``Job.retry``): out of
   the started registry and its execution record, ``status`` ``queued``, ``started_at``
@@ -26,7 +29,7 @@ the fence. A fence that no longer holds changes nothing: the pass records
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -79,34 +82,74 @@ class Held:
             return None
 
 
-def fenced_write(client: Any, job_id: str, fence: RqFence,
-                 write: Callable[[Any, Held, datetime], None]) -> bool:
-    """``write`` queued in one transaction, if the job is still as ``fence`` read it."""
+Write = Callable[[Any, str, RqFence, Held, datetime], None]
+"""One job's writes (``job_id``, its fence, its fields as read again, Redis's time),
+queued on a pipeline inside the batch's ``MULTI``."""
+
+
+def fenced_writes(client: Any, jobs: Sequence[tuple[str, RqFence]], write: Write
+                  ) -> list[str]:
+    """``write`` for each job still as its fence read it, the batch in one transaction;
+    the ids written. A batch whose ``WATCH`` broke (one of its jobs written meanwhile:
+    a late worker) is written again a job at a time, each under its own fence."""
     import redis  # noqa: PLC0415 - only the rq source needs it
 
-    member = f"{job_id}:{fence.execution_id}"
-    with client.pipeline() as pipe:
+    if not jobs:
+        return []
+    try:
+        return _transaction(client, jobs, write)
+    except redis.WatchError:
+        if len(jobs) == 1:
+            return []
+    written: list[str] = []
+    for job in jobs:
         try:
-            pipe.watch(keys.job_key(job_id), keys.execution_key(job_id, fence.execution_id))
-            raw = pipe.hmget(keys.job_key(job_id), _READ)
+            written += _transaction(client, [job], write)
+        except redis.WatchError:
+            continue
+    return written
+
+
+def _transaction(client: Any, jobs: Sequence[tuple[str, RqFence]], write: Write
+                 ) -> list[str]:
+    """One ``WATCH`` of the jobs' own keys, one pipelined read of them, one ``MULTI``
+    of the writes of those whose fence holds: three round trips, however many jobs."""
+    with client.pipeline() as pipe:
+        pipe.watch(*(key for job_id, fence in jobs for key in (
+            keys.job_key(job_id), keys.execution_key(job_id, fence.execution_id))))
+        # Read on another connection: under ``WATCH`` the first one sends each command
+        # as it comes, and a change after the ``WATCH`` still fails the ``EXEC``.
+        with client.pipeline(transaction=False) as reads:
+            for job_id, fence in jobs:
+                reads.hmget(keys.job_key(job_id), _READ)
+                reads.zscore(keys.started_key(fence.queue), f"{job_id}:{fence.execution_id}")
+            reads.time()
+            *read, (seconds, micros) = reads.execute()
+        holding = []
+        for (job_id, fence), raw, score in zip(jobs, read[::2], read[1::2], strict=True):
             held = Held({name: None if v is None else v.decode() for name, v in
                          zip(_READ, raw, strict=True)})
-            score = pipe.zscore(keys.started_key(fence.queue), member)
-            seconds, micros = pipe.time()
-            if (score != fence.score or held.values["status"] != fence.status
-                    or (held.values["worker_name"] or None) != fence.worker
-                    or held.int("retries_left") != fence.retries_left
-                    or (held.int(ATTEMPT_FIELD) or 1) != fence.attempt):
-                pipe.unwatch()
-                return False
-            pipe.multi()
-            now = datetime.fromtimestamp(int(seconds) + int(micros) / 1e6, UTC)
+            if _holds(fence, held, score):
+                holding.append((job_id, fence, held))
+        if not holding:
+            pipe.unwatch()
+            return []
+        now = datetime.fromtimestamp(int(seconds) + int(micros) / 1e6, UTC)
+        pipe.multi()
+        for job_id, fence, held in holding:
             _leave_started(pipe, job_id, fence)
-            write(pipe, held, now)
-            pipe.execute()
-        except redis.WatchError:
-            return False
-    return True
+            write(pipe, job_id, fence, held, now)
+        pipe.execute()
+    return [job_id for job_id, _, _ in holding]
+
+
+def _holds(fence: RqFence, held: Held, score: float | None) -> bool:
+    """Whether the job is as its decision read it: its entry, status, worker, retries
+    left and attempt."""
+    return (score == fence.score and held.values["status"] == fence.status
+            and (held.values["worker_name"] or None) == fence.worker
+            and held.int("retries_left") == fence.retries_left
+            and (held.int(ATTEMPT_FIELD) or 1) == fence.attempt)
 
 
 def _leave_started(pipe: Any, job_id: str, fence: RqFence) -> None:
@@ -116,38 +159,42 @@ def _leave_started(pipe: Any, job_id: str, fence: RqFence) -> None:
     pipe.zrem(keys.executions_key(job_id), fence.execution_id)
 
 
-def resume(client: Any, job_id: str, fence: RqFence) -> bool:
-    """The job requeued on its own queue as RQ's own retry does; False: fence lost."""
-    def write(pipe: Any, held: Held, now: datetime) -> None:
-        queue = held.values["origin"] or fence.queue
-        fields: dict[str, Any] = {"status": "queued", "started_at": "", "ended_at": "",
-                                  "enqueued_at": utcformat(now),
-                                  ATTEMPT_FIELD: fence.attempt + 1}
-        if fence.retries_left is not None:
-            fields["retries_left"] = max(fence.retries_left - 1, 0)
-        pipe.hset(keys.job_key(job_id), mapping=fields)
-        ttl = held.int("ttl")
-        if ttl is not None and ttl > 0:  # ``Job.cleanup``: a queued job's own TTL
-            pipe.expire(keys.job_key(job_id), ttl)
-        at_front = held.values["enqueue_at_front_on_retry"] == "1"
-        (pipe.lpush if at_front else pipe.rpush)(keys.queue_key(queue), job_id)
-
-    return fenced_write(client, job_id, fence, write)
+def _requeue(pipe: Any, job_id: str, fence: RqFence, held: Held, now: datetime) -> None:
+    """One job requeued on its own queue as RQ's own retry does."""
+    queue = held.values["origin"] or fence.queue
+    fields: dict[str, Any] = {"status": "queued", "started_at": "", "ended_at": "",
+                              "enqueued_at": utcformat(now),
+                              ATTEMPT_FIELD: fence.attempt + 1}
+    if fence.retries_left is not None:
+        fields["retries_left"] = max(fence.retries_left - 1, 0)
+    pipe.hset(keys.job_key(job_id), mapping=fields)
+    ttl = held.int("ttl")
+    if ttl is not None and ttl > 0:  # ``Job.cleanup``: a queued job's own TTL
+        pipe.expire(keys.job_key(job_id), ttl)
+    at_front = held.values["enqueue_at_front_on_retry"] == "1"
+    (pipe.lpush if at_front else pipe.rpush)(keys.queue_key(queue), job_id)
 
 
-def terminalize(client: Any, job_id: str, fence: RqFence, reason: str) -> bool:
-    """The job failed into its queue's failed registry with our reason; False: fence
-    lost."""
+def resume(client: Any, jobs: Sequence[tuple[str, RqFence]]) -> list[str]:
+    """The jobs requeued on their own queues as RQ's own retry does; the ids written (the
+    others' fences were lost)."""
+    return fenced_writes(client, jobs, _requeue)
+
+
+def terminalize(client: Any, jobs: Sequence[tuple[str, RqFence]], reason: str) -> list[str]:
+    """The jobs failed into their queues' failed registries with our reason; the ids
+    written (the others' fences were lost)."""
     from rq.results import Result  # noqa: PLC0415 - RQ's own record of a failure
 
-    def write(pipe: Any, held: Held, now: datetime) -> None:
-        text = exc_text(reason)
+    text = exc_text(reason)
+    exc_info = zlib.compress(text.encode())
+
+    def fail(pipe: Any, job_id: str, fence: RqFence, held: Held, now: datetime) -> None:
         queue = held.values["origin"] or fence.queue
         ttl = held.int("failure_ttl")
         ttl = DEFAULT_FAILURE_TTL if ttl is None else ttl
         pipe.hset(keys.job_key(job_id), mapping={
-            "status": "failed", "ended_at": utcformat(now),
-            "exc_info": zlib.compress(text.encode())})
+            "status": "failed", "ended_at": utcformat(now), "exc_info": exc_info})
         # ``FailedJobRegistry.add`` and ``Job.cleanup`` with the failure TTL.
         pipe.zadd(keys.failed_key(queue), {job_id: ttl if ttl < 0 else now.timestamp() + ttl})
         if ttl > 0:
@@ -158,7 +205,19 @@ def terminalize(client: Any, job_id: str, fence: RqFence, reason: str) -> bool:
                worker_name=fence.worker or "", execution_id=fence.execution_id,
                execution_ended_at=now).save(ttl=ttl, pipeline=pipe)  # type: ignore[no-untyped-call]
 
-    return fenced_write(client, job_id, fence, write)
+    return fenced_writes(client, jobs, fail)
+
+
+def release_all_dependents(client: Any, job_ids: Sequence[str]) -> None:
+    """``release_dependents`` for each failed job that has dependents (which one
+    pipelined read finds)."""
+    with client.pipeline(transaction=False) as pipe:
+        for job_id in job_ids:
+            pipe.exists(keys.dependents_key(job_id))
+        waited_on = pipe.execute()
+    for job_id, waited in zip(job_ids, waited_on, strict=True):
+        if waited:
+            release_dependents(client, job_id)
 
 
 def release_dependents(client: Any, job_id: str) -> None:
