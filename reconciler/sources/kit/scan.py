@@ -13,10 +13,14 @@ row is returned: a quiet pass never pays for them.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from reconciler.sources.kit.shapes import Shape
+from reconciler.storage.sql import MYSQL
 
 Unheld = Callable[[sa.ColumnElement[Any]], sa.ColumnElement[bool]]
 """Given a job's key column, true where no operator holds the job."""
@@ -66,6 +70,14 @@ def expired_scan(running: sa.Select[Any], expired: sa.ColumnElement[bool],
     return scan
 
 
+def brake_counts(running: sa.Select[Any], expired: sa.ColumnElement[bool],
+                 unheld: Unheld) -> sa.Select[Any]:
+    """The brake's counts alone (``running_total``, ``expired_total``), for a pass that
+    found no expired candidate to read them with."""
+    return sa.select(*_totals(running.add_columns(expired.label("expired")).subquery(),
+                              unheld))
+
+
 def _kept(read: sa.CTE) -> sa.CTE:
     """The read, kept once (``MATERIALIZED``) where the engine has the word; MySQL has
     none and chooses for itself."""
@@ -79,3 +91,22 @@ def _totals(read: Any, unheld: Unheld) -> list[sa.Label[Any]]:
     return [counted.scalar_subquery().label("running_total"),
             counted.where(read.c.expired.is_(True), unheld(read.c.job_id))
             .scalar_subquery().label("expired_total")]
+
+
+def held_by_key(conn: Connection, shape: Shape, rows: Sequence[sa.Row[Any]]
+                ) -> Sequence[sa.Row[Any]]:
+    """The scanned rows a locking transaction holds: on MySQL, the rows found are then
+    locked by their key (``FOR UPDATE SKIP LOCKED``), and those another replica holds
+    are left out. A locking scan would lock every row InnoDB reads on its way (every
+    running job, other replicas' batches among them); by key it locks the batch's rows
+    only. A row changed between the read and the lock no longer matches its fence, which
+    its swap repeats: it is recorded ``fence_lost``, never overwritten. Elsewhere the
+    scan locked them (PostgreSQL) or the transaction holds the write lock (SQLite)."""
+    if not rows or conn.dialect.name != MYSQL:
+        return rows
+    ids = [row.job_id for row in rows]
+    found = shape.key.in_(ids) if shape.lock_by is None else shape.lock_by(ids)
+    locked = {str(k) for k in conn.execute(
+        sa.select(shape.key).select_from(shape.locks).where(found)
+        .with_for_update(skip_locked=True)).scalars()}
+    return [row for row in rows if str(row.job_id) in locked]

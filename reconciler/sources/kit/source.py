@@ -34,7 +34,7 @@ from reconciler.core.vocabulary import JobStatus, StuckReason
 from reconciler.sources.kit.batches import batches, fence_of
 from reconciler.sources.kit.fences import ForeignFence, LedgerMark, with_ledger
 from reconciler.sources.kit.history import with_lost_attempts
-from reconciler.sources.kit.scan import expired_scan
+from reconciler.sources.kit.scan import brake_counts, expired_scan, held_by_key
 from reconciler.sources.kit.shapes import AllKinds, acting, by_kind
 from reconciler.sources.kit.system import NOT_LOADED, Changed, Loaded, Scope, System, Wanted
 from reconciler.sources.kit.transaction import SourceTransaction
@@ -123,8 +123,7 @@ class DeclaredSource:
         if not policies or limit <= 0:
             return []
         key = self.system.shape.key
-        # Decided first: a declared liveness then reads once what both scans need (the
-        # live jobs too, only where some may be wedged).
+        # First: a declared liveness reads once what both scans need (the live jobs too).
         wedge = self._may_be_wedged(policies)
         if self._loaded(every=wedge).rows == 0:
             return []  # the liveness loaded no running job: nothing to scan
@@ -186,9 +185,8 @@ class DeclaredSource:
         if swapping:
             if self.system.shape.naive_utc is not None:
                 self._tx.utc()
-            # A wedged job is live: a verdict read afresh for the swap loads it too.
-            scope = self._scope(judged=True,
-                                every=any(b.stalled is not None for b in swapping))
+            wedged = any(b.stalled is not None for b in swapping)  # live jobs: loaded too
+            scope = self._scope(judged=True, every=wedged)
             for batch in swapping:
                 changed.update(self.system.swap(scope, batch))
         self._tx.ledger.fence_pending()
@@ -208,12 +206,12 @@ class DeclaredSource:
         policies = self._policies()
         if not policies:
             return self._stuck_beside({})
-        if self._loaded(every=False).rows == 0:
-            return self._stuck_beside({StuckReason.AWAITING_DECISION: StuckCount(0)})
-        expired = self._running(policies).where(self._reconciled(policies),
-                                                self._expired(policies)).subquery()
-        count, oldest = self._conn.execute(
-            sa.select(sa.func.count(), sa.func.max(expired.c.lease_expired_seconds))).one()
+        count, oldest = 0, None
+        if self._loaded().rows != 0:  # else nothing to read
+            expired = self._running(policies).where(self._reconciled(policies),
+                                                    self._expired(policies)).subquery()
+            count, oldest = self._conn.execute(sa.select(
+                sa.func.count(), sa.func.max(expired.c.lease_expired_seconds))).one()
         return self._stuck_beside({StuckReason.AWAITING_DECISION: StuckCount(
             int(count), None if oldest is None else float(oldest))})
 
@@ -245,19 +243,14 @@ class DeclaredSource:
         """Running jobs of reconciled kinds, as the scan that found this transaction's
         expired candidates counted them; else (no expired candidate: a pass of wedged
         ones only) counted now, the expired ones in the same read for ``stale_count``."""
-        if self._tx.brake_counts is not None:
-            return self._tx.brake_counts[0]
-        policies = self._policies()
-        if not policies:
-            return 0
-        running = (self._running(policies).where(self._reconciled(policies))
-                   .add_columns(self._expired(policies).label("expired")).subquery())
-        count, expired = self._conn.execute(sa.select(
-            sa.func.count(),
-            # count(CASE ...), not count() FILTER (...), which MySQL does not have.
-            sa.func.count(sa.case((sa.and_(running.c.expired.is_(True),
-                                           self._unheld(running.c.job_id)), 1))))).one()
-        self._tx.brake_counts = (int(count) + self._loaded().counted, int(expired))
+        if self._tx.brake_counts is None:
+            policies = self._policies()
+            if not policies:
+                return 0
+            total, expired = self._conn.execute(brake_counts(
+                self._running(policies).where(self._reconciled(policies)),
+                self._expired(policies), self._unheld)).one()
+            self._tx.brake_counts = (int(total) + self._loaded().counted, int(expired))
         return self._tx.brake_counts[0]
 
     def stale_count(self, limit: int) -> int:
@@ -285,14 +278,13 @@ class DeclaredSource:
         if judged and liveness is not None and (
                 self._tx.verdict is None or (every and not self._tx.verdict_every)):
             self._tx.verdict = liveness.judge(self._conn, self._kinds, every=every)
-            self._tx.verdict_every = every
+            self._tx.verdict_every = every or liveness.loaded(self._tx.verdict).every
         return Scope(self._conn, self._tx.ledger, self._tx.history,
                      self._tx.verdict if judged else None)
 
     def _running(self, policies: Mapping[str, KindPolicy], *, every: bool = False
                  ) -> sa.Select[Any]:
-        """Every running job (``every``: the live ones too, where the declared liveness
-        would only count them)."""
+        """Every running job (``every``: the live ones too, which a liveness may count)."""
         if self.system.shape.naive_utc == "scan":
             self._tx.utc()
         # Only a read of some kinds' jobs judges their liveness (not the list of kinds),
@@ -300,15 +292,13 @@ class DeclaredSource:
         judged = bool(policies) or self.system.shape.judged_first
         return self.system.running(self._scope(judged=judged, every=every), policies)
 
-    def _loaded(self, *, every: bool | None = None) -> Loaded:
-        """What this transaction's verdict loaded and counted of the running jobs (judged
-        first, over ``every`` running job or not, unless ``every`` is None)."""
+    def _loaded(self, *, every: bool = False) -> Loaded:
+        """What this transaction's verdict (read first where it is not yet) loaded and
+        counted of the running jobs."""
         liveness = self.system.liveness
-        if liveness is not None and every is not None:
-            self._scope(judged=True, every=every)
-        if liveness is None or self._tx.verdict is None:
+        if liveness is None:
             return NOT_LOADED
-        return liveness.loaded(self._tx.verdict)
+        return liveness.loaded(self._scope(judged=True, every=every).verdict)
 
     def _unheld(self, key: sa.ColumnElement[Any]) -> sa.ColumnElement[bool]:
         """True where no operator holds the job: a held job is stale on purpose and the
@@ -385,23 +375,10 @@ class DeclaredSource:
         return query.with_for_update(skip_locked=True, of=self.system.shape.locks)
 
     def _held(self, rows: Sequence[sa.Row[Any]]) -> Sequence[sa.Row[Any]]:
-        """The scanned rows this transaction holds: on MySQL, the rows found are then
-        locked by their key (``FOR UPDATE SKIP LOCKED``), and those another replica holds
-        are left out. A locking scan would lock every row InnoDB reads on its way (every
-        running job, other replicas' batches among them); by key it locks the batch's
-        rows only. A row changed between the read and the lock no longer matches its
-        fence, which its swap repeats: it is recorded ``fence_lost``, never overwritten.
-        Elsewhere the scan locked them (PostgreSQL) or the transaction holds the write
-        lock (SQLite)."""
-        if not rows or not self._lock or self._conn.dialect.name != MYSQL:
+        """The scanned rows this transaction holds (``kit.scan.held_by_key``)."""
+        if not self._lock:
             return rows
-        shape = self.system.shape
-        ids = [row.job_id for row in rows]
-        found = shape.key.in_(ids) if shape.lock_by is None else shape.lock_by(ids)
-        locked = {str(k) for k in self._conn.execute(
-            sa.select(shape.key).select_from(shape.locks).where(found)
-            .with_for_update(skip_locked=True)).scalars()}
-        return [row for row in rows if str(row.job_id) in locked]
+        return held_by_key(self._conn, self.system.shape, rows)
 
     def _build(self, rows: Sequence[sa.Row[Any]], policies: Mapping[str, KindPolicy],
                *, position: bool) -> list[Candidate]:

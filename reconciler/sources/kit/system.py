@@ -62,6 +62,8 @@ class Loaded:
     counted: int = 0
     """The live jobs it counted without loading them, which the brake's count of running
     jobs adds (no expired scan reads a live job)."""
+    every: bool = True
+    """Whether it loaded every running job (else only those an expired scan can find)."""
 
 
 NOT_LOADED = Loaded(rows=None)
@@ -76,7 +78,7 @@ class Liveness(Protocol):
     def judge(self, conn: Connection, kinds: KindRules, *, every: bool) -> object:
         """The verdict of one transaction (never None). ``every``: over every running job
         (an operator's read, the wedged scan); else it may leave out the live ones, which
-        no expired scan reads, and only count them (``unloaded``)."""
+        no expired scan reads, and only count them (``loaded``)."""
 
     def loaded(self, verdict: Any) -> Loaded:
         """What of the running jobs the verdict loaded and what it only counted."""

@@ -1,14 +1,16 @@
 """RQ's started jobs, read from Redis once per transaction into a temporary table.
 
 The kit judges jobs in SQL; RQ keeps them in Redis. So the source's declared liveness
-(``RqLiveness.judge``) reads, once per transaction, every watched queue's started
-registry (``ZRANGE``: RQ's own ``get_job_ids`` would run its cleanup first), each
-started job's hash fields and each of their workers' keys, all pipelined, with Redis's
-``TIME`` as the clock; and loads them into a temporary table on the pass's own
-connection (its own ``MetaData``: not one of this project's tables, invisible to
-migrations). ``running``, ``expired`` and the candidates are then plain SQL over it, and
-the kit's paging, holds, ledger, audit, brake, explain, dry run and shadow mode work on
-it unchanged.
+(``RqLiveness.judge``) reads, once per transaction, each watched queue's started registry
+(never RQ's own ``get_job_ids``, which would run its cleanup first), with Redis's
+``TIME`` as the clock: for a pass, only its expired entries (``ZRANGEBYSCORE``, what
+RQ's own cleanup reads), the live ones counted (``ZCOUNT``) for the brake; for an
+operator's read or the wedged scan, every entry (``ZRANGE``). It reads the hash fields
+of each job it loads and the worker keys of the expired ones, pipelined, and loads them
+into a temporary table on the pass's own connection (its own ``MetaData``: not one of
+this project's tables, invisible to migrations). ``running``, ``expired`` and the
+candidates are then plain SQL over it, and the kit's paging, holds, ledger, audit,
+brake, explain, dry run and shadow mode work on it.
 
 A job is stale when its registry entry has expired (its score, Redis's clock) and its
 worker is gone: its key expired, marked dead, silent past ``session_timeout_seconds``,
@@ -64,7 +66,8 @@ STARTED = sa.Table(
     sa.Column("attempt", sa.Integer(), nullable=False),
     prefixes=["TEMPORARY"], postgresql_on_commit="DELETE ROWS",
 )
-"""One row per entry of a watched started registry, as read this transaction:
+"""One row per entry of a watched started registry loaded this transaction (the expired
+ones, or every one):
 ``entry_over`` is Redis's clock minus the entry's score (seconds past its expiry,
 negative while renewed), ``run_seconds`` since the job's ``started_at``, ``attempt`` the
 reconciler's count (``ATTEMPT_FIELD``, else 1)."""
@@ -188,7 +191,7 @@ class RqLiveness:
         """The entries the snapshot loaded, and the live ones it only counted."""
         return verdict.loaded
 
-    def load(self, conn: Connection, *, every: bool = True) -> Snapshot:
+    def load(self, conn: Connection, *, every: bool) -> Snapshot:
         """Redis read once, loaded into ``STARTED`` on ``conn`` (emptied first): every
         watched started entry, or (not ``every``) the expired ones, the rest counted."""
         _create(conn)
@@ -208,7 +211,7 @@ class RqLiveness:
             # Over the network: one statement, the rows as one JSON parameter, so ten
             # thousand started jobs cost one round trip.
             conn.execute(_LOAD[conn.dialect.name], {"started_rows": encode_rows(rows)})
-        return Snapshot(doubt, Loaded(len(rows), unloaded))
+        return Snapshot(doubt, Loaded(len(rows), unloaded, every=every))
 
     def _read(self, *, every: bool) -> tuple[list[dict[str, Any]], int, LivenessDoubt | None]:
         """Every watched started registry's entries (``every``), else its expired ones
@@ -236,27 +239,34 @@ class RqLiveness:
                        for queue, found in zip(watched, pipe.execute(), strict=True)
                        for member, score in found]
         unloaded = 0
-        if entries and not every:  # the brake's count: only a pass with candidates reads it
+        if entries and not every:
+            # The brake's count, which only a pass with candidates reads: the live entries
+            # counted as such (never the size less those read, which a job leaving the
+            # registry between the two reads would count off twice).
             with client.pipeline(transaction=False) as pipe:
                 for queue in watched:
-                    pipe.zcard(keys.started_key(queue))
-                unloaded = sum(pipe.execute()) - len(entries)
-        # Executions are kept across passes (by ``<job id>:<execution id>``, the
-        # registry's member) while their entries last: what a pass reads of a job, but for
-        # its heartbeat, does not change while one execution runs (its worker, start,
-        # retries left, attempt and kind), so a live entry seen before costs no read but
-        # its registry's, and only an expired one is read again.
-        current = {member for _, member, _ in entries}
-        self.seen = {m: job for m, job in self.seen.items() if m in current}
+                    pipe.zcount(keys.started_key(queue), f"({now!r}", "+inf")
+                unloaded = sum(pipe.execute())
+        if every:
+            # Executions are kept across such reads (by ``<job id>:<execution id>``, the
+            # registry's member) while their entries last: what a pass reads of a job, but
+            # for its heartbeat, does not change while one execution runs (its worker,
+            # start, retries left, attempt and kind), so a live entry seen before costs
+            # no read but its registry's. (A pass of expired entries alone leaves them:
+            # it cannot tell which have ended.)
+            current = {member for _, member, _ in entries}
+            self.seen = {m: job for m, job in self.seen.items() if m in current}
         if not entries:
             return [], unloaded, None
         # A fence is built from what an expired entry's job says now, never from memory.
-        fresh = [member for _, member, score in entries
-                 if score <= now or member not in self.seen]
-        self._remember(client, fresh)
+        read = self._read_jobs(client, [member for _, member, score in entries
+                                        if score <= now or member not in self.seen])
+        if every:
+            self.seen.update(read)
+        executions = {**self.seen, **read} if every else read
         expired = [member for _, member, score in entries if score <= now]
-        worker_names = sorted({str(self.seen[m].worker) for m in expired
-                               if self.seen[m].worker})
+        worker_names = sorted({str(executions[m].worker) for m in expired
+                               if executions[m].worker})
         with client.pipeline(transaction=False) as pipe:
             for name in worker_names:
                 pipe.hmget(keys.worker_key(name), WORKER_FIELDS)
@@ -264,32 +274,35 @@ class RqLiveness:
         for name, (_, _, _, version) in workers_read.items():
             if version:
                 keys.require_supported(version.decode(), f"worker {name}")
-        return [self._row(now, entry, workers_read) for entry in entries], unloaded, None
+        return ([self._row(now, entry, executions[entry[1]], workers_read)
+                 for entry in entries], unloaded, None)
 
-    def _remember(self, client: Any, members: Sequence[str]) -> None:
-        """Each execution's job read (pipelined) and kept; its kind read from its payload
-        without unpickling it, only the first time."""
+    def _read_jobs(self, client: Any, members: Sequence[str]) -> dict[str, Execution]:
+        """Each execution's job read (pipelined); its kind read from its payload without
+        unpickling it, only where it is not remembered."""
         if not members:
-            return
+            return {}
         known = [m in self.seen and self.seen[m].kind is not None for m in members]
         with client.pipeline(transaction=False) as pipe:
             for member, kind_known in zip(members, known, strict=True):
                 fields = JOB_FIELDS[:-1] if kind_known else JOB_FIELDS
                 pipe.hmget(keys.job_key(member.rpartition(":")[0]), fields)
             read = pipe.execute()
+        found = {}
         for member, kind_known, job in zip(members, known, read, strict=True):
             status, worker, started, retries_left, attempt = job[:5]
             kind = (self.seen[member].kind if kind_known
                     else func_name(job[5], self.config.serializer))
-            self.seen[member] = Execution(_text(status), _text(worker), utc_seconds(started),
-                                          _int(retries_left), _int(attempt) or 1, kind)
+            found[member] = Execution(_text(status), _text(worker), utc_seconds(started),
+                                      _int(retries_left), _int(attempt) or 1, kind)
+        return found
 
-    def _row(self, now: float, entry: tuple[str, str, float],
+    def _row(self, now: float, entry: tuple[str, str, float], job: Execution,
              workers: dict[str, Sequence[bytes | None]]) -> dict[str, Any]:
-        """One registry entry (queue, ``<job id>:<execution id>``, score) as a row."""
+        """One registry entry (queue, ``<job id>:<execution id>``, score) and its job as a
+        row."""
         queue, member, score = entry
         job_id, _, execution_id = member.rpartition(":")
-        job = self.seen[member]
         return {
             "job_id": job_id, "job_kind": job.kind or UNREADABLE_LABEL,
             "unreadable": job.kind is None, "queue": queue, "execution_id": execution_id,
@@ -321,7 +334,7 @@ class RqLiveness:
         return None if verdict.doubt is None else LivenessUnknown(verdict.doubt, self.where())
 
     def stuck(self, verdict: Snapshot) -> StuckWork:
-        """Nothing beside the kit's count: every started job is in ``STARTED`` (one whose
+        """Nothing beside the kit's count: every expired entry is in ``STARTED`` (one whose
         kind cannot be read is a candidate, held back as ``reconcile_error``), and while
         Redis is not read none is known to be running."""
         return {}

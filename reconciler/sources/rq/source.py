@@ -76,8 +76,10 @@ class RqSql:
 
     def expired(self, scope: Scope, policies: Policies) -> sa.ColumnElement[bool]:
         """Its worker gone (or its run too long) past its entry's expiry; or its kind
-        unreadable (a candidate, so that it is recorded ``reconcile_error``)."""
-        return sa.or_(STARTED.c.unreadable, self._over(policies) >= 0)
+        unreadable once its entry expired (a candidate, so that it is recorded
+        ``reconcile_error``: a live one is not read by a pass)."""
+        return sa.or_(sa.and_(STARTED.c.unreadable, STARTED.c.entry_over >= 0),
+                      self._over(policies) >= 0)
 
     def candidate(self, scope: Scope, row: sa.Row[Any], policy: KindPolicy,
                   steps: StepFacts | None, position: bool) -> Candidate:
