@@ -21,12 +21,16 @@ In one run, per engine:
 - ``quiet_pass``: median of ``--runs`` real passes through the ``rq`` source with
   nothing to recover; ``peer_value``: median of RQ's ``StartedJobRegistry.cleanup`` over
   every queue (what each worker's maintenance runs), nothing expired.
+- ``quiet_pass_ledger``: the same, once the step ledger is in use: ``LEDGER_JOBS``
+  finished jobs' steps recorded longer ago than ``wedged_after_seconds`` (1 s here), so
+  each pass also reads the live entries and asks the ledger which went silent (none).
 - ``recovery``: the orphans die; RQ's cleanup runs once over every queue (``peer_value``,
   jobs/s: it fails each as ``AbandonedJobError``); they die again and the reconciler's
   passes resume them (``value``, jobs/s, every decision recorded).
 
-``redis_commands``: the commands Redis counted (``INFO commandstats``) per quiet pass, or
-per recovered job, for each side: the reads a pass costs the app's Redis.
+``redis_commands`` and ``redis_usec``: the commands Redis counted and the time it spent
+serving them (``INFO commandstats``) per quiet pass, or per recovered job, for each
+side: what a pass costs the app's Redis.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from benchmarks.foreign_python import start_redis
 from benchmarks.harness import Databases, row_printer
 from reconciler.config.loader import load_config, pass_config
 from reconciler.core.passes import PassConfig, run_pass
+from reconciler.ledger import Step, StepLedger
 from reconciler.root.cli import assemble_cli
 
 FULL = Size(jobs=100_000, running=10_000, orphans=1_000)
@@ -56,6 +61,8 @@ QUEUES = ("default", "reports", "emails", "payments")
 PIPELINE_CHUNK = 2_000
 HEARTBEAT_TTL = 90
 """What a worker's heartbeat gives a job (``job_monitoring_interval`` 30 s + RQ's 60)."""
+LEDGER_JOBS = 100
+"""Finished jobs whose steps the ledger keeps, for ``quiet_pass_ledger``."""
 KEPT_SECONDS = 86_400
 """Results and failures kept a day: nothing of the dataset expires during a run."""
 
@@ -209,13 +216,15 @@ class RqJobs:
 
     @contextlib.contextmanager
     def counting(self) -> Iterator[list[int]]:
-        """The commands Redis served while the block ran, in a one-item list."""
+        """The commands Redis served while the block ran and the microseconds it spent on
+        them, in a two-item list."""
         self.connection.config_resetstat()
-        counted = [0]
+        counted = [0, 0]
         yield counted
-        stats = self.connection.info("commandstats")
-        counted[0] = sum(v["calls"] for k, v in stats.items()
-                         if k not in ("cmdstat_info", "cmdstat_config"))
+        stats = {k: v for k, v in self.connection.info("commandstats").items()
+                 if k not in ("cmdstat_info", "cmdstat_config")}
+        counted[0] = sum(v["calls"] for v in stats.values())
+        counted[1] = sum(v["usec"] for v in stats.values())
 
 
 def _worker_name(n: int, size: Size) -> str:
@@ -265,26 +274,25 @@ def measure(engine_name: str, size: Size, runs: int,
         engine = stack.enter_context(dbs.fresh())
         jobs = RqJobs(url, size)
         jobs.build()
-        config_file = tmp / "reconciler.toml"
-        config_file.write_text(f'[source]\nkind = "rq"\nredis_url = "{url}"\n'
-                               '[kinds."*"]\neffect = "idempotent"\n')
-        config = load_config(config_file, database_url=str(engine.url), batch_size=BATCH_SIZE)
-        store = assemble_cli(config, engine=engine).passes
-        pass_cfg = pass_config(config.settings, "bench", config.kinds)
+        store, pass_cfg = _store(tmp / "reconciler.toml", url, engine, "")
         base = {"source": "rq", "engine": engine_name, "jobs": size.jobs,
                 "running": size.running}
 
         jobs.keep_alive()
-        with jobs.counting() as ours_sent:
-            ours = statistics.median(_timed_ms(lambda: _quiet(store, pass_cfg), runs))
         with jobs.counting() as peer_sent:
             peer = statistics.median(_timed_ms(jobs.cleanup, runs))
-        emit({**base, "measurement": "quiet_pass", "orphans": 0, "value": round(ours, 2),
-              "unit": "ms", "peer_value": round(peer, 2),
-              "ratio_to_peer": round(ours / peer, 2), "runs": runs,
-              # the warm-up is one more than ``runs``
-              "redis_commands": round(ours_sent[0] / (runs + 1), 1),
-              "peer_redis_commands": round(peer_sent[0] / (runs + 1), 1)})
+        with jobs.counting() as ours_sent:
+            ours = statistics.median(_timed_ms(lambda: _quiet(store, pass_cfg), runs))
+        emit(_quiet_row(base, "quiet_pass", ours=ours, peer=peer, ours_sent=ours_sent,
+                        peer_sent=peer_sent, runs=runs))
+        ledger_store, ledger_cfg = _store(tmp / "ledger.toml", url, engine,
+                                          "stale_after_seconds = 0.5\nwedged_after_seconds = 1\n")
+        _finished_steps(engine)
+        jobs.keep_alive()
+        with jobs.counting() as ours_sent:
+            ours = statistics.median(_timed_ms(lambda: _quiet(ledger_store, ledger_cfg), runs))
+        emit(_quiet_row(base, "quiet_pass_ledger", ours=ours, peer=peer, ours_sent=ours_sent,
+                        peer_sent=peer_sent, runs=runs))
 
         # Before each side: the live workers heartbeat, so only the orphans have expired
         # however long the quiet passes took.
@@ -313,7 +321,40 @@ def measure(engine_name: str, size: Size, runs: int,
               "passes": passes, "seconds": round(seconds, 3),
               "peer_seconds": round(peer_seconds, 3),
               "redis_commands_per_job": round(ours_sent[0] / acted, 1),
-              "peer_redis_commands_per_job": round(peer_sent[0] / peer_recovered, 1)})
+              "peer_redis_commands_per_job": round(peer_sent[0] / peer_recovered, 1),
+              "redis_usec_per_job": round(ours_sent[1] / acted, 1),
+              "peer_redis_usec_per_job": round(peer_sent[1] / peer_recovered, 1)})
+
+
+def _store(path: Path, url: str, engine: Any, kinds: str) -> tuple[Any, PassConfig]:
+    """A pass store for the rq source over ``url`` (every kind idempotent, and ``kinds``
+    more of ``[kinds."*"]``), and its pass settings."""
+    path.write_text(f'[source]\nkind = "rq"\nredis_url = "{url}"\n'
+                    f'[kinds."*"]\neffect = "idempotent"\n{kinds}')
+    config = load_config(path, database_url=str(engine.url), batch_size=BATCH_SIZE)
+    return (assemble_cli(config, engine=engine).passes,
+            pass_config(config.settings, "bench", config.kinds))
+
+
+def _finished_steps(engine: Any) -> None:
+    """``LEDGER_JOBS`` finished jobs' steps in the ledger, older than a second."""
+    with StepLedger(engine) as ledger:
+        for n in range(LEDGER_JOBS):
+            run = ledger.run("rq", f"finished-{n}", 1, [Step("work", "effectful")])
+            with run.step(0):
+                pass
+    time.sleep(1.1)
+
+
+def _quiet_row(base: dict[str, Any], measurement: str, *, ours: float, peer: float,
+               ours_sent: list[int], peer_sent: list[int], runs: int) -> dict[str, Any]:
+    # the warm-up is one more than ``runs``
+    return {**base, "measurement": measurement, "orphans": 0, "value": round(ours, 2),
+            "unit": "ms", "peer_value": round(peer, 2), "ratio_to_peer": round(ours / peer, 2),
+            "runs": runs, "redis_commands": round(ours_sent[0] / (runs + 1), 1),
+            "peer_redis_commands": round(peer_sent[0] / (runs + 1), 1),
+            "redis_usec": round(ours_sent[1] / (runs + 1), 1),
+            "peer_redis_usec": round(peer_sent[1] / (runs + 1), 1)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,6 +31,8 @@ JobKey = int | str
 __all__ = ["LeaseLost", "LedgerRun", "Step", "StepLedger"]
 
 ENTRIES: sa.Table = cast(sa.Table, StepLedgerEntry.__table__)
+SILENT_CHUNK = 5_000
+"""Keys a ``silent_among`` statement binds at most (SQLite binds 32,766 at most)."""
 
 
 def job_key_text(job_id: JobKey) -> str:
@@ -255,6 +257,20 @@ class PassLedger:
             sa.select(sa.literal(1)).select_from(ENTRIES)
             .where(ENTRIES.c.source_name == self._source,
                    ENTRIES.c.updated_at < now_plus(-seconds)).limit(1)).first() is not None
+
+    def silent_among(self, keys: Sequence[str], seconds: float) -> set[str]:
+        """Those of ``keys`` whose newest write is older than ``seconds`` (a job without
+        records is never silent), read in chunks of ``SILENT_CHUNK`` keys."""
+        silent: set[str] = set()
+        for start in range(0, len(keys), SILENT_CHUNK):
+            chunk = keys[start:start + SILENT_CHUNK]
+            silent.update(self._conn.execute(
+                sa.select(ENTRIES.c.job_key)
+                .where(ENTRIES.c.source_name == self._source,
+                       key_in(self._conn, ENTRIES.c.job_key, chunk))
+                .group_by(ENTRIES.c.job_key)
+                .having(sa.func.max(ENTRIES.c.updated_at) < now_plus(-seconds))).scalars())
+        return silent
 
     def newest_writes(self, keys: Sequence[str]) -> dict[str, Any]:
         """The newest write of each job about to change (absent: none), in one read for

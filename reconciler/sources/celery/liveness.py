@@ -36,7 +36,7 @@ from reconciler.errors import ConfigError
 from reconciler.sources.celery.broker import CeleryBroker
 from reconciler.sources.celery.tables import ResultRows, queue_for
 from reconciler.sources.kit.shapes import constant
-from reconciler.sources.kit.system import NOT_LOADED, Loaded
+from reconciler.sources.kit.system import NOT_LOADED, Loaded, Silent
 
 log = logging.getLogger("reconciler.sources.celery")
 _WARNED: set[str] = set()
@@ -143,10 +143,11 @@ class CeleryLiveness:
         queue = row.queue if self.result.queue is not None else None
         return queue or queue_for(name, self.task_routes, self.task_default_queue)
 
-    def judge(self, conn: Connection, kinds: KindRules, *, every: bool) -> Judgement:
+    def judge(self, conn: Connection, kinds: KindRules, *, every: bool,
+              silent: Silent | None) -> Judgement:
         """The broker's view of the STARTED rows (``judge``), every one alike (``every``
-        changes nothing: the rows are in SQL already). The same read finds the rows
-        written without ``result_extended``."""
+        and ``silent`` change nothing: the rows are in SQL already). The same read finds
+        the rows written without ``result_extended``."""
         result, rows = self.result, self.result.sql_table
         started = conn.execute(
             sa.select(rows.c.task_id, result.name.label("name"), rows.c.worker,

@@ -35,10 +35,18 @@ from reconciler.sources.kit.batches import batches, fence_of
 from reconciler.sources.kit.fences import ForeignFence, LedgerMark, with_ledger
 from reconciler.sources.kit.history import with_lost_attempts
 from reconciler.sources.kit.scan import brake_counts, expired_scan, held_by_key
-from reconciler.sources.kit.shapes import AllKinds, acting, by_kind
-from reconciler.sources.kit.system import NOT_LOADED, Changed, Loaded, Scope, System, Wanted
+from reconciler.sources.kit.shapes import AllKinds, acting
+from reconciler.sources.kit.system import (
+    NOT_LOADED,
+    Changed,
+    Loaded,
+    Scope,
+    Silent,
+    System,
+    Wanted,
+)
 from reconciler.sources.kit.transaction import SourceTransaction
-from reconciler.storage.clock import now_plus, seconds_since
+from reconciler.sources.kit.wedged import WedgedRule
 from reconciler.storage.operator_record import not_held
 from reconciler.storage.sql import MYSQL, POSTGRESQL
 
@@ -58,6 +66,7 @@ class DeclaredSource:
         # What the transaction reads and owes is kept apart from the declaration, in one
         # object made for it (the declaration is bound anew per transaction).
         self._tx = SourceTransaction(connection, name)
+        self._wedged = WedgedRule(system.shape, self._tx.ledger)
 
     @property
     def connection(self) -> Connection:
@@ -123,11 +132,13 @@ class DeclaredSource:
         if not policies or limit <= 0:
             return []
         key = self.system.shape.key
-        # First: a declared liveness reads once what both scans need (the live jobs too).
-        wedge = self._may_be_wedged(policies)
-        if self._loaded(every=wedge).rows == 0:
+        # First: a declared liveness reads once what both scans need (the silent live
+        # jobs too).
+        wedge = self._wedged.may_apply(policies)
+        if self._loaded(silent=self._wedged.silent_keys(policies) if wedge else None
+                        ).rows == 0:
             return []  # the liveness loaded no running job: nothing to scan
-        running = self._running(policies, every=wedge)
+        running = self._running(policies)
         expired = self._expired(policies)
         rows = self._held(self._conn.execute(expired_scan(
             running.where(self._reconciled(policies)), expired,
@@ -141,7 +152,7 @@ class DeclaredSource:
         found = self._build(rows, policies, position=True)
         room = limit - len(found)
         if room > 0 and wedge:
-            wedged_scan = (self._running(policies, every=True)
+            wedged_scan = (self._running(policies)
                            .where(self._reconciled(policies), sa.not_(expired),
                                   self._stalled(policies))
                            .order_by(self._order()).limit(room))
@@ -181,12 +192,13 @@ class DeclaredSource:
                    or read.get(str(change.decision.job_id)) == ledger.last_write]
         self._tx.brake_counts = None  # the brake's counts are of the jobs before these swaps
         changed: Changed = {}
-        swapping = batches(holding, self._still_stalled, self._tx.ledger)
+        swapping = batches(holding, self._wedged.still_stalled, self._tx.ledger)
         if swapping:
             if self.system.shape.naive_utc is not None:
                 self._tx.utc()
             wedged = any(b.stalled is not None for b in swapping)  # live jobs: loaded too
-            scope = self._scope(judged=True, every=wedged)
+            scope = self._scope(judged=True, silent=self._wedged.silent_keys(
+                self._policies()) if wedged else None)
             for batch in swapping:
                 changed.update(self.system.swap(scope, batch))
         self._tx.ledger.fence_pending()
@@ -270,15 +282,18 @@ class DeclaredSource:
 
     # -- the declaration, called with what it needs -------------------------- #
 
-    def _scope(self, *, judged: bool, every: bool = False) -> Scope:
+    def _scope(self, *, judged: bool, every: bool = False, silent: Silent | None = None
+               ) -> Scope:
         """What a declared function is given; ``judged``: with the declared liveness's
-        verdict for this transaction, read the first time it is asked for (again over
-        every running job the first time ``every`` asks for them)."""
-        liveness = self.system.liveness
+        verdict for this transaction, read the first time it is asked for (again the
+        first time ``every`` running job, or the ``silent`` live ones, are asked for)."""
+        liveness, tx = self.system.liveness, self._tx
         if judged and liveness is not None and (
-                self._tx.verdict is None or (every and not self._tx.verdict_every)):
-            self._tx.verdict = liveness.judge(self._conn, self._kinds, every=every)
-            self._tx.verdict_every = every or liveness.loaded(self._tx.verdict).every
+                tx.verdict is None or (every and not tx.verdict_every)
+                or (silent is not None and not (tx.verdict_every or tx.verdict_silent))):
+            tx.verdict = liveness.judge(self._conn, self._kinds, every=every, silent=silent)
+            tx.verdict_every = every or liveness.loaded(tx.verdict).every
+            tx.verdict_silent = silent is not None
         return Scope(self._conn, self._tx.ledger, self._tx.history,
                      self._tx.verdict if judged else None)
 
@@ -292,13 +307,13 @@ class DeclaredSource:
         judged = bool(policies) or self.system.shape.judged_first
         return self.system.running(self._scope(judged=judged, every=every), policies)
 
-    def _loaded(self, *, every: bool = False) -> Loaded:
+    def _loaded(self, *, silent: Silent | None = None) -> Loaded:
         """What this transaction's verdict (read first where it is not yet) loaded and
         counted of the running jobs."""
         liveness = self.system.liveness
         if liveness is None:
             return NOT_LOADED
-        return liveness.loaded(self._scope(judged=True, every=every).verdict)
+        return liveness.loaded(self._scope(judged=True, silent=silent).verdict)
 
     def _unheld(self, key: sa.ColumnElement[Any]) -> sa.ColumnElement[bool]:
         """True where no operator holds the job: a held job is stale on purpose and the
@@ -334,37 +349,11 @@ class DeclaredSource:
 
     def _stalled(self, policies: Mapping[str, KindPolicy]) -> sa.ColumnElement[bool]:
         """No activity (the job's own, else recorded steps) for the kind's
-        ``wedged_after_seconds``."""
-        wedged = by_kind(self.system.shape.kind, policies,
-                         lambda p: p.thresholds.wedged_after_seconds)
+        ``wedged_after_seconds``, and whatever else the system's guard asks."""
         guard = self.system.wedge_guard
         return sa.and_(sa.true() if guard is None else guard(self._scope(judged=True),
                                                               policies),
-                       self._silent_for(wedged))
-
-    def _may_be_wedged(self, policies: Mapping[str, KindPolicy]) -> bool:
-        """Whether any job of this source has ledger records older than the shortest
-        ``wedged_after_seconds`` running: a job without records is never wedged (its
-        system keeps no activity of ours), so without such records the wedged scan, a
-        read of every running job, is skipped. A system that keeps its own activity is
-        always scanned."""
-        if self.system.shape.activity is not None:
-            return True
-        shortest = min(p.thresholds.wedged_after_seconds for p in (
-            [policies.alike] if isinstance(policies, AllKinds) else policies.values()))
-        return self._tx.ledger.written_before(shortest)
-
-    def _still_stalled(self, seconds: float) -> sa.ColumnElement[bool]:
-        """The wedged rule's time predicate (no activity for ``seconds``), repeated in its
-        swap."""
-        return self._silent_for(sa.literal(seconds, sa.Float()))
-
-    def _silent_for(self, seconds: sa.ColumnElement[Any]) -> sa.ColumnElement[bool]:
-        activity = self.system.shape.activity
-        if activity is not None:
-            return sa.func.coalesce(seconds_since(activity) >= seconds, False)
-        last = self._tx.ledger.last_write(sa.cast(self.system.shape.key, sa.String()))
-        return last < now_plus(-seconds)
+                       self._wedged.stalled(policies))
 
     def _order(self) -> sa.ColumnElement[Any]:
         return self.system.shape.order(self._conn.dialect.name == POSTGRESQL)

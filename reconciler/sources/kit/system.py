@@ -10,7 +10,7 @@ back, and none keeps state of its own between calls.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -66,6 +66,10 @@ class Loaded:
     """Whether it loaded every running job (else only those an expired scan can find)."""
 
 
+Silent = Callable[[Sequence[str]], Collection[str]]
+"""Of some running jobs' keys, those whose step ledger went silent long enough that the
+wedged scan reads them."""
+
 NOT_LOADED = Loaded(rows=None)
 """A source without a declared liveness: its running jobs are its own rows."""
 
@@ -75,10 +79,12 @@ class Liveness(Protocol):
     which may remember what it saw across passes; its verdict is read once per
     transaction and handed to the declared functions in their ``Scope``."""
 
-    def judge(self, conn: Connection, kinds: KindRules, *, every: bool) -> object:
+    def judge(self, conn: Connection, kinds: KindRules, *, every: bool,
+              silent: Silent | None) -> object:
         """The verdict of one transaction (never None). ``every``: over every running job
-        (an operator's read, the wedged scan); else it may leave out the live ones, which
-        no expired scan reads, and only count them (``loaded``)."""
+        (an operator's read); else it may leave out the live ones, which no expired scan
+        reads, and only count them (``loaded``), but for those ``silent`` keeps (the live
+        jobs the wedged scan may find; None: it does not run)."""
 
     def loaded(self, verdict: Any) -> Loaded:
         """What of the running jobs the verdict loaded and what it only counted."""

@@ -21,7 +21,7 @@ class SourceTransaction:
     """What one transaction of a pass read and owes, for one source."""
 
     __slots__ = ("brake_counts", "history", "kinds_read", "ledger", "running_kinds", "utc",
-                 "verdict", "verdict_every")
+                 "verdict", "verdict_every", "verdict_silent")
 
     def __init__(self, conn: Connection, source_name: str) -> None:
         self.ledger = PassLedger(conn, source_name)
@@ -40,5 +40,8 @@ class SourceTransaction:
         self.verdict_every = False
         """Whether the verdict is over every running job (else the live ones may be only
         counted), read again over every one when a read needs them."""
+        self.verdict_silent = False
+        """Whether it loaded the live jobs whose step ledger went silent (what the wedged
+        scan reads), read again with them when the scan needs them."""
         self.utc = UtcTimes(conn)
         """Sets the transaction's TimeZone to UTC once, for a system of naive UTC times."""

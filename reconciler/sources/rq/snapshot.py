@@ -37,7 +37,7 @@ from reconciler.core.ports import LivenessUnknown, StuckWork
 from reconciler.core.vocabulary import LivenessDoubt
 from reconciler.redaction import redact
 from reconciler.sources.kit.shapes import AllKinds
-from reconciler.sources.kit.system import Loaded
+from reconciler.sources.kit.system import Loaded, Silent
 from reconciler.sources.rq import keys
 from reconciler.sources.rq.config import RqConfig
 from reconciler.sources.rq.kinds import UNREADABLE_LABEL, func_name
@@ -180,26 +180,30 @@ class RqLiveness:
         """The Redis URL with any password hidden."""
         return redact(self.config.url)
 
-    def judge(self, conn: Connection, kinds: KindRules, *, every: bool) -> Snapshot:
+    def judge(self, conn: Connection, kinds: KindRules, *, every: bool,
+              silent: Silent | None) -> Snapshot:
         """Redis read once, loaded into ``STARTED`` on ``conn`` (``load``). Only the
-        expired entries are loaded, the live ones counted, unless ``every`` asks for them
-        or the kinds are told apart (``[kinds]`` sets a scan's key for some kind but
-        ``"*"``: the brake then counts the reconciled kinds' jobs only, read by kind)."""
-        return self.load(conn, every=every or AllKinds.of(kinds) is None)
+        expired entries are loaded, and the live ones ``silent`` keeps, the rest counted,
+        unless ``every`` asks for them or the kinds are told apart (``[kinds]`` sets a
+        scan's key for some kind but ``"*"``: the brake then counts the reconciled kinds'
+        jobs only, read by kind)."""
+        return self.load(conn, every=every or AllKinds.of(kinds) is None, silent=silent)
 
     def loaded(self, verdict: Snapshot) -> Loaded:
         """The entries the snapshot loaded, and the live ones it only counted."""
         return verdict.loaded
 
-    def load(self, conn: Connection, *, every: bool) -> Snapshot:
+    def load(self, conn: Connection, *, every: bool, silent: Silent | None = None
+             ) -> Snapshot:
         """Redis read once, loaded into ``STARTED`` on ``conn`` (emptied first): every
-        watched started entry, or (not ``every``) the expired ones, the rest counted."""
+        watched started entry, or (not ``every``) the expired ones and the live ones
+        ``silent`` keeps, the rest counted."""
         _create(conn)
         conn.execute(STARTED.delete())
         import redis  # noqa: PLC0415 - only the rq source needs it
 
         try:
-            rows, unloaded, doubt = self._read(every=every)
+            rows, unloaded, doubt = self._read(every=every, silent=silent)
         except redis.RedisError:
             return Snapshot(LivenessDoubt.BROKER_UNREACHABLE)
         if rows and conn.dialect.name == "sqlite":
@@ -213,11 +217,12 @@ class RqLiveness:
             conn.execute(_LOAD[conn.dialect.name], {"started_rows": encode_rows(rows)})
         return Snapshot(doubt, Loaded(len(rows), unloaded, every=every))
 
-    def _read(self, *, every: bool) -> tuple[list[dict[str, Any]], int, LivenessDoubt | None]:
+    def _read(self, *, every: bool, silent: Silent | None
+              ) -> tuple[list[dict[str, Any]], int, LivenessDoubt | None]:
         """Every watched started registry's entries (``every``), else its expired ones
-        and its size; the jobs of expired entries (and of executions not seen before)
-        read in full, and the workers of the expired ones; the rows, and the entries
-        counted but not read."""
+        and the live ones ``silent`` keeps; the jobs of expired entries (and of
+        executions not seen before) read in full, and the workers of the expired ones;
+        the rows, and the live entries counted but not loaded."""
         client = self.client()
         with client.pipeline(transaction=False) as pipe:
             pipe.time()
@@ -228,25 +233,7 @@ class RqLiveness:
             return [], 0, LivenessDoubt.QUEUES_MISSING  # no RQ key at all: not the app's
         names = sorted(k.decode().removeprefix(keys.QUEUE_PREFIX) for k in queue_keys)
         watched = [q for q in names if self.config.watches(q)]
-        with client.pipeline(transaction=False) as pipe:
-            for queue in watched:
-                if every:
-                    pipe.zrange(keys.started_key(queue), 0, -1, withscores=True)
-                else:  # what RQ's own cleanup reads: the entries expired (Redis's clock)
-                    pipe.zrangebyscore(keys.started_key(queue), "-inf", now,
-                                       withscores=True)
-            entries = [(queue, member.decode(), float(score))
-                       for queue, found in zip(watched, pipe.execute(), strict=True)
-                       for member, score in found]
-        unloaded = 0
-        if entries and not every:
-            # The brake's count, which only a pass with candidates reads: the live entries
-            # counted as such (never the size less those read, which a job leaving the
-            # registry between the two reads would count off twice).
-            with client.pipeline(transaction=False) as pipe:
-                for queue in watched:
-                    pipe.zcount(keys.started_key(queue), f"({now!r}", "+inf")
-                unloaded = sum(pipe.execute())
+        entries, unloaded = self._entries(client, watched, now, every=every, silent=silent)
         if every:
             # Executions are kept across such reads (by ``<job id>:<execution id>``, the
             # registry's member) while their entries last: what a pass reads of a job, but
@@ -276,6 +263,37 @@ class RqLiveness:
                 keys.require_supported(version.decode(), f"worker {name}")
         return ([self._row(now, entry, executions[entry[1]], workers_read)
                  for entry in entries], unloaded, None)
+
+    def _entries(self, client: Any, watched: Sequence[str], now: float, *, every: bool,
+                 silent: Silent | None) -> tuple[list[tuple[str, str, float]], int]:
+        """The watched registries' entries to load, as (queue, member, score): every one,
+        or the expired ones (what RQ's own cleanup reads, on Redis's clock) and the live
+        ones whose job's step ledger ``silent`` says went silent (the wedged scan's); and
+        how many live ones were left out, for the brake's count."""
+        def read(low: str, high: str) -> list[tuple[str, str, float]]:
+            with client.pipeline(transaction=False) as pipe:
+                for queue in watched:
+                    pipe.zrangebyscore(keys.started_key(queue), low, high, withscores=True)
+                return [(queue, member.decode(), float(score))
+                        for queue, found in zip(watched, pipe.execute(), strict=True)
+                        for member, score in found]
+
+        if every:
+            return read("-inf", "+inf"), 0
+        expired = read("-inf", repr(now))
+        if silent is not None:
+            alive = read(f"({now!r}", "+inf")
+            kept = set(silent([m.rpartition(":")[0] for _, m, _ in alive])) if alive else set()
+            loaded = [e for e in alive if e[1].rpartition(":")[0] in kept]
+            return expired + loaded, len(alive) - len(loaded)
+        if not expired:
+            return [], 0  # the brake's count is read only by a pass with candidates
+        # The live entries counted as such (never the registry's size less those read,
+        # which a job leaving the registry between the two reads would count off twice).
+        with client.pipeline(transaction=False) as pipe:
+            for queue in watched:
+                pipe.zcount(keys.started_key(queue), f"({now!r}", "+inf")
+            return expired, sum(pipe.execute())
 
     def _read_jobs(self, client: Any, members: Sequence[str]) -> dict[str, Execution]:
         """Each execution's job read (pipelined); its kind read from its payload without
