@@ -102,6 +102,15 @@ is (RQ reads only its own fields and never deletes others), so a task's step led
 and the next pass know it, whatever became of the pass's own commit."""
 JOB_FIELDS = ("status", "worker_name", "started_at", "retries_left", ATTEMPT_FIELD, "data")
 WORKER_FIELDS = ("last_heartbeat", "death", "birth", "version")
+SILENT_REREAD_SECONDS = 60.0
+"""How long the live entries found silent are read again by themselves before every live
+entry is read again to find those that went silent since: a wedged job is found at most
+this long after its ``wedged_after_seconds`` (minutes, usually hours), and a quiet pass
+costs its Redis a read of every live entry once a minute, not once a pass."""
+
+Entry = tuple[str, str, float]
+"""A started registry's entry: its queue, its member ``<job id>:<execution id>``, its
+score (when it expires, Redis's clock)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +127,15 @@ class Execution:
 
 NOTHING_LOADED = Loaded(rows=0)
 """A snapshot that loaded no entry (Redis unread, or nothing started or expired)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SilentEntries:
+    """The live entries whose job's step ledger was found silent, and when (Redis's
+    clock), by the last read of every live entry."""
+
+    read_at: float
+    members: tuple[tuple[str, str], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +183,7 @@ class RqLiveness:
 
     config: RqConfig
     seen: dict[str, Execution] = field(default_factory=dict)
+    silent_found: SilentEntries | None = None
     _redis: Any = None
 
     def client(self) -> Any:
@@ -265,35 +284,41 @@ class RqLiveness:
                  for entry in entries], unloaded, None)
 
     def _entries(self, client: Any, watched: Sequence[str], now: float, *, every: bool,
-                 silent: Silent | None) -> tuple[list[tuple[str, str, float]], int]:
-        """The watched registries' entries to load, as (queue, member, score): every one,
-        or the expired ones (what RQ's own cleanup reads, on Redis's clock) and the live
-        ones whose job's step ledger ``silent`` says went silent (the wedged scan's); and
-        how many live ones were left out, for the brake's count."""
-        def read(low: str, high: str) -> list[tuple[str, str, float]]:
-            with client.pipeline(transaction=False) as pipe:
-                for queue in watched:
-                    pipe.zrangebyscore(keys.started_key(queue), low, high, withscores=True)
-                return [(queue, member.decode(), float(score))
-                        for queue, found in zip(watched, pipe.execute(), strict=True)
-                        for member, score in found]
-
+                 silent: Silent | None) -> tuple[list[Entry], int]:
+        """The watched registries' entries to load: every one, or the expired ones (what
+        RQ's own cleanup reads, on Redis's clock) and the live ones whose job's step
+        ledger ``silent`` says went silent (the wedged scan's); and how many live ones
+        were left out, for the brake's count."""
         if every:
-            return read("-inf", "+inf"), 0
-        expired = read("-inf", repr(now))
+            return _range(client, watched, "-inf", "+inf"), 0
+        expired = _range(client, watched, "-inf", repr(now))
+        loaded: list[Entry] = []
         if silent is not None:
-            alive = read(f"({now!r}", "+inf")
-            kept = set(silent([m.rpartition(":")[0] for _, m, _ in alive])) if alive else set()
-            loaded = [e for e in alive if e[1].rpartition(":")[0] in kept]
-            return expired + loaded, len(alive) - len(loaded)
-        if not expired:
+            found = self.silent_found
+            if found is None or now - found.read_at >= SILENT_REREAD_SECONDS:
+                alive = _range(client, watched, f"({now!r}", "+inf")
+                kept = set(silent([m.rpartition(":")[0] for _, m, _ in alive])) if alive else ()
+                loaded = [e for e in alive if e[1].rpartition(":")[0] in kept]
+                self.silent_found = SilentEntries(now, tuple((q, m) for q, m, _ in loaded))
+                return expired + loaded, len(alive) - len(loaded)
+            # Between such reads: the entries found silent, read again (still live, and
+            # as they are now: the wedged scan and its fence judge them afresh).
+            with client.pipeline(transaction=False) as pipe:
+                for queue, member in found.members:
+                    pipe.zscore(keys.started_key(queue), member)
+                scores = pipe.execute()
+            loaded = [(queue, member, float(score)) for (queue, member), score
+                      in zip(found.members, scores, strict=True)
+                      if score is not None and float(score) > now]
+        if not expired and not loaded:
             return [], 0  # the brake's count is read only by a pass with candidates
         # The live entries counted as such (never the registry's size less those read,
         # which a job leaving the registry between the two reads would count off twice).
         with client.pipeline(transaction=False) as pipe:
             for queue in watched:
                 pipe.zcount(keys.started_key(queue), f"({now!r}", "+inf")
-            return expired, sum(pipe.execute())
+            live = sum(pipe.execute())
+        return expired + loaded, max(live - len(loaded), 0)
 
     def _read_jobs(self, client: Any, members: Sequence[str]) -> dict[str, Execution]:
         """Each execution's job read (pipelined); its kind read from its payload without
@@ -360,3 +385,14 @@ class RqLiveness:
     def check(self) -> None:
         """RQ installed, in the range read (not that Redis answers now: a pass says so)."""
         keys.installed()
+
+
+def _range(client: Any, watched: Sequence[str], low: str, high: str) -> list[Entry]:
+    """The entries of the watched registries scored from ``low`` to ``high``, pipelined."""
+    with client.pipeline(transaction=False) as pipe:
+        for queue in watched:
+            pipe.zrangebyscore(keys.started_key(queue), low, high, withscores=True)
+        return [(queue, member.decode(), float(score))
+                for queue, found in zip(watched, pipe.execute(), strict=True)
+                for member, score in found]
+
