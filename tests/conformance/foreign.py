@@ -113,6 +113,10 @@ class ForeignFixture:
         """A job id from the audit's text, as the source spells it (integers by default)."""
         return int(text)
 
+    def pass_config(self, batch_size: int = 50) -> PassConfig:
+        """The settings of the suite's passes (``run_pass``), for a test that runs its own."""
+        return self._pass_config(batch_size)
+
     def _pass_config(self, batch_size: int) -> PassConfig:
         settings = self.config.settings.model_copy(update={"batch_size": batch_size})
         # The suite's situations go stale together on purpose: the mass-staleness brake

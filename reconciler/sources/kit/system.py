@@ -63,7 +63,8 @@ class Loaded:
     """The live jobs it counted without loading them, which the brake's count of running
     jobs adds (no expired scan reads a live job)."""
     every: bool = True
-    """Whether it loaded every running job (else only those an expired scan can find)."""
+    """Whether a later read needs no more of it: it loaded every running job (or read
+    nothing, its outside end unanswering), else only those the scans can find."""
 
 
 Silent = Callable[[Sequence[str]], Collection[str]]

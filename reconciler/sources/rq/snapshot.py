@@ -4,9 +4,10 @@ The kit judges jobs in SQL; RQ keeps them in Redis. So the source's declared liv
 (``RqLiveness.judge``) reads, once per transaction, each watched queue's started registry
 (never RQ's own ``get_job_ids``, which would run its cleanup first), with Redis's
 ``TIME`` as the clock: for a pass, only its expired entries (``ZRANGEBYSCORE``, what
-RQ's own cleanup reads), the live ones counted (``ZCOUNT``) for the brake; for an
-operator's read or the wedged scan, every entry (``ZRANGE``). It reads the hash fields
-of each job it loads and the worker keys of the expired ones, pipelined, and loads them
+RQ's own cleanup reads) and, once the step ledger is in use, the live ones whose ledger
+went silent (the wedged scan's), the other live ones counted (``ZCOUNT``) for the brake;
+for an operator's read, every entry. It reads the hash fields of each job it loads and
+the worker keys of the expired ones, pipelined, and loads them
 into a temporary table on the pass's own connection (its own ``MetaData``: not one of
 this project's tables, invisible to migrations). ``running``, ``expired`` and the
 candidates are then plain SQL over it, and the kit's paging, holds, ledger, audit,
@@ -67,7 +68,7 @@ STARTED = sa.Table(
     prefixes=["TEMPORARY"], postgresql_on_commit="DELETE ROWS",
 )
 """One row per entry of a watched started registry loaded this transaction (the expired
-ones, or every one):
+ones and the silent live ones, or every one):
 ``entry_over`` is Redis's clock minus the entry's score (seconds past its expiry,
 negative while renewed), ``run_seconds`` since the job's ``started_at``, ``attempt`` the
 reconciler's count (``ATTEMPT_FIELD``, else 1)."""
@@ -239,9 +240,9 @@ class RqLiveness:
     def _read(self, *, every: bool, silent: Silent | None
               ) -> tuple[list[dict[str, Any]], int, LivenessDoubt | None]:
         """Every watched started registry's entries (``every``), else its expired ones
-        and the live ones ``silent`` keeps; the jobs of expired entries (and of
-        executions not seen before) read in full, and the workers of the expired ones;
-        the rows, and the live entries counted but not loaded."""
+        and the live ones ``silent`` keeps; the jobs read (all of them, but an every
+        read's live entries seen before), and the workers of the expired ones; the rows,
+        and the live entries counted but not loaded."""
         client = self.client()
         with client.pipeline(transaction=False) as pipe:
             pipe.time()
@@ -264,9 +265,11 @@ class RqLiveness:
             self.seen = {m: job for m, job in self.seen.items() if m in current}
         if not entries:
             return [], unloaded, None
-        # A fence is built from what an expired entry's job says now, never from memory.
+        # A fence is built from what an expired entry's job says now, never from memory;
+        # and a pass reads every job it loads (only an every read remembers).
         read = self._read_jobs(client, [member for _, member, score in entries
-                                        if score <= now or member not in self.seen])
+                                        if not every or score <= now
+                                        or member not in self.seen])
         if every:
             self.seen.update(read)
         executions = {**self.seen, **read} if every else read
@@ -292,11 +295,14 @@ class RqLiveness:
         if every:
             return _range(client, watched, "-inf", "+inf"), 0
         expired = _range(client, watched, "-inf", repr(now))
-        loaded: list[Entry] = []
+        # An entry renewed between two reads would be in both: it is loaded once, expired.
+        read_expired = {member for _, member, _ in expired}
+        live_loaded: list[Entry] = []
         if silent is not None:
             found = self.silent_found
             if found is None or now - found.read_at >= SILENT_REREAD_SECONDS:
-                alive = _range(client, watched, f"({now!r}", "+inf")
+                alive = [e for e in _range(client, watched, f"({now!r}", "+inf")
+                         if e[1] not in read_expired]
                 kept = set(silent([m.rpartition(":")[0] for _, m, _ in alive])) if alive else ()
                 loaded = [e for e in alive if e[1].rpartition(":")[0] in kept]
                 self.silent_found = SilentEntries(now, tuple((q, m) for q, m, _ in loaded))
@@ -307,10 +313,11 @@ class RqLiveness:
                 for queue, member in found.members:
                     pipe.zscore(keys.started_key(queue), member)
                 scores = pipe.execute()
-            loaded = [(queue, member, float(score)) for (queue, member), score
-                      in zip(found.members, scores, strict=True)
-                      if score is not None and float(score) > now]
-        if not expired and not loaded:
+            live_loaded = [(queue, member, float(score)) for (queue, member), score
+                           in zip(found.members, scores, strict=True)
+                           if score is not None and float(score) > now
+                           and member not in read_expired]
+        if not expired and not live_loaded:
             return [], 0  # the brake's count is read only by a pass with candidates
         # The live entries counted as such (never the registry's size less those read,
         # which a job leaving the registry between the two reads would count off twice).
@@ -318,7 +325,7 @@ class RqLiveness:
             for queue in watched:
                 pipe.zcount(keys.started_key(queue), f"({now!r}", "+inf")
             live = sum(pipe.execute())
-        return expired + loaded, max(live - len(loaded), 0)
+        return expired + live_loaded, max(live - len(live_loaded), 0)
 
     def _read_jobs(self, client: Any, members: Sequence[str]) -> dict[str, Execution]:
         """Each execution's job read (pipelined); its kind read from its payload without
