@@ -82,9 +82,13 @@ def test_the_read_only_token_sees_no_form_and_a_forged_one_is_refused(
     with served(db_url, **tokens) as base:
         sign_in(browser, base, READER)
         assert browser.find_element(By.ID, "signed-in-as").text == "signed in read-only"
+        # Each page waited for by its title: on a loaded machine the driver may hand back
+        # before the page is there, and a missing form would then prove nothing.
         browser.get(base + "/decisions?reason=worker_died_mid_step")
+        _wait_for(browser, expected_conditions.title_contains("Decisions"))
         assert not browser.find_elements(By.CSS_SELECTOR, "form.action")
         browser.get(base + f"/jobs/native/{job}")
+        _wait_for(browser, expected_conditions.title_contains(f"native job {job}"))
         assert "worker_died_mid_step" in browser.page_source
         assert not browser.find_elements(By.CSS_SELECTOR, "form.action, #actions")
         # The test's own script (the driver's, not the page's) forges the form.
