@@ -91,6 +91,7 @@ def test_a_hostile_kind_runs_no_script(browser: Any, db_url: str, seeded: Seeded
     with served(db_url) as base:
         for path in (f"/jobs/native/{seeded.hostile}", "/decisions", "/"):
             browser.get(base + path)
+            assert browser.title.endswith("reconciler console")  # the page is there
             assert browser.execute_script("return window.__pwned === undefined")
         browser.get(base + f"/jobs/native/{seeded.hostile}")
         assert browser.find_element(By.CSS_SELECTOR, "strong.kind").text == HOSTILE_KIND
