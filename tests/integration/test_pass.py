@@ -822,9 +822,11 @@ def test_progress_after_a_wedged_decision_makes_it_lose_its_fence(
     client: JobClient, engine: Engine, store: SqlStore
 ) -> None:
     """Progress reported between a worker_wedged decision and its apply turns it into fence_lost."""
-    thresholds = Thresholds(stale_after_seconds=0.0, wedged_after_seconds=0.3)
-    crashed = crash(client, engine, [IDEMPOTENT, EFFECTFUL], lease_seconds=5, wait=False)
-    wait_idle(engine, crashed.job_id, 0.4)
+    # The apply must come within wedged_after_seconds of the progress, or the job is silent
+    # long enough again and its fence holds: 2 s, not the 0.3 s a loaded MariaDB outran.
+    thresholds = Thresholds(stale_after_seconds=0.0, wedged_after_seconds=2.0)
+    crashed = crash(client, engine, [IDEMPOTENT, EFFECTFUL], lease_seconds=10, wait=False)
+    wait_idle(engine, crashed.job_id, 2.1)
     planned = decide_now(store, thresholds)
     assert [p.decision.reason for p in planned] == [Reason.WORKER_WEDGED]
 
