@@ -32,7 +32,8 @@ In one run, per engine:
 
 ``redis_commands`` and ``redis_usec``: the commands Redis counted and the time it spent
 serving them (``INFO commandstats``) per quiet pass, or per recovered job, for each
-side: what a pass costs the app's Redis.
+side: what a pass costs the app's Redis. ``statements``: the statements a quiet pass
+sent to the reconciler's own database (its transaction's ``BEGIN`` and ``COMMIT`` aside).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from typing import Any
 
 from benchmarks.foreign_base import Size
 from benchmarks.foreign_python import start_redis
-from benchmarks.harness import Databases, row_printer
+from benchmarks.harness import Databases, counting_statements, row_printer
 from benchmarks.rq_jobs import RqJobs
 from reconciler.config.loader import load_config, pass_config
 from reconciler.core.passes import PassConfig, run_pass
@@ -109,23 +110,23 @@ def measure(engine_name: str, size: Size, runs: int,
         jobs.keep_alive()
         with jobs.counting() as peer_sent:
             peer = statistics.median(_timed_ms(jobs.cleanup, runs))
-        with jobs.counting() as ours_sent:
+        with jobs.counting() as ours_sent, counting_statements(engine) as sql:
             ours = statistics.median(_timed_ms(lambda: _quiet(store, pass_cfg), runs))
         emit(_quiet_row(base, "quiet_pass", ours=ours, peer=peer, ours_sent=ours_sent,
-                        peer_sent=peer_sent, runs=runs))
+                        peer_sent=peer_sent, sql=sql, runs=runs))
         ledger_store, ledger_cfg = _store(tmp / "ledger.toml", url, engine,
                                           "stale_after_seconds = 0.5\nwedged_after_seconds = 1\n")
         _finished_steps(engine)
         jobs.keep_alive()
-        with jobs.counting() as ours_sent:
+        with jobs.counting() as ours_sent, counting_statements(engine) as sql:
             ours = statistics.median(_timed_ms(lambda: _quiet(ledger_store, ledger_cfg), runs))
         emit(_quiet_row(base, "quiet_pass_ledger", ours=ours, peer=peer, ours_sent=ours_sent,
-                        peer_sent=peer_sent, runs=runs))
+                        peer_sent=peer_sent, sql=sql, runs=runs))
         # The pass that reads every live entry again (once a ``SILENT_REREAD_SECONDS``).
-        with _rereading(), jobs.counting() as ours_sent:
+        with _rereading(), jobs.counting() as ours_sent, counting_statements(engine) as sql:
             ours = statistics.median(_timed_ms(lambda: _quiet(ledger_store, ledger_cfg), runs))
         emit(_quiet_row(base, "quiet_pass_ledger_reread", ours=ours, peer=peer,
-                        ours_sent=ours_sent, peer_sent=peer_sent, runs=runs))
+                        ours_sent=ours_sent, peer_sent=peer_sent, sql=sql, runs=runs))
 
         # Before each side: the live workers heartbeat, so only the orphans have expired
         # however long the quiet passes took.
@@ -191,11 +192,13 @@ def _rereading() -> Iterator[None]:
 
 
 def _quiet_row(base: dict[str, Any], measurement: str, *, ours: float, peer: float,
-               ours_sent: list[int], peer_sent: list[int], runs: int) -> dict[str, Any]:
+               ours_sent: list[int], peer_sent: list[int], sql: list[str], runs: int
+               ) -> dict[str, Any]:
     # the warm-up is one more than ``runs``
     return {**base, "measurement": measurement, "orphans": 0, "value": round(ours, 2),
             "unit": "ms", "peer_value": round(peer, 2), "ratio_to_peer": round(ours / peer, 2),
-            "runs": runs, "redis_commands": round(ours_sent[0] / (runs + 1), 1),
+            "runs": runs, "statements": round(len(sql) / (runs + 1), 1),
+            "redis_commands": round(ours_sent[0] / (runs + 1), 1),
             "peer_redis_commands": round(peer_sent[0] / (runs + 1), 1),
             "redis_usec": round(ours_sent[1] / (runs + 1), 1),
             "peer_redis_usec": round(peer_sent[1] / (runs + 1), 1)}

@@ -259,6 +259,9 @@ class DeclaredSource:
             policies = self._policies()
             if not policies:
                 return 0
+            if self._loaded().rows == 0:  # nothing loaded to read: every live job counted
+                self._tx.brake_counts = (self._loaded().counted, 0)
+                return self._tx.brake_counts[0]
             total, expired = self._conn.execute(brake_counts(
                 self._running(policies).where(self._reconciled(policies)),
                 self._expired(policies), self._unheld)).one()
@@ -271,7 +274,7 @@ class DeclaredSource:
         if self._tx.brake_counts is not None:
             return min(self._tx.brake_counts[1], limit)
         policies = self._policies()
-        if not policies:
+        if not policies or self._loaded().rows == 0:
             return 0
         running = self._running(policies)
         stale = (running.where(self._reconciled(policies), self._expired(policies),

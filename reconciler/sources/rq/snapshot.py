@@ -217,15 +217,20 @@ class RqLiveness:
              ) -> Snapshot:
         """Redis read once, loaded into ``STARTED`` on ``conn`` (emptied first): every
         watched started entry, or (not ``every``) the expired ones and the live ones
-        ``silent`` keeps, the rest counted."""
-        _create(conn)
-        conn.execute(STARTED.delete())
+        ``silent`` keeps, the rest counted. A read of some entries that found none leaves
+        the table as it was: the kit reads nothing of a verdict that loaded no row, and a
+        quiet pass costs no statement of it."""
         import redis  # noqa: PLC0415 - only the rq source needs it
 
         try:
             rows, unloaded, doubt = self._read(every=every, silent=silent)
         except redis.RedisError:
-            return Snapshot(LivenessDoubt.BROKER_UNREACHABLE)
+            rows, unloaded, doubt = [], 0, LivenessDoubt.BROKER_UNREACHABLE
+        if rows or every:  # an operator's read of every job reads the table, rows or not
+            _create(conn)
+            conn.execute(STARTED.delete())
+        if doubt is LivenessDoubt.BROKER_UNREACHABLE:
+            return Snapshot(doubt)
         if rows and conn.dialect.name == "sqlite":
             # In process: the driver's own loop over plain tuples is the fastest (a JSON
             # parameter costs SQLite a json_extract for each value, and SQLAlchemy's
