@@ -211,10 +211,11 @@ class RqFixture(ForeignFixture):
 
 
 @contextmanager
-def open_rq(request: pytest.FixtureRequest) -> Iterator[RqFixture]:
+def open_rq(request: pytest.FixtureRequest, via: str | None = None) -> Iterator[RqFixture]:
     """On the test's engine: a fresh SQLite file, or the session's PostgreSQL database with
-    the ledger and audit emptied; the session's Redis emptied."""
-    redis_url = request.getfixturevalue("redis_url")
+    the ledger and audit emptied; the session's Redis emptied (reached at ``via``, a relay
+    to it, where given)."""
+    redis_url = request.getfixturevalue("redis_url") if via is None else via
     if request.param[1] == "sqlite":
         engine = create_engine(fresh_database(request.getfixturevalue("tmp_path")))
         try:

@@ -11,7 +11,8 @@ same queue (which rewrites that sorted set) never fails a fence. A job whose fen
 longer holds is left out and changes nothing: the pass records ``fence_lost``. A batch
 whose ``WATCH`` broke (one of its jobs written after the read: a worker that woke up) is
 written again a job at a time, so one late writer costs its batch a few round trips and
-loses only its own job.
+loses only its own job. A connection lost under ``WATCH`` (which redis-py also raises as a
+``WatchError``) fails the pass instead: its ``EXEC`` may have run.
 
 - **Resume** (RQ's requeue, ``StartedJobRegistry.requeue`` and ``Job.retry``): out of
   the started registry and its execution record, ``status`` ``queued``, ``started_at``
@@ -98,16 +99,29 @@ def fenced_writes(client: Any, jobs: Sequence[tuple[str, RqFence]], write: Write
         return []
     try:
         return _transaction(client, jobs, write)
-    except redis.WatchError:
+    except redis.WatchError as error:
+        _unless_connection_lost(error)
         if len(jobs) == 1:
             return []
     written: list[str] = []
     for job in jobs:
         try:
             written += _transaction(client, [job], write)
-        except redis.WatchError:
-            continue
+        except redis.WatchError as error:
+            _unless_connection_lost(error)
     return written
+
+
+def _unless_connection_lost(error: Exception) -> None:
+    """Raise the connection error redis-py turned into this ``WatchError``. A connection
+    lost under ``WATCH`` leaves unknown whether the ``EXEC`` ran: the pass fails, as with
+    Redis gone in the middle of its writes, rather than record a lost fence for writes that
+    may have landed (a batch written again would find its own writes and lose its fences)."""
+    import redis  # noqa: PLC0415 - only the rq source needs it
+
+    lost = error.__context__
+    if isinstance(lost, redis.ConnectionError | redis.TimeoutError):
+        raise lost
 
 
 def _transaction(client: Any, jobs: Sequence[tuple[str, RqFence]], write: Write
