@@ -230,7 +230,9 @@ class RqLiveness:
             _create(conn)
             conn.execute(STARTED.delete())
         if doubt is LivenessDoubt.BROKER_UNREACHABLE:
-            return Snapshot(doubt)
+            # Not ``NOTHING_LOADED``: a later read of every job in this transaction must
+            # still make its table.
+            return Snapshot(doubt, Loaded(0, every=every))
         if rows and conn.dialect.name == "sqlite":
             # In process: the driver's own loop over plain tuples is the fastest (a JSON
             # parameter costs SQLite a json_extract for each value, and SQLAlchemy's
