@@ -43,7 +43,7 @@ from reconciler.core.policy import PARKING_REASONS
 from reconciler.core.ports import PlannedChange, RecordedDecision
 from reconciler.core.vocabulary import Disposition, PassOutcome, Reason
 from reconciler.sidecar.service import LEADER_LEASE_NAME
-from reconciler.storage.clock import db_now, seconds_since
+from reconciler.storage.clock import db_now, now_plus, seconds_since
 from reconciler.storage.engines import is_postgresql, read_only
 from reconciler.storage.native_kinds import kinded_native
 from reconciler.storage.sql_store import SqlStore
@@ -823,10 +823,13 @@ def test_progress_after_a_wedged_decision_makes_it_lose_its_fence(
 ) -> None:
     """Progress reported between a worker_wedged decision and its apply turns it into fence_lost."""
     # The apply must come within wedged_after_seconds of the progress, or the job is silent
-    # long enough again and its fence holds: 2 s, not the 0.3 s a loaded MariaDB outran.
-    thresholds = Thresholds(stale_after_seconds=0.0, wedged_after_seconds=2.0)
-    crashed = crash(client, engine, [IDEMPOTENT, EFFECTFUL], lease_seconds=10, wait=False)
-    wait_idle(engine, crashed.job_id, 2.1)
+    # long enough again and its fence holds: a minute (a loaded MariaDB outran 0.3 s and
+    # 2 s), the job made silent for two by setting its last activity back.
+    thresholds = Thresholds(stale_after_seconds=0.0, wedged_after_seconds=60.0)
+    crashed = crash(client, engine, [IDEMPOTENT, EFFECTFUL], lease_seconds=300, wait=False)
+    with engine.begin() as conn:
+        conn.execute(jobs.update().where(jobs.c.job_id == crashed.job_id)
+                     .values(last_activity_at=now_plus(-120)))
     planned = decide_now(store, thresholds)
     assert [p.decision.reason for p in planned] == [Reason.WORKER_WEDGED]
 
