@@ -32,6 +32,13 @@ __all__ = ["LeaseLost", "LedgerRun", "Step", "StepLedger"]
 
 ENTRIES: sa.Table = cast(sa.Table, StepLedgerEntry.__table__)
 SILENT_CHUNK = 5_000
+_WRITTEN_BEFORE = (
+    sa.select(sa.literal(1)).select_from(ENTRIES)
+    .where(ENTRIES.c.source_name == sa.bindparam("source_name"),
+           ENTRIES.c.updated_at < now_plus(sa.bindparam("seconds_back", type_=sa.Float())))
+    .limit(1))
+"""``written_before``'s read, built once: every pass of a foreign source asks it, and
+building it again and computing its cache key each time cost more than its execution."""
 """Keys a ``silent_among`` statement binds at most (SQLite binds 32,766 at most)."""
 
 
@@ -253,10 +260,8 @@ class PassLedger:
     def written_before(self, seconds: float) -> bool:
         """Whether any of the source's jobs has a write older than ``seconds``: without
         one no job of it can be wedged by its records, and the wedged scan is skipped."""
-        return self._conn.execute(
-            sa.select(sa.literal(1)).select_from(ENTRIES)
-            .where(ENTRIES.c.source_name == self._source,
-                   ENTRIES.c.updated_at < now_plus(-seconds)).limit(1)).first() is not None
+        return self._conn.execute(_WRITTEN_BEFORE, {
+            "source_name": self._source, "seconds_back": -float(seconds)}).first() is not None
 
     def silent_among(self, keys: Sequence[str], seconds: float) -> set[str]:
         """Those of ``keys`` whose newest write is older than ``seconds`` (a job without
