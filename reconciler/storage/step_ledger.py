@@ -32,6 +32,7 @@ __all__ = ["LeaseLost", "LedgerRun", "Step", "StepLedger"]
 
 ENTRIES: sa.Table = cast(sa.Table, StepLedgerEntry.__table__)
 SILENT_CHUNK = 5_000
+"""Keys a ``silent_among`` statement binds at most (SQLite binds 32,766 at most)."""
 _WRITTEN_BEFORE = (
     sa.select(sa.literal(1)).select_from(ENTRIES)
     .where(ENTRIES.c.source_name == sa.bindparam("source_name"),
@@ -39,7 +40,6 @@ _WRITTEN_BEFORE = (
     .limit(1))
 """``written_before``'s read, built once: every pass of a foreign source asks it, and
 building it again and computing its cache key each time cost more than its execution."""
-"""Keys a ``silent_among`` statement binds at most (SQLite binds 32,766 at most)."""
 
 
 def job_key_text(job_id: JobKey) -> str:

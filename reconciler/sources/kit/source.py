@@ -259,9 +259,10 @@ class DeclaredSource:
             policies = self._policies()
             if not policies:
                 return 0
-            if self._loaded().rows == 0:  # nothing loaded to read: every live job counted
-                self._tx.brake_counts = (self._loaded().counted, 0)
-                return self._tx.brake_counts[0]
+            loaded = self._loaded()
+            if loaded.rows == 0:  # nothing loaded to read: every live job counted
+                self._tx.brake_counts = (loaded.counted, 0)
+                return loaded.counted
             total, expired = self._conn.execute(brake_counts(
                 self._running(policies).where(self._reconciled(policies)),
                 self._expired(policies), self._unheld)).one()
