@@ -110,23 +110,23 @@ def measure(engine_name: str, size: Size, runs: int,
         jobs.keep_alive()
         with jobs.counting() as peer_sent:
             peer = statistics.median(_timed_ms(jobs.cleanup, runs))
-        with jobs.counting() as ours_sent, counting_statements(engine) as sql:
-            ours = statistics.median(_timed_ms(lambda: _quiet(store, pass_cfg), runs))
-        emit(_quiet_row(base, "quiet_pass", ours=ours, peer=peer, ours_sent=ours_sent,
-                        peer_sent=peer_sent, sql=sql, runs=runs))
+
+        def quiet(measurement: str, pass_store: Any, config: PassConfig) -> None:
+            """``runs`` quiet passes through ``pass_store``, beside RQ's cleanup's."""
+            with jobs.counting() as ours_sent, counting_statements(engine) as sql:
+                ours = statistics.median(_timed_ms(lambda: _quiet(pass_store, config), runs))
+            emit(_quiet_row(base, measurement, ours=ours, peer=peer, ours_sent=ours_sent,
+                            peer_sent=peer_sent, sql=sql, runs=runs))
+
+        quiet("quiet_pass", store, pass_cfg)
         ledger_store, ledger_cfg = _store(tmp / "ledger.toml", url, engine,
                                           "stale_after_seconds = 0.5\nwedged_after_seconds = 1\n")
         _finished_steps(engine)
         jobs.keep_alive()
-        with jobs.counting() as ours_sent, counting_statements(engine) as sql:
-            ours = statistics.median(_timed_ms(lambda: _quiet(ledger_store, ledger_cfg), runs))
-        emit(_quiet_row(base, "quiet_pass_ledger", ours=ours, peer=peer, ours_sent=ours_sent,
-                        peer_sent=peer_sent, sql=sql, runs=runs))
+        quiet("quiet_pass_ledger", ledger_store, ledger_cfg)
         # The pass that reads every live entry again (once a ``SILENT_REREAD_SECONDS``).
-        with _rereading(), jobs.counting() as ours_sent, counting_statements(engine) as sql:
-            ours = statistics.median(_timed_ms(lambda: _quiet(ledger_store, ledger_cfg), runs))
-        emit(_quiet_row(base, "quiet_pass_ledger_reread", ours=ours, peer=peer,
-                        ours_sent=ours_sent, peer_sent=peer_sent, sql=sql, runs=runs))
+        with _rereading():
+            quiet("quiet_pass_ledger_reread", ledger_store, ledger_cfg)
 
         # Before each side: the live workers heartbeat, so only the orphans have expired
         # however long the quiet passes took.
