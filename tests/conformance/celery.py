@@ -7,10 +7,11 @@ Result rows are written as a Celery worker writes them with ``task_track_started
 ``{"pid", "hostname"}`` result; django-celery-results: no retries or queue, the arguments
 as their repr, every date stamped), steps through the real step ledger. The attempt of a
 django-celery-results task is the ledger's (the table keeps no retry count). A live owner is a real
-Celery worker of the session that answers ping (``live@conformance``); a dead one is a
-hostname nobody answers for, whose silence the reconciler's memory in the broker is moved
-back to ``TIMING.lease_expired_seconds`` past the session timeout, the way passes over
-time would have recorded it.
+Celery worker of the session (``live@conformance``) holding the task's request in its
+process; a dead one is a hostname nobody answers for, and the reconciler's memory in the
+broker of when it first found the task held by no worker is moved back to
+``TIMING.lease_expired_seconds`` past the session timeout, the way passes over time would
+have recorded it.
 
 Declared gaps, beside those every ledger-backed system shares: recent activity does not
 protect a task whose worker is gone (as for Procrastinate: the owner's death is the lease).
@@ -32,7 +33,7 @@ from sqlalchemy.engine import Engine
 
 from reconciler.core.ports import JobKey
 from reconciler.sources.celery import CeleryConfig
-from reconciler.sources.celery.broker import FIRST_SEEN_KEY, SILENT_KEY, CeleryBroker
+from reconciler.sources.celery.broker import FIRST_SEEN_KEY, UNHELD_KEY, CeleryBroker
 from reconciler.storage.clock import now_plus
 from reconciler.storage.engines import create_engine
 from tests.conformance.fixtures import (
@@ -52,6 +53,7 @@ from tests.sources.celery_support import (
     DJANGO_TABLE,
     _celery_tables,
     declare_queues,
+    hold_task,
     open_django_celery,
     shared_database,
 )
@@ -120,11 +122,11 @@ class CeleryFixture(ForeignFixture):
                 result=json.dumps({"pid": 1, "hostname": worker}).encode()))
         return task_id
 
-    def _dead_worker(self, task_id: str, worker: str) -> None:
-        """The reconciler's memory: silent long since, first seen long since."""
+    def _dead_worker(self, task_id: str) -> None:
+        """The reconciler's memory: held by no worker long since, first seen long since."""
         client = self.broker._client()
         long_ago = self.broker.now() - (TIMING.lease_seconds + TIMING.lease_expired_seconds)
-        client.hset(SILENT_KEY, worker, repr(long_ago))
+        client.hset(UNHELD_KEY, task_id, repr(long_ago))
         client.hset(FIRST_SEEN_KEY, task_id, repr(long_ago))
 
     def make(self, situation: Situation) -> SourceJob:
@@ -134,6 +136,7 @@ class CeleryFixture(ForeignFixture):
         specs = _specs(situation)
         if state in (State.LIVE, State.WEDGED):
             task_id = self._started(kind, self.live_worker)
+            hold_task(self.broker.broker_url, task_id)
             if state is State.WEDGED:
                 record_steps(self.engine, self.source_name, task_id, 1, specs,
                              age=TIMING.wedged_after_seconds + 60)
@@ -141,7 +144,7 @@ class CeleryFixture(ForeignFixture):
         retries = 2 if state is State.OUT_OF_ATTEMPTS else 0
         worker = f"dead-{uuid.uuid4().hex[:8]}@conformance"
         task_id = self._started(kind, worker, retries)
-        self._dead_worker(task_id, worker)
+        self._dead_worker(task_id)
         record_steps(self.engine, self.source_name, task_id, retries + 1, specs)
         if state is State.STEP_FAILED:
             set_ledger(self.engine, self.source_name, task_id, step=n, failure_retryable=False)
@@ -153,8 +156,8 @@ class CeleryFixture(ForeignFixture):
         if change is Interference.LATE_PROGRESS:
             set_ledger(self.engine, self.source_name, key, updated_at=now_plus(0))
         elif change is Interference.LATE_HEARTBEAT:
-            # The worker answered ping: the reconciler forgets its silence.
-            self.broker._client().hdel(SILENT_KEY, self._row(key)["worker"])
+            # A worker held the task: the reconciler forgets when it found it unheld.
+            self.broker._client().hdel(UNHELD_KEY, key)
         elif change is Interference.LATE_COMPLETION:
             self._update(key, status="SUCCESS", date_done=now_plus(0),
                          result=self._encoded(json.dumps("late")))
@@ -171,7 +174,7 @@ class CeleryFixture(ForeignFixture):
             else:
                 values["retries"] = int(self._row(key)["retries"]) + 1
             self._update(key, **values)
-            self._dead_worker(key, worker)
+            self._dead_worker(key)
         else:  # pragma: no cover - every member is handled above
             raise AssertionError(change)
 

@@ -200,10 +200,13 @@ def declare_queues(broker_url: str, *queues: str) -> None:
             Queue(name, Exchange(name), routing_key=name)(connection.default_channel).declare()
 
 
-def worker_argv(name: str, pool: str = "prefork", queues: str = "celery") -> list[str]:
-    """One Celery worker, one process of work, its own hostname, these queues."""
+def worker_argv(name: str, pool: str = "prefork", queues: str = "celery", *,
+                concurrency: int = 1) -> list[str]:
+    """One Celery worker, ``concurrency`` processes of work (one unless asked), its own
+    hostname, these queues."""
     return [sys.executable, "-m", "celery", "-A", "tests.sources.celery_app", "worker",
-            f"--pool={pool}", "--concurrency=1", f"--hostname={name}@tests", "-Q", queues,
+            f"--pool={pool}", f"--concurrency={concurrency}", f"--hostname={name}@tests",
+            "-Q", queues,
             "--without-mingle", "--without-gossip", "--loglevel=INFO"]
 
 
@@ -259,18 +262,41 @@ def celery_project(request: pytest.FixtureRequest, tmp_path: Path, redis_url: st
 
 
 LIVE_WORKER = "live@conformance"
+LIVE_QUEUE = "conformance-live"
+
+
+def hold_task(broker_url: str, task_id: str) -> None:
+    """The session's live worker made to hold ``task_id`` (a real request in its process,
+    as a running task's is), without touching the result row a test wrote for it; it
+    holds it until the test's Redis is emptied. Returns once the worker says it holds it."""
+    import redis  # noqa: PLC0415 - present: redis_server checked
+    from celery import Celery  # noqa: PLC0415
+
+    from reconciler.sources.celery.broker import CeleryBroker  # noqa: PLC0415
+    from tests.sources.celery_app import HOLD_PREFIX  # noqa: PLC0415
+
+    redis.Redis.from_url(broker_url).set(HOLD_PREFIX + task_id, 1)
+    sender = Celery("holder", broker=broker_url, set_as_current=False)
+    sender.conf.update(task_serializer="json", broker_connection_retry_on_startup=True)
+    sender.send_task("conformance.hold", task_id=task_id, queue=LIVE_QUEUE)
+    sender.close()
+    broker = CeleryBroker(broker_url)
+    deadline = time.monotonic() + 30
+    while task_id not in broker.answers([LIVE_WORKER], (), [task_id]).held:
+        assert time.monotonic() < deadline, f"{LIVE_WORKER} never held {task_id}"
 
 
 @pytest.fixture(scope="session")
 def celery_live_worker(redis_server: str, tmp_path_factory: pytest.TempPathFactory
                        ) -> Iterator[str]:
-    """One real Celery worker for the session, answering ping as ``live@conformance`` and
-    consuming only a queue of its own (it runs none of the conformance suite's tasks)."""
+    """One real Celery worker for the session, answering as ``live@conformance`` and
+    consuming only a queue of its own: it runs none of the tests' tasks, only what
+    ``hold_task`` sends it (a thread pool, so it answers while it holds them)."""
     require_celery()
     folder = tmp_path_factory.mktemp("celery-live")
     argv = [sys.executable, "-m", "celery", "-A", "tests.sources.celery_app", "worker",
-            "--pool=solo", f"--hostname={LIVE_WORKER}", "--without-mingle",
-            "--without-gossip", "-Q", "conformance-live", "--loglevel=WARNING"]
+            "--pool=threads", "--concurrency=32", f"--hostname={LIVE_WORKER}",
+            "--without-mingle", "--without-gossip", "-Q", LIVE_QUEUE, "--loglevel=WARNING"]
     log = (folder / "worker.log").open("ab")
     process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                env={**os.environ, "SOURCES_BROKER_URL": redis_server,

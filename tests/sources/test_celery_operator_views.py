@@ -241,7 +241,7 @@ class TestConsole:
         worker = f"dead-{uuid.uuid4().hex[:8]}@tests"
         declare_queues(celery_project.broker_url, "celery")  # as the app's workers do
         task_id = tasks._started("app.payments.charge", worker)
-        tasks._dead_worker(task_id, worker)
+        tasks._dead_worker(task_id)
         kinds = KindRules([KindRule("idem.*", effect=EffectKind.IDEMPOTENT)],
                           stale_after_seconds=0.5, wedged_after_seconds=3600.0,
                           max_attempts=3)

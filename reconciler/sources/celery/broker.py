@@ -1,15 +1,22 @@
 """What the celery source asks of the app's broker (Redis): liveness, memory, redelivery.
 
-- **Liveness**: Celery's own control ``ping`` to the workers named by ``STARTED`` rows.
-  Silence is evidence only on the app's own broker while it answers: a broker that cannot
-  be reached, one that holds none of the app's queues (kombu keeps its bindings in Redis:
-  a wrong URL or database number holds none), and one where no worker at all answers a
-  broadcast ping are each a doubt (``LivenessDoubt``), and nothing that depends on ping is
-  decided.
-- **Memory across passes**: a ``STARTED`` row has no timestamp and a silent worker is not
-  yet a dead one, so the reconciler keeps, in the broker itself and on its clock (Redis
-  ``TIME``), when it first found each worker silent and first saw each task ``STARTED``
-  (a task of a kind with ``max_run_seconds``: the only ones judged by it).
+- **Liveness is about a process, not a name**: a worker restarted under its old node name
+  (systemd, ``docker restart``, ``celery multi restart``, a container restarted in its pod)
+  answers for the name but never ran its predecessor's tasks. So the workers named by
+  ``STARTED`` rows are asked Celery's own control ``query_task`` (one broadcast to those
+  names; its replies double as ping): a task is held while some worker process holds its
+  request (active, reserved or scheduled), and a task its named worker does not hold is
+  asked of every worker once (a message redelivered to another worker, or to the new
+  incarnation under ``task_acks_late``, is held there). Silence is evidence only on the
+  app's own broker while it answers: a broker that cannot be reached, one that holds none
+  of the app's queues (kombu keeps its bindings in Redis: a wrong URL or database number
+  holds none), and one where no worker at all answers are each a doubt
+  (``LivenessDoubt``), and nothing that depends on the answers is decided.
+- **Memory across passes**: a ``STARTED`` row has no timestamp and a task held by nobody
+  for one pass is not yet an orphan, so the reconciler keeps, in the broker itself and on
+  its clock (Redis ``TIME``), when it first found each task held by no worker and first
+  saw each task ``STARTED`` (a task of a kind with ``max_run_seconds``: the only ones
+  judged by it).
   Every replica and every one-shot ``reconciler pass`` reads the same memory.
 - **Redelivery**: kombu's Redis transport keeps a delivered, unacknowledged message in the
   ``unacked`` hash and puts it back on its queue after ``visibility_timeout``. Taking it out
@@ -37,8 +44,10 @@ from reconciler.redaction import redact
 
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 """The brokers the celery source supports: Redis (see docs/sources.md, Celery)."""
-SILENT_KEY = "reconciler:celery:silent"
-"""Hash: worker hostname -> when the reconciler first found it silent (broker seconds)."""
+UNHELD_KEY = "reconciler:celery:unheld"
+"""Hash: task id -> when the reconciler first found no worker holding it (broker seconds)."""
+OLD_SILENT_KEY = "reconciler:celery:silent"
+"""Where earlier releases kept worker silences by name: forgotten with the unheld tasks."""
 FIRST_SEEN_KEY = "reconciler:celery:first-seen"
 """Hash: task id -> when the reconciler first saw its row STARTED (broker seconds)."""
 UNACKED_KEY = "unacked"
@@ -60,11 +69,16 @@ def _bound_queue(member: bytes | str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Answers:
-    """What one look at the broker found: the workers that answered ping, or why the
-    silence of the others proves nothing (then ``answering`` is empty)."""
+    """What one look at the broker found: the workers that answered and the tasks some
+    worker process holds, or why the silence of the others proves nothing (then both are
+    empty)."""
 
     answering: frozenset[str]
     doubt: LivenessDoubt | None = None
+    held: frozenset[str] = frozenset()
+    up_seconds: dict[str, float] | None = None
+    """How long each answering named worker's process has been up (``inspect stats``),
+    read only for an operator's ``explain``."""
 
 
 class CeleryBroker:
@@ -112,29 +126,68 @@ class CeleryBroker:
         """The broker's URL with any password hidden, for log lines and ``/readyz``."""
         return redact(self.broker_url)
 
-    def answers(self, hostnames: Iterable[str], queues: Iterable[str]) -> Answers:
-        """Ping the workers among ``hostnames``; whether their silence can be trusted.
+    def answers(self, hostnames: Iterable[str], queues: Iterable[str],
+                task_ids: Sequence[str] = (), *, uptimes: bool = False) -> Answers:
+        """Ask the workers among ``hostnames`` which of ``task_ids`` they hold; whether
+        their silence can be trusted.
 
-        Trusted only on a broker that answers, holds at least one of ``queues`` (the
-        queues the running tasks were sent to) and where some worker answers at all: with
-        none answering, the broker is not the app's or its whole fleet cannot answer now,
-        and silence is no evidence of death.
+        One ``query_task`` to the named workers (it returns as soon as each has answered;
+        a silent one costs ``PING_TIMEOUT_SECONDS``); only when some task is held by none
+        of them is every worker asked (a second broadcast, which waits its whole timeout:
+        a redelivered message may be held by another worker). Trusted only on a broker
+        that answers, holds at least one of ``queues`` (the queues the running tasks were
+        sent to) and where some worker answers at all: with none answering, the broker is
+        not the app's or its whole fleet cannot answer now, and silence is no evidence of
+        death. ``uptimes``: also ask the answering named workers how long their process
+        has been up (for ``explain``; a pass never needs it).
         """
-        names, wanted = sorted(set(hostnames)), set(queues)
+        names, wanted, ids = sorted(set(hostnames)), set(queues), sorted(set(task_ids))
         client, app = self._client(), self.app()  # a URL not Redis's is a ConfigError
         try:
             client.ping()
             if wanted and not self._holds_any(client, wanted):
                 return Answers(frozenset(), LivenessDoubt.QUEUES_MISSING)
-            replies = (app.control.ping(destination=names, timeout=PING_TIMEOUT_SECONDS)
-                       if names else [])
-            answering = frozenset(host for reply in replies for host in reply)
-            # Only when no named worker answered is anyone else asked (a second wait).
-            if not answering and not app.control.ping(timeout=PING_TIMEOUT_SECONDS):
-                return Answers(frozenset(), LivenessDoubt.NO_WORKER_ANSWERS)
+            answering, held = (self._held(app, ids, destination=names) if names
+                               else (frozenset(), frozenset()))
+            if set(ids) - held or not answering:
+                # Some task is held by none of its named workers (or no name answered):
+                # every worker is asked, which also says whether anyone answers at all.
+                anyone, elsewhere = self._held(app, ids, destination=None)
+                if not answering and not anyone:
+                    return Answers(frozenset(), LivenessDoubt.NO_WORKER_ANSWERS)
+                held |= elsewhere
+            up = self._uptimes(app, sorted(answering)) if uptimes and answering else None
         except Exception:
             return Answers(frozenset(), LivenessDoubt.BROKER_UNREACHABLE)
-        return Answers(answering)
+        return Answers(answering, held=held, up_seconds=up)
+
+    @staticmethod
+    def _held(app: Any, task_ids: Sequence[str], *, destination: list[str] | None
+              ) -> tuple[frozenset[str], frozenset[str]]:
+        """Celery's own ``query_task`` broadcast (to ``destination``, else to every
+        worker): the workers that answered, and which of ``task_ids`` any of them holds
+        (a request a worker process keeps from receiving a message to finishing it)."""
+        replies = app.control.broadcast(
+            "query_task", arguments={"ids": list(task_ids)}, destination=destination,
+            reply=True, timeout=PING_TIMEOUT_SECONDS) or []
+        answering: set[str] = set()
+        held: set[str] = set()
+        for reply in replies:
+            for host, tasks in reply.items():
+                answering.add(host)
+                if isinstance(tasks, dict):
+                    held.update(str(task_id) for task_id in tasks)
+        return frozenset(answering), frozenset(held)
+
+    @staticmethod
+    def _uptimes(app: Any, names: list[str]) -> dict[str, float]:
+        """How long each of these workers' process has been up, as ``inspect stats``
+        says (a worker restarted under its old name has a short one)."""
+        replies = app.control.broadcast("stats", destination=names, reply=True,
+                                        timeout=PING_TIMEOUT_SECONDS) or []
+        return {host: float(stats["uptime"]) for reply in replies
+                for host, stats in reply.items()
+                if isinstance(stats, dict) and isinstance(stats.get("uptime"), int | float)}
 
     def answers_at_all(self) -> Answers:
         """Whether the broker answers (with no running task, nobody needs pinging)."""
@@ -162,27 +215,26 @@ class CeleryBroker:
                    for key in client.scan_iter(match=BINDINGS_MATCH, count=1000)
                    for member in client.smembers(key))
 
-    def forget_silences(self) -> None:
-        """Forget when each worker was first found silent: silence observed while it
-        proved nothing does not count towards a worker's death."""
-        self._client().delete(SILENT_KEY)
+    def forget_unheld(self) -> None:
+        """Forget when each task was first found held by no worker: what was observed
+        while the answers proved nothing does not count towards a task's orphaning."""
+        self._client().delete(UNHELD_KEY, OLD_SILENT_KEY)
 
-    def silence(self, silent: Iterable[str]) -> dict[str, float]:
-        """Record when each silent worker was first found silent, forget the others (those
-        that answered, and those no running task names any more); seconds of silence of
-        each silent worker."""
+    def unheld(self, unheld: Iterable[str]) -> dict[str, float]:
+        """Record when each of these tasks was first found held by no worker, forget the
+        others (held again, or no longer running); seconds each has been held by none."""
         client, now = self._client(), self.now()
-        silent = sorted(set(silent))
-        known = {k.decode() if isinstance(k, bytes) else k for k in client.hkeys(SILENT_KEY)}
+        unheld = sorted(set(unheld))
+        known = {k.decode() if isinstance(k, bytes) else k for k in client.hkeys(UNHELD_KEY)}
         pipe = client.pipeline()
-        for host in known - set(silent):
-            pipe.hdel(SILENT_KEY, host)
-        for host in silent:
-            pipe.hsetnx(SILENT_KEY, host, repr(now))
+        for task_id in known - set(unheld):
+            pipe.hdel(UNHELD_KEY, task_id)
+        for task_id in set(unheld) - known:  # a known one's HSETNX would change nothing
+            pipe.hsetnx(UNHELD_KEY, task_id, repr(now))
         pipe.execute()
-        since = client.hmget(SILENT_KEY, silent) if silent else []
-        return {host: now - float(first) for host, first in zip(silent, since, strict=True)
-                if first is not None}
+        since = client.hmget(UNHELD_KEY, unheld) if unheld else []
+        return {task_id: now - float(first)
+                for task_id, first in zip(unheld, since, strict=True) if first is not None}
 
     def first_seen(self, task_ids: Sequence[str]) -> dict[str, float]:
         """Seconds since the reconciler first saw each of these tasks ``STARTED``; tasks no

@@ -1,14 +1,18 @@
 """Whose Celery task lost its worker: the broker's answers, judged once per pass.
 
-A ``STARTED`` row names its worker; the worker is gone once it has been silent to ping
-for ``session_timeout_seconds`` across passes (remembered in the broker, on its clock).
-Silence is evidence only where it can be trusted (``CeleryBroker.answers``):
+A ``STARTED`` row names its worker, but a name is not a process: a worker restarted under
+its old node name answers for it without holding its predecessor's tasks. So a task is
+judged by whether some worker process holds it (``CeleryBroker.answers``: Celery's own
+``query_task``), and it is gone once no worker has held it for ``session_timeout_seconds``
+across passes (remembered in the broker, on its clock), whether its worker is silent or
+a later process answers under the name. What is not held is evidence only where the
+answers can be trusted:
 
 - the broker answers, holds the app's queues and some worker answers: a task is gone once
-  its worker has been silent for the timeout (and, for a kind with ``max_run_seconds``,
-  the reconciler first saw the task that long ago);
+  no worker has held it for the timeout (and, for a kind with ``max_run_seconds``, the
+  reconciler first saw the task that long ago);
 - it answers and holds the app's queues, but no worker answers at all (a fleet down or
-  unable to answer): only ``max_run_seconds`` decides, and silences noted so far are
+  unable to answer): only ``max_run_seconds`` decides, and what was noted so far is
   forgotten;
 - it does not answer, or holds none of the app's queues (a wrong URL or database
   number): nothing is gone, and nothing is written to it.
@@ -60,16 +64,31 @@ class Running:
 
 
 @dataclass(frozen=True, slots=True)
+class OwnerSeen:
+    """What one read saw of a task's owner, for ``jobs explain``: whether its named
+    worker answered, whether any worker process holds the task, how long the answering
+    process has been up (None: not asked or not said), and how long no worker has held
+    it (None: held, or first found unheld by this read)."""
+
+    answers: bool
+    holds_task: bool
+    up_seconds: float | None
+    unheld_seconds: float | None
+
+
+@dataclass(frozen=True, slots=True)
 class Judgement:
     """One pass's view of the broker: tasks whose owner is gone (seconds past), held
     messages, why its liveness evidence was not trusted (None: it was), and how many
-    running rows could not be judged (without ``result_extended``; by unknown liveness)."""
+    running rows could not be judged (without ``result_extended``; by unknown liveness).
+    ``owners``: for an operator's read, what was seen of each task's owner."""
 
     gone: dict[str, float]
     unacked: dict[str, str]
     doubt: LivenessDoubt | None
     unextended: int = 0
     unknown: int = 0
+    owners: dict[str, OwnerSeen] | None = None
 
     @property
     def may_swap(self) -> bool:
@@ -79,18 +98,28 @@ class Judgement:
 
 
 def judge(broker: CeleryBroker, rows: Sequence[Running], kinds: KindRules,
-          session_timeout_seconds: float, *, unextended: int = 0) -> Judgement:
-    """Ping the workers of ``rows`` and judge each task (the module's table)."""
+          session_timeout_seconds: float, *, unextended: int = 0,
+          owners: bool = False) -> Judgement:
+    """Ask the workers of ``rows`` what they hold and judge each task (the module's
+    table); ``owners``: also say what was seen of each task's owner (``explain``)."""
     hosts = {r.worker for r in rows if r.worker}
-    answers = (broker.answers(hosts, {r.queue for r in rows}) if rows
-               else broker.answers_at_all())
+    answers = (broker.answers(hosts, {r.queue for r in rows},
+                              [r.task_id for r in rows if r.worker], uptimes=owners)
+               if rows else broker.answers_at_all())
     doubt = answers.doubt
     gone: dict[str, float] = {}
     unacked: dict[str, str] = {}
+    unheld: dict[str, float] = {}
     if rows and doubt in (None, LivenessDoubt.NO_WORKER_ANSWERS):
         try:
-            gone = _gone(broker, rows, kinds, hosts - answers.answering,
-                         session_timeout_seconds, trusted=doubt is None)
+            trusted = doubt is None
+            unheld = (broker.unheld(r.task_id for r in rows
+                                    if r.worker and r.task_id not in answers.held)
+                      if trusted else {})
+            if not trusted:
+                broker.forget_unheld()
+            gone = _gone(broker, rows, kinds, unheld if trusted else None,
+                         session_timeout_seconds)
             # Every running task's, not only the gone ones': a wedged task is failed under
             # a live worker, whose later death must not hand its message back either.
             unacked = broker.unacked(r.task_id for r in rows)
@@ -98,17 +127,22 @@ def judge(broker: CeleryBroker, rows: Sequence[Running], kinds: KindRules,
             raise
         except Exception:  # the broker went away between two calls: nothing is known
             gone, unacked, doubt = {}, {}, LivenessDoubt.BROKER_UNREACHABLE
+    seen = None
+    if owners and doubt is None:
+        up = answers.up_seconds or {}
+        seen = {r.task_id: OwnerSeen(
+            r.worker in answers.answering, r.task_id in answers.held,
+            up.get(r.worker) if r.worker else None, unheld.get(r.task_id))
+            for r in rows}
     return Judgement(gone, unacked, doubt, unextended,
-                     0 if doubt is None else len(rows) - len(gone))
+                     0 if doubt is None else len(rows) - len(gone), seen)
 
 
 def _gone(broker: CeleryBroker, rows: Sequence[Running], kinds: KindRules,
-          silent: set[str], timeout: float, *, trusted: bool) -> dict[str, float]:
-    """The tasks whose owner is gone, seconds past it. ``trusted``: silence is evidence
-    (else only ``max_run_seconds`` is, and the silences noted so far are forgotten)."""
-    silences = broker.silence(silent) if trusted else None
-    if silences is None:
-        broker.forget_silences()
+          unheld: dict[str, float] | None, timeout: float) -> dict[str, float]:
+    """The tasks whose owner is gone, seconds past it. ``unheld``: how long no worker has
+    held each task (None: the answers prove nothing this pass, and only
+    ``max_run_seconds`` decides)."""
     max_runs = {r.task_id: kinds.resolve(r.name).max_run_seconds for r in rows}
     # Only a kind with max_run_seconds is judged by when its task was first seen.
     seen = broker.first_seen([t for t, m in max_runs.items() if m is not None])
@@ -116,11 +150,11 @@ def _gone(broker: CeleryBroker, rows: Sequence[Running], kinds: KindRules,
     for row in rows:
         max_run = max_runs[row.task_id]
         over = -1.0
-        if silences is not None and row.worker:
-            over = silences.get(row.worker, -1.0) - timeout
+        if unheld is not None and row.worker:
+            over = unheld.get(row.task_id, -1.0 - timeout) - timeout
         if max_run is not None:
             ran_over = seen.get(row.task_id, 0.0) - max_run
-            over = ran_over if silences is None else min(over, ran_over)
+            over = ran_over if unheld is None else min(over, ran_over)
         if over >= 0:
             gone[row.task_id] = over
     return gone
@@ -159,7 +193,7 @@ class CeleryLiveness:
         if len(named) < len(started):
             self._report_unextended(len(started) - len(named))
         return judge(self.broker, named, kinds, self.session_timeout_seconds,
-                     unextended=len(started) - len(named))
+                     unextended=len(started) - len(named), owners=every)
 
     def loaded(self, verdict: Judgement) -> Loaded:
         """Nothing: the running tasks are the result table's rows, read by its SQL."""
