@@ -134,15 +134,21 @@ class CeleryFixture(ForeignFixture):
         state, n = situation.state, situation.step
         kind = kind_for(situation.effect, next(self._serial))
         specs = _specs(situation)
-        if state in (State.LIVE, State.WEDGED):
+        if state in (State.LIVE, State.WEDGED, State.OWNER_REBORN_HOLDING):
             task_id = self._started(kind, self.live_worker)
+            if state is State.OWNER_REBORN_HOLDING:
+                # Held by no worker once (its first run's worker died), then taken again
+                # by the process now under that name: the memory is stale, the task held.
+                self._dead_worker(task_id)
             hold_task(self.broker.broker_url, task_id)
             if state is State.WEDGED:
                 record_steps(self.engine, self.source_name, task_id, 1, specs,
                              age=TIMING.wedged_after_seconds + 60)
             return SourceJob(task_id, 1)
         retries = 2 if state is State.OUT_OF_ATTEMPTS else 0
-        worker = f"dead-{uuid.uuid4().hex[:8]}@conformance"
+        # A reborn owner: the name answers (a live worker has it now) but holds nothing.
+        worker = (self.live_worker if state is State.OWNER_REBORN
+                  else f"dead-{uuid.uuid4().hex[:8]}@conformance")
         task_id = self._started(kind, worker, retries)
         self._dead_worker(task_id)
         record_steps(self.engine, self.source_name, task_id, retries + 1, specs)

@@ -34,7 +34,7 @@ from tests.conformance.fixtures import (
     State,
 )
 from tests.conformance.foreign import ForeignFixture, kind_for
-from tests.conformance.systems import _common_gaps, _every, _specs
+from tests.conformance.systems import _common_gaps, _every, _no_reused_names, _specs
 from tests.helpers import rows_of
 from tests.sources.django_tasks_support import (
     LEDGER,
@@ -54,7 +54,8 @@ class DjangoTasksFixture(ForeignFixture):
     """django-tasks-db's task results as a source under test (see ``SourceFixture``)."""
 
     source_name = "django-tasks"
-    gaps: dict[Capability, str] = _common_gaps("django-tasks") | {
+    gaps: dict[Capability, str] = _common_gaps("django-tasks") | _no_reused_names(
+        "django-tasks", "no owner") | {
         **_every(State.OWNER_GONE, "django-tasks-db has no worker liveness: only the "
                  "claim's age past max_run_seconds tells"),
         Interference.LATE_HEARTBEAT: "django-tasks-db has no heartbeat",

@@ -99,6 +99,17 @@ class State(StrEnum):
     EVIDENCE_UNREADABLE = "evidence_unreadable"
     """Died before step N, and its stored facts contradict each other (a step record
     outside its plan): the pass cannot evaluate it."""
+    OWNER_REBORN = "owner_reborn"
+    """Died before step N, and a later process answers under its owner's name (restarted
+    under the same name) without holding the job: an orphan, decided like any other."""
+    OWNER_REBORN_HOLDING = "owner_reborn_holding"
+    """A later process under the owner's old name holds the job again (it took it anew,
+    after its predecessor died): its owner is alive."""
+
+
+REBORN_STATES = (State.OWNER_REBORN, State.OWNER_REBORN_HOLDING)
+"""The situations of an owner's name taken by a later process: only a source whose
+liveness names an owner by a name a new process can take expresses them."""
 
 
 @dataclass(frozen=True, slots=True)

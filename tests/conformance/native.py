@@ -32,6 +32,7 @@ from reconciler.storage.sql_store import SqlStore
 from reconciler.worker import Claim, JobClient
 from tests.conformance.fixtures import (
     PLAN_LENGTH,
+    REBORN_STATES,
     TIMING,
     AuditEntry,
     Capability,
@@ -91,12 +92,14 @@ class NativeSource:
     # -- what the source can express --------------------------------------------------------
 
     def supports(self, what: Capability) -> bool:
-        """The native source keeps every fact the table reads: it expresses everything."""
-        return True
+        """The native source keeps every fact the table reads: it expresses everything but
+        an owner's name taken by a later process (its owner is a worker session)."""
+        return not (isinstance(what, Situation) and what.state in REBORN_STATES)
 
     def why_unsupported(self, what: Capability) -> str:
-        """Never asked: the native source supports everything."""
-        return f"native supports {what}"
+        """Only the reborn-owner situations."""
+        return ("native's liveness names a worker session, whose id a new process never "
+                "takes: it opens a session of its own")
 
     # -- making situations --------------------------------------------------------------------
 

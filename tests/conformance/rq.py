@@ -23,6 +23,7 @@ from sqlalchemy.engine import Engine
 
 from reconciler.core.ports import JobKey
 from reconciler.sources.rq import RqConfig
+from reconciler.sources.rq.keys import HEARTBEAT_GRACE_SECONDS
 from reconciler.storage.engines import create_engine
 from tests.conformance.fixtures import (
     TIMING,
@@ -51,9 +52,6 @@ class RqFixture(ForeignFixture):
 
     source_name = "rq"
     gaps: dict[Capability, str] = _common_gaps("rq") | {
-        **_every(State.OWNER_GONE, "rq's lease is the started registry's entry, renewed "
-                 "with its worker's heartbeat: a worker silent under a live entry is not "
-                 "yet gone"),
         **_every(State.RECENTLY_ACTIVE, "rq's lease is the started registry's entry: a "
                  "worker gone past its entry's expiry is the lease run out, and then recent "
                  "activity protects nothing"),
@@ -79,27 +77,32 @@ class RqFixture(ForeignFixture):
         seconds, micros = self.redis.time()
         return datetime.fromtimestamp(seconds + micros / 1e6, UTC)
 
-    def _worker(self, name: str, *, live: bool) -> None:
-        """A live worker's key (a fresh heartbeat), or none at all (a dead one's expired)."""
+    def _worker(self, name: str, *, live: bool, born: datetime | None = None) -> None:
+        """A live worker's key (a fresh heartbeat; born an hour ago unless ``born``), or
+        none at all (a dead one's expired)."""
         key = f"rq:worker:{name}"
         if not live:
             self.redis.delete(key)
             return
         now = self._now()
+        birth = now - timedelta(hours=1) if born is None else born
         self.redis.hset(key, mapping={"last_heartbeat": now.strftime(RQ_TIME),
-                                      "birth": (now - timedelta(hours=1)).strftime(RQ_TIME),
+                                      "birth": birth.strftime(RQ_TIME),
                                       "version": "2.12.0", "queues": QUEUE})
         self.redis.sadd("rq:workers", key)
         self.redis.expire(key, int(TIMING.lease_seconds))
 
-    def _start(self, job_id: str, worker: str, *, live: bool) -> None:
-        """The job taken off its queue and started as a worker starts it."""
+    def _start(self, job_id: str, worker: str, *, live: bool, overdue: bool = False,
+               born: datetime | None = None) -> None:
+        """The job taken off its queue and started as a worker starts it; a dead worker's
+        entry expired long since, or (``overdue``) still live but its heartbeat overdue
+        past the session timeout."""
         from rq.executions import Execution  # noqa: PLC0415
         from rq.job import Job  # noqa: PLC0415
 
         job = Job.fetch(job_id, connection=self.redis)
         self.redis.lrem(f"rq:queue:{QUEUE}", 1, job_id)
-        self._worker(worker, live=live)
+        self._worker(worker, live=live, born=born)
         with self.redis.pipeline() as pipe:
             job.prepare_for_execution(worker, pipe)
             execution = Execution.create(job, int(TIMING.lease_seconds), pipeline=pipe,
@@ -107,8 +110,11 @@ class RqFixture(ForeignFixture):
             pipe.execute()
         if not live:
             member = f"{job_id}:{execution.id}"
-            self.redis.zadd(f"rq:wip:{QUEUE}", {
-                member: self._now().timestamp() - TIMING.lease_expired_seconds})
+            # RQ scores an entry its next heartbeat plus 60 s: an overdue one is scored
+            # less than 60 s past the session timeout ahead, an expired one behind now.
+            ahead = ((HEARTBEAT_GRACE_SECONDS - TIMING.session_timeout_seconds) / 2
+                     if overdue else -TIMING.lease_expired_seconds)
+            self.redis.zadd(f"rq:wip:{QUEUE}", {member: self._now().timestamp() + ahead})
 
     def make(self, situation: Situation) -> SourceJob:
         """A job started by a live or a dead worker, its steps recorded in the ledger."""
@@ -121,8 +127,18 @@ class RqFixture(ForeignFixture):
         attempt = 3 if state is State.OUT_OF_ATTEMPTS else 1
         if attempt > 1:
             self.redis.hset(f"rq:job:{job_id}", "reconciler_attempt", attempt)
-        live = state in (State.LIVE, State.WEDGED)
-        self._start(job_id, f"{'live' if live else 'dead'}-{job_id[:8]}", live=live)
+        live = state in (State.LIVE, State.WEDGED, State.OWNER_REBORN_HOLDING)
+        name = f"{'live' if live else 'dead'}-{job_id[:8]}"
+        # A worker that came back under its dead predecessor's name, then took the job
+        # again: born just before this start.
+        born = (self._now() - timedelta(seconds=1)
+                if state is State.OWNER_REBORN_HOLDING else None)
+        self._start(job_id, name, live=live, overdue=state is State.OWNER_GONE, born=born)
+        if state is State.OWNER_REBORN:
+            # A successor under the dead worker's name: born after the job started.
+            started = datetime.strptime(self._hash(job_id)["started_at"], RQ_TIME)
+            self._worker(name, live=True, born=started.replace(tzinfo=UTC)
+                         + timedelta(seconds=1))
         if state is State.WEDGED:
             record_steps(self.engine, self.source_name, job_id, 1, specs,
                          age=TIMING.wedged_after_seconds + 60)

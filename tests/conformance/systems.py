@@ -35,6 +35,7 @@ from reconciler.core.ports import JobKey
 from reconciler.core.vocabulary import EffectKind
 from tests.conformance.fixtures import (
     PLAN_LENGTH,
+    REBORN_STATES,
     TIMING,
     Capability,
     Feature,
@@ -64,6 +65,13 @@ OUTCOMES: dict[str, Outcome] = {"queued": "runnable", "running": "running",
 def _every(state: State, reason: str) -> dict[Capability, str]:
     return {Situation(state, step, effect): reason
             for step in range(PLAN_LENGTH) for effect in EffectKind}
+
+
+def _no_reused_names(system: str, why: str) -> dict[Capability, str]:
+    """The reborn-owner situations, for a source whose owner no later process can be
+    (``why``: what its liveness names)."""
+    return {situation: f"{system}'s liveness names {why}: a later process never takes it"
+            for state in REBORN_STATES for situation in _every(state, "")}
 
 
 def _common_gaps(system: str) -> dict[Capability, str]:
@@ -219,7 +227,8 @@ class ProcrastinateFixture(SystemFixture):
     """Procrastinate: workers heartbeat in ``procrastinate_workers``; the fence is the
     job's worker and attempts."""
 
-    gaps = _common_gaps("Procrastinate") | {
+    gaps = _common_gaps("Procrastinate") | _no_reused_names(
+        "Procrastinate", "a worker row, whose id a new worker never takes") | {
         **_every(State.RECENTLY_ACTIVE, "Procrastinate's lease is its worker's heartbeat: a "
                  "lease that ran out means the owner is gone, and then recent activity "
                  "protects nothing"),
@@ -257,7 +266,8 @@ class GraphileWorkerFixture(SystemFixture):
     """graphile-worker: no heartbeat; the lease is ``locked_at`` plus ``max_run_seconds``."""
 
     ledger_attempt_offset = 0
-    gaps = _common_gaps("graphile-worker") | {
+    gaps = _common_gaps("graphile-worker") | _no_reused_names(
+        "graphile-worker", "no owner") | {
         **_every(State.OWNER_GONE, "graphile-worker has no worker liveness: only its lock's "
                  "age tells"),
         Interference.LATE_HEARTBEAT: "graphile-worker has no heartbeat",
@@ -284,7 +294,7 @@ class PgBossFixture(SystemFixture):
     """pg-boss: no heartbeat; the lease is ``started_on`` plus its expiry or
     ``max_run_seconds``; job ids are UUIDs."""
 
-    gaps = _common_gaps("pg-boss") | {
+    gaps = _common_gaps("pg-boss") | _no_reused_names("pg-boss", "no owner") | {
         **_every(State.OWNER_GONE, "pg-boss has no worker liveness: only a job's expiry "
                  "tells"),
         Interference.LATE_HEARTBEAT: "pg-boss has no heartbeat",

@@ -24,6 +24,7 @@ from reconciler.storage.clock import now_plus
 from reconciler.storage.engines import create_engine
 from tests.conformance.fixtures import (
     PLAN_LENGTH,
+    REBORN_STATES,
     TIMING,
     Capability,
     Interference,
@@ -53,6 +54,9 @@ def _gaps() -> dict[Capability, str]:
                 "worker is gone")
             gaps[Situation(State.STEP_FAILED_RETRYABLY, step, effect)] = (
                 "table step results keep a state, not whether a failure may be retried")
+            for state in REBORN_STATES:
+                gaps[Situation(state, step, effect)] = (
+                    "table has no owner liveness: its owner column is a fence, not evidence")
     return gaps
 
 

@@ -54,6 +54,8 @@ RESUMED: dict[Situation, Expected] = {
         RESUME, Reason.RESUMED_FROM_UNSTARTED_STEP, "runnable", 1),
     Situation(State.OWNER_GONE, 1): Expected(
         RESUME, Reason.RESUMED_FROM_UNSTARTED_STEP, "runnable", 1),
+    Situation(State.OWNER_REBORN, 1): Expected(
+        RESUME, Reason.RESUMED_FROM_UNSTARTED_STEP, "runnable", 1),
     Situation(State.STEP_FAILED_RETRYABLY, 1): Expected(
         RESUME, Reason.RESUMED_FROM_UNSTARTED_STEP, "runnable", 1),
     Situation(State.DIED_MID_STEP, 1, PURE): Expected(
@@ -85,6 +87,8 @@ SKIPPED: dict[Situation, Expected] = {
 TABLE: dict[Situation, Expected] = {**RESUMED, **TERMINALIZED, **SKIPPED}
 LIVE = Situation(State.LIVE, 1)
 """Claimed by a live owner: never a candidate, so no decision at all."""
+REBORN_HOLDING = Situation(State.OWNER_REBORN_HOLDING, 1)
+"""Held again by a later process under its dead owner's name: live, like ``LIVE``."""
 
 
 def require(source: SourceFixture, *needed: Capability) -> None:
@@ -237,10 +241,13 @@ def test_a_held_or_gated_job_is_recorded_once_however_many_passes_meet_it(
         assert later == [[SKIPPED[situation].reason]] * 2
 
 
-def test_a_job_with_a_live_owner_is_never_a_candidate(source: SourceFixture) -> None:
-    """A job whose owner holds a live lease and makes progress is not even looked at."""
-    require(source, LIVE)
-    job = source.make(LIVE)
+@pytest.mark.parametrize("live", [LIVE, REBORN_HOLDING], ids=str)
+def test_a_job_with_a_live_owner_is_never_a_candidate(source: SourceFixture,
+                                                      live: Situation) -> None:
+    """A job whose owner holds a live lease and makes progress is not even looked at,
+    also when its owner is a later process under a dead one's name that took it again."""
+    require(source, live)
+    job = source.make(live)
     before = source.snapshot(job)
 
     reports = [source.run_pass(), source.run_pass()]

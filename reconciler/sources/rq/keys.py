@@ -10,15 +10,22 @@ from 2.0 to 2.12:
   ``Retry``, ``exc_info``: zlib-compressed text);
 - ``rq:queues``: the set of queue keys, ``rq:queue:<name>``: its list of job ids;
 - ``rq:wip:<queue>``: the started registry, a sorted set of ``<job id>:<execution id>``
-  scored by when the entry expires (each heartbeat of the job's worker pushes it on);
+  scored by when the entry expires: each heartbeat of the job's worker scores it when
+  the next heartbeat is due plus ``HEARTBEAT_GRACE_SECONDS`` (``get_heartbeat_ttl``:
+  ``min(remaining, job_monitoring_interval) + 60``; a ``SimpleWorker``, which beats
+  not at all while it runs a job, scores it its job's ``timeout + 60``);
 - ``rq:execution:<job id>:<execution id>``: the execution's hash, and
   ``rq:executions:<job id>``: the job's executions, a sorted set;
 - ``rq:failed:<queue>``: the failed registry, job ids scored by when they expire;
   ``rq:deferred:<queue>``: the jobs waiting on others (``rq:job:<id>:dependents``,
   ``rq:job::<id>:dependencies``: who waits on whom);
 - ``rq:results:<job id>``: the job's results, a stream (``latest_result()`` reads it);
-- ``rq:worker:<name>``: the worker's hash (``last_heartbeat``, ``death``, ``version``),
-  expiring when its heartbeats stop; ``rq:workers``: the set of worker keys.
+- ``rq:worker:<name>``: the worker's hash (``last_heartbeat``, ``death``, ``birth``,
+  ``version``), expiring when its heartbeats stop (while it runs a job, with the job's
+  entry); ``rq:workers``: the set of worker keys. A worker refuses to start under a name
+  whose key exists, so a dead worker's successor under the same name starts once that
+  key expired, and its start-up cleanup (``StartedJobRegistry.cleanup``) then fails the
+  dead worker's jobs, or requeues those with a ``Retry`` left.
 
 RQ 3.0 is outside the range: its keys take a prefix from the environment of the app
 (``RQ_KEY_PREFIX``), which the sidecar cannot read, and a job whose dependencies are met
@@ -42,6 +49,10 @@ QUEUES = "rq:queues"
 QUEUE_PREFIX = "rq:queue:"
 WORKERS = "rq:workers"
 STARTED_STATUS = "started"
+HEARTBEAT_GRACE_SECONDS = 60.0
+"""What RQ adds to a heartbeat's interval when it scores a started entry (the ``+ 60`` of
+``get_heartbeat_ttl``): an entry's score less this is when its worker's next heartbeat is
+due."""
 
 
 def job_key(job_id: str) -> str:

@@ -3,19 +3,24 @@
 The kit judges jobs in SQL; RQ keeps them in Redis. So the source's declared liveness
 (``RqLiveness.judge``) reads, once per transaction, each watched queue's started registry
 (never RQ's own ``get_job_ids``, which would run its cleanup first), with Redis's
-``TIME`` as the clock: for a pass, only its expired entries (``ZRANGEBYSCORE``, what
-RQ's own cleanup reads) and, once the step ledger is in use, the live ones whose ledger
-went silent (the wedged scan's), the other live ones counted (``ZCOUNT``) for the brake;
-for an operator's read, every entry. It reads the hash fields of each job it loads and
-the worker keys of the expired ones, pipelined, and loads them
+``TIME`` as the clock: for a pass, only its silent entries (``ZRANGEBYSCORE`` up to the
+score of an entry whose heartbeat is ``session_timeout_seconds`` overdue: what RQ's own
+cleanup reads, and the minute before it) and, once the step ledger is in use, the live
+ones whose ledger went silent (the wedged scan's), the other live ones counted
+(``ZCOUNT``) for the brake; for an operator's read, every entry. It reads the hash fields
+of each job it loads and the worker keys of the silent ones, pipelined, and loads them
 into a temporary table on the pass's own connection (its own ``MetaData``: not one of
 this project's tables, invisible to migrations). ``running``, ``expired`` and the
 candidates are then plain SQL over it, and the kit's paging, holds, ledger, audit,
 brake, explain, dry run and shadow mode work on it.
 
-A job is stale when its registry entry has expired (its score, Redis's clock) and its
-worker is gone: its key expired, marked dead, silent past ``session_timeout_seconds``,
-or born after the job started (a new worker under the same name). A Redis that cannot be
+A job is stale when its worker is gone (its key expired, marked dead, silent past
+``session_timeout_seconds``, or born after the job started: a new worker under the same
+name) and its entry went unrenewed: its worker's next heartbeat (the entry's score less
+RQ's grace, ``keys.HEARTBEAT_GRACE_SECONDS``) is ``session_timeout_seconds`` overdue. So a
+dead worker's job is decided about a minute before its entry expires, and before a
+successor under its name can start and run RQ's own cleanup over it (which would fail the
+job, or run an effectful one again through its ``Retry``). A Redis that cannot be
 reached, or that holds no RQ key at all (a wrong URL or database number), loads nothing:
 the pass decides nothing and says which store (``unknown``).
 """
@@ -59,6 +64,7 @@ STARTED = sa.Table(
     sa.Column("execution_id", sa.Text(), nullable=False),
     sa.Column("score", sa.Double(), nullable=False),
     sa.Column("entry_over", sa.Double(), nullable=False),
+    sa.Column("silent_over", sa.Double(), nullable=False),
     sa.Column("status", sa.Text()),
     sa.Column("worker", sa.Text()),
     sa.Column("worker_gone", sa.Boolean(), nullable=False),
@@ -70,8 +76,9 @@ STARTED = sa.Table(
 """One row per entry of a watched started registry loaded this transaction (the expired
 ones and the silent live ones, or every one):
 ``entry_over`` is Redis's clock minus the entry's score (seconds past its expiry,
-negative while renewed), ``run_seconds`` since the job's ``started_at``, ``attempt`` the
-reconciler's count (``ATTEMPT_FIELD``, else 1)."""
+negative while renewed), ``silent_over`` the seconds past the worker's next heartbeat being
+``session_timeout_seconds`` overdue (negative before), ``run_seconds`` since the job's
+``started_at``, ``attempt`` the reconciler's count (``ATTEMPT_FIELD``, else 1)."""
 
 def _load_statement(dialect: str) -> sa.Insert:
     """``INSERT INTO STARTED SELECT ... FROM`` the rows given as one JSON parameter."""
@@ -260,6 +267,7 @@ class RqLiveness:
             return [], 0, LivenessDoubt.QUEUES_MISSING  # no RQ key at all: not the app's
         names = sorted(k.decode().removeprefix(keys.QUEUE_PREFIX) for k in queue_keys)
         watched = [q for q in names if self.config.watches(q)]
+        cut = self.silent_at(now)
         entries, unloaded = self._entries(client, watched, now, every=every, silent=silent)
         if every:
             # Executions are kept across such reads (by ``<job id>:<execution id>``, the
@@ -272,16 +280,16 @@ class RqLiveness:
             self.seen = {m: job for m, job in self.seen.items() if m in current}
         if not entries:
             return [], unloaded, None
-        # A fence is built from what an expired entry's job says now, never from memory;
+        # A fence is built from what a silent entry's job says now, never from memory;
         # and a pass reads every job it loads (only an every read remembers).
         read = self._read_jobs(client, [member for _, member, score in entries
-                                        if not every or score <= now
+                                        if not every or score <= cut
                                         or member not in self.seen])
         if every:
             self.seen.update(read)
         executions = {**self.seen, **read} if every else read
-        expired = [member for _, member, score in entries if score <= now]
-        worker_names = sorted({str(executions[m].worker) for m in expired
+        overdue = [member for _, member, score in entries if score <= cut]
+        worker_names = sorted({str(executions[m].worker) for m in overdue
                                if executions[m].worker})
         with client.pipeline(transaction=False) as pipe:
             for name in worker_names:
@@ -290,25 +298,27 @@ class RqLiveness:
         for name, (_, _, _, version) in workers_read.items():
             if version:
                 keys.require_supported(version.decode(), f"worker {name}")
-        return ([self._row(now, entry, executions[entry[1]], workers_read)
+        return ([self._row(now, cut, entry, executions[entry[1]], workers_read)
                  for entry in entries], unloaded, None)
 
     def _entries(self, client: Any, watched: Sequence[str], now: float, *, every: bool,
                  silent: Silent | None) -> tuple[list[Entry], int]:
-        """The watched registries' entries to load: every one, or the expired ones (what
-        RQ's own cleanup reads, on Redis's clock) and the live ones whose job's step
-        ledger ``silent`` says went silent (the wedged scan's); and how many live ones
-        were left out, for the brake's count."""
+        """The watched registries' entries to load: every one, or the silent ones (their
+        heartbeat ``session_timeout_seconds`` overdue, on Redis's clock: the expired ones
+        RQ's own cleanup reads among them) and the live ones whose job's step ledger
+        ``silent`` says went silent (the wedged scan's); and how many live ones were left
+        out, for the brake's count."""
         if every:
             return _range(client, watched, "-inf", "+inf"), 0
-        expired = _range(client, watched, "-inf", repr(now))
+        cut = self.silent_at(now)
+        expired = _range(client, watched, "-inf", repr(cut))
         # An entry renewed between two reads would be in both: it is loaded once, expired.
         read_expired = {member for _, member, _ in expired}
         live_loaded: list[Entry] = []
         if silent is not None:
             found = self.silent_found
             if found is None or now - found.read_at >= SILENT_REREAD_SECONDS:
-                alive = [e for e in _range(client, watched, f"({now!r}", "+inf")
+                alive = [e for e in _range(client, watched, f"({cut!r}", "+inf")
                          if e[1] not in read_expired]
                 kept = set(silent([m.rpartition(":")[0] for _, m, _ in alive])) if alive else ()
                 loaded = [e for e in alive if e[1].rpartition(":")[0] in kept]
@@ -322,7 +332,7 @@ class RqLiveness:
                 scores = pipe.execute()
             live_loaded = [(queue, member, float(score)) for (queue, member), score
                            in zip(found.members, scores, strict=True)
-                           if score is not None and float(score) > now
+                           if score is not None and float(score) > cut
                            and member not in read_expired]
         if not expired and not live_loaded:
             return [], 0  # the brake's count is read only by a pass with candidates
@@ -330,7 +340,7 @@ class RqLiveness:
         # which a job leaving the registry between the two reads would count off twice).
         with client.pipeline(transaction=False) as pipe:
             for queue in watched:
-                pipe.zcount(keys.started_key(queue), f"({now!r}", "+inf")
+                pipe.zcount(keys.started_key(queue), f"({cut!r}", "+inf")
             live = sum(pipe.execute())
         return expired + live_loaded, max(live - len(live_loaded), 0)
 
@@ -354,20 +364,28 @@ class RqLiveness:
                                       _int(retries_left), _int(attempt) or 1, kind)
         return found
 
-    def _row(self, now: float, entry: tuple[str, str, float], job: Execution,
+    def silent_at(self, now: float) -> float:
+        """The highest score of an entry whose worker's next heartbeat (its score less
+        RQ's grace) is ``session_timeout_seconds`` overdue, or that has expired."""
+        grace = keys.HEARTBEAT_GRACE_SECONDS
+        return now + max(0.0, grace - self.config.session_timeout_seconds)
+
+    def _row(self, now: float, cut: float, entry: tuple[str, str, float], job: Execution,
              workers: dict[str, Sequence[bytes | None]]) -> dict[str, Any]:
         """One registry entry (queue, ``<job id>:<execution id>``, score) and its job as a
-        row."""
+        row; ``cut``: ``silent_at(now)``."""
         queue, member, score = entry
         job_id, _, execution_id = member.rpartition(":")
         return {
             "job_id": job_id, "job_kind": job.kind or UNREADABLE_LABEL,
             "unreadable": job.kind is None, "queue": queue, "execution_id": execution_id,
-            "score": score, "entry_over": now - score, "status": job.status,
-            "worker": job.worker,
-            # Only an expired entry's worker is read: a renewed entry's job is live
-            # whatever its worker (``RqSql._over`` needs the entry expired first).
-            "worker_gone": score <= now and self._gone(now, workers.get(job.worker or ""),
+            "score": score, "entry_over": now - score,
+            "silent_over": (now - score + keys.HEARTBEAT_GRACE_SECONDS
+                            - self.config.session_timeout_seconds),
+            "status": job.status, "worker": job.worker,
+            # Only a silent entry's worker is read: a renewed entry's job is live whatever
+            # its worker (``RqSql._over`` needs the entry silent first).
+            "worker_gone": score <= cut and self._gone(now, workers.get(job.worker or ""),
                                                        job.started_at),
             "run_seconds": None if job.started_at is None else now - job.started_at,
             "retries_left": job.retries_left, "attempt": job.attempt,

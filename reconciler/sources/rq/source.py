@@ -4,11 +4,13 @@ fence (``writes``). What every source shares is in ``reconciler.sources.kit``.
 
 - **Running**: an entry of a watched queue's started registry whose job's status is
   ``started``; the kind is its function's name (``kinds``).
-- **Liveness**: stale when the entry has expired (its score against Redis's clock: a
-  live worker's heartbeat pushes it on) and its worker is gone; a kind's
-  ``max_run_seconds``, where set, also counts an expired entry whose worker still
-  answers once the run is that long. Wedged (a live worker, a silent step ledger) is
-  the kit's.
+- **Liveness**: stale when its worker is gone (no key, dead, silent, or a later worker
+  under its name) and the entry went unrenewed: the worker's next heartbeat (the entry's
+  score less RQ's grace, against Redis's clock) is ``session_timeout_seconds`` overdue,
+  about a minute before the entry expires and a successor under the same name could run
+  RQ's own cleanup over it; a kind's ``max_run_seconds``, where set, also counts an
+  expired entry whose worker still answers once the run is that long. Wedged (a live
+  worker, a silent step ledger) is the kit's.
 - **Attempts**: the reconciler's count in the job's hash (1 until a resume); the budget
   is RQ's own where the job has a ``Retry`` (a resume needs a retry left: the attempts
   allowed are this one plus the retries left), else the kind's ``max_attempts``.
@@ -54,14 +56,14 @@ class RqSql:
         self.liveness = RqLiveness(config)
 
     def _over(self, policies: Policies) -> sa.ColumnElement[Any]:
-        """Seconds past the job's end of life (negative while it lives): its entry's
-        expiry once its worker is gone, else its run past the kind's ``max_run_seconds``
-        once its entry expired."""
+        """Seconds past the job's end of life (negative while it lives): its worker's
+        heartbeat ``session_timeout_seconds`` overdue once its worker is gone, else its run
+        past the kind's ``max_run_seconds`` once its entry expired."""
         t = STARTED.c
         max_run = by_kind(t.job_kind, policies, lambda p: p.max_run_seconds)
         ran_over = t.run_seconds - sa.cast(max_run, sa.Double())
         return sa.case(
-            (sa.and_(t.worker_gone, t.entry_over >= 0), t.entry_over),
+            (sa.and_(t.worker_gone, t.silent_over >= 0), t.silent_over),
             (sa.and_(t.entry_over >= 0, ran_over >= 0), ran_over),
             else_=sa.literal(-1.0, sa.Double()))
 

@@ -1,0 +1,163 @@
+"""RQ workers deployed as teams deploy them: each under a supervisor that starts it again
+under its fixed name (``rq worker -n NAME``, systemd ``Restart=always``), every two
+seconds while it is down. Real workers over a real Redis, on every engine for the
+reconciler's tables.
+
+RQ refuses a worker under a name whose key still exists, so after a SIGKILL the
+supervisor's starts fail until the dead worker's key expires (its last heartbeat plus
+``job_monitoring_interval`` plus 60 s); the start that then succeeds runs RQ's own
+cleanup over the dead worker's started entries first, which fails its jobs
+(``AbandonedJobError``), or requeues those with a ``Retry`` left, an effectful one
+included. The pass decides on the dead worker's silence, a minute before that: it wins.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from reconciler.core.vocabulary import Disposition, Reason
+from tests.sources.rq_support import (
+    EFFECTFUL,
+    IDEMPOTENT,
+    REPO,
+    RqProject,
+    rq_project,
+    sigkill,
+    wait_started,
+    wait_status,
+    worker_argv,
+)
+from tests.sources.support import Markers, Process, Processes, reconcile_once, record_finding
+from tests.sources.test_rq_workers import KINDS, redis_now
+
+__all__ = ["rq_project"]
+
+RESTART_SECONDS = 2.0
+"""How often a supervisor starts its worker again while it is down."""
+NAMES = 10
+"""Supervised workers, each SIGKILLed once mid-job: ten kills in one minute of waiting."""
+
+
+@pytest.fixture
+def markers(tmp_path: Path) -> Markers:
+    return Markers(tmp_path / "markers")
+
+
+class Supervisor:
+    """Keeps ``rq worker -n <name>`` running: starts it again, under the same name, every
+    ``RESTART_SECONDS`` while none of its starts is alive (each refused start exits)."""
+
+    def __init__(self, processes: Processes, project: RqProject, markers: Markers,
+                 name: str) -> None:
+        self.processes, self.project, self.markers, self.name = processes, project, markers, name
+        self.current: Process | None = None
+        self.starts = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"supervise-{name}", daemon=True)
+
+    def start(self) -> Supervisor:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            if self.current is None or not self.current.alive():
+                self.starts += 1
+                self.current = self.processes.start(
+                    f"{self.name}-start-{self.starts}",
+                    worker_argv(self.project, self.name, (self.name,)),
+                    {"SOURCES_MARKERS": str(self.markers.folder)}, cwd=REPO)
+            self._stop.wait(RESTART_SECONDS)
+
+    def running(self) -> Process:
+        """The start that is up now (after a kill: the successor under the same name)."""
+        current = self.current
+        assert current is not None
+        return current
+
+
+def decide_all(project: RqProject, jobs: set[str]) -> dict[str, tuple[Disposition, Reason,
+                                                                       float]]:
+    """Passes every half second until each of ``jobs`` is decided: how, and when on
+    Redis's clock."""
+    decided: dict[str, tuple[Disposition, Reason, float]] = {}
+    deadline = time.monotonic() + 120
+    while set(decided) != jobs:
+        assert time.monotonic() < deadline, f"undecided: {jobs - set(decided)}"
+        for outcome in reconcile_once(project.engine, project.config(), KINDS):
+            if outcome.applied:
+                decided[str(outcome.job_id)] = (outcome.disposition, outcome.reason,
+                                                redis_now(project))
+        time.sleep(0.5)
+    return decided
+
+
+def test_a_supervised_fixed_name_worker_never_gets_its_dead_predecessors_jobs(
+        rq_project: RqProject, processes: Processes, markers: Markers) -> None:
+    """Ten supervised workers, each SIGKILLed with its work horse mid-job (five effectful
+    jobs and five idempotent ones, every one with a ``Retry(max=2)``): each job is decided
+    before its entry expires; the effectful ones fail with our reason and never run again
+    (RQ's cleanup in the successor finds nothing to requeue), the idempotent ones are
+    resumed and finished by the successor under the same name."""
+    names = [f"fixed-{i}-{time.monotonic_ns() % 10**6}" for i in range(NAMES)]
+    jobs = {name: rq_project.enqueue(EFFECTFUL if i % 2 == 0 else IDEMPOTENT, queue=name,
+                                     retry=2, hang=[3600, 0])
+            for i, name in enumerate(names)}
+    effectful = {jobs[n] for i, n in enumerate(names) if i % 2 == 0}
+    supervisors = {name: Supervisor(processes, rq_project, markers, name).start()
+                   for name in names}
+    try:
+        for name, job_id in jobs.items():
+            wait_started(markers, job_id, supervisors[name].running())
+        killed = {name: supervisors[name].running() for name in names}
+        for worker in killed.values():
+            sigkill(worker)
+        expiry = {job_id: rq_project.entry_score(job_id, name) for name, job_id in jobs.items()}
+
+        decided = decide_all(rq_project, set(jobs.values()))
+        for job_id, (_, _, at) in decided.items():
+            left = expiry[job_id]
+            assert left is not None
+            assert at < left, f"{job_id} was decided after RQ's own entry expired"
+        assert {j: d[:2] for j, d in decided.items()} == {
+            j: ((Disposition.TERMINALIZE, Reason.WORKER_DIED_MID_STEP) if j in effectful
+                else (Disposition.RESUME, Reason.RESUMED_IDEMPOTENT_STEP))
+            for j in jobs.values()}
+
+        # The supervisors' starts succeed once the dead workers' keys expire; each
+        # successor runs RQ's cleanup, then the resumed job of its queue.
+        for name, job_id in jobs.items():
+            if job_id not in effectful:
+                wait_status(rq_project, job_id, "finished", timeout=150,
+                            worker=supervisors[name].running())
+        successors = {name: supervisors[name].running() for name in names}
+        assert all(successors[n] is not killed[n] and successors[n].alive() for n in names)
+    finally:
+        for supervisor in supervisors.values():
+            supervisor.stop()
+
+    for job_id in jobs.values():
+        job = rq_project.job(job_id)
+        results = [r.exc_string or "" for r in job.results()]
+        assert not any("AbandonedJobError" in r for r in results), (job_id, results)
+        if job_id in effectful:
+            assert job.get_status().value == "failed"
+            assert job.retries_left == 2  # RQ's cleanup never used its Retry
+            assert "reconciler: worker_died_mid_step" in results[0]
+            assert markers.of(job_id) == {"started-1"}
+        else:
+            assert job.return_value() == "done on attempt 2"
+            assert markers.of(job_id) == {"started-1", "started-2", "done-2"}
+    record_finding("rq", "supervised_fixed_names", engine=rq_project.engine.dialect.name,
+                   kills=NAMES,
+                   refused_starts=sum(s.starts for s in supervisors.values()) - 2 * NAMES,
+                   seconds_before_rqs_expiry=sorted(round(float(expiry[j] or 0) - d[2], 1)
+                                                    for j, d in decided.items()))
