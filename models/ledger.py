@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import BigInteger, Boolean, CheckConstraint, Integer, String
+from sqlalchemy import BigInteger, Boolean, CheckConstraint, Integer, String, text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from models.base import Base
@@ -19,10 +19,12 @@ class StepLedgerEntry(Base):
     """One step of one foreign job, as the job's task recorded it through the step ledger.
 
     A job's rows are written together when a run opens (one per step of its plan, with no
-    state until the step starts). ``attempt_number`` is the attempt that holds the job's
-    ledger: every write is fenced on it, a newer run moves it forward, and so does the
-    reconciler when it resumes or terminalizes the job, so a reclaimed run's late writes
-    match no row and record nothing.
+    state until the step starts). ``attempt_number`` is the job system's attempt that holds
+    the job's ledger: a run of an older attempt is refused. ``run_number`` is the ledger's
+    own fence, the same on every row of a job: each run that opens takes the next one, and
+    the reconciler's resume or terminalization and an operator's retry move it on, so a
+    reclaimed run's late writes match no row and record nothing, whatever attempt the job
+    system gives the next run.
     """
 
     __tablename__ = "step_ledger_entries"
@@ -36,6 +38,7 @@ class StepLedgerEntry(Base):
     step_state: Mapped[str | None] = mapped_column(String(16))
     failure_retryable: Mapped[bool | None] = mapped_column(Boolean)
     attempt_number: Mapped[int] = mapped_column(BigInteger)
+    run_number: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
     started_at: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]
     updated_at: Mapped[datetime]

@@ -49,3 +49,23 @@ class LeaseLost(Exception):  # noqa: N818 - the public name in the worker contra
     def __init__(self, job_id: int | str) -> None:
         super().__init__(f"job {job_id}: lease lost; the write was refused")
         self.job_id = job_id
+
+
+class EffectInDoubt(LeaseLost):
+    """A run of a job was opened while an effectful step that an earlier run started never
+    finished, and no decision (a pass's or an operator's) has said it may run again: its
+    effect may have happened, so this run is refused and records nothing.
+
+    It is a ``LeaseLost``: the run must stop. The job system ran the job again by itself
+    (its own retry, expiry or redelivery); the reconciler's pass ends the job with
+    ``worker_died_mid_step``, and an operator who checked the effect can retry it.
+    """
+
+    def __init__(self, job_id: int | str, step_index: int, step_name: str) -> None:
+        Exception.__init__(
+            self, f"job {job_id}: step {step_index} ({step_name!r}, effectful) was started by "
+                  "an earlier run that never finished it, so its effect may have happened; "
+                  "this run is refused until the reconciler or an operator decides the job")
+        self.job_id = job_id
+        self.step_index = step_index
+        self.step_name = step_name

@@ -13,14 +13,22 @@ the reconciler's own database::
 
 ``attempt`` is the job system's own attempt counter for this run, as the job carries it
 (Procrastinate ``context.job.attempts``, graphile-worker ``job.attempts``, pg-boss
-``retryCount``, a home-grown table's attempts column): it only has to grow from one run of
-a job to the next. The source of that system then reads these records as the job's steps,
-so a run the reconciler finds dead is judged step by step, and a re-run skips the steps
-that succeeded.
+``retryCount``, a home-grown table's attempts column): a run of an older attempt than one
+already opened is refused. The source of that system then reads these records as the
+job's steps, so a run the reconciler finds dead is judged step by step, and a re-run skips
+the steps that succeeded.
 
-Every write is fenced on the attempt: once a later attempt has opened its run, or the
-reconciler has resumed or terminalized the job, a write of the earlier run raises
-``LeaseLost`` and records nothing.
+Every write is fenced on the run, not on the attempt: each run that opens takes the job's
+next run number, and so do the reconciler's resume or terminalization and an operator's
+retry, so a write of any earlier run raises ``LeaseLost`` and records nothing, whatever
+attempt the job system gives the next run.
+
+A run never gets back an effectful step that an earlier run started and never finished:
+its effect may have happened. When the job system runs the job again by itself (its own
+retry, expiry or redelivery, which no decision allowed), opening the run raises
+``EffectInDoubt`` (a ``LeaseLost``) naming the step; the reconciler's pass ends the job
+``worker_died_mid_step``, and an operator who checked the effect can retry it, which lets
+the step run again. A pure or idempotent step is handed back: running it again is safe.
 """
 
 from __future__ import annotations
@@ -31,12 +39,12 @@ from types import TracebackType
 from reconciler.connect import Database, LedgerRun, open_step_ledger
 from reconciler.core.evidence import PlanStep
 from reconciler.core.vocabulary import JobKey
-from reconciler.errors import LeaseLost
+from reconciler.errors import EffectInDoubt, LeaseLost
 
 Step = PlanStep
 """One step of a run's plan: ``Step("fetch", "idempotent")``."""
 
-__all__ = ["LeaseLost", "LedgerRun", "Step", "StepLedger"]
+__all__ = ["EffectInDoubt", "LeaseLost", "LedgerRun", "Step", "StepLedger"]
 
 
 class StepLedger:
@@ -55,9 +63,10 @@ class StepLedger:
             steps: Sequence[PlanStep]) -> LedgerRun:
         """Open the run of ``attempt`` of a job: its plan recorded, earlier attempts fenced.
 
-        Raises ``LeaseLost`` when a later attempt of the job has opened its run already (or
-        the reconciler ended this one), and ``ValueError`` when the plan contradicts the one
-        recorded for the job by an earlier attempt.
+        Raises ``EffectInDoubt`` when an effectful step an earlier run started never
+        finished and no decision released it, ``LeaseLost`` when a later attempt of the job
+        has opened its run already (or the reconciler ended this one), and ``ValueError``
+        when the plan contradicts the one recorded for the job by an earlier attempt.
         """
         return self._store.run(source_name, job_id, attempt, steps)
 

@@ -28,7 +28,7 @@ process (two threads migrating two databases would mix their operations)."""
 # every CLI call, worker and replica start would otherwise pay (a third of a start-up);
 # Alembic is imported where migrations are read or run. A test keeps this equal to the
 # scripts' head.
-HEAD_REVISION = "0010"
+HEAD_REVISION = "0011"
 
 
 def _script_location() -> Path:

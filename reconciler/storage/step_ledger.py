@@ -16,8 +16,8 @@ from sqlalchemy.engine import Connection, Engine
 
 from models import StepLedgerEntry
 from reconciler.core.evidence import PlanStep, StepFacts
-from reconciler.core.vocabulary import StepState
-from reconciler.errors import LeaseLost
+from reconciler.core.vocabulary import EffectKind, StepState
+from reconciler.errors import EffectInDoubt, LeaseLost
 from reconciler.storage.clock import db_now, now_plus, seconds_since
 from reconciler.storage.engines import DatabaseTimeouts, create_engine, is_postgresql
 from reconciler.storage.schema import require_current
@@ -28,7 +28,7 @@ Step = PlanStep
 
 JobKey = int | str
 
-__all__ = ["LeaseLost", "LedgerRun", "Step", "StepLedger"]
+__all__ = ["EffectInDoubt", "LeaseLost", "LedgerRun", "Step", "StepLedger"]
 
 ENTRIES: sa.Table = cast(sa.Table, StepLedgerEntry.__table__)
 SILENT_CHUNK = 5_000
@@ -64,10 +64,13 @@ class StepLedger:
 
     def run(self, source_name: str, job_id: JobKey, attempt: int,
             steps: Sequence[PlanStep]) -> LedgerRun:
-        """Open the run of ``attempt`` of a job: its plan recorded, earlier attempts fenced.
+        """Open the run of ``attempt`` of a job: its plan recorded, every earlier run fenced
+        (this run takes the job's next run number).
 
-        Raises ``LeaseLost`` when a later attempt of the job has opened its run already (or
-        the reconciler ended this one), and ``ValueError`` when the plan contradicts the one
+        Raises ``EffectInDoubt`` when an effectful step an earlier run started never
+        finished and no decision released it (the job system ran the job again by itself),
+        ``LeaseLost`` when a later attempt of the job has opened its run already (or the
+        reconciler ended this one), and ``ValueError`` when the plan contradicts the one
         recorded for the job by an earlier attempt.
         """
         key = job_key_text(job_id)
@@ -95,14 +98,25 @@ class StepLedger:
                     conn.rollback()
                     raise ValueError(f"job {key}: the plan differs from the one an earlier "
                                      f"attempt recorded at step {index}")
+            in_doubt = _effect_in_doubt(rows)
+            if in_doubt is not None:
+                conn.rollback()
+                raise EffectInDoubt(job_id, in_doubt, plan[in_doubt].step_name)
             missing = [{"source_name": source_name, "job_key": key, "step_index": i,
                         "step_name": s.step_name, "effect_kind": s.effect_kind,
                         "attempt_number": attempt} for i, s in enumerate(plan) if i not in rows]
             if missing:
                 conn.execute(_insert_missing(conn).values(updated_at=db_now()), missing)
+            # The next run number, taken under the rows' locks (a run opening at the same
+            # time takes the one after): every earlier run's writes now match nothing.
+            conn.execute(ENTRIES.update().where(*where)
+                         .values(run_number=ENTRIES.c.run_number + 1))
+            run_number = int(conn.execute(sa.select(sa.func.max(ENTRIES.c.run_number))
+                                          .where(*where)).scalar_one())
         done = {i for i, r in rows.items() if r.step_state == StepState.SUCCEEDED.value}
         pending = tuple(i for i in range(len(plan)) if i not in done)
-        return LedgerRun(self._engine, source_name, job_id, attempt, steps=plan, pending=pending)
+        return LedgerRun(self._engine, source_name, job_id, attempt, steps=plan,
+                         pending=pending, run_number=run_number)
 
     def close(self) -> None:
         """Dispose of the engine this ledger created (not of one it was given)."""
@@ -121,17 +135,33 @@ def _insert_missing(conn: Connection) -> Any:
     return upsert(conn.dialect.name, ENTRIES, {})
 
 
-class LedgerRun:
-    """One attempt's run of one job: which steps are left, and fenced step records."""
+def _effect_in_doubt(rows: dict[int, Any]) -> int | None:
+    """The first effectful step an earlier run started and never finished (None: none).
+    A decision that lets it run again (an operator's retry) marks it failed retryably
+    first; a pass never resumes at one."""
+    for index in sorted(rows):
+        row = rows[index]
+        if (row.step_state == StepState.STARTED.value
+                and row.effect_kind == EffectKind.EFFECTFUL.value):
+            return index
+    return None
 
-    __slots__ = ("_engine", "_pending", "attempt", "job_id", "source_name", "steps")
+
+class LedgerRun:
+    """One run of one job: which steps are left, and step records fenced on the run's
+    number (``run_number``: every later run, and every decision on the job, moves it on)."""
+
+    __slots__ = ("_engine", "_pending", "attempt", "job_id", "run_number", "source_name",
+                 "steps")
 
     def __init__(self, engine: Engine, source_name: str, job_id: JobKey, attempt: int, *,
-                 steps: tuple[PlanStep, ...], pending: tuple[int, ...]) -> None:
+                 steps: tuple[PlanStep, ...], pending: tuple[int, ...],
+                 run_number: int) -> None:
         self._engine = engine
         self.source_name = source_name
         self.job_id = job_id
         self.attempt = attempt
+        self.run_number = run_number
         self.steps = steps
         self._pending = pending
 
@@ -148,8 +178,12 @@ class LedgerRun:
         """
         if not 0 <= index < len(self.steps):
             raise ValueError(f"step {index} is not in this run's plan of {len(self.steps)}")
+        # A started effectful step is never started again (its effect may have happened);
+        # a pure or idempotent one is, where a resume hands it back.
+        again = (() if self.steps[index].kind is EffectKind.EFFECTFUL
+                 else (StepState.STARTED.value,))
         self._write(index, StepState.STARTED, finished=False,
-                    allowed=(None, StepState.STARTED.value, StepState.FAILED.value))
+                    allowed=(None, *again, StepState.FAILED.value))
         try:
             yield
         except GeneratorExit:
@@ -178,15 +212,15 @@ class LedgerRun:
         with self._engine.begin() as conn:
             written = conn.execute(ENTRIES.update().where(
                 ENTRIES.c.source_name == self.source_name, ENTRIES.c.job_key == key,
-                ENTRIES.c.step_index == index, ENTRIES.c.attempt_number == self.attempt,
+                ENTRIES.c.step_index == index, ENTRIES.c.run_number == self.run_number,
                 in_state).values(**values))
             if written.rowcount == 1:
                 return
-            current = conn.execute(sa.select(ENTRIES.c.attempt_number, ENTRIES.c.step_state)
+            current = conn.execute(sa.select(ENTRIES.c.run_number, ENTRIES.c.step_state)
                                    .where(ENTRIES.c.source_name == self.source_name,
                                           ENTRIES.c.job_key == key,
                                           ENTRIES.c.step_index == index)).first()
-        if current is None or current.attempt_number != self.attempt:
+        if current is None or current.run_number != self.run_number:
             raise LeaseLost(self.job_id)
         raise ValueError(f"job {key}: step {index} is {current.step_state or 'not started'}; "
                          f"it cannot become {state.value}")
@@ -294,8 +328,10 @@ class PassLedger:
         return newest
 
     def fence(self, job_id: JobKey, next_attempt: int) -> None:
-        """Move the job's ledger past the attempt just ended, so its late writes record
-        nothing: kept until ``fence_pending``, which writes a pass's fences at once."""
+        """Move the job's ledger past the run just ended (its run number on, its attempt to
+        at least ``next_attempt``), so its late writes record nothing and a run of its
+        attempt cannot open again: kept until ``fence_pending``, which writes a pass's
+        fences at once."""
         self._pending.append((str(job_id), next_attempt))
 
     def fence_pending(self) -> None:
@@ -305,12 +341,13 @@ class PassLedger:
         if not fences:
             return
         if not is_postgresql(self._conn):
+            attempt = sa.bindparam("attempt", type_=sa.BigInteger())
             self._conn.execute(
                 ENTRIES.update()
                 .where(ENTRIES.c.source_name == sa.bindparam("source"),
-                       ENTRIES.c.job_key == sa.bindparam("key"),
-                       ENTRIES.c.attempt_number < sa.bindparam("attempt"))
-                .values(attempt_number=sa.bindparam("attempt")),
+                       ENTRIES.c.job_key == sa.bindparam("key"))
+                .values(attempt_number=_at_least(attempt),
+                        run_number=ENTRIES.c.run_number + 1),
                 [{"source": self._source, "key": key, "attempt": attempt}
                  for key, attempt in fences])
             return
@@ -318,16 +355,28 @@ class PassLedger:
                                  ("attempt", sa.BigInteger(), [a for _, a in fences])])
         self._conn.execute(ENTRIES.update()
                            .where(ENTRIES.c.source_name == self._source,
-                                  ENTRIES.c.job_key == moved.c.job_key,
-                                  ENTRIES.c.attempt_number < moved.c.attempt)
-                           .values(attempt_number=moved.c.attempt))
+                                  ENTRIES.c.job_key == moved.c.job_key)
+                           .values(attempt_number=_at_least(moved.c.attempt),
+                                   run_number=ENTRIES.c.run_number + 1))
+
+
+def _at_least(attempt: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
+    """The job's attempt moved forward to ``attempt``, never back."""
+    return sa.case((ENTRIES.c.attempt_number < attempt, attempt),
+                   else_=ENTRIES.c.attempt_number)
 
 
 def restart_attempts(conn: Connection, source_name: str, job_id: JobKey) -> None:
     """An operator's retry restarted the job's attempt count in its system: its ledger
-    counts from 0 again (so the next run, whatever attempt it carries, opens), keeping
-    each step's state, so the run resumes at the first step not succeeded."""
-    conn.execute(ENTRIES.update().where(ENTRIES.c.source_name == source_name,
-                                        ENTRIES.c.job_key == job_key_text(job_id))
-                 .values(attempt_number=0, updated_at=db_now()))
+    counts attempts from 0 again (so the next run, whatever attempt it carries, opens) but
+    moves its run number on (so no run of the ended attempts writes again), and each step
+    an ended run started and never finished is released as failed retryably (the operator
+    decided it may run again); succeeded steps are kept, so the run resumes after them."""
+    where = (ENTRIES.c.source_name == source_name, ENTRIES.c.job_key == job_key_text(job_id))
+    conn.execute(ENTRIES.update().where(*where, ENTRIES.c.step_state == StepState.STARTED.value)
+                 .values(step_state=StepState.FAILED.value, failure_retryable=True,
+                         finished_at=db_now()))
+    conn.execute(ENTRIES.update().where(*where)
+                 .values(attempt_number=0, run_number=ENTRIES.c.run_number + 1,
+                         updated_at=db_now()))
 

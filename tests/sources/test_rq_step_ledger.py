@@ -83,3 +83,30 @@ def test_a_job_killed_inside_an_effectful_step_is_failed(
     later = rq_project.enqueue(LEDGER_CHARGE)
     wait_status(rq_project, later, "finished", worker=second)
     assert markers.of(job_id) == {"step-fetch-1", "step-charge-1"}
+
+
+def test_a_run_rq_requeued_by_itself_never_gets_the_started_effectful_step(
+        rq_project: RqProject, processes: Processes, markers: Markers) -> None:
+    """Killed inside ``charge`` with a ``Retry(max=2)``, and RQ's own cleanup (what a
+    successor worker runs first) got there before any pass: it requeued the job under the
+    same attempt count (the recipe reads ``reconciler_attempt or 1``). The new worker's run
+    is refused ``EffectInDoubt`` by the ledger at every retry RQ makes: ``charge`` never
+    runs again, and RQ ends the job failed naming the refusal."""
+    from rq.registry import StartedJobRegistry  # noqa: PLC0415
+
+    job_id = rq_project.enqueue(LEDGER_CHARGE, hang="charge", retry=2)
+    first = start(processes, rq_project, markers, "worker-a")
+    charged = markers.folder / f"{job_id}-step-charge-1"
+    wait_until(charged.exists, "charge to start", process=first)
+    charged_by = charged.read_text()
+    sigkill(first)
+    rq_project.expire_as_time_would(job_id, first)
+    StartedJobRegistry("default", connection=rq_project.redis()).cleanup()
+    assert rq_project.status(job_id) in ("queued", "scheduled")  # RQ's own retry
+    second = start(processes, rq_project, markers, "worker-b")
+    wait_status(rq_project, job_id, "failed", worker=second)
+    job = rq_project.job(job_id)
+    assert job.retries_left == 0
+    assert "EffectInDoubt" in (job.latest_result().exc_string or "")
+    assert charged.read_text() == charged_by
+    assert markers.of(job_id) == {"step-fetch-1", "step-charge-1"}

@@ -15,7 +15,7 @@ from reconciler.config.settings import Settings
 from reconciler.errors import ConfigError
 from reconciler.sources.rq import RqConfig, keys
 from reconciler.sources.rq.kinds import func_name
-from reconciler.sources.rq.snapshot import utc_seconds
+from reconciler.sources.rq.silence import utc_seconds
 
 NAME = "app.reports.build"
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -47,6 +46,7 @@ from reconciler.sources.kit.system import Loaded, Silent
 from reconciler.sources.rq import keys
 from reconciler.sources.rq.config import RqConfig
 from reconciler.sources.rq.kinds import UNREADABLE_LABEL, func_name
+from reconciler.sources.rq.silence import silent_at, silent_over, utc_seconds, worker_gone
 from reconciler.storage.sql import encode_rows, json_rows
 
 log = logging.getLogger("reconciler.sources.rq")
@@ -160,19 +160,6 @@ class Snapshot:
         return self.doubt is None
 
 
-def utc_seconds(text: bytes | str | None) -> float | None:
-    """An RQ timestamp (``utcformat``) as seconds since the epoch (None: absent, bad)."""
-    if not text:
-        return None
-    value = text.decode() if isinstance(text, bytes) else text
-    if not value.endswith("Z"):
-        return None
-    try:  # RQ's two layouts (with and without microseconds), read at C speed
-        return datetime.fromisoformat(value).replace(tzinfo=UTC).timestamp()
-    except ValueError:
-        return None
-
-
 def _text(value: bytes | None) -> str | None:
     return None if value is None else value.decode("utf-8", errors="replace")
 
@@ -267,7 +254,7 @@ class RqLiveness:
             return [], 0, LivenessDoubt.QUEUES_MISSING  # no RQ key at all: not the app's
         names = sorted(k.decode().removeprefix(keys.QUEUE_PREFIX) for k in queue_keys)
         watched = [q for q in names if self.config.watches(q)]
-        cut = self.silent_at(now)
+        cut = silent_at(now, self.config.session_timeout_seconds)
         entries, unloaded = self._entries(client, watched, now, every=every, silent=silent)
         if every:
             # Executions are kept across such reads (by ``<job id>:<execution id>``, the
@@ -310,7 +297,7 @@ class RqLiveness:
         out, for the brake's count."""
         if every:
             return _range(client, watched, "-inf", "+inf"), 0
-        cut = self.silent_at(now)
+        cut = silent_at(now, self.config.session_timeout_seconds)
         expired = _range(client, watched, "-inf", repr(cut))
         # An entry renewed between two reads would be in both: it is loaded once, expired.
         read_expired = {member for _, member, _ in expired}
@@ -364,45 +351,26 @@ class RqLiveness:
                                       _int(retries_left), _int(attempt) or 1, kind)
         return found
 
-    def silent_at(self, now: float) -> float:
-        """The highest score of an entry whose worker's next heartbeat (its score less
-        RQ's grace) is ``session_timeout_seconds`` overdue, or that has expired."""
-        grace = keys.HEARTBEAT_GRACE_SECONDS
-        return now + max(0.0, grace - self.config.session_timeout_seconds)
-
     def _row(self, now: float, cut: float, entry: tuple[str, str, float], job: Execution,
              workers: dict[str, Sequence[bytes | None]]) -> dict[str, Any]:
         """One registry entry (queue, ``<job id>:<execution id>``, score) and its job as a
-        row; ``cut``: ``silent_at(now)``."""
+        row; ``cut``: ``silent_at`` now."""
         queue, member, score = entry
         job_id, _, execution_id = member.rpartition(":")
         return {
             "job_id": job_id, "job_kind": job.kind or UNREADABLE_LABEL,
             "unreadable": job.kind is None, "queue": queue, "execution_id": execution_id,
             "score": score, "entry_over": now - score,
-            "silent_over": (now - score + keys.HEARTBEAT_GRACE_SECONDS
-                            - self.config.session_timeout_seconds),
+            "silent_over": silent_over(now, score, self.config.session_timeout_seconds),
             "status": job.status, "worker": job.worker,
             # Only a silent entry's worker is read: a renewed entry's job is live whatever
             # its worker (``RqSql._over`` needs the entry silent first).
-            "worker_gone": score <= cut and self._gone(now, workers.get(job.worker or ""),
-                                                       job.started_at),
+            "worker_gone": score <= cut and worker_gone(
+                now, workers.get(job.worker or ""), job.started_at,
+                self.config.session_timeout_seconds),
             "run_seconds": None if job.started_at is None else now - job.started_at,
             "retries_left": job.retries_left, "attempt": job.attempt,
         }
-
-    def _gone(self, now: float, worker: Sequence[bytes | None] | None,
-              started_at: float | None) -> bool:
-        """The job's worker is gone: no key (expired), dead, silent past the timeout, or
-        a new worker under its name (born after the job started)."""
-        if worker is None:
-            return True
-        heartbeat, death, birth, _ = worker
-        last = utc_seconds(heartbeat)
-        born = utc_seconds(birth)
-        return (last is None or death is not None
-                or now - last > self.config.session_timeout_seconds
-                or (born is not None and started_at is not None and born > started_at))
 
     def unknown(self, verdict: Snapshot) -> LivenessUnknown | None:
         """Why Redis's view was not trusted this transaction (None: it was)."""
