@@ -111,6 +111,10 @@ class Candidate:
     unreadable: tuple[tuple[str, str | int], ...] = ()
     """What the source found it cannot read about the job (an ``error_code`` and the
     column it is in): the job is then a ``reconcile_error`` with this as its evidence."""
+    lost_to_system: bool = False
+    """The job system's own recovery (an expiry, a sweep) took back an earlier attempt of
+    the job from a worker that never ended it, as its own record says: that attempt counts
+    as lost in a row where the reconciler's audit has none of its own."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -62,7 +62,8 @@ class NodeSystem:
         # pg-boss's own expiry far away: only the reconciler's lease is in play.
         return self.factory.send(kind, payload, expire_seconds=3600)
 
-    def start(self, processes: Processes, name: str) -> Process:
+    def start(self, processes: Processes, name: str, **env: str) -> Process:
+        """A worker of the system (``env``: more of its environment)."""
         db: SourcesDatabase = self.factory.db
         script = ("graphile_worker_runner.js" if self.name == "graphile-worker"
                   else "pgboss_runner.js")
@@ -71,7 +72,8 @@ class NodeSystem:
             assert isinstance(self.factory, PgBossFactory)
             self.factory.queue(queue)
         worker = processes.start(name, ["node", str(NODE_DIR / script), "worker", *queues],
-                                 node_env(self.node_modules, db, self.markers.folder))
+                                 {**node_env(self.node_modules, db, self.markers.folder),
+                                  **env})
         wait_until(lambda: self.markers.has(f"worker-ready-{worker.pid}"),
                    f"{self.name} worker to start", process=worker)
         return worker

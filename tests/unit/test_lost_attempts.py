@@ -34,3 +34,19 @@ def test_a_system_that_counts_no_attempts_counts_each_resume() -> None:
     while each one ended a lost attempt."""
     resumes = [(IDEM, 1), (UNSTARTED, 1), (Reason.WORKER_WEDGED.value, 1), (IDEM, 1)]
     assert lost_in_a_row_resumed(1, resumes, counted=False) == 3
+
+
+@pytest.mark.parametrize(("attempt", "resumes", "expected"), [
+    (2, [], 2),  # attempt 1 taken back by the system: it and this one
+    (3, [(IDEM, 2)], 3),  # ours after the system's: 3, 2 (ours), then 1 (the system's)
+    (3, [(IDEM, 1)], 3),  # the system's after ours: 3, 2 (the system's), then 1 (ours)
+    (4, [(IDEM, 3), (IDEM, 1)], 4),  # the one gap is the system's, once
+    (4, [(IDEM, 1)], 2),  # two gaps: the system's record names only its latest
+    (3, [(Reason.WORKER_WEDGED.value, 2)], 1),  # attempt 2 ended by us otherwise
+    (1, [], 1),  # no attempt before the first to have been taken back
+])
+def test_an_attempt_the_system_took_back_is_counted_once(
+        attempt: int, resumes: list[tuple[str, Any]], expected: int) -> None:
+    """``lost_to_system`` (pg-boss's expiry wrote so): the first gap in the chain of the
+    reconciler's own resumes is the attempt the system took back from a dead worker."""
+    assert lost_in_a_row_resumed(attempt, resumes, lost_to_system=True) == expected

@@ -57,6 +57,10 @@ class CeleryActions:
     """Retry and cancel on Celery's result table and broker, on one transaction."""
 
     limits: Mapping[OperatorAction, str] = {
+        OperatorAction.HOLD: "Celery takes a task back by itself only under task_acks_late: "
+                             "the broker puts its message back on its queue "
+                             "visibility_timeout after delivery (an hour by default), and "
+                             "a worker runs it again",
         OperatorAction.CANCEL: "revoked on the live workers; a running task is not "
                                "stopped (no terminate)",
     }

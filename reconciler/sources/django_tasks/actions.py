@@ -43,6 +43,7 @@ class DjangoTasksActions:
     """Retry and cancel on the backend's result table, on one transaction."""
 
     limits: Mapping[OperatorAction, str] = {
+        OperatorAction.HOLD: "django-tasks-db never takes a running task back by itself",
         OperatorAction.CANCEL: "Django has no cancelled status: FAILED with "
                                "operator_cancel; a running task's worker is not stopped, "
                                "and its end, if it comes, overwrites this",

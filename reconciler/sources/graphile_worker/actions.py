@@ -46,6 +46,8 @@ class GraphileWorkerActions:
     """Retry and cancel through graphile-worker's functions, on one transaction."""
 
     limits: Mapping[OperatorAction, str] = {
+        OperatorAction.HOLD: "graphile-worker's own workers unlock the job 4 hours after "
+                             "it was locked, and run it again",
         OperatorAction.CANCEL: "graphile-worker has no cancelled state: the job is failed "
                                "for good with reason operator_cancel",
     }

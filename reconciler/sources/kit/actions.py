@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
@@ -38,7 +38,8 @@ UNMAPPED_STATUS = "status_not_mapped"
 
 HOLD_LIMIT = ("the reconciler leaves it undecided while held; the system's own workers "
               "are not stopped by a hold")
-"""What a hold on a foreign job does not do, said on every hold."""
+"""What a hold on a foreign job does not do, said on every hold (with what the system's
+own recovery does meanwhile: its actions' ``limits`` for ``hold``)."""
 
 
 class SystemRefusal(Exception):  # noqa: N818 - a refusal, not a failure
@@ -84,6 +85,15 @@ class SystemActions(Protocol):
 
     def cancel(self, job_key: JobKey, job: ForeignJob) -> str | None:
         """End the job cancelled (or failed ``operator_cancel``), fenced like ``retry``."""
+
+
+@runtime_checkable
+class HoldsOwnRecovery(Protocol):
+    """A system whose own recovery of a job (an expiry, a sweep) can be held back in its
+    own shape while an operator holds the job (pg-boss: the job's expiry pushed back)."""
+
+    def hold_recovery(self, job_key: JobKey, job: ForeignJob, *, held: bool) -> None:
+        """Hold back (``held``) or give back the system's own recovery of the job."""
 
 
 ActionsOpener = Callable[[Connection, Any, KindRules], SystemActions]
@@ -173,7 +183,9 @@ class ForeignDesk(RecordedDesk):
                         f"{job.state!r} is not one the {self.source} actions can take back")
             return self.report(action, job_id, refusal, line)
         line = f"job {job_id}: {action} applied; {before_text} -> {after_text}"
-        limit = HOLD_LIMIT if action is OperatorAction.HOLD else system.limits.get(action)
+        limit = system.limits.get(action)
+        if action is OperatorAction.HOLD:
+            limit = HOLD_LIMIT + (f"; {limit}" if limit else "")
         return self.report(action, job_id, None, line + (f" ({limit})" if limit else ""))
 
     def _apply(self, conn: Connection, system: SystemActions, action: OperatorAction,
@@ -191,10 +203,14 @@ class ForeignDesk(RecordedDesk):
         if action is OperatorAction.HOLD:
             if not set_hold(conn, self.source, key, actor):
                 return Refusal.ALREADY_HELD.value, job.state, held
+            if isinstance(system, HoldsOwnRecovery):
+                system.hold_recovery(key, job, held=True)
             return None, job.state, True
         if action is OperatorAction.UNHOLD:
             if not lift_hold(conn, self.source, key):
                 return Refusal.NOT_HELD.value, job.state, held
+            if isinstance(system, HoldsOwnRecovery):
+                system.hold_recovery(key, job, held=False)
             return None, job.state, False
         swap = system.retry if action is OperatorAction.RETRY else system.cancel
         try:

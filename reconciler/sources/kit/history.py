@@ -18,7 +18,7 @@ from reconciler.storage.audit import AuditHistory
 
 
 def lost_in_a_row_resumed(attempt: int, resumes: Sequence[tuple[str, Any]], *,
-                          counted: bool = True) -> int:
+                          counted: bool = True, lost_to_system: bool = False) -> int:
     """The crash-loop count of a foreign job in its ``attempt``-th attempt: this attempt
     (its worker is gone when the rule reads it), then each earlier attempt the reconciler
     took back from a dead worker and resumed, newest first (``resumes``: the reason and the
@@ -32,18 +32,40 @@ def lost_in_a_row_resumed(attempt: int, resumes: Sequence[tuple[str, Any]], *,
     after one, and a retry starts the count afresh. ``counted=False``: the system counts no
     attempts (a table without ``attempts_column``), its counter never moves, and each resume
     is counted, which is all the history it has.
+
+    ``lost_to_system``: the system's own recovery took back an attempt from a worker that
+    never ended it (pg-boss's expiry says so in the job's output), and none of its later
+    attempts ended but by the reconciler's resumes (each of which leaves that record as it
+    was): the first gap in the chain is that attempt, counted lost once, and the count goes
+    on before it.
     """
-    count, later = 1, attempt
-    for reason, used in resumes:
-        try:
-            lost = reclaimed_attempt_outcome(Reason(reason)) is AttemptOutcome.LOST
-        except ValueError:
-            break
-        if not lost or isinstance(used, bool) or not isinstance(used, int) \
-                or used != (later - 1 if counted else later):
-            break
-        count, later = count + 1, used
+    count, later, system = 1, attempt, lost_to_system and counted
+    pending = list(resumes)
+    while True:
+        if pending and _is_the_attempt_before(pending[0][1], later, counted):
+            if not _lost(pending[0][0]):
+                break  # ended by the reconciler otherwise: the count stops
+            count, later = count + 1, pending.pop(0)[1]
+            continue
+        if system and later > 1:
+            count, later, system = count + 1, later - 1, False
+            continue
+        break
     return count
+
+
+def _is_the_attempt_before(used: Any, later: int, counted: bool) -> bool:
+    """Whether a resume's recorded ``attempts_used`` is the attempt right before ``later``."""
+    return (not isinstance(used, bool) and isinstance(used, int)
+            and used == (later - 1 if counted else later))
+
+
+def _lost(reason: str) -> bool:
+    """Whether a resume with this reason ended a lost attempt (an unknown code: no)."""
+    try:
+        return reclaimed_attempt_outcome(Reason(reason)) is AttemptOutcome.LOST
+    except ValueError:
+        return False
 
 
 def with_lost_attempts(audit: AuditHistory, found: list[Candidate], *,
@@ -56,5 +78,6 @@ def with_lost_attempts(audit: AuditHistory, found: list[Candidate], *,
         return found
     history = audit.applied_resumes(texts)
     return [dataclasses.replace(c, lost_attempts_in_a_row=lost_in_a_row_resumed(
-                c.attempt_count, history.get(str(c.job_id), ()), counted=counted))
+                c.attempt_count, history.get(str(c.job_id), ()), counted=counted,
+                lost_to_system=c.lost_to_system))
             for c in found]

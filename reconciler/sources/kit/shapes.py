@@ -104,11 +104,13 @@ def candidate(*, job_id: JobKey, kind: str, policy: KindPolicy, fence: Fence,
               lease_expired_seconds: float | None, steps: StepFacts | None,
               session_gone: bool = False, position: bool = False,
               own_plan: tuple[str | None, StepRows] | None = None,
-              activity_age_seconds: float | None = None) -> Candidate:
+              activity_age_seconds: float | None = None,
+              lost_to_system: bool = False) -> Candidate:
     """A foreign candidate: the job's own plan and step results when its system keeps them
     (``own_plan``: raw plan text, possibly None, and step records), else the ledger's
     steps, else one step named after its kind. ``activity_age_seconds`` is the system's own
-    activity; without one, the ledger's last write."""
+    activity; without one, the ledger's last write. ``lost_to_system``: see
+    ``Candidate.lost_to_system``."""
     plan: str | tuple[PlanStep, ...] | None
     if own_plan is not None:
         plan, step_rows = own_plan
@@ -123,7 +125,7 @@ def candidate(*, job_id: JobKey, kind: str, policy: KindPolicy, fence: Fence,
         max_attempts=max_attempts, operator_hold=False, lease_live=lease_live,
         lease_expired_seconds=lease_expired_seconds, activity_age_seconds=activity,
         plan=plan, step_rows=step_rows, session_gone=session_gone,
-        position=Cursor((job_id,)) if position else None,
+        position=Cursor((job_id,)) if position else None, lost_to_system=lost_to_system,
     )
 
 

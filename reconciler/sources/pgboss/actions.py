@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import UUID
+from sqlalchemy.dialects.postgresql import INTERVAL, UUID
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
@@ -28,7 +28,7 @@ from reconciler.core.kinds import KindRules
 from reconciler.core.vocabulary import JobKey, JobStatus, OperatorAction
 from reconciler.sources.kit.actions import ForeignJob, SystemRefusal, read_locked
 from reconciler.sources.kit.shapes import constant
-from reconciler.sources.pgboss.source import PgBossConfig
+from reconciler.sources.pgboss.source import HOLD_PUSHBACK, PgBossConfig
 from reconciler.storage.clock import db_now
 
 WORDS = {"created": JobStatus.QUEUED, "retry": JobStatus.QUEUED,
@@ -44,6 +44,9 @@ class PgBossActions:
     """Retry and cancel on pg-boss's ``job`` table, on one transaction."""
 
     limits: Mapping[OperatorAction, str] = {
+        OperatorAction.HOLD: "its expiry is pushed back while held: pg-boss's own "
+                             "maintenance neither fails nor retries it until the hold is "
+                             "lifted",
         OperatorAction.CANCEL: "pg-boss cannot stop a running handler: it runs on, and "
                                "its completion changes nothing",
     }
@@ -54,7 +57,8 @@ class PgBossActions:
         self._jobs = sa.table(
             "job", sa.column("id", UUID(as_uuid=False)), sa.column("name"),
             sa.column("state"), sa.column("started_on"), sa.column("retry_count"),
-            sa.column("start_after"), sa.column("completed_on"), schema=config.schema)
+            sa.column("start_after"), sa.column("completed_on"),
+            sa.column("expire_in", INTERVAL), schema=config.schema)
 
     def _by_id(self, job_key: JobKey) -> sa.ColumnElement[bool]:
         return self._jobs.c.id == sa.cast(sa.literal(str(job_key)), UUID(as_uuid=False))
@@ -102,6 +106,19 @@ class PgBossActions:
     def cancel(self, job_key: JobKey, job: ForeignJob) -> str | None:
         """``cancelled``, as pg-boss's cancel writes it."""
         return self._swap(job_key, job, "cancelled", {"completed_on": db_now()})
+
+    def hold_recovery(self, job_key: JobKey, job: ForeignJob, *, held: bool) -> None:
+        """The job's ``expire_in`` pushed back by ``HOLD_PUSHBACK`` (``held``), or given
+        back: pg-boss's maintenance expires a job ``started_on + expire_in`` after it
+        started, so while held it never does; the push is added and taken away, never
+        stored, and pg-boss copies ``expire_in`` into every later run of the job, so a
+        push is found and taken back whatever became of the job meanwhile."""
+        jobs, push = self._jobs, sa.cast(sa.literal(HOLD_PUSHBACK), INTERVAL)
+        pushed = jobs.c.expire_in >= push
+        self._conn.execute(
+            jobs.update().where(jobs.c.name == job.fence["name"], self._by_id(job_key),
+                                sa.not_(pushed) if held else pushed)
+            .values(expire_in=jobs.c.expire_in + push if held else jobs.c.expire_in - push))
 
 
 def open_actions(connection: Connection, config: PgBossConfig,

@@ -3,9 +3,14 @@
 - **Running**: ``state = 'active'``; the kind is the queue name (``name``).
 - **Owner liveness**: pg-boss 10 keeps none. The lease is ``started_on`` plus the kind's
   ``max_run_seconds``, else the job's own ``expire_in`` (after which pg-boss's own
-  maintenance fails or retries it blindly).
+  maintenance fails or retries it blindly: a kind's ``max_run_seconds`` below it is what
+  lets the pass decide first). An operator's hold pushes ``expire_in`` back
+  (``HOLD_PUSHBACK``, taken away again on unhold), so pg-boss's maintenance leaves a held
+  job alone; the lease read here is the job's own, without the push.
 - **Attempts**: its own: a fetch after a first start increments ``retry_count``, so a
-  running job has used ``retry_count + 1`` of ``retry_limit + 1``.
+  running job has used ``retry_count + 1`` of ``retry_limit + 1``. An attempt pg-boss's
+  own expiry took back (its ``output`` says so) counts as lost for the crash-loop rule,
+  where the audit has no resume of ours for it.
 - **Fence**: (``state = 'active'``, ``started_on``, ``retry_count``) and the lease still run
   out, for every row of a batch in one ``UPDATE ... FROM unnest(...)``; every statement
   names its queues, so PostgreSQL touches their partitions only. When the batch's statement
@@ -30,7 +35,7 @@ from typing import Any, ClassVar
 import sqlalchemy as sa
 from pydantic import ConfigDict
 from pydantic.dataclasses import dataclass as pydantic_dataclass
-from sqlalchemy.dialects.postgresql import ENUM, JSONB, UUID
+from sqlalchemy.dialects.postgresql import ENUM, INTERVAL, JSONB, UUID
 from sqlalchemy.engine import Connection
 
 from reconciler.config.tables import SourceSettings
@@ -48,6 +53,13 @@ from reconciler.storage.clock import db_now, now_plus, seconds_since
 from reconciler.storage.sql import unnest
 
 JOB_STATES = ("created", "retry", "active", "completed", "cancelled", "failed")
+HOLD_PUSHBACK = "100 years"
+"""What an operator's hold adds to a job's ``expire_in`` (and its release takes away), so
+pg-boss's own expiry never fails or retries a held job; the lease this source reads is
+the job's own, without it."""
+EXPIRED_BY_PGBOSS = "job failed by timeout in active state"
+"""The message pg-boss's own maintenance writes into a job's ``output`` when it expires an
+active job (``failJobsByTimeout``): the run before is one it took back, lost."""
 _STATUS_WORDS = {"created": JobStatus.QUEUED, "retry": JobStatus.QUEUED,
                  "active": JobStatus.PROCESSING, "completed": JobStatus.COMPLETED,
                  "cancelled": JobStatus.CANCELLED, "failed": JobStatus.FAILED}
@@ -106,7 +118,11 @@ class PgBossSql:
     # -- SQL pieces ---------------------------------------------------------- #
 
     def _expire_seconds(self) -> sa.ColumnElement[Any]:
-        return sa.cast(sa.func.extract("epoch", self.jobs.c.expire_in), sa.Float())
+        """The job's own ``expire_in`` in seconds, without a hold's push (``HOLD_PUSHBACK``),
+        so a held job is judged, and recorded held, as it would be without the hold."""
+        expire_in, push = self.jobs.c.expire_in, sa.cast(sa.literal(HOLD_PUSHBACK), INTERVAL)
+        own = sa.case((expire_in >= push, expire_in - push), else_=expire_in)
+        return sa.cast(sa.func.extract("epoch", own), sa.Float())
 
     def _lease_seconds(self, policies: Policies) -> sa.ColumnElement[Any]:
         by_kind = per_kind(self.jobs.c.name, {k: p.max_run_seconds
@@ -122,6 +138,8 @@ class PgBossSql:
                       jobs.c.started_on, jobs.c.retry_count, jobs.c.retry_limit,
                       claim_age.label("claim_age"),
                       self._expire_seconds().label("expire_seconds"),
+                      (jobs.c.output["value"]["message"].astext == EXPIRED_BY_PGBOSS)
+                      .label("expired_by_pgboss"),
                       (claim_age - self._lease_seconds(policies)).label("lease_expired_seconds"))
             .where(jobs.c.state == constant("active"))
         )
@@ -143,6 +161,9 @@ class PgBossSql:
             attempt_count=retries + 1, max_attempts=int(row.retry_limit) + 1,
             lease_live=overrun < 0, lease_expired_seconds=overrun if overrun >= 0 else None,
             steps=steps, position=position,
+            # pg-boss's own expiry took an earlier run back (and wrote so), unrecorded by
+            # the reconciler: the crash-loop count counts it.
+            lost_to_system=bool(row.expired_by_pgboss) and retries > 0,
         )
 
     # -- for operators ------------------------------------------------------ #

@@ -48,6 +48,9 @@ class ProcrastinateActions:
     """Retry and cancel through Procrastinate's functions, on one transaction."""
 
     limits: Mapping[OperatorAction, str] = {
+        OperatorAction.HOLD: "Procrastinate takes a job back by itself only where the app "
+                             "retries stalled jobs (get_stalled_jobs, then retry_job): "
+                             "once its worker's heartbeat is older than the app's timeout",
         OperatorAction.CANCEL: "a running job is asked to abort: its worker stops it only "
                                "where the task checks for an abort",
     }

@@ -109,6 +109,9 @@ class RqActions:
     project's database is the kit's: the record and the hold)."""
 
     limits: Mapping[OperatorAction, str] = {
+        OperatorAction.HOLD: "RQ's own cleanup fails a started job, or requeues it while "
+                             "its Retry has retries left, once its registry entry expires "
+                             "(about a minute after its worker's last heartbeat)",
         OperatorAction.CANCEL: "a started job is stopped through its worker (RQ's "
                                "stop-job command) and ends stopped; dependents stay "
                                "deferred",

@@ -46,6 +46,7 @@ class TableActions:
     """Retry and cancel on one mapped table, on one transaction's connection."""
 
     limits: Mapping[OperatorAction, str] = {
+        OperatorAction.HOLD: "a sweep of the job system's own over its table is not held",
         OperatorAction.CANCEL: "a running job's worker is not stopped: the table cannot "
                                "reach it",
     }

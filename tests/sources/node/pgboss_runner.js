@@ -4,7 +4,9 @@
 // Handlers write marker files (<job>-started-<attempt>, <job>-done-<attempt>, the attempt
 // being retryCount) and sleep data.hang[attempt] seconds on the attempts the list covers
 // (default: the first, an hour).
-// Maintenance (supervise) is off, so pg-boss's own expiry never races the tests.
+// Maintenance (supervise) is off, so pg-boss's own expiry never races the tests, unless
+// SOURCES_PGBOSS_MAINTENANCE_SECONDS sets how often it runs (its expiry of active jobs
+// included): the tests of pg-boss's own expiry turn it on.
 // Environment: SOURCES_PG_CONNINFO, SOURCES_MARKERS; NODE_PATH finds pg-boss.
 "use strict";
 const fs = require("fs");
@@ -42,8 +44,11 @@ async function send(boss) {
 }
 
 async function main(mode, queues) {
-  const boss = new PgBoss({ connectionString, schema: "pgboss", supervise: false,
-                            schedule: false });
+  const maintenance = Number(process.env.SOURCES_PGBOSS_MAINTENANCE_SECONDS || 0);
+  const boss = new PgBoss({ connectionString, schema: "pgboss", schedule: false,
+                            supervise: maintenance > 0 && mode === "worker",
+                            ...(maintenance > 0 ? { maintenanceIntervalSeconds: maintenance }
+                                                : {}) });
   boss.on("error", (error) => console.error(error));
   await boss.start();
   if (mode === "migrate") {
