@@ -22,6 +22,7 @@ baseline and not the system's own:
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import shutil
 import signal
@@ -30,12 +31,14 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import sqlalchemy as sa
 
+from benchmarks.celery_holders import start_holding
 from benchmarks.foreign_base import REPO, Size, System, bounds, execute, vacuum
 from benchmarks.foreign_systems import SYSTEMS as OTHER_SYSTEMS
 from benchmarks.foreign_systems import OneStatementSweep, libpq_url
@@ -101,8 +104,8 @@ class DjangoTasks(OneStatementSweep):
 # --------------------------------------------------------------------------- #
 
 LIVE_WORKER = "live@bench"
-DEAD_WORKER = "dead@bench"
-"""A hostname no worker has: silent to ping, as a worker killed whole is."""
+ORPHANS_WORKER = "orphans@bench"
+"""The worker that holds the orphans' tasks until ``kill`` SIGKILLs it whole."""
 SESSION_TIMEOUT_SECONDS = 1.0
 PING_TIMEOUT_SECONDS = 1.0  # the source's own (reconciler/sources/celery/broker.py)
 
@@ -115,9 +118,9 @@ def _free_port() -> int:
 
 class CeleryTasks:
     """Celery 5.7's database result backend (``celery_taskmeta``, ``result_extended``) and a
-    throwaway redis-server as its broker. The running tasks' rows name a real worker of the
-    test app (tests/sources/celery_app.py, a solo pool on a queue of its own) that answers
-    ping; ``kill`` moves the orphans' rows to a hostname no worker answers to."""
+    throwaway redis-server as its broker. The running tasks' rows name real workers of the
+    test app that hold them (``benchmarks.celery_holders``): ``live@bench`` the live ones,
+    ``orphans@bench`` the orphans' until ``kill`` SIGKILLs it whole."""
 
     name = "celery"
     user_index: str | None = None  # the scan reads the STARTED rows, the sweep the same
@@ -127,10 +130,10 @@ class CeleryTasks:
         self._stack = contextlib.ExitStack()
         self.broker_url = ""
         self.source_toml = ""
+        self._orphans: subprocess.Popen[bytes] | None = None
 
     def build(self, conninfo: str, size: Size) -> None:
         self._start_broker()
-        self._start_live_worker()
         # Resumed tasks go to their row's queue, where no worker listens: each run is
         # measured on the rows as ``kill`` leaves them. The queue is declared on the broker,
         # as the app's workers declare theirs: the source trusts silence only on a broker
@@ -164,32 +167,29 @@ class CeleryTasks:
                        THEN '{"pid": 1, "hostname": "live@bench"}' ELSE '"done"' END, 'UTF8'),
                    CASE WHEN n > %(running)s THEN now() AT TIME ZONE 'utc' END,
                    'app.tasks.report', convert_to('[]', 'UTF8'), convert_to('{}', 'UTF8'),
-                   'live@bench', 0, 'bench'
+                   CASE WHEN n <= %(orphans)s THEN 'orphans@bench' ELSE 'live@bench' END,
+                   0, 'bench'
                FROM generate_series(1, %(jobs)s::bigint) AS s(n)""",
             "SELECT setval('task_id_sequence', %(jobs)s)",
             params=bounds(size))
         vacuum(conninfo, "celery_taskmeta")
+        self._start_holders(size)
 
     def _start_broker(self) -> None:
         self.broker_url = start_redis(self._stack, "celery")
 
-    def _start_live_worker(self) -> None:
+    def _start_holders(self, size: Size) -> None:
+        """The two workers, each holding its share of the running tasks."""
         folder = Path(tempfile.mkdtemp(prefix="reconciler-bench-celery-"))
         self._stack.callback(shutil.rmtree, folder, ignore_errors=True)
-        log = self._stack.enter_context((folder / "worker.log").open("ab"))
-        worker = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "tests.sources.celery_app", "worker",
-             "--pool=solo", f"--hostname={LIVE_WORKER}", "--without-mingle",
-             "--without-gossip", "-Q", "bench-live", "--loglevel=WARNING"],
-            stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
-            env={**os.environ, "SOURCES_BROKER_URL": self.broker_url,
-                 "SOURCES_MARKERS": str(folder)})
-        self._stack.callback(_stop, worker)
-        deadline = time.monotonic() + 60
-        while self._answering([LIVE_WORKER]) != {LIVE_WORKER}:
-            if time.monotonic() > deadline or worker.poll() is not None:
-                raise RuntimeError(f"the live Celery worker never answered ping: "
-                                   f"{(folder / 'worker.log').read_text()[-800:]}")
+        ids = [str(uuid.UUID(hashlib.md5(str(n).encode()).hexdigest()))  # noqa: S324 - the rows' ids
+               for n in range(1, size.running + 1)]
+        live = start_holding(self._stack, self.broker_url, LIVE_WORKER, ids[size.orphans:],
+                             folder)
+        self._stack.callback(_stop, live)
+        self._orphans = start_holding(self._stack, self.broker_url, ORPHANS_WORKER,
+                                      ids[:size.orphans], folder)
+        self._stack.callback(_stop, self._orphans)
 
     def _answering(self, hosts: list[str]) -> set[str]:
         """Celery's own control ping, as a team's script sends it."""
@@ -204,11 +204,15 @@ class CeleryTasks:
         """The live worker answers ping all along."""
 
     def kill(self, conninfo: str, size: Size) -> None:
+        """The orphans' worker SIGKILLed whole (once); their rows ``STARTED`` again."""
+        if self._orphans is not None and self._orphans.poll() is None:
+            self._orphans.kill()
+            self._orphans.wait(timeout=30)
         execute(conninfo, "UPDATE celery_taskmeta SET status = 'STARTED', worker = "
-                          f"'{DEAD_WORKER}', retries = 0, date_done = NULL, traceback = NULL, "
-                          "result = convert_to('{\"pid\": 1, \"hostname\": \"dead@bench\"}', "
-                          f"'UTF8') WHERE task_id IN (SELECT id::text FROM ({ORPHAN_IDS}) AS "
-                          "o(id))", params=bounds(size))
+                          f"'{ORPHANS_WORKER}', retries = 0, date_done = NULL, "
+                          "traceback = NULL, result = convert_to('{\"pid\": 1, \"hostname\": "
+                          "\"orphans@bench\"}', 'UTF8') WHERE task_id IN (SELECT id::text FROM "
+                          f"({ORPHAN_IDS}) AS o(id))", params=bounds(size))
 
     def _sweep(self, conn: psycopg.Connection[Any]) -> int:
         """The team's sweep: ping the workers the STARTED rows name, fail the silent ones'."""

@@ -33,7 +33,8 @@ from sqlalchemy.engine import Engine
 
 from reconciler.core.ports import JobKey
 from reconciler.sources.celery import CeleryConfig
-from reconciler.sources.celery.broker import FIRST_SEEN_KEY, UNHELD_KEY, CeleryBroker
+from reconciler.sources.celery.broker import FIRST_SEEN_KEY, CeleryBroker
+from reconciler.sources.celery.holders import UNHELD_KEY
 from reconciler.storage.clock import now_plus
 from reconciler.storage.engines import create_engine
 from tests.conformance.fixtures import (

@@ -1,22 +1,16 @@
 """What the celery source asks of the app's broker (Redis): liveness, memory, redelivery.
 
-- **Liveness is about a process, not a name**: a worker restarted under its old node name
-  (systemd, ``docker restart``, ``celery multi restart``, a container restarted in its pod)
-  answers for the name but never ran its predecessor's tasks. So the workers named by
-  ``STARTED`` rows are asked Celery's own control ``query_task`` (one broadcast to those
-  names; its replies double as ping): a task is held while some worker process holds its
-  request (active, reserved or scheduled), and a task its named worker does not hold is
-  asked of every worker once (a message redelivered to another worker, or to the new
-  incarnation under ``task_acks_late``, is held there). Silence is evidence only on the
-  app's own broker while it answers: a broker that cannot be reached, one that holds none
-  of the app's queues (kombu keeps its bindings in Redis: a wrong URL or database number
-  holds none), and one where no worker at all answers are each a doubt
-  (``LivenessDoubt``), and nothing that depends on the answers is decided.
-- **Memory across passes**: a ``STARTED`` row has no timestamp and a task held by nobody
-  for one pass is not yet an orphan, so the reconciler keeps, in the broker itself and on
-  its clock (Redis ``TIME``), when it first found each task held by no worker and first
-  saw each task ``STARTED`` (a task of a kind with ``max_run_seconds``: the only ones
-  judged by it).
+- **Liveness is about a process, not a name**: which worker process holds each running
+  task (``holders``: Celery's own ``stats`` and ``query_task``; a worker restarted under its
+  old node name is another process). Silence is evidence only on the app's own broker
+  while it answers: a broker that cannot be reached, one that holds none of the app's
+  queues (kombu keeps its bindings in Redis: a wrong URL or database number holds none),
+  and one where no worker at all answers are each a doubt (``LivenessDoubt``), and nothing
+  that depends on the answers is decided.
+- **Memory across passes**, in the broker itself and on its clock (Redis ``TIME``): which
+  process was seen holding each task, when each was first found held by no worker
+  (``holders``), and when each task was first seen ``STARTED`` (a task of a kind with
+  ``max_run_seconds``: the only ones judged by it): a ``STARTED`` row has no timestamp.
   Every replica and every one-shot ``reconciler pass`` reads the same memory.
 - **Redelivery**: kombu's Redis transport keeps a delivered, unacknowledged message in the
   ``unacked`` hash and puts it back on its queue after ``visibility_timeout``. Taking it out
@@ -41,18 +35,14 @@ from typing import Any
 from reconciler.core.vocabulary import LivenessDoubt
 from reconciler.errors import ConfigError
 from reconciler.redaction import redact
+from reconciler.sources.celery.holders import Holding, forget, holding, remember
 
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 """The brokers the celery source supports: Redis (see docs/sources.md, Celery)."""
-UNHELD_KEY = "reconciler:celery:unheld"
-"""Hash: task id -> when the reconciler first found no worker holding it (broker seconds)."""
-OLD_SILENT_KEY = "reconciler:celery:silent"
-"""Where earlier releases kept worker silences by name: forgotten with the unheld tasks."""
 FIRST_SEEN_KEY = "reconciler:celery:first-seen"
 """Hash: task id -> when the reconciler first saw its row STARTED (broker seconds)."""
 UNACKED_KEY = "unacked"
 UNACKED_INDEX_KEY = "unacked_index"
-PING_TIMEOUT_SECONDS = 1.0
 BINDINGS_MATCH = "*_kombu.binding.*"
 """kombu's Redis transport keeps each exchange's bindings in a set named so (behind the
 app's ``global_keyprefix``, if any), members ``routing_key SEP pattern SEP queue``."""
@@ -69,16 +59,18 @@ def _bound_queue(member: bytes | str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Answers:
-    """What one look at the broker found: the workers that answered and the tasks some
-    worker process holds, or why the silence of the others proves nothing (then both are
-    empty)."""
+    """What one look at the broker found: the named workers that answered, and who holds
+    the running tasks (``holders``), or why the silence of the others proves nothing
+    (then both are empty)."""
 
     answering: frozenset[str]
     doubt: LivenessDoubt | None = None
-    held: frozenset[str] = frozenset()
-    up_seconds: dict[str, float] | None = None
-    """How long each answering named worker's process has been up (``inspect stats``),
-    read only for an operator's ``explain``."""
+    holding: Holding | None = None
+
+    @property
+    def held(self) -> frozenset[str]:
+        """The tasks some worker process holds."""
+        return frozenset(() if self.holding is None else self.holding.held)
 
 
 class CeleryBroker:
@@ -127,19 +119,14 @@ class CeleryBroker:
         return redact(self.broker_url)
 
     def answers(self, hostnames: Iterable[str], queues: Iterable[str],
-                task_ids: Sequence[str] = (), *, uptimes: bool = False) -> Answers:
-        """Ask the workers among ``hostnames`` which of ``task_ids`` they hold; whether
-        their silence can be trusted.
+                task_ids: Sequence[str] = ()) -> Answers:
+        """Which worker process holds each of ``task_ids`` (``holders.holding``: their rows
+        name the workers among ``hostnames``); whether silence can be trusted.
 
-        One ``query_task`` to the named workers (it returns as soon as each has answered;
-        a silent one costs ``PING_TIMEOUT_SECONDS``); only when some task is held by none
-        of them is every worker asked (a second broadcast, which waits its whole timeout:
-        a redelivered message may be held by another worker). Trusted only on a broker
-        that answers, holds at least one of ``queues`` (the queues the running tasks were
-        sent to) and where some worker answers at all: with none answering, the broker is
-        not the app's or its whole fleet cannot answer now, and silence is no evidence of
-        death. ``uptimes``: also ask the answering named workers how long their process
-        has been up (for ``explain``; a pass never needs it).
+        Trusted only on a broker that answers, holds at least one of ``queues`` (the queues
+        the running tasks were sent to) and where some worker answers at all: with none
+        answering, the broker is not the app's or its whole fleet cannot answer now, and
+        silence is no evidence of death.
         """
         names, wanted, ids = sorted(set(hostnames)), set(queues), sorted(set(task_ids))
         client, app = self._client(), self.app()  # a URL not Redis's is a ConfigError
@@ -147,47 +134,12 @@ class CeleryBroker:
             client.ping()
             if wanted and not self._holds_any(client, wanted):
                 return Answers(frozenset(), LivenessDoubt.QUEUES_MISSING)
-            answering, held = (self._held(app, ids, destination=names) if names
-                               else (frozenset(), frozenset()))
-            if set(ids) - held or not answering:
-                # Some task is held by none of its named workers (or no name answered):
-                # every worker is asked, which also says whether anyone answers at all.
-                anyone, elsewhere = self._held(app, ids, destination=None)
-                if not answering and not anyone:
-                    return Answers(frozenset(), LivenessDoubt.NO_WORKER_ANSWERS)
-                held |= elsewhere
-            up = self._uptimes(app, sorted(answering)) if uptimes and answering else None
+            found = holding(app, client, self.now(), names, ids)
+            if not found.anyone:
+                return Answers(frozenset(), LivenessDoubt.NO_WORKER_ANSWERS)
         except Exception:
             return Answers(frozenset(), LivenessDoubt.BROKER_UNREACHABLE)
-        return Answers(answering, held=held, up_seconds=up)
-
-    @staticmethod
-    def _held(app: Any, task_ids: Sequence[str], *, destination: list[str] | None
-              ) -> tuple[frozenset[str], frozenset[str]]:
-        """Celery's own ``query_task`` broadcast (to ``destination``, else to every
-        worker): the workers that answered, and which of ``task_ids`` any of them holds
-        (a request a worker process keeps from receiving a message to finishing it)."""
-        replies = app.control.broadcast(
-            "query_task", arguments={"ids": list(task_ids)}, destination=destination,
-            reply=True, timeout=PING_TIMEOUT_SECONDS) or []
-        answering: set[str] = set()
-        held: set[str] = set()
-        for reply in replies:
-            for host, tasks in reply.items():
-                answering.add(host)
-                if isinstance(tasks, dict):
-                    held.update(str(task_id) for task_id in tasks)
-        return frozenset(answering), frozenset(held)
-
-    @staticmethod
-    def _uptimes(app: Any, names: list[str]) -> dict[str, float]:
-        """How long each of these workers' process has been up, as ``inspect stats``
-        says (a worker restarted under its old name has a short one)."""
-        replies = app.control.broadcast("stats", destination=names, reply=True,
-                                        timeout=PING_TIMEOUT_SECONDS) or []
-        return {host: float(stats["uptime"]) for reply in replies
-                for host, stats in reply.items()
-                if isinstance(stats, dict) and isinstance(stats.get("uptime"), int | float)}
+        return Answers(frozenset(found.answering), holding=found)
 
     def answers_at_all(self) -> Answers:
         """Whether the broker answers (with no running task, nobody needs pinging)."""
@@ -215,26 +167,14 @@ class CeleryBroker:
                    for key in client.scan_iter(match=BINDINGS_MATCH, count=1000)
                    for member in client.smembers(key))
 
-    def forget_unheld(self) -> None:
-        """Forget when each task was first found held by no worker: what was observed
-        while the answers proved nothing does not count towards a task's orphaning."""
-        self._client().delete(UNHELD_KEY, OLD_SILENT_KEY)
+    def remember(self, found: Holding, running: Iterable[str]) -> dict[str, float]:
+        """What a trusted read found, kept in the broker for the next pass; seconds each
+        running task no worker holds has been held by none (``holders.remember``)."""
+        return remember(self._client(), found, running, self.now())
 
-    def unheld(self, unheld: Iterable[str]) -> dict[str, float]:
-        """Record when each of these tasks was first found held by no worker, forget the
-        others (held again, or no longer running); seconds each has been held by none."""
-        client, now = self._client(), self.now()
-        unheld = sorted(set(unheld))
-        known = {k.decode() if isinstance(k, bytes) else k for k in client.hkeys(UNHELD_KEY)}
-        pipe = client.pipeline()
-        for task_id in known - set(unheld):
-            pipe.hdel(UNHELD_KEY, task_id)
-        for task_id in set(unheld) - known:  # a known one's HSETNX would change nothing
-            pipe.hsetnx(UNHELD_KEY, task_id, repr(now))
-        pipe.execute()
-        since = client.hmget(UNHELD_KEY, unheld) if unheld else []
-        return {task_id: now - float(first)
-                for task_id, first in zip(unheld, since, strict=True) if first is not None}
+    def forget_holders(self) -> None:
+        """What was seen of who holds the tasks, forgotten (``holders.forget``)."""
+        forget(self._client())
 
     def first_seen(self, task_ids: Sequence[str]) -> dict[str, float]:
         """Seconds since the reconciler first saw each of these tasks ``STARTED``; tasks no

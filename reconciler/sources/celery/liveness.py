@@ -38,6 +38,7 @@ from reconciler.core.ports import LivenessUnknown, StuckCount, StuckWork
 from reconciler.core.vocabulary import LivenessDoubt, StuckReason
 from reconciler.errors import ConfigError
 from reconciler.sources.celery.broker import CeleryBroker
+from reconciler.sources.celery.holders import Holding
 from reconciler.sources.celery.tables import ResultRows, queue_for
 from reconciler.sources.kit.shapes import constant
 from reconciler.sources.kit.system import NOT_LOADED, Loaded, Silent
@@ -100,25 +101,23 @@ class Judgement:
 def judge(broker: CeleryBroker, rows: Sequence[Running], kinds: KindRules,
           session_timeout_seconds: float, *, unextended: int = 0,
           owners: bool = False) -> Judgement:
-    """Ask the workers of ``rows`` what they hold and judge each task (the module's
-    table); ``owners``: also say what was seen of each task's owner (``explain``)."""
+    """Ask who holds the tasks of ``rows`` and judge each (the module's table);
+    ``owners``: also say what was seen of each task's owner (``explain``)."""
     hosts = {r.worker for r in rows if r.worker}
-    answers = (broker.answers(hosts, {r.queue for r in rows},
-                              [r.task_id for r in rows if r.worker], uptimes=owners)
-               if rows else broker.answers_at_all())
+    judged = [r.task_id for r in rows if r.worker]
+    answers = (broker.answers(hosts, {r.queue for r in rows}, judged) if rows
+               else broker.answers_at_all())
     doubt = answers.doubt
     gone: dict[str, float] = {}
     unacked: dict[str, str] = {}
     unheld: dict[str, float] = {}
     if rows and doubt in (None, LivenessDoubt.NO_WORKER_ANSWERS):
         try:
-            trusted = doubt is None
-            unheld = (broker.unheld(r.task_id for r in rows
-                                    if r.worker and r.task_id not in answers.held)
-                      if trusted else {})
-            if not trusted:
-                broker.forget_unheld()
-            gone = _gone(broker, rows, kinds, unheld if trusted else None,
+            if answers.holding is not None:
+                unheld = broker.remember(answers.holding, judged)
+            else:
+                broker.forget_holders()
+            gone = _gone(broker, rows, kinds, unheld if doubt is None else None,
                          session_timeout_seconds)
             # Every running task's, not only the gone ones': a wedged task is failed under
             # a live worker, whose later death must not hand its message back either.
@@ -128,14 +127,23 @@ def judge(broker: CeleryBroker, rows: Sequence[Running], kinds: KindRules,
         except Exception:  # the broker went away between two calls: nothing is known
             gone, unacked, doubt = {}, {}, LivenessDoubt.BROKER_UNREACHABLE
     seen = None
-    if owners and doubt is None:
-        up = answers.up_seconds or {}
-        seen = {r.task_id: OwnerSeen(
-            r.worker in answers.answering, r.task_id in answers.held,
-            up.get(r.worker) if r.worker else None, unheld.get(r.task_id))
-            for r in rows}
+    if owners and doubt is None and answers.holding is not None:
+        seen = _owners(rows, answers.holding, unheld, broker.now())
     return Judgement(gone, unacked, doubt, unextended,
                      0 if doubt is None else len(rows) - len(gone), seen)
+
+
+def _owners(rows: Sequence[Running], found: Holding, unheld: dict[str, float],
+            now: float) -> dict[str, OwnerSeen]:
+    """What one read saw of each task's owner, for ``explain``."""
+    seen: dict[str, OwnerSeen] = {}
+    for row in rows:
+        process = found.answering.get(row.worker or "")
+        seen[row.task_id] = OwnerSeen(
+            process is not None, row.task_id in found.held,
+            None if process is None else round(now - process.started),
+            unheld.get(row.task_id))
+    return seen
 
 
 def _gone(broker: CeleryBroker, rows: Sequence[Running], kinds: KindRules,

@@ -1,0 +1,190 @@
+"""Which Celery worker process holds each running task: liveness about a process, not a
+name.
+
+A ``STARTED`` row names its worker by node name (``celery@%h``, ``-n w1@%h``), and the
+name outlives the process: systemd, ``docker restart``, ``celery multi restart`` and a
+container restarted in its pod start a new process under it, which answers ping for the
+name without holding any of its predecessor's tasks. So a task is live while a worker
+process that was seen holding it is still the one answering under its name:
+
+- each pass asks the named workers Celery's own ``stats`` (one broadcast; it returns as
+  soon as each has answered): a process is its node name, ``pid`` and start (the broker's
+  clock less its ``uptime``, which the worker measures on its own clock: no skew between
+  the two machines enters), the same process across passes within
+  ``INCARNATION_TOLERANCE_SECONDS``;
+- a task remembered (in the broker, ``HELD_KEY``) as held by a process that still answers
+  under its name is live, with nothing more asked;
+- any other task is asked of its named workers with Celery's own ``query_task`` (a
+  request a worker process keeps from receiving a message to finishing it: active,
+  reserved or scheduled), and a task none of them holds is asked of every worker once (a
+  second broadcast, which waits its whole timeout: a message redelivered under
+  ``task_acks_late`` may be held by another worker, or by the new process);
+- a task no worker holds is remembered (``UNHELD_KEY``) from when it was first found so,
+  and is an orphan once that is ``session_timeout_seconds`` ago.
+
+So a quiet pass costs one ``stats`` broadcast to the named workers (its replies are the
+ping) and two reads of the broker's memory; only a task not yet seen held costs a
+``query_task`` (once), and only one held by none of its named workers the broadcast to all.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+PING_TIMEOUT_SECONDS = 1.0
+"""How long a control broadcast waits for replies (all of them, when sent to everyone)."""
+INCARNATION_TOLERANCE_SECONDS = 3.0
+"""How far two reads of one process's start may differ: ``uptime`` is whole seconds, and
+a reply takes its time to arrive."""
+HELD_KEY = "reconciler:celery:held"
+"""Hash: task id -> the process seen holding it, ``[host, pid, start]`` (broker seconds)."""
+UNHELD_KEY = "reconciler:celery:unheld"
+"""Hash: task id -> when the reconciler first found no worker holding it (broker seconds)."""
+OLD_SILENT_KEY = "reconciler:celery:silent"
+"""Where earlier releases kept worker silences by name: forgotten with the unheld tasks."""
+
+
+@dataclass(frozen=True, slots=True)
+class Incarnation:
+    """One worker process: its node name, pid, and when it started (broker seconds)."""
+
+    host: str
+    pid: int
+    started: float
+
+    def same(self, other: Incarnation) -> bool:
+        """Whether both are one process: the same name and pid, started at the same time
+        (a new process under the name, its pid reused or not, started later)."""
+        return (self.host == other.host and self.pid == other.pid
+                and abs(self.started - other.started) <= INCARNATION_TOLERANCE_SECONDS)
+
+    def encoded(self) -> str:
+        return json.dumps([self.host, self.pid, self.started])
+
+    @classmethod
+    def decoded(cls, raw: bytes | str) -> Incarnation | None:
+        try:
+            host, pid, started = json.loads(raw)
+            return cls(str(host), int(pid), float(started))
+        except (ValueError, TypeError):
+            return None
+
+
+@dataclass(frozen=True, slots=True)
+class Holding:
+    """What one read found: the named workers that answered (their process), the tasks
+    some worker process holds (that process), whether any worker answered at all, and
+    the tasks first seen held by this read (to remember)."""
+
+    answering: Mapping[str, Incarnation]
+    held: Mapping[str, Incarnation]
+    anyone: bool
+    newly: Mapping[str, Incarnation]
+
+
+def holding(app: Any, client: Any, now: float, names: Sequence[str],
+            task_ids: Sequence[str]) -> Holding:
+    """Who holds each of ``task_ids`` (their rows name ``names``), as the module says."""
+    answering = _incarnations(app, names, now) if names else {}
+    known = _known(client)
+    held: dict[str, Incarnation] = {}
+    for task_id in task_ids:
+        seen = known.get(task_id)
+        current = None if seen is None else answering.get(seen.host)
+        if seen is not None and current is not None and current.same(seen):
+            held[task_id] = current
+    newly: dict[str, Incarnation] = {}
+    rest = [t for t in task_ids if t not in held]
+    if rest and answering:
+        for task_id, host in _holders(app, rest, sorted(answering))[1].items():
+            newly[task_id] = answering[host]
+    rest = [t for t in rest if t not in newly]
+    anyone = bool(answering)
+    if rest or not anyone:
+        # Held by none of its named workers (or no name answered): every worker is asked,
+        # which also says whether any answers at all.
+        repliers, elsewhere = _holders(app, rest, None)
+        anyone = anyone or bool(repliers)
+        others = _incarnations(app, sorted({h for h in elsewhere.values()
+                                            if h not in answering}), now)
+        every = {**others, **answering}
+        newly.update({t: every[h] for t, h in elsewhere.items() if h in every})
+    return Holding(answering, {**held, **newly}, anyone, newly)
+
+
+def _incarnations(app: Any, names: Sequence[str], now: float) -> dict[str, Incarnation]:
+    """Celery's own ``stats`` to ``names``: each answering worker's process."""
+    if not names:
+        return {}
+    replies = app.control.broadcast("stats", destination=list(names), reply=True,
+                                    timeout=PING_TIMEOUT_SECONDS) or []
+    found: dict[str, Incarnation] = {}
+    for reply in replies:
+        for host, stats in reply.items():
+            if not isinstance(stats, dict):
+                continue
+            pid, uptime = stats.get("pid"), stats.get("uptime")
+            if isinstance(pid, int) and isinstance(uptime, int | float):
+                found[host] = Incarnation(host, pid, now - float(uptime))
+    return found
+
+
+def _holders(app: Any, task_ids: Sequence[str], destination: list[str] | None
+             ) -> tuple[frozenset[str], dict[str, str]]:
+    """Celery's own ``query_task`` (to ``destination``, else to every worker): the workers
+    that answered, and which of them holds each of ``task_ids`` it holds."""
+    replies = app.control.broadcast(
+        "query_task", arguments={"ids": list(task_ids)}, destination=destination,
+        reply=True, timeout=PING_TIMEOUT_SECONDS) or []
+    repliers: set[str] = set()
+    held: dict[str, str] = {}
+    for reply in replies:
+        for host, tasks in reply.items():
+            repliers.add(host)
+            if isinstance(tasks, dict):
+                held.update((str(task_id), host) for task_id in tasks)
+    return frozenset(repliers), held
+
+
+def _known(client: Any) -> dict[str, Incarnation]:
+    """The tasks remembered as held, and by which process."""
+    known: dict[str, Incarnation] = {}
+    for key, raw in client.hgetall(HELD_KEY).items():
+        seen = Incarnation.decoded(raw)
+        if seen is not None:
+            known[key.decode() if isinstance(key, bytes) else str(key)] = seen
+    return known
+
+
+def remember(client: Any, found: Holding, running: Iterable[str], now: float
+             ) -> dict[str, float]:
+    """What this read found, kept for the next: each task held (by which process), and
+    from when each running task no worker holds was first found so (the others
+    forgotten); seconds each unheld task has been held by none."""
+    running = set(running)
+    unheld = sorted(running - set(found.held))
+    pipe = client.pipeline()
+    stale = {k.decode() if isinstance(k, bytes) else str(k) for k in client.hkeys(HELD_KEY)}
+    for task_id in stale - set(found.held):
+        pipe.hdel(HELD_KEY, task_id)
+    for task_id, process in found.newly.items():
+        pipe.hset(HELD_KEY, task_id, process.encoded())
+    known_unheld = {k.decode() if isinstance(k, bytes) else str(k)
+                    for k in client.hkeys(UNHELD_KEY)}
+    for task_id in known_unheld - set(unheld):
+        pipe.hdel(UNHELD_KEY, task_id)
+    for task_id in set(unheld) - known_unheld:
+        pipe.hsetnx(UNHELD_KEY, task_id, repr(now))
+    pipe.execute()
+    since = client.hmget(UNHELD_KEY, unheld) if unheld else []
+    return {task_id: now - float(first)
+            for task_id, first in zip(unheld, since, strict=True) if first is not None}
+
+
+def forget(client: Any) -> None:
+    """Forget what was seen: what was observed while the answers proved nothing does not
+    count towards a task's orphaning (nor keeps it live)."""
+    client.delete(HELD_KEY, UNHELD_KEY, OLD_SILENT_KEY)
