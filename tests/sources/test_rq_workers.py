@@ -2,10 +2,12 @@
 source with the reconciler's own tables on SQLite and PostgreSQL; another live worker of
 the same queue runs beside them (RQ's own maintenance included).
 
-RQ's started-registry entry of a dead worker expires about 61 s after its last renewal
-(``--job-monitoring-interval 1``, plus the fixed 60 s RQ adds). One scenario per engine
-waits for that in real time (``TestRealExpiry``); the others age the entry's score and
-drop the dead worker's key in Redis, as that minute would (``expire_as_time_would``), and
+A dead worker's heartbeat is overdue a second after its last renewal
+(``--job-monitoring-interval 1``), its started-registry entry expires 60 s after that
+(the fixed 60 s RQ adds), and the source decides in between, once the heartbeat is
+``session_timeout_seconds`` (2 s here) overdue: ``TestRealSilence`` waits for that in real
+time, decisions made before RQ's entries expire. The others age the entry's score and
+drop the dead worker's key in Redis, as the minute would (``expire_as_time_would``), and
 say so.
 """
 

@@ -55,14 +55,23 @@ in time, or "the database system is starting up"), as it does for a user; the ha
 starts it again, as an orchestrator would."""
 
 
+NAME_TAKEN = "worker:name_taken"
+"""A worker started under a fixed name while its dead predecessor's is still registered:
+RQ refuses it (``There exists an active worker named ...``) until that name's key expires;
+the harness starts it again, as a supervisor would."""
+
+
 def exit_cause(child: Child) -> str:
     """Why a child exited that the run did not kill: ``role:exit_CODE``, or
-    ``UNREACHABLE_AT_START`` when its last line says so."""
+    ``UNREACHABLE_AT_START`` or ``NAME_TAKEN`` when its last lines say so."""
     code = child.popen.returncode
     lines = child.log.read_bytes().decode(errors="replace").strip().splitlines()
     if (child.role == "replica" and code == 3 and lines
             and lines[-1].startswith("reconciler: error:") and "database" in lines[-1]):
         return UNREACHABLE_AT_START
+    if child.role == "worker" and any("There exists an active worker named" in line
+                                      for line in lines[-3:]):
+        return NAME_TAKEN
     return f"{child.role}:exit_{code}"
 
 

@@ -88,7 +88,8 @@ class DjangoTasks(SystemBase):
                     "delay": s.delay_seconds} for s in jobs]
         return self._manage(db, "enqueue-many", stdin=json.dumps(payload)).split()
 
-    def worker_command(self, db: Database, markers: Path) -> tuple[list[str], dict[str, str]]:
+    def worker_command(self, db: Database, markers: Path, slot: int = 0
+                       ) -> tuple[list[str], dict[str, str]]:
         from tests.sources.django_tasks_support import worker_argv  # noqa: PLC0415 - pytest
 
         return worker_argv(), self._env(db, markers)
@@ -205,7 +206,8 @@ class Celery(SystemBase):
                               producer=producer)
                 self.sent.add(job)
 
-    def worker_command(self, db: Database, markers: Path) -> tuple[list[str], dict[str, str]]:
+    def worker_command(self, db: Database, markers: Path, slot: int = 0
+                       ) -> tuple[list[str], dict[str, str]]:
         # A new name each start: a restarted worker must not answer for a dead one.
         name = f"chaos-{uuid.uuid4().hex[:8]}@chaos"
         return [sys.executable, "-m", "celery", "-A", "tests.chaos.foreign.celery_chaos_app",

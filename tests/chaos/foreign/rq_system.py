@@ -5,16 +5,23 @@ runs in the worker's own process, as Celery's solo pool: the markers name the pi
 kills), jobs enqueued through ``Queue.enqueue`` with ``Retry(max=budget - 1)``
 (tests/chaos/foreign/rq_chaos_tasks.py).
 
-**RQ's minute, compressed.** A dead worker's started-registry entry expires about 60 s
-after its last renewal (a SimpleWorker's: the job's timeout + 60 s), and nothing can tell
-the job dead before that. The run does not wait it out: when a worker dies (the run's
+**RQ's timeline, compressed.** A dead worker's started-registry entry is scored its next
+heartbeat's due time plus RQ's fixed 60 s (a SimpleWorker's, which beats not at all inside
+a job: the job's timeout + 60 s), and its worker key expires with it. The reconciler
+decides once the heartbeat is ``session_timeout_seconds`` overdue; RQ's own cleanup (a
+worker's start-up ``StartedJobRegistry.cleanup``, and a successor under the dead worker's
+name can start only once its key expired) once the entry expired, about a minute later.
+The run does not wait for the heartbeat's due time: when a worker dies (the run's
 SIGKILL, or an exit of its own) or is SIGSTOPped past the reconciler's wait, ``age``
-scores that worker's entries at the present moment, expired from then on as the minute
-would leave them, and touches nothing else (its job, execution and worker key stay as the
-death left them). The reconciler still judges both signals: the entry expired and the
-worker silent past ``session_timeout_seconds``. Live workers' entries are never touched,
-and RQ's own maintenance (a restarted worker's start-up ``StartedJobRegistry.cleanup``)
-runs beside the replicas and may take an aged job first: that is RQ's behaviour, not ours.
+scores that worker's entries as a heartbeat that fell due ``AGED_OVERDUE_SECONDS`` past the
+session timeout ago would leave them (expiring about a minute on), sets its key to expire
+with them, and touches nothing else (its job and execution stay as the death left them).
+The reconciler still judges both signals: the entry's heartbeat overdue and the worker
+silent past ``session_timeout_seconds``. Live workers' entries are never touched, and RQ's
+own maintenance runs beside the replicas and takes an aged job once its entry expires, if
+no replica decided it first (that is RQ's behaviour, not ours). Worker slot 0 runs under a
+fixed name, restarted by the run as a supervisor does: RQ refuses it (``NAME_TAKEN``) until
+the dead one's key expires, then the start that succeeds runs RQ's cleanup first.
 A job its worker took and died with before starting it is RQ's alone to end (a minute on,
 ``IntermediateQueue.cleanup``): the drain runs that handling, compressed (``maintain``).
 """
@@ -34,6 +41,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
+from reconciler.sources.rq.keys import HEARTBEAT_GRACE_SECONDS
 from tests.chaos.foreign.database import Database
 from tests.chaos.foreign.processes import die_with_parent
 from tests.chaos.foreign.python_systems import REDIS_HINT, _free_port, stop_redis
@@ -50,8 +58,17 @@ SESSION_TIMEOUT_SECONDS = 0.6
 """Short (twice the replicas' 0.3 s session heartbeat, the least a config may set):
 only aged entries are candidates, and only dead or long-stopped workers' are aged, so a
 live worker's silence inside a job (a SimpleWorker does not heartbeat there) decides
-nothing; and the replicas get to decide before most restarted workers' start-up cleanup
-(a second or so after a kill) takes the job the RQ way."""
+nothing; and the replicas decide about a minute before RQ's own cleanup can take an aged
+job the RQ way."""
+AGED_OVERDUE_SECONDS = 0.4
+"""How far past the session timeout an aged entry's heartbeat is overdue: a pass decides
+it at once, and RQ's own cleanup only once it expires, ``HEARTBEAT_GRACE_SECONDS`` less the
+session timeout and this later."""
+FIXED_NAME_SLOTS = 1
+"""Worker slots restarted under one fixed name each (as systemd, ``docker restart`` or a
+supervisor does), the others under a new name each start."""
+NAME_TAKEN = "There exists an active worker named"
+"""The line RQ ends a worker's start with while a worker of its name is still registered."""
 STUCK_SECONDS = 5.0
 """A job held only on RQ's intermediate queue this long is its dead worker's: a live one
 takes it out (its next two pipelines) within milliseconds of taking it; RQ's own
@@ -183,17 +200,24 @@ class Rq(SystemBase):
                                  job_id=job, retry=Retry(max=spec.max_attempts - 1),
                                  job_timeout=JOB_TIMEOUT_SECONDS, result_ttl=-1))
 
-    def worker_command(self, db: Database, markers: Path) -> tuple[list[str], dict[str, str]]:
-        # A new name each start: RQ refuses a second live worker of one name.
+    def worker_command(self, db: Database, markers: Path, slot: int = 0
+                       ) -> tuple[list[str], dict[str, str]]:
+        # A fixed name for the first slots, else a new one each start (RQ refuses a
+        # second live worker of one name).
+        prefix = WORKER_KEYS.removeprefix("rq:worker:")
+        name = (f"{prefix}fixed{slot}" if slot < FIXED_NAME_SLOTS
+                else f"{prefix}{uuid.uuid4().hex[:8]}")
         return [sys.executable, "-m", "rq.cli", "worker", "--url", self.url,
-                "-w", "rq.worker.SimpleWorker",
-                "--name", f"{WORKER_KEYS.removeprefix('rq:worker:')}{uuid.uuid4().hex[:8]}",
+                "-w", "rq.worker.SimpleWorker", "--name", name,
                 "--logging_level", "INFO", QUEUE], {"SOURCES_MARKERS": str(markers)}
 
     def age(self, pid: int) -> None:
-        """The started-registry entries of the worker ``pid`` scored a second ago: what
-        the minute after its last renewal would do (module docstring)."""
+        """The started-registry entries of the worker ``pid`` scored, and its key set to
+        expire, as a heartbeat overdue ``AGED_OVERDUE_SECONDS`` past the session timeout
+        leaves them (module docstring)."""
         from rq.registry import StartedJobRegistry  # noqa: PLC0415 - optional
+
+        left = HEARTBEAT_GRACE_SECONDS - self.session_timeout_seconds - AGED_OVERDUE_SECONDS
 
         def aged(client: Any) -> None:
             # Every worker key of the run, not RQ's set of live workers: one that quits on
@@ -204,18 +228,16 @@ class Rq(SystemBase):
                      zip(workers, (client.hget(w, "pid") for w in workers), strict=True)
                      if p is not None and int(p) == pid}
             registry = StartedJobRegistry(QUEUE, connection=client)
+            for name in names:
+                client.expire(f"rq:worker:{name}", max(1, round(left)))
             for entry in client.zrange(registry.key, 0, -1):
                 owner = client.hget(f"rq:execution:{entry.decode()}", "worker_name")
                 if owner is not None and owner.decode() in names:
-                    # Now, not a second ago: RQ's cleanup reads the entries expired by
-                    # its timestamp (whole seconds), handles them, then removes every
-                    # entry up to that timestamp. A score moved back to or below the
-                    # timestamp of a cleanup running at this instant would be removed
-                    # unhandled, the job left `started` with no entry (seen once in a
-                    # 10-minute run): RQ never moves a score back, so that loss would be
-                    # the run's, not RQ's or ours. Now is past every running cleanup's
-                    # timestamp, and expired for every read after it.
-                    client.zadd(registry.key, {entry: time.time()}, xx=True)
+                    # Ahead of now, never behind it: RQ's cleanup reads the entries expired
+                    # by its timestamp (whole seconds), handles them, then removes every
+                    # entry up to that timestamp; a score moved back below the timestamp
+                    # of a cleanup running at this instant would be removed unhandled.
+                    client.zadd(registry.key, {entry: time.time() + left}, xx=True)
 
         self._redis(aged)
 
@@ -237,8 +259,11 @@ class Rq(SystemBase):
             queued = {j.decode() for j in client.lrange(f"rq:queue:{QUEUE}", 0, -1)}
             held = {j.decode() for j in client.lrange(f"rq:queue:{QUEUE}:intermediate", 0, -1)}
             registry = f"rq:wip:{QUEUE}"
+            # A live worker's entry lies a job's timeout and RQ's minute ahead; an aged
+            # one, less than RQ's minute.
+            aged_until = time.time() + HEARTBEAT_GRACE_SECONDS
             live = {e.decode().split(":", 1)[0]
-                    for e in client.zrangebyscore(registry, f"({time.time()}", "+inf")}
+                    for e in client.zrangebyscore(registry, f"({aged_until}", "+inf")}
             stuck = {job for job in held - queued - live
                      if client.hget(f"rq:job:{job}", "status") == b"queued"}
             now = time.monotonic()

@@ -35,6 +35,7 @@ from reconciler.storage.schema import upgrade
 from tests.chaos.foreign.checks import Checks, FaultLog, run_checks
 from tests.chaos.foreign.database import Database
 from tests.chaos.foreign.processes import (
+    NAME_TAKEN,
     Child,
     Children,
     exit_cause,
@@ -56,6 +57,9 @@ FAULTS_DONE_BY_SHARE = 0.85
 REPLICA_KILL_SHARE = 0.15
 MID_TASK_KILL_CHANCE = 0.8
 RESPAWN_DELAY_SECONDS = (0.1, 0.5)
+SUPERVISOR_RESTART_SECONDS = 1.5
+"""How long a worker refused its fixed name waits before its next start (a supervisor's
+restart delay, as systemd's ``RestartSec``)."""
 TICK_SECONDS = 0.1
 RETRY_FAULT_SECONDS = 0.3
 # A stop lasts this many times the wait of a dead owner's job: shorter ones are pauses
@@ -248,7 +252,7 @@ class ForeignRun:
     def _spawn(self, role: str, slot: int) -> Child:
         assert self.db is not None
         if role == "worker":
-            argv, env = self.system.worker_command(self.db, self.markers)
+            argv, env = self.system.worker_command(self.db, self.markers, slot)
         else:
             argv = [sys.executable, "-m", "reconciler.cli", "run", "--config", str(self.config)]
             env = {}
@@ -266,15 +270,17 @@ class ForeignRun:
             child.reaped = True
             if child.role == "replica" and child.slot >= self.replica_slots:
                 continue
-            if not child.killed:
-                self.stats.unexpected_exits[exit_cause(child)] += 1
+            cause = None if child.killed else exit_cause(child)
+            if cause is not None:
+                self.stats.unexpected_exits[cause] += 1
                 if child.role == "worker":
                     self.system.age(child.pid)
             if not any(c.role == child.role and c.slot == child.slot and c.alive()
                        for c in self.children.started) and not any(
                     r[1:] == (child.role, child.slot) for r in self.respawns):
-                self.respawns.append((now + self.rng.uniform(*RESPAWN_DELAY_SECONDS),
-                                      child.role, child.slot))
+                delay = (SUPERVISOR_RESTART_SECONDS if cause == NAME_TAKEN
+                         else self.rng.uniform(*RESPAWN_DELAY_SECONDS))
+                self.respawns.append((now + delay, child.role, child.slot))
         due = [r for r in self.respawns if r[0] <= now]
         self.respawns = [r for r in self.respawns if r[0] > now]
         for _, role, slot in due:

@@ -91,7 +91,8 @@ class System(Protocol):
     def enqueue(self, db: Database, jobs: Sequence[JobSpec]) -> list[str]:
         """Enqueue the jobs through the system's own functions; their ids, in order."""
 
-    def worker_command(self, db: Database, markers: Path) -> tuple[list[str], dict[str, str]]:
+    def worker_command(self, db: Database, markers: Path, slot: int = 0
+                       ) -> tuple[list[str], dict[str, str]]:
         """argv and environment of one real worker process."""
 
     def used_of(self, marker_attempt: int) -> int:
@@ -202,7 +203,8 @@ class Procrastinate(SystemBase):
             search_path=f"{self.schema},public")
         return [str(r[0]) for r in rows]
 
-    def worker_command(self, db: Database, markers: Path) -> tuple[list[str], dict[str, str]]:
+    def worker_command(self, db: Database, markers: Path, slot: int = 0
+                       ) -> tuple[list[str], dict[str, str]]:
         return [sys.executable, "-m", "tests.sources.procrastinate_app"], {
             "SOURCES_PG_CONNINFO": db.conninfo(f"{self.schema},public"),
             "SOURCES_MARKERS": str(markers), "SOURCES_DATABASE_URL": db.url,
@@ -256,7 +258,8 @@ class _NodeSystem(SystemBase):
                                f"{done.stderr.strip()[-800:]}")
         return done.stdout
 
-    def worker_command(self, db: Database, markers: Path) -> tuple[list[str], dict[str, str]]:
+    def worker_command(self, db: Database, markers: Path, slot: int = 0
+                       ) -> tuple[list[str], dict[str, str]]:
         if self.node_modules is None:
             self.node_modules = install_node_modules()
         node = shutil.which("node")
