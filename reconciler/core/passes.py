@@ -108,8 +108,10 @@ def plan_change(row: Candidate, thresholds: Thresholds) -> PlannedChange:
     """Decide one candidate; a job that cannot be evaluated becomes ``reconcile_error``."""
     try:
         evidence = evidence_from(row)
-        return PlannedChange(decide(evidence, thresholds), row.fence, thresholds,
-                             evidence.public_facts())
+        facts = evidence.public_facts()
+        if row.owner:
+            facts["owner"] = dict(row.owner)
+        return PlannedChange(decide(evidence, thresholds), row.fence, thresholds, facts)
     except (EvidenceError, ValueError, TypeError) as exc:
         log.warning("event=reconcile_error job_id=%s error=%s", row.job_id, type(exc).__name__)
         return PlannedChange(
@@ -177,6 +179,10 @@ def _like(first: PlannedChange, row: Candidate) -> PlannedChange:
         evidence["activity_age_seconds"] = round_age(row.activity_age_seconds)
     except (TypeError, ValueError):  # an age that cannot be rounded: the row's own error
         return plan_change(row, first.thresholds)
+    if row.owner:
+        evidence["owner"] = dict(row.owner)
+    else:
+        evidence.pop("owner", None)
     return PlannedChange(Decision(row.job_id, d.disposition, d.reason, d.resume_step_index,
                                   d.rule_number),
                          row.fence, first.thresholds, evidence)

@@ -36,8 +36,8 @@ from reconciler.core.vocabulary import (
 
 __all__ = [
     "AuditLog", "Candidate", "ClaimedJob", "Cursor", "Fence", "FenceSnapshot", "JobDetail",
-    "JobKey", "JobRetention", "JobSource", "Lease", "LivenessUnknown", "OperatorStore",
-    "PassStore", "PassUnit", "PlannedChange", "RecordedDecision", "RetentionReport",
+    "JobKey", "JobSource", "Lease", "LivenessUnknown", "OperatorStore",
+    "PassStore", "PassUnit", "PlannedChange", "RecordedDecision",
     "SourceJobs", "StuckCount", "StuckWork", "Unjudged",
 ]
 
@@ -111,6 +111,10 @@ class Candidate:
     unreadable: tuple[tuple[str, str | int], ...] = ()
     """What the source found it cannot read about the job (an ``error_code`` and the
     column it is in): the job is then a ``reconcile_error`` with this as its evidence."""
+    owner: tuple[tuple[str, bool | float | None], ...] = ()
+    """What the source saw of the job's owner, for the evidence (``owner``): plain facts,
+    never an identity (whether its named worker answers, whether a process holds the job,
+    how long that process has been up, how long none has held it)."""
     lost_to_system: bool = False
     """The job system's own recovery (an expiry, a sweep) took back an earlier attempt of
     the job from a worker that never ended it, as its own record says: that attempt counts
@@ -404,21 +408,3 @@ class Unjudged:
     """What the rows lack, in a sentence (no job's data)."""
     fix: str
     """What to set, in a sentence."""
-
-
-@dataclass(frozen=True, slots=True)
-class RetentionReport:
-    """What one job-retention run deleted over all its batches."""
-
-    jobs_deleted: int
-    rows_deleted: int
-    batches: int
-
-
-class JobRetention(Protocol):
-    """Deletes this project's finished jobs with their rows (a chore of the leader)."""
-
-    def delete_finished_jobs(self, days: float, batch_jobs: int,
-                             max_batches: int) -> RetentionReport:
-        """Jobs finished more than ``days`` ago, ``batch_jobs`` per transaction, at most
-        ``max_batches`` transactions."""

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from reconciler.config.settings import Settings
-from reconciler.core.ports import JobRetention, PassStore, StuckWork
+from reconciler.core.job_retention import JobRetention
+from reconciler.core.ports import PassStore, StuckWork
 from reconciler.core.stuck import stuck_work
 from reconciler.core.worker_ports import ArtifactRecords
 from reconciler.sidecar.artifact_sweep import sweep_artifacts

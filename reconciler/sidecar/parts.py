@@ -13,9 +13,10 @@ from dataclasses import dataclass
 
 from reconciler.config.settings import Settings
 from reconciler.console import Console
+from reconciler.core.job_retention import JobRetention
 from reconciler.core.operator_desk import ActionCounter
 from reconciler.core.passes import PassConfig
-from reconciler.core.ports import JobRetention, PassStore
+from reconciler.core.ports import PassStore
 from reconciler.core.vocabulary import DatabaseErrorCode
 from reconciler.core.worker_ports import ArtifactRecords
 

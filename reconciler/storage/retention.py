@@ -25,7 +25,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from models.tables import FINISHED_STATUSES
-from reconciler.core.ports import RetentionReport
+from reconciler.core.job_retention import RetentionReport
 from reconciler.core.vocabulary import ArtifactState
 from reconciler.storage.clock import now_plus
 from reconciler.storage.deadlocks import deadlock_retried

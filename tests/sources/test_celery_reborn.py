@@ -75,6 +75,7 @@ def test_the_dead_incarnations_tasks_are_decided_though_its_name_answers(
     answering(project, NAME, again)
 
     decided: dict[str, tuple[Disposition, Reason]] = {}
+    evidence: dict[str, dict[str, object]] = {}
     passes = 0
 
     def both_decided() -> bool:
@@ -84,12 +85,19 @@ def test_the_dead_incarnations_tasks_are_decided_though_its_name_answers(
             assert str(outcome.job_id) != other.id, "the live worker's task was decided"
             if outcome.applied:
                 decided[str(outcome.job_id)] = (outcome.disposition, outcome.reason)
+                evidence[str(outcome.job_id)] = outcome.evidence
         return {effect.id, idem.id} <= decided.keys()
 
     wait_until(both_decided, "both of the dead w1's tasks to be decided", timeout=60,
                process=again)
     assert decided == {effect.id: (Disposition.TERMINALIZE, Reason.WORKER_DIED_MID_STEP),
                        idem.id: (Disposition.RESUME, Reason.RESUMED_IDEMPOTENT_STEP)}
+    # What the pass saw, in the audit: the name answered, no process held the task.
+    owner = evidence[effect.id]["owner"]
+    assert isinstance(owner, dict)
+    assert (owner["worker_answers"], owner["a_process_holds_it"]) == (True, False)
+    assert owner["held_by_none_seconds"] >= TIMEOUT_SECONDS
+    assert NAME not in str(evidence[effect.id])  # no worker identity in the evidence
     with pytest.raises(Exception, match="worker_died_mid_step"):
         effect.get(timeout=5)
     assert idem.get(timeout=30) == "done on attempt 2"

@@ -21,13 +21,13 @@ from prometheus_client import generate_latest
 
 from reconciler.config.settings import Settings
 from reconciler.core.decisions import Thresholds
+from reconciler.core.job_retention import RetentionReport
 from reconciler.core.passes import PassConfig, PassReport
 from reconciler.core.ports import (
     Cursor,
     LivenessUnknown,
     PassUnit,
     RecordedDecision,
-    RetentionReport,
     StuckCount,
     StuckWork,
 )

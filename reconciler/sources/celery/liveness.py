@@ -66,15 +66,22 @@ class Running:
 
 @dataclass(frozen=True, slots=True)
 class OwnerSeen:
-    """What one read saw of a task's owner, for ``jobs explain``: whether its named
-    worker answered, whether any worker process holds the task, how long the answering
-    process has been up (None: not asked or not said), and how long no worker has held
-    it (None: held, or first found unheld by this read)."""
+    """What one read saw of a task's owner, for the evidence: whether its named worker
+    answered, whether a worker process holds the task, how long the process answering
+    under that name has been up (None: none answered), and how long no worker has held it
+    (None: held, or first found unheld by this read)."""
 
     answers: bool
     holds_task: bool
     up_seconds: float | None
     unheld_seconds: float | None
+
+    def facts(self) -> tuple[tuple[str, bool | float | None], ...]:
+        """As the evidence's ``owner`` (no name, no pid)."""
+        return (("worker_answers", self.answers), ("a_process_holds_it", self.holds_task),
+                ("answering_process_up_seconds", self.up_seconds),
+                ("held_by_none_seconds", None if self.unheld_seconds is None
+                 else round(self.unheld_seconds, 3)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +89,7 @@ class Judgement:
     """One pass's view of the broker: tasks whose owner is gone (seconds past), held
     messages, why its liveness evidence was not trusted (None: it was), and how many
     running rows could not be judged (without ``result_extended``; by unknown liveness).
-    ``owners``: for an operator's read, what was seen of each task's owner."""
+    ``owners``: what was seen of each task's owner (None: the answers were doubted)."""
 
     gone: dict[str, float]
     unacked: dict[str, str]
@@ -99,10 +106,9 @@ class Judgement:
 
 
 def judge(broker: CeleryBroker, rows: Sequence[Running], kinds: KindRules,
-          session_timeout_seconds: float, *, unextended: int = 0,
-          owners: bool = False) -> Judgement:
-    """Ask who holds the tasks of ``rows`` and judge each (the module's table);
-    ``owners``: also say what was seen of each task's owner (``explain``)."""
+          session_timeout_seconds: float, *, unextended: int = 0) -> Judgement:
+    """Ask who holds the tasks of ``rows`` and judge each (the module's table), and say
+    what was seen of each task's owner (the evidence's ``owner``)."""
     hosts = {r.worker for r in rows if r.worker}
     judged = [r.task_id for r in rows if r.worker]
     answers = (broker.answers(hosts, {r.queue for r in rows}, judged) if rows
@@ -127,7 +133,7 @@ def judge(broker: CeleryBroker, rows: Sequence[Running], kinds: KindRules,
         except Exception:  # the broker went away between two calls: nothing is known
             gone, unacked, doubt = {}, {}, LivenessDoubt.BROKER_UNREACHABLE
     seen = None
-    if owners and doubt is None and answers.holding is not None:
+    if doubt is None and answers.holding is not None:
         seen = _owners(rows, answers.holding, unheld, broker.now())
     return Judgement(gone, unacked, doubt, unextended,
                      0 if doubt is None else len(rows) - len(gone), seen)
@@ -201,7 +207,7 @@ class CeleryLiveness:
         if len(named) < len(started):
             self._report_unextended(len(started) - len(named))
         return judge(self.broker, named, kinds, self.session_timeout_seconds,
-                     unextended=len(started) - len(named), owners=every)
+                     unextended=len(started) - len(named))
 
     def loaded(self, verdict: Judgement) -> Loaded:
         """Nothing: the running tasks are the result table's rows, read by its SQL."""

@@ -216,7 +216,8 @@ class CelerySql:
             fence=Fence(attempts, snapshot), attempt_count=attempts,
             max_attempts=policy.max_attempts, lease_live=over is None,
             lease_expired_seconds=over, steps=steps, session_gone=over is not None,
-            position=position,
+            position=position, owner=() if judged.owners is None or row.job_id not in
+            judged.owners else judged.owners[row.job_id].facts(),
             # Without its arguments the task cannot run again: no plan to resume.
             own_plan=None if arguments is not None else (None, ()),
         )

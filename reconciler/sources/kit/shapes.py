@@ -105,12 +105,13 @@ def candidate(*, job_id: JobKey, kind: str, policy: KindPolicy, fence: Fence,
               session_gone: bool = False, position: bool = False,
               own_plan: tuple[str | None, StepRows] | None = None,
               activity_age_seconds: float | None = None,
-              lost_to_system: bool = False) -> Candidate:
+              lost_to_system: bool = False,
+              owner: tuple[tuple[str, bool | float | None], ...] = ()) -> Candidate:
     """A foreign candidate: the job's own plan and step results when its system keeps them
     (``own_plan``: raw plan text, possibly None, and step records), else the ledger's
     steps, else one step named after its kind. ``activity_age_seconds`` is the system's own
-    activity; without one, the ledger's last write. ``lost_to_system``: see
-    ``Candidate.lost_to_system``."""
+    activity; without one, the ledger's last write. ``lost_to_system`` and ``owner``: see
+    ``Candidate``."""
     plan: str | tuple[PlanStep, ...] | None
     if own_plan is not None:
         plan, step_rows = own_plan
@@ -126,6 +127,7 @@ def candidate(*, job_id: JobKey, kind: str, policy: KindPolicy, fence: Fence,
         lease_expired_seconds=lease_expired_seconds, activity_age_seconds=activity,
         plan=plan, step_rows=step_rows, session_gone=session_gone,
         position=Cursor((job_id,)) if position else None, lost_to_system=lost_to_system,
+        owner=owner,
     )
 
 
