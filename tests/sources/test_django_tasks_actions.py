@@ -14,8 +14,9 @@ import pytest
 from reconciler.core.operator_desk import OperatorDesk
 from reconciler.core.vocabulary import Disposition, JobKey, OperatorAction, Reason
 from reconciler.sources.django_tasks.actions import DjangoTasksActions
+from reconciler.storage.clock import now_plus
 from tests.sources.actions_support import desk_for, desk_moving_after_read, forget_source
-from tests.sources.django_tasks_support import DjangoDatabase, DjangoTasksFactory
+from tests.sources.django_tasks_support import DjangoDatabase, DjangoTasksFactory, set_ledger
 from tests.sources.support import Markers, Processes, by_job, reconcile_once, wait_until
 from tests.sources.test_django_tasks_workers import (
     CONFIG,
@@ -128,3 +129,34 @@ def test_an_action_on_a_task_that_moved_meanwhile_is_refused(
     report = desk.act(OperatorAction.CANCEL, job, actor="e", note="n")
     assert (report.applied, report.refusal) == (False, "fence_lost")
     assert project.status(job) == "running"
+
+
+def test_a_retry_never_lets_a_paused_worker_of_the_ended_run_write_again(
+        project: DjangoTasksFactory, markers: Markers) -> None:
+    """A task's worker paused inside its effectful step (not dead) is failed by a pass; an
+    operator retries it, and Django counts its next run from attempt 1 again. That run
+    opens and gets the step back (the operator released it); the paused run, waking up
+    under the same attempt number, records nothing: its step's end is refused
+    (``LeaseLost``) and the new run's record stands."""
+    from reconciler.ledger import LeaseLost, Step, StepLedger  # noqa: PLC0415
+
+    plan = [Step("render", "idempotent"), Step("charge", "effectful")]
+    job = died(project, "effect_work", markers)
+    with StepLedger(project.engine) as ledger:
+        paused = ledger.run(SOURCE, job, 1, plan)
+        with paused.step(0):
+            pass
+        inside_charge = paused.step(1)
+        inside_charge.__enter__()  # the worker stops here, for an hour
+        set_ledger(project.engine, SOURCE, job, updated_at=now_plus(-LONG_AGO))
+        outcome = by_job(reconcile_once(project.engine, CONFIG, KINDS))[job]
+        assert outcome.reason is Reason.WORKER_DIED_MID_STEP
+        report = desk_of(project).act(OperatorAction.RETRY, job, actor="alice",
+                                      note="checked: not charged")
+        assert report.applied, report.line
+        fresh = ledger.run(SOURCE, job, 1, plan)  # Django's attempt count starts again
+        assert fresh.pending() == [1]
+        with pytest.raises(LeaseLost):
+            inside_charge.__exit__(None, None, None)  # the paused worker wakes up
+        with fresh.step(1):
+            pass
