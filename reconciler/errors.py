@@ -69,3 +69,9 @@ class EffectInDoubt(LeaseLost):
         self.job_id = job_id
         self.step_index = step_index
         self.step_name = step_name
+
+
+LIVENESS_UNKNOWN_EXIT = 7
+"""The exit code of a one-shot ``reconciler pass`` that ran but could not trust its
+source's liveness evidence: nothing that depends on it was decided (its JSON and one line
+on stderr name the code and the store), so a cron job running it is not green."""

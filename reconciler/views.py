@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from reconciler.config.registry import integer_keyed
 from reconciler.core.evidence import parse_plan
 from reconciler.core.vocabulary import Disposition
+from reconciler.redaction import redact
 
 if TYPE_CHECKING:
     # Types only: the command line's parser imports this module (``printable``) and
@@ -208,6 +209,9 @@ def pass_view(report: PassReport) -> dict[str, Any]:
         "resumed": report.count(Disposition.RESUME),
         "terminalized": report.count(Disposition.TERMINALIZE),
         "skipped": report.count(Disposition.SKIP),
+        # Why nothing that depends on liveness was decided (null: it was trusted).
+        "liveness_unknown": None if report.liveness is None else {
+            "code": report.liveness.code.value, "where": redact(report.liveness.where)},
         "decisions": [
             {"job_id": d.job_id, "disposition": d.disposition.value, "reason": d.reason.value,
              "resume_step_index": d.resume_step_index}

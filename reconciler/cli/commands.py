@@ -30,6 +30,7 @@ from reconciler.core.passes import explain_by_kind, run_pass
 from reconciler.core.vocabulary import JobKey, OperatorAction
 from reconciler.demos import DEMOS
 from reconciler.errors import (
+    LIVENESS_UNKNOWN_EXIT,
     ActionRefusedError,
     ConfigError,
     DatabaseUnavailableError,
@@ -117,6 +118,12 @@ def cmd_pass(args: argparse.Namespace) -> int:
         return lines
 
     _emit(args, view, human)
+    if report.liveness is not None:
+        # What cron runs: not green while nothing that depends on liveness can be decided.
+        where = redact(report.liveness.where)
+        print(printable(f"reconciler: liveness unknown ({report.liveness.code.value}) at "
+                        f"{where}: nothing that depends on it was decided"), file=sys.stderr)
+        return LIVENESS_UNKNOWN_EXIT
     return 0
 
 

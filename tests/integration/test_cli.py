@@ -35,7 +35,7 @@ JOB_EXTRA_KEYS = {"operator_hold", "last_error_code", "finished_at", "decisions"
 STEP_KEYS = {"name", "state"}
 STEP_EXTRA_KEYS = {"index", "effect_kind"}
 PASS_KEYS = {"pass_id", "candidates", "resumed", "terminalized", "skipped", "decisions"}
-PASS_EXTRA_KEYS = {"outcome", "dry_run", "shadow", "braked"}
+PASS_EXTRA_KEYS = {"outcome", "dry_run", "shadow", "braked", "liveness_unknown"}
 PASS_DECISION_KEYS = {"job_id", "disposition", "reason", "resume_step_index"}
 # "decision records as stored": the reconciliation_decisions columns (shadow_mode is
 # shown as "shadow").

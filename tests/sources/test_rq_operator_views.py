@@ -6,6 +6,7 @@ job page; the reconciler's own tables on SQLite and PostgreSQL, a real Redis and
 
 from __future__ import annotations
 
+import json
 import socket
 from dataclasses import replace
 from datetime import timedelta
@@ -241,3 +242,27 @@ def test_an_operator_cancels_and_retries_rq_jobs_from_their_pages(
             assert f'id="outcome">{action} applied' in shown.body
     assert (project.status(waiting), project.status(failing)) == ("canceled", "queued")
     assert project.queue().job_ids == [failing]
+
+
+def test_a_one_shot_pass_that_cannot_read_liveness_says_so_and_fails(
+        project: RqProject, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``reconciler pass`` (what cron runs) with the app's Redis down: its JSON says
+    ``liveness_unknown`` with the code and the store, one line on stderr says the same,
+    and it exits 7 (not 0: a cron job is not green while nothing can be decided)."""
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    down = replace(project, redis_url=f"redis://:secret@127.0.0.1:{port}/0")
+    path = config_file(tmp_path, down)
+    code, out, err = cli(capsys, path, "pass", "--json")
+    assert code == 7
+    report = json.loads(out)
+    assert report["outcome"] == "liveness_unknown"
+    assert report["liveness_unknown"]["code"] == "broker_unreachable"
+    assert f"127.0.0.1:{port}" in report["liveness_unknown"]["where"]
+    assert err.strip().startswith("reconciler: liveness unknown (broker_unreachable) at ")
+    assert f"127.0.0.1:{port}" in err
+    assert "secret" not in out + err
+    code, out, _ = cli(capsys, path, "pass")
+    assert code == 7
+    assert "outcome=liveness_unknown" in out
