@@ -60,6 +60,8 @@ class Supervisor:
         self._thread = threading.Thread(target=self._run, name=f"supervise-{name}", daemon=True)
 
     def start(self) -> Supervisor:
+        """The worker's first start, then its restarts, every ``RESTART_SECONDS``."""
+        self._start_if_down()
         self._thread.start()
         return self
 
@@ -68,14 +70,16 @@ class Supervisor:
         self._thread.join(timeout=30)
 
     def _run(self) -> None:
-        while not self._stop.is_set():
-            if self.current is None or not self.current.alive():
-                self.starts += 1
-                self.current = self.processes.start(
-                    f"{self.name}-start-{self.starts}",
-                    worker_argv(self.project, self.name, (self.name,)),
-                    {"SOURCES_MARKERS": str(self.markers.folder)}, cwd=REPO)
-            self._stop.wait(RESTART_SECONDS)
+        while not self._stop.wait(RESTART_SECONDS):
+            self._start_if_down()
+
+    def _start_if_down(self) -> None:
+        if self.current is None or not self.current.alive():
+            self.starts += 1
+            self.current = self.processes.start(
+                f"{self.name}-start-{self.starts}",
+                worker_argv(self.project, self.name, (self.name,)),
+                {"SOURCES_MARKERS": str(self.markers.folder)}, cwd=REPO)
 
     def running(self) -> Process:
         """The start that is up now (after a kill: the successor under the same name)."""
