@@ -66,6 +66,8 @@ class Answers:
     answering: frozenset[str]
     doubt: LivenessDoubt | None = None
     holding: Holding | None = None
+    now: float = 0.0
+    """The broker's clock when the workers were asked."""
 
     @property
     def held(self) -> frozenset[str]:
@@ -134,12 +136,13 @@ class CeleryBroker:
             client.ping()
             if wanted and not self._holds_any(client, wanted):
                 return Answers(frozenset(), LivenessDoubt.QUEUES_MISSING)
-            found = holding(app, client, self.now(), names, ids)
+            now = self.now()
+            found = holding(app, client, now, names, ids)
             if not found.anyone:
                 return Answers(frozenset(), LivenessDoubt.NO_WORKER_ANSWERS)
         except Exception:
             return Answers(frozenset(), LivenessDoubt.BROKER_UNREACHABLE)
-        return Answers(frozenset(found.answering), holding=found)
+        return Answers(frozenset(found.answering), holding=found, now=now)
 
     def answers_at_all(self) -> Answers:
         """Whether the broker answers (with no running task, nobody needs pinging)."""

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 PING_TIMEOUT_SECONDS = 1.0
@@ -40,7 +40,9 @@ INCARNATION_TOLERANCE_SECONDS = 3.0
 """How far two reads of one process's start may differ: ``uptime`` is whole seconds, and
 a reply takes its time to arrive."""
 HELD_KEY = "reconciler:celery:held"
-"""Hash: task id -> the process seen holding it, ``[host, pid, start]`` (broker seconds)."""
+"""Hash: a process seen holding tasks, ``[host, pid, start]`` (broker seconds) -> the ids of
+the tasks it was seen holding, one a line: a few fields however many tasks run, so a pass
+reads it in one round trip and parses a few strings."""
 UNHELD_KEY = "reconciler:celery:unheld"
 """Hash: task id -> when the reconciler first found no worker holding it (broker seconds)."""
 OLD_SILENT_KEY = "reconciler:celery:silent"
@@ -76,13 +78,13 @@ class Incarnation:
 @dataclass(frozen=True, slots=True)
 class Holding:
     """What one read found: the named workers that answered (their process), the tasks
-    some worker process holds (that process), whether any worker answered at all, and
-    the tasks first seen held by this read (to remember)."""
+    some worker process holds (that process), and whether any worker answered at all."""
 
     answering: Mapping[str, Incarnation]
     held: Mapping[str, Incarnation]
     anyone: bool
-    newly: Mapping[str, Incarnation]
+    remembered: Mapping[str, Incarnation] = field(default_factory=dict)
+    """The tasks the broker's memory held when read, and by which process."""
 
 
 def holding(app: Any, client: Any, now: float, names: Sequence[str],
@@ -112,7 +114,7 @@ def holding(app: Any, client: Any, now: float, names: Sequence[str],
                                             if h not in answering}), now)
         every = {**others, **answering}
         newly.update({t: every[h] for t, h in elsewhere.items() if h in every})
-    return Holding(answering, {**held, **newly}, anyone, newly)
+    return Holding(answering, {**held, **newly}, anyone, known)
 
 
 def _incarnations(app: Any, names: Sequence[str], now: float) -> dict[str, Incarnation]:
@@ -152,26 +154,30 @@ def _holders(app: Any, task_ids: Sequence[str], destination: list[str] | None
 def _known(client: Any) -> dict[str, Incarnation]:
     """The tasks remembered as held, and by which process."""
     known: dict[str, Incarnation] = {}
-    for key, raw in client.hgetall(HELD_KEY).items():
-        seen = Incarnation.decoded(raw)
-        if seen is not None:
-            known[key.decode() if isinstance(key, bytes) else str(key)] = seen
+    for raw, tasks in client.hgetall(HELD_KEY).items():
+        process = Incarnation.decoded(raw)
+        if process is not None:
+            text = tasks.decode() if isinstance(tasks, bytes) else str(tasks)
+            known.update(dict.fromkeys(text.split("\n") if text else (), process))
     return known
 
 
 def remember(client: Any, found: Holding, running: Iterable[str], now: float
              ) -> dict[str, float]:
-    """What this read found, kept for the next: each task held (by which process), and
-    from when each running task no worker holds was first found so (the others
-    forgotten); seconds each unheld task has been held by none."""
+    """What this read found, kept for the next (written only where it changed): each task
+    held, by which process, and from when each running task no worker holds was first
+    found so (the others forgotten); seconds each unheld task has been held by none."""
     running = set(running)
     unheld = sorted(running - set(found.held))
     pipe = client.pipeline()
-    stale = {k.decode() if isinstance(k, bytes) else str(k) for k in client.hkeys(HELD_KEY)}
-    for task_id in stale - set(found.held):
-        pipe.hdel(HELD_KEY, task_id)
-    for task_id, process in found.newly.items():
-        pipe.hset(HELD_KEY, task_id, process.encoded())
+    if found.held != found.remembered:  # written only when what is held changed
+        by_process: dict[Incarnation, list[str]] = {}
+        for task_id, process in found.held.items():
+            by_process.setdefault(process, []).append(task_id)
+        pipe.delete(HELD_KEY)
+        if by_process:
+            pipe.hset(HELD_KEY, mapping={process.encoded(): "\n".join(sorted(tasks))
+                                         for process, tasks in by_process.items()})
     known_unheld = {k.decode() if isinstance(k, bytes) else str(k)
                     for k in client.hkeys(UNHELD_KEY)}
     for task_id in known_unheld - set(unheld):

@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import sqlalchemy as sa
@@ -65,38 +65,37 @@ class Running:
 
 
 @dataclass(frozen=True, slots=True)
-class OwnerSeen:
-    """What one read saw of a task's owner, for the evidence: whether its named worker
-    answered, whether a worker process holds the task, how long the process answering
-    under that name has been up (None: none answered), and how long no worker has held it
-    (None: held, or first found unheld by this read)."""
-
-    answers: bool
-    holds_task: bool
-    up_seconds: float | None
-    unheld_seconds: float | None
-
-    def facts(self) -> tuple[tuple[str, bool | float | None], ...]:
-        """As the evidence's ``owner`` (no name, no pid)."""
-        return (("worker_answers", self.answers), ("a_process_holds_it", self.holds_task),
-                ("answering_process_up_seconds", self.up_seconds),
-                ("held_by_none_seconds", None if self.unheld_seconds is None
-                 else round(self.unheld_seconds, 3)))
-
-
-@dataclass(frozen=True, slots=True)
 class Judgement:
-    """One pass's view of the broker: tasks whose owner is gone (seconds past), held
-    messages, why its liveness evidence was not trusted (None: it was), and how many
-    running rows could not be judged (without ``result_extended``; by unknown liveness).
-    ``owners``: what was seen of each task's owner (None: the answers were doubted)."""
+    """One pass's view of the broker: tasks whose owner is gone (seconds past), why its
+    liveness evidence was not trusted (None: it was), and how many running rows could not
+    be judged (without ``result_extended``; by unknown liveness). ``holding`` and
+    ``unheld``: who was seen holding what, and for how long each task was held by none
+    (``owner``), on the broker's clock at ``now``."""
 
     gone: dict[str, float]
-    unacked: dict[str, str]
     doubt: LivenessDoubt | None
     unextended: int = 0
     unknown: int = 0
-    owners: dict[str, OwnerSeen] | None = None
+    holding: Holding | None = None
+    unheld: Mapping[str, float] = field(default_factory=dict)
+    now: float = 0.0
+
+    def owner(self, task_id: str, worker: str | None) -> tuple[tuple[str, bool | float | None],
+                                                               ...]:
+        """What was seen of a task's owner, for its evidence (no name, no pid): whether its
+        named worker answered, whether a worker process holds the task, how long the
+        process answering under that name has been up, and how long none has held it;
+        nothing when the answers were doubted."""
+        found = self.holding
+        if found is None or self.doubt is not None:
+            return ()
+        process = found.answering.get(worker or "")
+        unheld = self.unheld.get(task_id)
+        return (("worker_answers", process is not None),
+                ("a_process_holds_it", task_id in found.held),
+                ("answering_process_up_seconds",
+                 None if process is None else round(self.now - process.started)),
+                ("held_by_none_seconds", None if unheld is None else round(unheld, 3)))
 
     @property
     def may_swap(self) -> bool:
@@ -115,7 +114,6 @@ def judge(broker: CeleryBroker, rows: Sequence[Running], kinds: KindRules,
                else broker.answers_at_all())
     doubt = answers.doubt
     gone: dict[str, float] = {}
-    unacked: dict[str, str] = {}
     unheld: dict[str, float] = {}
     if rows and doubt in (None, LivenessDoubt.NO_WORKER_ANSWERS):
         try:
@@ -125,31 +123,12 @@ def judge(broker: CeleryBroker, rows: Sequence[Running], kinds: KindRules,
                 broker.forget_holders()
             gone = _gone(broker, rows, kinds, unheld if doubt is None else None,
                          session_timeout_seconds)
-            # Every running task's, not only the gone ones': a wedged task is failed under
-            # a live worker, whose later death must not hand its message back either.
-            unacked = broker.unacked(r.task_id for r in rows)
         except ConfigError:
             raise
         except Exception:  # the broker went away between two calls: nothing is known
-            gone, unacked, doubt = {}, {}, LivenessDoubt.BROKER_UNREACHABLE
-    seen = None
-    if doubt is None and answers.holding is not None:
-        seen = _owners(rows, answers.holding, unheld, broker.now())
-    return Judgement(gone, unacked, doubt, unextended,
-                     0 if doubt is None else len(rows) - len(gone), seen)
-
-
-def _owners(rows: Sequence[Running], found: Holding, unheld: dict[str, float],
-            now: float) -> dict[str, OwnerSeen]:
-    """What one read saw of each task's owner, for ``explain``."""
-    seen: dict[str, OwnerSeen] = {}
-    for row in rows:
-        process = found.answering.get(row.worker or "")
-        seen[row.task_id] = OwnerSeen(
-            process is not None, row.task_id in found.held,
-            None if process is None else round(now - process.started),
-            unheld.get(row.task_id))
-    return seen
+            gone, doubt = {}, LivenessDoubt.BROKER_UNREACHABLE
+    return Judgement(gone, doubt, unextended, 0 if doubt is None else len(rows) - len(gone),
+                     answers.holding, unheld, answers.now)
 
 
 def _gone(broker: CeleryBroker, rows: Sequence[Running], kinds: KindRules,

@@ -132,8 +132,6 @@ class CeleryFence(ForeignFence):
     arguments: tuple[list[Any], dict[str, Any]] | None
     """args and kwargs as sent; None: the table does not hold them faithfully."""
     queue: str
-    unacked_tag: str | None
-    """The broker's delivery tag of the task's unacknowledged message, when it holds one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,15 +207,14 @@ class CelerySql:
         queue = self.liveness.queue_of(row.job_kind, row)
         snapshot = CeleryFence(row.worker, retries_of(row, shape),
                                row.date_done if shape.stamps_every_write else None,
-                               row.job_kind, arguments, queue, judged.unacked.get(row.job_id))
+                               row.job_kind, arguments, queue)
         attempts = attempt_of(row, shape)
         return candidate(
             job_id=str(row.job_id), kind=row.job_kind, policy=policy,
             fence=Fence(attempts, snapshot), attempt_count=attempts,
             max_attempts=policy.max_attempts, lease_live=over is None,
             lease_expired_seconds=over, steps=steps, session_gone=over is not None,
-            position=position, owner=() if judged.owners is None or row.job_id not in
-            judged.owners else judged.owners[row.job_id].facts(),
+            position=position, owner=judged.owner(str(row.job_id), row.worker),
             # Without its arguments the task cannot run again: no plan to resume.
             own_plan=None if arguments is not None else (None, ()),
         )
@@ -266,13 +263,17 @@ class CelerySql:
             .values(values) for fenced in self._fenced(scope, changes, fences)],
             rows.c.task_id, [str(change.decision.job_id) for change in changes])
         changed: Changed = {}
+        # The broker's copies of the swapped tasks' messages, read once for the batch (a
+        # wedged task's too: its live worker's later death must not hand it back either).
+        tags = self.liveness.broker.unacked(done) if done else {}
         for change, seen in zip(changes, fences, strict=True):
             task_id = str(change.decision.job_id)
             if task_id not in done:
                 continue
             attempts = change.fence.generation or 1  # the attempt just ended, as read
             batch.ledger.fence(task_id, attempts + 1)
-            self._hand_over(task_id, seen, resume=resume, retries=attempts)
+            self._hand_over(task_id, seen, tags.get(task_id), resume=resume,
+                            retries=attempts)
             changed[change.decision.job_id] = attempts
         return changed
 
@@ -306,13 +307,14 @@ class CelerySql:
             statements.append(where)
         return statements
 
-    def _hand_over(self, task_id: str, seen: CeleryFence, *, resume: bool,
-                   retries: int) -> None:
-        """After a row swapped in, before the pass commits: its held message taken out of
-        the broker, then the task re-published (resume) or revoked on the live workers."""
+    def _hand_over(self, task_id: str, seen: CeleryFence, unacked_tag: str | None, *,
+                   resume: bool, retries: int) -> None:
+        """After a row swapped in, before the pass commits: its held message
+        (``unacked_tag``: the broker's delivery tag of it, where it holds one) taken out
+        of the broker, then the task re-published (resume) or revoked on the live
+        workers."""
         broker = self.liveness.broker
-        held_back = seen.unacked_tag is not None and not broker.take_unacked(
-            seen.unacked_tag)
+        held_back = unacked_tag is not None and not broker.take_unacked(unacked_tag)
         if resume and not held_back and seen.arguments is not None:
             args, kwargs = seen.arguments
             broker.publish(task_id, seen.name, args=args, kwargs=kwargs,
