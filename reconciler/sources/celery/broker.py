@@ -95,7 +95,7 @@ class CeleryBroker:
         return self._redis
 
     def app(self) -> Any:
-        """A Celery app on the broker, knowing no task code (it only pings and publishes)."""
+        """A Celery app on the broker, knowing no task code (it only asks and publishes)."""
         if self._app is None:
             from celery import Celery  # noqa: PLC0415 - only the celery source needs it
 
@@ -145,7 +145,7 @@ class CeleryBroker:
         return Answers(frozenset(found.answering), holding=found, now=now)
 
     def answers_at_all(self) -> Answers:
-        """Whether the broker answers (with no running task, nobody needs pinging)."""
+        """Whether the broker answers (with no running task, no worker needs asking)."""
         client = self._client()
         try:
             client.ping()

@@ -7,12 +7,13 @@ PostgreSQL and MySQL/MariaDB. What differs between the two tables is their
 - **Running**: ``status = 'STARTED'``; the kind is the task name. A row without a name
   was written without ``result_extended`` and is left alone (it has no args, queue or
   worker to judge or re-publish with).
-- **Owner liveness**: the row's ``worker`` answers Celery's control ping over the broker. A
-  worker that does not answer is remembered (in the broker, on its clock) and gone once it
-  has been silent ``session_timeout_seconds`` across passes; a broker that cannot be
-  reached decides nothing. A kind with ``max_run_seconds`` also needs that long since the
-  reconciler first saw its row ``STARTED`` (a solo, gevent or eventlet pool running
-  blocking code does not answer ping while it works).
+- **Owner liveness**: a worker process holding the task, not the row's ``worker`` name
+  answering (``holders``: a worker restarted under its old node name is another process).
+  A task held by none is remembered (in the broker, on its clock) and gone once held by
+  none ``session_timeout_seconds`` across passes; a broker that cannot be reached decides
+  nothing. A kind with ``max_run_seconds`` also needs that long since the reconciler first
+  saw its row ``STARTED`` (a solo, gevent or eventlet pool running blocking code does not
+  answer while it works).
 - **Attempts**: ``retries + 1``; the budget is the kind's ``max_attempts``. A table without
   a retry count: one past the reconciler's own resumes of the task (or the step ledger's
   attempt, when the task counted more). ``jobs list`` / ``jobs show`` show only what the
