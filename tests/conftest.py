@@ -37,6 +37,7 @@ from reconciler.storage.engines import create_engine
 from reconciler.storage.schema import upgrade
 from reconciler.storage.sql_store import SqlStore
 from reconciler.worker import JobClient
+from tests import system_packages
 from tests.cli_runner import run_main, settings_env
 from tests.helpers import fresh_database, require_mariadb_bin, require_pg_bin
 from tests.pg_server import DSN_ENV, INSTALL_HINT, ThrowawayPostgres, find_pg_bin
@@ -201,6 +202,23 @@ class MariaDBForTests:
     def close(self) -> None:
         self._background.shutdown(wait=True)
         self.server.stop()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Before any test runs, once (not in each xdist worker): the Debian packages the suite
+    drives (tests/system_packages.py), installed where missing when running as root, else
+    named in one line (under ``CI=true`` the run stops there: a missing package is never a
+    silent skip)."""
+    if hasattr(config, "workerinput"):
+        return
+    missing = system_packages.ensure(system_packages.SUITE)
+    if not missing:
+        return
+    line = (f"tests: missing Debian packages ({', '.join(missing)}); their tests are "
+            f"skipped; install them with: {system_packages.install_line(missing)}")
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.exit(f"CI=true but {line}", returncode=pytest.ExitCode.USAGE_ERROR)
+    print(line, file=sys.stderr)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
