@@ -81,6 +81,7 @@ class CeleryBroker:
     def __init__(self, broker_url: str) -> None:
         self.broker_url = broker_url
         self._app: Any = None
+        self._second: Any = None
         self._redis: Any = None
 
     def _client(self) -> Any:
@@ -97,14 +98,23 @@ class CeleryBroker:
     def app(self) -> Any:
         """A Celery app on the broker, knowing no task code (it only asks and publishes)."""
         if self._app is None:
-            from celery import Celery  # noqa: PLC0415 - only the celery source needs it
-
-            app = Celery("stale-claim-reconciler", broker=self.broker_url,
-                         set_as_current=False)
-            app.conf.update(broker_connection_retry=False, broker_connection_max_retries=0,
-                            broker_connection_timeout=5, task_serializer="json")
-            self._app = app
+            self._app = self._new_app()
         return self._app
+
+    def _second_app(self) -> Any:
+        """Another such app, for a broadcast made at the same time as one of ``app``'s
+        (each app collects the replies of its own broadcasts on a queue of its own)."""
+        if self._second is None:
+            self._second = self._new_app()
+        return self._second
+
+    def _new_app(self) -> Any:
+        from celery import Celery  # noqa: PLC0415 - only the celery source needs it
+
+        app = Celery("stale-claim-reconciler", broker=self.broker_url, set_as_current=False)
+        app.conf.update(broker_connection_retry=False, broker_connection_max_retries=0,
+                        broker_connection_timeout=5, task_serializer="json")
+        return app
 
     def check(self) -> None:
         """The URL is a Redis one (not that it answers now)."""
@@ -137,7 +147,7 @@ class CeleryBroker:
             if wanted and not self._holds_any(client, wanted):
                 return Answers(frozenset(), LivenessDoubt.QUEUES_MISSING)
             now = self.now()
-            found = holding(app, client, now, names, ids)
+            found = holding(app, self._second_app(), client, now, names=names, task_ids=ids)
             if not found.anyone:
                 return Answers(frozenset(), LivenessDoubt.NO_WORKER_ANSWERS)
         except Exception:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,34 +88,46 @@ class Holding:
     """The tasks the broker's memory held when read, and by which process."""
 
 
-def holding(app: Any, client: Any, now: float, names: Sequence[str],
+def holding(app: Any, second: Any, client: Any, now: float, *, names: Sequence[str],
             task_ids: Sequence[str]) -> Holding:
-    """Who holds each of ``task_ids`` (their rows name ``names``), as the module says."""
-    answering = _incarnations(app, names, now) if names else {}
+    """Who holds each of ``task_ids`` (their rows name ``names``), as the module says.
+
+    The tasks already found held by none in an earlier pass (a dead worker's) are asked of
+    every worker at once with the ``stats`` to the named workers (``second``: an app of its
+    own, so each broadcast collects its own replies), so that a pass over a dead worker's
+    tasks waits one broadcast timeout, not two."""
     known = _known(client)
+    suspects = sorted(set(task_ids) & _unheld_ids(client))
+    if suspects:
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            everyone = pool.submit(_holders, second, suspects, None)
+            answering = _incarnations(app, names, now)
+            repliers, elsewhere = everyone.result()
+    else:
+        answering = _incarnations(app, names, now)
+        repliers, elsewhere = frozenset(), {}
     held: dict[str, Incarnation] = {}
     for task_id in task_ids:
         seen = known.get(task_id)
         current = None if seen is None else answering.get(seen.host)
         if seen is not None and current is not None and current.same(seen):
             held[task_id] = current
-    newly: dict[str, Incarnation] = {}
-    rest = [t for t in task_ids if t not in held]
+    rest = [t for t in task_ids if t not in held and t not in suspects]
+    named: dict[str, str] = {}
     if rest and answering:
-        for task_id, host in _holders(app, rest, sorted(answering))[1].items():
-            newly[task_id] = answering[host]
-    rest = [t for t in rest if t not in newly]
-    anyone = bool(answering)
-    if rest or not anyone:
-        # Held by none of its named workers (or no name answered): every worker is asked,
-        # which also says whether any answers at all.
-        repliers, elsewhere = _holders(app, rest, None)
-        anyone = anyone or bool(repliers)
-        others = _incarnations(app, sorted({h for h in elsewhere.values()
-                                            if h not in answering}), now)
-        every = {**others, **answering}
-        newly.update({t: every[h] for t, h in elsewhere.items() if h in every})
-    return Holding(answering, {**held, **newly}, anyone, known)
+        named = _holders(app, rest, sorted(answering))[1]
+    rest = [t for t in rest if t not in named]
+    if rest or not (answering or repliers):
+        # Held by none of its named workers (or no worker answered yet): every worker is
+        # asked, which also says whether any answers at all.
+        more, found = _holders(app, rest, None)
+        repliers, elsewhere = repliers | more, {**elsewhere, **found}
+    found_by = {**elsewhere, **named}
+    others = _incarnations(app, sorted({h for h in found_by.values() if h not in answering}),
+                           now)
+    every = {**others, **answering}
+    held.update({t: every[h] for t, h in found_by.items() if h in every and t not in held})
+    return Holding(answering, held, bool(answering or repliers), known)
 
 
 def _incarnations(app: Any, names: Sequence[str], now: float) -> dict[str, Incarnation]:
@@ -151,6 +164,11 @@ def _holders(app: Any, task_ids: Sequence[str], destination: list[str] | None
     return frozenset(repliers), held
 
 
+def _unheld_ids(client: Any) -> set[str]:
+    """The tasks remembered as held by none (from an earlier pass)."""
+    return {k.decode() if isinstance(k, bytes) else str(k) for k in client.hkeys(UNHELD_KEY)}
+
+
 def _known(client: Any) -> dict[str, Incarnation]:
     """The tasks remembered as held, and by which process."""
     known: dict[str, Incarnation] = {}
@@ -178,8 +196,7 @@ def remember(client: Any, found: Holding, running: Iterable[str], now: float
         if by_process:
             pipe.hset(HELD_KEY, mapping={process.encoded(): "\n".join(sorted(tasks))
                                          for process, tasks in by_process.items()})
-    known_unheld = {k.decode() if isinstance(k, bytes) else str(k)
-                    for k in client.hkeys(UNHELD_KEY)}
+    known_unheld = _unheld_ids(client)
     for task_id in known_unheld - set(unheld):
         pipe.hdel(UNHELD_KEY, task_id)
     for task_id in set(unheld) - known_unheld:
