@@ -221,19 +221,38 @@ def pytest_configure(config: pytest.Config) -> None:
     print(line, file=sys.stderr)
 
 
+def _engines_of(item: pytest.Item) -> set[str]:
+    """The engines a test's parameters name (a plain engine name, or one inside a tuple:
+    the conformance suite's ``(source, engine)``)."""
+    callspec = getattr(item, "callspec", None)
+    if callspec is None:
+        return set()
+    names: set[str] = set()
+    for value in callspec.params.values():
+        for part in value if isinstance(value, tuple) else (value,):
+            if isinstance(part, str) and part in ("sqlite", "postgresql", "mariadb"):
+                names.add(part)
+    return names
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark ``EVERY_ENGINE_MODULES``; unless the engines were chosen, leave out the MariaDB
-    runs of the tests not marked (module docstring)."""
+    """Mark ``EVERY_ENGINE_MODULES``, and ``fast`` the edit-run loop's lane (the unit tests,
+    the pure core and the import contract among them, and the conformance suite on
+    SQLite); unless the engines were chosen, leave out the MariaDB runs of the tests not
+    marked ``every_engine`` (module docstring)."""
     tests_root = Path(__file__).resolve().parent
     kept, left_out = [], []
     for item in items:
-        every_engine = (item.path.is_relative_to(tests_root) and item.path.relative_to(
-            tests_root).as_posix() in EVERY_ENGINE_MODULES)
+        relative = (item.path.relative_to(tests_root).as_posix()
+                    if item.path.is_relative_to(tests_root) else "")
+        every_engine = relative in EVERY_ENGINE_MODULES
         if every_engine:
             item.add_marker(pytest.mark.every_engine)
-        callspec = getattr(item, "callspec", None)
-        on_mariadb = callspec is not None and any(
-            isinstance(value, str) and value == "mariadb" for value in callspec.params.values())
+        engines = _engines_of(item)
+        if relative.startswith("unit/") or (relative.startswith("conformance/")
+                                            and engines <= {"sqlite"}):
+            item.add_marker(pytest.mark.fast)
+        on_mariadb = "mariadb" in engines
         (left_out if on_mariadb and not every_engine and not ENGINES_CHOSEN
          else kept).append(item)
     if left_out:
