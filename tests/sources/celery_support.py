@@ -32,6 +32,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from tests.conftest import ENGINES
+from tests.coverage_scope import unmeasured
 from tests.helpers import fresh_database
 from tests.sources.conftest import (
     SourcesDatabase,
@@ -299,8 +300,8 @@ def celery_live_worker(redis_server: str, tmp_path_factory: pytest.TempPathFacto
             "--without-mingle", "--without-gossip", "-Q", LIVE_QUEUE, "--loglevel=WARNING"]
     log = (folder / "worker.log").open("ab")
     process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                               env={**os.environ, "SOURCES_BROKER_URL": redis_server,
-                                    "SOURCES_MARKERS": str(folder)},
+                               env=unmeasured({**os.environ, "SOURCES_BROKER_URL": redis_server,
+                                               "SOURCES_MARKERS": str(folder)}),
                                cwd=Path(__file__).parents[2])
     from reconciler.sources.celery.broker import CeleryBroker  # noqa: PLC0415
 

@@ -32,6 +32,7 @@ from reconciler.core.passes import explain_jobs, plan_change, run_pass
 from reconciler.core.ports import Candidate, JobKey, PlannedChange
 from reconciler.core.vocabulary import Disposition, Reason
 from reconciler.root.cli import assemble_cli
+from tests.coverage_scope import unmeasured
 
 DECISIONS = cast(sa.Table, ReconciliationDecision.__table__)
 
@@ -168,7 +169,7 @@ class Processes:
         log = self.folder / f"{name}.log"
         handle = log.open("ab")
         popen = subprocess.Popen(list(argv), stdout=handle, stderr=subprocess.STDOUT,
-                                 stdin=subprocess.DEVNULL, env={**os.environ, **env},
+                                 stdin=subprocess.DEVNULL, env=unmeasured({**os.environ, **env}),
                                  cwd=cwd, preexec_fn=_die_with_parent)  # noqa: PLW1509
         handle.close()
         process = Process(name, popen, log)

@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.coverage_scope import unmeasured
+
 PR_SET_PDEATHSIG = 1
 
 
@@ -85,10 +87,13 @@ class Children:
     def start(self, role: str, slot: int, argv: Sequence[str], env: dict[str, str],
               cwd: Path) -> Child:
         log = self.folder / f"{role}-{slot}.log"
+        environment = {**os.environ, **env}
+        if role == "worker":  # the system's own worker (tests/coverage_scope.py)
+            environment = unmeasured(environment)
         with log.open("ab") as handle:
             popen = subprocess.Popen(
                 list(argv), stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env={**os.environ, **env}, cwd=cwd, start_new_session=True,
+                env=environment, cwd=cwd, start_new_session=True,
                 preexec_fn=die_with_parent)  # noqa: PLW1509 - no threads start children
         child = Child(role, slot, popen, log)
         self.started.append(child)
