@@ -283,7 +283,7 @@ def hold_task(broker_url: str, task_id: str) -> None:
     sender.close()
     broker = CeleryBroker(broker_url)
     deadline = time.monotonic() + 30
-    while task_id not in broker.answers([LIVE_WORKER], (), [task_id]).held:
+    while task_id not in broker.answers((), (), {task_id: LIVE_WORKER}).held:
         assert time.monotonic() < deadline, f"{LIVE_WORKER} never held {task_id}"
 
 

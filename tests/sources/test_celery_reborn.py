@@ -142,4 +142,4 @@ def test_a_task_redelivered_to_the_new_incarnation_is_its_own(
         assert reconcile_once(project.engine, config(project), KINDS) == []
     assert project.status(task.id) == "STARTED"
     assert task.id in CeleryBroker(project.broker_url).answers(
-        [f"{NAME}@tests"], (), [task.id]).held
+        (), (), {task.id: f"{NAME}@tests"}).held

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -131,23 +131,25 @@ class CeleryBroker:
         return redact(self.broker_url)
 
     def answers(self, hostnames: Iterable[str], queues: Iterable[str],
-                task_ids: Sequence[str] = ()) -> Answers:
-        """Which worker process holds each of ``task_ids`` (``holders.holding``: their rows
-        name the workers among ``hostnames``); whether silence can be trusted.
+                owners: Mapping[str, str] | None = None) -> Answers:
+        """Which worker process holds each task of ``owners`` (task id -> the worker its
+        row names, ``holders.holding``), the workers among ``hostnames`` asked too;
+        whether silence can be trusted.
 
         Trusted only on a broker that answers, holds at least one of ``queues`` (the queues
         the running tasks were sent to) and where some worker answers at all: with none
         answering, the broker is not the app's or its whole fleet cannot answer now, and
         silence is no evidence of death.
         """
-        names, wanted, ids = sorted(set(hostnames)), set(queues), sorted(set(task_ids))
+        owned = dict(owners or {})
+        names, wanted = sorted(set(hostnames) | set(owned.values())), set(queues)
         client, app = self._client(), self.app()  # a URL not Redis's is a ConfigError
         try:
             client.ping()
             if wanted and not self._holds_any(client, wanted):
                 return Answers(frozenset(), LivenessDoubt.QUEUES_MISSING)
             now = self.now()
-            found = holding(app, self._second_app(), client, now, names=names, task_ids=ids)
+            found = holding(app, self._second_app(), client, now, names=names, owners=owned)
             if not found.anyone:
                 return Answers(frozenset(), LivenessDoubt.NO_WORKER_ANSWERS)
         except Exception:

@@ -89,22 +89,30 @@ class Holding:
 
 
 def holding(app: Any, second: Any, client: Any, now: float, *, names: Sequence[str],
-            task_ids: Sequence[str]) -> Holding:
-    """Who holds each of ``task_ids`` (their rows name ``names``), as the module says.
+            owners: Mapping[str, str]) -> Holding:
+    """Who holds each of the tasks of ``owners`` (task id -> the worker its row names;
+    ``names``: the workers to ask, those names among them), as the module says.
 
     The tasks already found held by none in an earlier pass (a dead worker's) are asked of
     every worker at once with the ``stats`` to the named workers (``second``: an app of its
-    own, so each broadcast collects its own replies), so that a pass over a dead worker's
-    tasks waits one broadcast timeout, not two."""
+    own, so each broadcast collects its own replies), and a named worker none of whose
+    tasks is held any more is not asked ``stats`` at all (that broadcast would wait its
+    whole timeout for a dead one; the one to every worker says whether it answers). The
+    broadcast to every worker returns once as many workers replied as subscribe to the
+    broker's broadcasts (``_listening``), else at its timeout."""
+    task_ids = sorted(owners)
     known = _known(client)
-    suspects = sorted(set(task_ids) & _unheld_ids(client))
+    suspects = set(task_ids) & _unheld_ids(client)
+    wanted = {owners[t] for t in task_ids if t not in suspects}
+    stat_names = sorted(set(names) - ({owners[t] for t in suspects} - wanted))
+    listening = _listening(client) if suspects or not stat_names else None
     if suspects:
         with ThreadPoolExecutor(max_workers=1) as pool:
-            everyone = pool.submit(_holders, second, suspects, None)
-            answering = _incarnations(app, names, now)
+            everyone = pool.submit(_holders, second, sorted(suspects), None, listening)
+            answering = _incarnations(app, stat_names, now)
             repliers, elsewhere = everyone.result()
     else:
-        answering = _incarnations(app, names, now)
+        answering = _incarnations(app, stat_names, now)
         repliers, elsewhere = frozenset(), {}
     held: dict[str, Incarnation] = {}
     for task_id in task_ids:
@@ -120,14 +128,16 @@ def holding(app: Any, second: Any, client: Any, now: float, *, names: Sequence[s
     if rest or not (answering or repliers):
         # Held by none of its named workers (or no worker answered yet): every worker is
         # asked, which also says whether any answers at all.
-        more, found = _holders(app, rest, None)
+        more, found = _holders(app, rest, None, listening or _listening(client))
         repliers, elsewhere = repliers | more, {**elsewhere, **found}
     found_by = {**elsewhere, **named}
-    others = _incarnations(app, sorted({h for h in found_by.values() if h not in answering}),
-                           now)
-    every = {**others, **answering}
+    # The processes of the workers found holding a task, and of the named ones that
+    # answered only the broadcast to every worker (what the evidence says of them).
+    asked = ({*found_by.values()} | (repliers & set(names))) - set(answering)
+    every = {**_incarnations(app, sorted(asked), now), **answering}
     held.update({t: every[h] for t, h in found_by.items() if h in every and t not in held})
-    return Holding(answering, held, bool(answering or repliers), known)
+    return Holding({h: p for h, p in every.items() if h in names}, held,
+                   bool(answering or repliers), known)
 
 
 def _incarnations(app: Any, names: Sequence[str], now: float) -> dict[str, Incarnation]:
@@ -147,13 +157,14 @@ def _incarnations(app: Any, names: Sequence[str], now: float) -> dict[str, Incar
     return found
 
 
-def _holders(app: Any, task_ids: Sequence[str], destination: list[str] | None
-             ) -> tuple[frozenset[str], dict[str, str]]:
-    """Celery's own ``query_task`` (to ``destination``, else to every worker): the workers
-    that answered, and which of them holds each of ``task_ids`` it holds."""
+def _holders(app: Any, task_ids: Sequence[str], destination: list[str] | None,
+             limit: int | None = None) -> tuple[frozenset[str], dict[str, str]]:
+    """Celery's own ``query_task`` (to ``destination``, else to every worker, returning
+    once ``limit`` replied where given): the workers that answered, and which of them
+    holds each of ``task_ids`` it holds."""
     replies = app.control.broadcast(
         "query_task", arguments={"ids": list(task_ids)}, destination=destination,
-        reply=True, timeout=PING_TIMEOUT_SECONDS) or []
+        reply=True, timeout=PING_TIMEOUT_SECONDS, limit=limit) or []
     repliers: set[str] = set()
     held: dict[str, str] = {}
     for reply in replies:
@@ -162,6 +173,22 @@ def _holders(app: Any, task_ids: Sequence[str], destination: list[str] | None
             if isinstance(tasks, dict):
                 held.update((str(task_id), host) for task_id in tasks)
     return frozenset(repliers), held
+
+
+def _listening(client: Any) -> int | None:
+    """How many workers could answer a broadcast to every worker, at most: kombu's Redis
+    transport delivers a broadcast through a pattern subscription on a connection of each
+    worker's, so the connections with one (``CLIENT LIST TYPE pubsub``, ``psub`` > 0) are
+    never fewer than the workers that can answer; more where workers also listen for
+    events or other apps share the server, and then the broadcast waits its timeout, as
+    with none. (``PUBSUB NUMPAT`` would not do: it counts distinct patterns, one for all
+    the workers of an app.) None: none, or Redis would not say."""
+    try:
+        count = sum(1 for c in client.client_list(_type="pubsub")
+                    if int(c.get("psub", 0)) > 0)
+    except Exception:  # a Redis that refuses CLIENT LIST: the timeout alone bounds the wait
+        return None
+    return count or None
 
 
 def _unheld_ids(client: Any) -> set[str]:

@@ -108,9 +108,9 @@ def judge(broker: CeleryBroker, rows: Sequence[Running], kinds: KindRules,
           session_timeout_seconds: float, *, unextended: int = 0) -> Judgement:
     """Ask who holds the tasks of ``rows`` and judge each (the module's table), and say
     what was seen of each task's owner (the evidence's ``owner``)."""
-    hosts = {r.worker for r in rows if r.worker}
-    judged = [r.task_id for r in rows if r.worker]
-    answers = (broker.answers(hosts, {r.queue for r in rows}, judged) if rows
+    owners = {r.task_id: r.worker for r in rows if r.worker}
+    judged = list(owners)
+    answers = (broker.answers((), {r.queue for r in rows}, owners) if rows
                else broker.answers_at_all())
     doubt = answers.doubt
     gone: dict[str, float] = {}
