@@ -16,15 +16,22 @@ process that was seen holding it is still the one answering under its name:
   under its name is live, with nothing more asked;
 - any other task is asked of its named workers with Celery's own ``query_task`` (a
   request a worker process keeps from receiving a message to finishing it: active,
-  reserved or scheduled), and a task none of them holds is asked of every worker once (a
-  second broadcast, which waits its whole timeout: a message redelivered under
-  ``task_acks_late`` may be held by another worker, or by the new process);
+  reserved or scheduled), and a task none of them holds is asked of every worker (a
+  message redelivered under ``task_acks_late`` may be held by another worker, or by the
+  new process);
 - a task no worker holds is remembered (``UNHELD_KEY``) from when it was first found so,
-  and is an orphan once that is ``session_timeout_seconds`` ago.
+  and is an orphan once that is ``session_timeout_seconds`` ago. While it is, it is asked
+  of every worker in each pass, at the same time as the ``stats``, and its named worker
+  is asked nothing of its own where none of its tasks is held any more.
 
-So a quiet pass costs one ``stats`` broadcast to the named workers (its replies are the
-ping) and two reads of the broker's memory; only a task not yet seen held costs a
-``query_task`` (once), and only one held by none of its named workers the broadcast to all.
+A broadcast to every worker returns once as many have replied as the broker has
+connections subscribed to broadcasts (``_listening``), else at its timeout (workers that
+also listen for events, Celery's default, hold two such connections each: then it is the
+timeout). So a quiet pass costs one ``stats`` broadcast to the named workers (its replies
+are the ping) and two reads of the broker's memory; a task not yet seen held costs a
+``query_task`` to its named worker, once; a pass over a dead worker's tasks, at most one
+broadcast timeout (the first after the death, two: its ``stats`` waits for the dead
+worker too).
 """
 
 from __future__ import annotations
