@@ -31,7 +31,14 @@ from tests.sources.rq_support import (
     wait_status,
     worker_argv,
 )
-from tests.sources.support import Markers, Process, Processes, reconcile_once, record_finding
+from tests.sources.support import (
+    Markers,
+    Process,
+    Processes,
+    reconcile_once,
+    record_finding,
+    wait_until,
+)
 from tests.sources.test_rq_workers import KINDS, redis_now
 
 __all__ = ["rq_project"]
@@ -88,6 +95,17 @@ class Supervisor:
         return current
 
 
+def successor_registered(project: RqProject, supervisor: Supervisor, killed: Process) -> bool:
+    """Whether RQ lists a worker under the supervisor's name whose pid is a later start's,
+    alive: the name is served again (a refused start exits, so a start that is merely
+    alive for an instant does not count)."""
+    current = supervisor.running()
+    if current is killed or not current.alive():
+        return False
+    key = f"rq:worker:{supervisor.name}"
+    return project.redis().hget(key, "pid") == str(current.pid).encode()
+
+
 def decide_all(project: RqProject, jobs: set[str]) -> dict[str, tuple[Disposition, Reason,
                                                                        float]]:
     """Passes every half second until each of ``jobs`` is decided: how, and when on
@@ -142,8 +160,11 @@ def test_a_supervised_fixed_name_worker_never_gets_its_dead_predecessors_jobs(
             if job_id not in effectful:
                 wait_status(rq_project, job_id, "finished", timeout=150,
                             worker=supervisors[name].running())
-        successors = {name: supervisors[name].running() for name in names}
-        assert all(successors[n] is not killed[n] and successors[n].alive() for n in names)
+        # Each name is served again by a later start, the one RQ now lists under it.
+        for name in names:
+            wait_until(lambda name=name: successor_registered(rq_project, supervisors[name],
+                                                                killed[name]),
+                       f"a successor registered as {name}", timeout=150)
     finally:
         for supervisor in supervisors.values():
             supervisor.stop()
