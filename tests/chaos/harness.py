@@ -49,6 +49,7 @@ from tests.chaos import chaos_worker
 from tests.chaos.checks import TERMINAL, CheckReport, jobs_table, run_checks
 from tests.chaos.lifeline import PARENT_ENV
 from tests.chaos.spawner import ForkServer
+from tests.coverage_scope import unmeasured
 from tests.mariadb_server import ThrowawayMariaDB
 from tests.pg_server import ThrowawayPostgres
 from tests.progress import Progress
@@ -285,8 +286,10 @@ class Harness:
             with self.progress:
                 self.progress.phase(f"opening a {self.params.engine} database (seed {self.seed})")
                 self._open_database()
+                # Unmeasured (tests/coverage_scope.py): its children end by SIGKILL or
+                # os._exit, so what coverage traced in them is never saved.
                 self.forks = ForkServer(
-                    cwd=str(REPO_ROOT), env=self._base_env(os.getpid()),
+                    cwd=str(REPO_ROOT), env=unmeasured(self._base_env(os.getpid())),
                     log=str(self.workdir / "logs" / "fork-server.log"),
                     cleanup=None if self.params.keep else str(self.workdir))
                 self._fault_phase()

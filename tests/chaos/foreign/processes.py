@@ -87,9 +87,8 @@ class Children:
     def start(self, role: str, slot: int, argv: Sequence[str], env: dict[str, str],
               cwd: Path) -> Child:
         log = self.folder / f"{role}-{slot}.log"
-        environment = {**os.environ, **env}
-        if role == "worker":  # the system's own worker (tests/coverage_scope.py)
-            environment = unmeasured(environment)
+        # Unmeasured (tests/coverage_scope.py): every child here ends by SIGKILL.
+        environment = unmeasured({**os.environ, **env})
         with log.open("ab") as handle:
             popen = subprocess.Popen(
                 list(argv), stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
