@@ -85,6 +85,7 @@ class PostgresForTests:
         # One template per test session: sessions may share a server (a developer's, CI's).
         self.template = f"reconciler_template_{uuid.uuid4().hex[:8]}"
         self._template_ready = False
+        self._file_copy: bool | None = None
         # One thread: the template is made once, copies and drops never overlap it.
         self._background = ThreadPoolExecutor(1, thread_name_prefix="test-databases")
         self._copies: deque[Future[str]] = deque()
@@ -122,8 +123,17 @@ class PostgresForTests:
             engine.dispose()
             self._template_ready = True
         name = "t_" + uuid.uuid4().hex[:12]
-        self.admin(f"CREATE DATABASE {name} TEMPLATE {self.template}")
+        self.admin(f"CREATE DATABASE {name} TEMPLATE {self.template}{self._strategy()}")
         return name
+
+    def _strategy(self) -> str:
+        """PostgreSQL 15's default copies a template page by page through the WAL; a
+        file copy of the suite's small template costs the server half the CPU (a
+        checkpoint with ``fsync`` off is cheap). Older servers know only the file copy."""
+        if self._file_copy is None:
+            with psycopg.connect(self.dsn + " dbname=postgres") as conn:
+                self._file_copy = conn.info.server_version >= 150000
+        return " STRATEGY FILE_COPY" if self._file_copy else ""
 
     def drop(self, name: str) -> None:
         """Drop a test's database (in the background: the next test need not wait)."""
@@ -203,6 +213,17 @@ class MariaDBForTests:
         self._background.shutdown(wait=True)
         self.server.stop()
 
+LONG_TESTS = (
+    # Each at least 20 s alone (``--durations``), in ``LONG_TESTS`` so that every pytest
+    # worker starts its share of them first (``_long_first``): one left for the end of a
+    # worker's queue ran alone while the other workers had finished.
+    "sources/test_rq_supervised.py::", "statemachine/test_store_machine.py::",
+    "chaos/test_chaos_short.py::", "chaos/test_foreign_chaos_short.py::",
+    "unit/test_plan_batch.py::test_a_batch_plans_as_each_row_alone",
+    "sources/test_celery_liveness.py::test_redis_stopped_and_started_under_a_running_sidecar",
+    "sources/test_celery_liveness.py::TestDoubtedBroker::test_no_worker_answering_at_all",
+)
+
 
 def pytest_configure(config: pytest.Config) -> None:
     """Before any test runs, once (not in each xdist worker): the Debian packages the suite
@@ -258,6 +279,29 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if left_out:
         config.hook.pytest_deselected(items=left_out)
         items[:] = kept
+    workers = getattr(config, "workerinput", {}).get("workercount", 1)
+    items[:] = _long_first(items, workers, tests_root)
+
+
+def _long_first(items: list[pytest.Item], workers: int, tests_root: Path) -> list[pytest.Item]:
+    """The collection reordered for ``--dist worksteal``, which hands each of ``workers``
+    an equal run of the list and lets an idle worker take the far end of another's: each
+    run begins with its share of ``LONG_TESTS``, so none of them starts last. Every
+    worker computes the same order (xdist requires it)."""
+    if workers < 2:
+        return items
+
+    def is_long(item: pytest.Item) -> bool:
+        node = item.nodeid.removeprefix(f"{tests_root.name}/")
+        return node.startswith(LONG_TESTS)
+
+    long = [item for item in items if is_long(item)]
+    rest = [item for item in items if not is_long(item)]
+    ordered: list[pytest.Item] = []
+    for worker in range(workers):
+        ordered += long[worker::workers]
+        ordered += rest[len(rest) * worker // workers:len(rest) * (worker + 1) // workers]
+    return ordered
 
 
 @pytest.fixture(scope="session")

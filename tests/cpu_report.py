@@ -4,7 +4,8 @@ The README's test command is bound by two cores, not by waiting, so the wall clo
 test says little about what it costs the run. With ``-p tests.cpu_report`` and
 ``SUITE_CPU_REPORT=<folder>``, each pytest process (each xdist worker) writes the
 CPU seconds every test used, its own and its reaped subprocesses' (a worker fleet started
-by a module's fixture counts where it is reaped), and ``python -m tests.cpu_report
+by a module's fixture counts where it is reaped), with when it began and ended, and
+``python -m tests.cpu_report
 <folder>`` sums them by file. The database servers and Redis, started once per worker,
 are not counted here: their CPU is the difference between this sum and the run's total.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from collections import Counter
 from collections.abc import Generator
 from pathlib import Path
@@ -22,7 +24,7 @@ import pytest
 
 FOLDER_VARIABLE = "SUITE_CPU_REPORT"
 
-_spent: dict[str, tuple[float, float]] = {}
+_spent: dict[str, tuple[float, float, float, float]] = {}
 
 
 def _cpu() -> tuple[float, float]:
@@ -33,9 +35,10 @@ def _cpu() -> tuple[float, float]:
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, None, None]:
     own, children = _cpu()
+    began = time.time()
     yield
     own_after, children_after = _cpu()
-    _spent[item.nodeid] = (own_after - own, children_after - children)
+    _spent[item.nodeid] = (own_after - own, children_after - children, began, time.time())
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -52,7 +55,7 @@ def main(folder: str, top: int = 40) -> None:
     own: Counter[str] = Counter()
     children: Counter[str] = Counter()
     for report in Path(folder).glob("*.json"):
-        for nodeid, (mine, theirs) in json.loads(report.read_text()).items():
+        for nodeid, (mine, theirs, _, _) in json.loads(report.read_text()).items():
             path = nodeid.split("::")[0]
             own[path] += mine
             children[path] += theirs

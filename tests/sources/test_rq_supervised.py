@@ -1,6 +1,6 @@
 """RQ workers deployed as teams deploy them: each under a supervisor that starts it again
 under its fixed name (``rq worker -n NAME``, systemd ``Restart=always`` with
-``RestartSec=5``), every five seconds while it is down. Real workers over a real
+``RestartSec=10``, a pod's container), every ten seconds while it is down. Real workers over a real
 Redis, on every engine for the reconciler's tables.
 
 RQ refuses a worker under a name whose key still exists, so after a SIGKILL the
@@ -43,11 +43,11 @@ from tests.sources.test_rq_workers import KINDS, redis_now
 
 __all__ = ["rq_project"]
 
-RESTART_SECONDS = 5.0
-"""How often a supervisor starts its worker again while it is down: a common
-``RestartSec``, a tenth of the minute RQ refuses the name (the chaos run's fixed-name
-slot restarts every 1.5 s; here ten names refused a dozen times each are enough, and each
-refused start is a whole Python interpreter)."""
+RESTART_SECONDS = 10.0
+"""How often a supervisor starts its worker again while it is down: Kubernetes' first
+CrashLoopBackOff step, a sixth of the minute RQ refuses the name (the chaos run's
+fixed-name slot restarts every 1.5 s; here ten names refused half a dozen times each are
+enough, and each refused start is a whole Python interpreter)."""
 NAMES = 10
 """Supervised workers, each SIGKILLed once mid-job: ten kills in one minute of waiting."""
 
