@@ -150,8 +150,9 @@ class Worker:
         shared = RunnerShared(self.lease_seconds, self.max_run_seconds, self.artifact_root,
                               store, self.stopping, self.aborting)
         self.session_id = self._register_session()
-        log.info("event=worker_started worker=%s session=%s", self.name, self.session_id)
+        # Handlers first: once the line says started, SIGTERM is a graceful stop.
         restore = self._install_signal_handlers()
+        log.info("event=worker_started worker=%s session=%s", self.name, self.session_id)
         session_beat = threading.Thread(target=self._session_loop, daemon=True,
                                         name="session-heartbeat")
         session_beat.start()
