@@ -51,6 +51,8 @@ SESSIONS = cast(sa.Table, WorkerSession.__table__)
 ARTIFACTS = cast(sa.Table, JobArtifact.__table__)
 
 DEADLINE_SECONDS = 15.0
+POLL_NEVER_SECONDS = 600.0
+"""A poll interval no test outlives: a job such a worker starts, a NOTIFY woke it for."""
 # The settings' defaults: a recent heartbeat or activity protects a job.
 DEFAULT_THRESHOLDS = Thresholds(stale_after_seconds=60, wedged_after_seconds=3600)
 # A reconciler that judges every expired lease at once.
@@ -344,6 +346,7 @@ def test_pool_whose_handlers_all_hang_still_runs_an_ordinary_job(
     ordinary = client.enqueue("ordinary", steps=[Step("work", "pure")], max_attempts=3)
     started: dict[int, float] = {}
     returned: list[int] = []
+    still_hung: list[int] = []  # hung handlers still blocked when the third job ran
     # A lifetime starts before the step's start is written, so the handler's own start is
     # later by that write (tens of ms on a loaded MariaDB): read each job's real deadline.
     deadlines: dict[int, float] = {}
@@ -362,6 +365,7 @@ def test_pool_whose_handlers_all_hang_still_runs_an_ordinary_job(
 
     def work(ctx: StepContext) -> None:
         started[ctx.job_id] = time.monotonic()
+        still_hung.extend(h for h in hung if h not in returned)
 
     worker = Worker(client, "pool", concurrency=2, lease_seconds=3, max_run_seconds=1,
                     poll_interval_seconds=0.05)
@@ -376,7 +380,9 @@ def test_pool_whose_handlers_all_hang_still_runs_an_ordinary_job(
           f"{slot_free_seconds * 1000:.1f} ms")
     assert all(started[h] < started[ordinary] for h in hung)
     assert slot_free_seconds > 0, "the third job ran before a lifetime was over"
-    assert slot_free_seconds < 0.5
+    # The slots were freed by the lifetimes, not by the handlers: both still hung when the
+    # third job ran (the latency above is printed, not bounded: it is the machine's).
+    assert sorted(still_hung) == sorted(hung)
     assert stats.outcomes == {"lifetime_exceeded": 2, "completed": 1}
     assert status_of(engine, ordinary) == "completed"
     for job_id in hung:
@@ -982,14 +988,15 @@ def test_outbox_enqueue_commits_only_with_the_callers_transaction(
 def test_idle_postgresql_worker_wakes_on_notify_for_enqueues_and_resumes(
     client: JobClient, engine: Engine, start_worker: Callable[..., WorkerThread],
 ) -> None:
-    """With a 10 s poll, an idle worker starts a committed or resumed job within about 1 s."""
+    """An idle worker whose next poll is ten minutes away starts a committed job, and a job
+    a pass resumed, at once: only the NOTIFY can have woken it (its poll never came)."""
     if engine.dialect.name != "postgresql":
         pytest.skip("NOTIFY wake-ups exist only on PostgreSQL; SQLite and MySQL workers poll")
     orphan = client.enqueue("work", steps=[Step("step", "idempotent")])
     dead = client.claim("dead-worker", lease_seconds=0.3)
     assert dead is not None
     started: dict[int, float] = {}
-    worker = Worker(client, "sleepy", lease_seconds=5, poll_interval_seconds=10)
+    worker = Worker(client, "sleepy", lease_seconds=5, poll_interval_seconds=POLL_NEVER_SECONDS)
     worker.register("work", {"step": lambda ctx: started.setdefault(ctx.job_id,
                                                                     time.monotonic())})
     runner = start_worker(worker)
@@ -1006,7 +1013,7 @@ def test_idle_postgresql_worker_wakes_on_notify_for_enqueues_and_resumes(
         time.sleep(0.3)
         assert fresh not in started, "the worker saw an uncommitted job"
     committed_at = time.monotonic()
-    wait_for(lambda: fresh in started, "the enqueued job to start", timeout=5)
+    wait_for(lambda: fresh in started, "the enqueued job to start", timeout=60)
     enqueue_wake = started[fresh] - committed_at
     wait_for(lambda: status_of(engine, fresh) == "completed", "the enqueued job to complete")
 
@@ -1015,12 +1022,13 @@ def test_idle_postgresql_worker_wakes_on_notify_for_enqueues_and_resumes(
     resumed_at = time.monotonic()
     assert decisions_of(report) == [
         (orphan, Disposition.RESUME, Reason.RESUMED_FROM_UNSTARTED_STEP, 0)]
-    wait_for(lambda: orphan in started, "the resumed job to start", timeout=5)
+    wait_for(lambda: orphan in started, "the resumed job to start", timeout=60)
     resume_wake = started[orphan] - resumed_at
-    print(f"\nMEASURE NOTIFY wake-up with a 10 s poll: enqueue {enqueue_wake * 1000:.1f} ms, "
+    # Each start came long before the poll could have found it: the NOTIFY woke it. The
+    # latency is printed, not bounded (a loaded machine's scheduling is not the code's).
+    print(f"\nMEASURE NOTIFY wake-up, no poll due: enqueue {enqueue_wake * 1000:.1f} ms, "
           f"resume {resume_wake * 1000:.1f} ms")
-    assert enqueue_wake < 1.5
-    assert resume_wake < 1.5
+    assert max(enqueue_wake, resume_wake) < POLL_NEVER_SECONDS
     wait_for(lambda: status_of(engine, orphan) == "completed", "the resumed job to complete")
     worker.stop()
     with engine.begin() as conn:  # wake the listener so the stop need not wait out the poll
@@ -1031,20 +1039,20 @@ def test_idle_postgresql_worker_wakes_on_notify_for_enqueues_and_resumes(
 def test_idle_worker_stops_promptly_even_with_a_long_poll_interval(
     client: JobClient, engine: Engine
 ) -> None:
-    """A stop (what SIGTERM does) ends an idle worker's run at once, not after its 10 s poll."""
-    worker = Worker(client, "idle", lease_seconds=5, poll_interval_seconds=10)
+    """A stop (what SIGTERM does) ends an idle worker's run, not its next poll, ten minutes
+    away: the run ends within a generous bound far below that."""
+    worker = Worker(client, "idle", lease_seconds=5, poll_interval_seconds=POLL_NEVER_SECONDS)
     worker.register("work", {"step": lambda _ctx: None})
     runner = WorkerThread(worker)
     runner.thread.start()
     wait_for(lambda: session_rows(engine, "idle"), "the worker to start")
     time.sleep(0.3)  # let it go idle in its wait for work
-    stopped_at = time.monotonic()
     worker.stop()
-    runner.thread.join(2.0)
-    stop_seconds = time.monotonic() - stopped_at
-    if runner.thread.is_alive() and engine.dialect.name == "postgresql":
-        with engine.begin() as conn:  # wake the listener so the test itself ends quickly
+    runner.thread.join(DEADLINE_SECONDS)
+    still_running = runner.thread.is_alive()
+    if still_running and engine.dialect.name == "postgresql":
+        with engine.begin() as conn:  # wake the listener so the test itself ends
             conn.execute(sa.text("SELECT pg_notify('reconciler_jobs', '')"))
     runner.join()
-    assert stop_seconds < 2.0, "an idle worker was still running 2 s after stop()"
+    assert not still_running, f"an idle worker was still running {DEADLINE_SECONDS} s after stop()"
     assert [s["stop_reason"] for s in session_rows(engine, "idle")] == ["stopped"]
