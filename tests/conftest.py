@@ -213,6 +213,7 @@ class MariaDBForTests:
         self._background.shutdown(wait=True)
         self.server.stop()
 
+
 LONG_TESTS = (
     # Each at least 20 s alone (``--durations``), in ``LONG_TESTS`` so that every pytest
     # worker starts its share of them first (``_long_first``): one left for the end of a

@@ -5,9 +5,9 @@ test says little about what it costs the run. With ``-p tests.cpu_report`` and
 ``SUITE_CPU_REPORT=<folder>``, each pytest process (each xdist worker) writes the
 CPU seconds every test used, its own and its reaped subprocesses' (a worker fleet started
 by a module's fixture counts where it is reaped), with when it began and ended, and
-``python -m tests.cpu_report
-<folder>`` sums them by file. The database servers and Redis, started once per worker,
-are not counted here: their CPU is the difference between this sum and the run's total.
+``python -m tests.cpu_report <folder>`` sums them by file. The database servers and
+Redis, started once per worker, are not counted here: their CPU is the difference between
+this sum and the run's total.
 """
 
 from __future__ import annotations

@@ -1024,11 +1024,11 @@ def test_idle_postgresql_worker_wakes_on_notify_for_enqueues_and_resumes(
         (orphan, Disposition.RESUME, Reason.RESUMED_FROM_UNSTARTED_STEP, 0)]
     wait_for(lambda: orphan in started, "the resumed job to start", timeout=60)
     resume_wake = started[orphan] - resumed_at
-    # Each start came long before the poll could have found it: the NOTIFY woke it. The
-    # latency is printed, not bounded (a loaded machine's scheduling is not the code's).
+    # Each wait above (60 s) ends a tenth of the way to the poll: a start within it is the
+    # NOTIFY's. The latency is printed, not bounded (a loaded machine's scheduling is not
+    # the code's).
     print(f"\nMEASURE NOTIFY wake-up, no poll due: enqueue {enqueue_wake * 1000:.1f} ms, "
           f"resume {resume_wake * 1000:.1f} ms")
-    assert max(enqueue_wake, resume_wake) < POLL_NEVER_SECONDS
     wait_for(lambda: status_of(engine, orphan) == "completed", "the resumed job to complete")
     worker.stop()
     with engine.begin() as conn:  # wake the listener so the stop need not wait out the poll

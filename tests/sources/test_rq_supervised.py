@@ -1,7 +1,7 @@
 """RQ workers deployed as teams deploy them: each under a supervisor that starts it again
 under its fixed name (``rq worker -n NAME``, systemd ``Restart=always`` with
-``RestartSec=10``, a pod's container), every ten seconds while it is down. Real workers over a real
-Redis, on every engine for the reconciler's tables.
+``RestartSec=10``, a pod's container), every ten seconds while it is down. Real workers
+over a real Redis, on every engine for the reconciler's tables.
 
 RQ refuses a worker under a name whose key still exists, so after a SIGKILL the
 supervisor's starts fail until the dead worker's key expires (its last heartbeat plus
