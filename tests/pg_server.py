@@ -527,6 +527,17 @@ class ThrowawayPostgres:
     def drop_database(self, name: str) -> None:
         self._admin_execute("DROP DATABASE IF EXISTS {} WITH (FORCE)", name)
 
+    def add_password_role(self, role: str, password: str) -> None:
+        """A login role that must give its password over TCP (``scram-sha-256``); every
+        other role is still trusted. For the tests of a password refused."""
+        hba = self.data_dir / "pg_hba.conf"
+        # The first matching line wins: this one goes before initdb's "trust" lines.
+        hba.write_text(f"host all {role} 127.0.0.1/32 scram-sha-256\n{hba.read_text()}")
+        with psycopg.connect(f"{self.dsn} dbname=postgres", autocommit=True) as conn:
+            conn.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(
+                sql.Identifier(role), sql.Literal(password)))
+            conn.execute("SELECT pg_reload_conf()")
+
 
 # --------------------------------------------------------------------------- #
 # python -m tests.pg_server -- CMD ARGS...

@@ -103,7 +103,9 @@ OPERATOR_HELP = {
               "required); or, with --reason, the jobs of a filter",
 }
 BULK_ACTIONS = frozenset({"retry", "cancel"})
-"""The actions the bulk form (``--reason``) takes."""
+"""The actions the bulk form (``--reason``, ``--kind``, ``--since``) takes."""
+BULK_FILTERS = ("reason", "kind", "since")
+"""The bulk form's filters, on the jobs' latest decisions; any one of them makes it bulk."""
 NEEDS_NOTE = BULK_ACTIONS
 """The actions that need ``--note``: a reason, kept in the record."""
 
@@ -115,7 +117,8 @@ def _operator_arguments(acting: argparse.ArgumentParser, *, bulk: bool) -> None:
     acting.add_argument("--note", metavar="TEXT",
                         help="why (kept in the record; required for retry and cancel)")
     acting.add_argument("--as", dest="actor", metavar="NAME",
-                        help="who acts, as the record names them (default: the OS user)")
+                        help="who acts, as the record names them (default: RECONCILER_OPERATOR, "
+                             "else the OS user unless it is a service account)")
     acting.add_argument("--json", action="store_true")
     if not bulk:
         return
@@ -139,17 +142,24 @@ def check_operator_arguments(parser: argparse.ArgumentParser,
     action = getattr(args, "jobs_command", None)
     if args.command != "jobs" or action not in OPERATOR_HELP:
         return
-    bulk = getattr(args, "reason", None) is not None
+    bulk = is_bulk(args)
     if action in NEEDS_NOTE and not (args.note or "").strip():
         parser.error(f"jobs {action} needs --note TEXT (why: it is kept in the record)")
     if bulk and args.job_id is not None:
-        parser.error(f"jobs {action} takes a job id or --reason, not both")
+        parser.error(f"jobs {action} takes a job id or filters (--reason, --kind, --since), "
+                     "not both")
     if not bulk and args.job_id is None:
-        parser.error(f"jobs {action} needs a job id, or --reason for the bulk form")
+        parser.error(f"jobs {action} needs a job id, or filters for the bulk form (--reason, "
+                     "--kind, --since)")
     if not bulk and any(getattr(args, flag, None) not in (None, False)
-                        for flag in ("kind", "since", "dry_run", "yes")):
-        parser.error(f"--kind, --since, --dry-run and --yes go with --reason (jobs {action} "
-                     "--reason R ...)")
+                        for flag in ("dry_run", "yes")):
+        parser.error(f"--dry-run and --yes go with the bulk form's filters (jobs {action} "
+                     "--reason R, --kind GLOB or --since DURATION)")
+
+
+def is_bulk(args: argparse.Namespace) -> bool:
+    """The bulk form: any of its filters given (each stands alone)."""
+    return any(getattr(args, flag, None) is not None for flag in BULK_FILTERS)
 
 
 def build_parser() -> argparse.ArgumentParser:

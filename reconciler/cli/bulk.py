@@ -1,5 +1,6 @@
-"""``reconciler jobs retry|cancel --reason R ...``: one action on the jobs whose latest
-decision matches the filters (the console's), each fenced and recorded on its own.
+"""``reconciler jobs retry|cancel --reason R | --kind GLOB | --since D ...``: one action on
+the jobs whose latest decision matches the filters (the console's; each stands alone),
+each fenced and recorded on its own.
 
 It first says how many match, acts only with ``--yes`` or after a yes typed on a terminal,
 caps at ``--limit``, and ends with the counts applied and refused (exit 6 when any was
@@ -9,7 +10,6 @@ refused). ``--dry-run`` lists them and changes nothing.
 from __future__ import annotations
 
 import argparse
-import getpass
 import json
 import sys
 from datetime import UTC, datetime, timedelta
@@ -21,14 +21,6 @@ from reconciler.views import printable
 
 PAST = {OperatorAction.RETRY: "retried", OperatorAction.CANCEL: "cancelled"}
 """The bulk form's actions, as its count line says them."""
-
-
-def operating_system_user() -> str:
-    """Who acts when ``--as`` is not given: the operating-system user."""
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):  # no name for this uid (a container's arbitrary user)
-        return "unknown"
 
 
 def _say(args: argparse.Namespace, line: str) -> None:
@@ -56,7 +48,10 @@ def bulk_action(args: argparse.Namespace, desk: OperatorDesk, action: OperatorAc
     since = None if args.since is None else datetime.now(UTC) - timedelta(seconds=args.since)
     targets = desk.bulk_targets(action, reason=args.reason, kind=args.kind, since=since,
                                 limit=args.limit)
-    filters = f"latest decision {args.reason}" + (f", kind {args.kind}" if args.kind else "")
+    filters = ", ".join(
+        ([f"latest decision {args.reason}"] if args.reason else [])
+        + ([f"kind {args.kind}"] if args.kind else [])
+        + ([f"decided in the last {args.since:g} s"] if args.since is not None else []))
     _say(args, f"{len(targets)} {desk.source} jobs match ({filters}; at most "
                f"{args.limit}) and can be {PAST[action]} now")
     if args.dry_run or not targets or not _confirmed(args, action, len(targets)):

@@ -17,10 +17,11 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from reconciler.cli.arguments import OPERATOR_HELP
-from reconciler.cli.bulk import bulk_action, operating_system_user
+from reconciler.cli.arguments import OPERATOR_HELP, is_bulk
+from reconciler.cli.bulk import bulk_action
 from reconciler.cli.explain_view import explain_lines, explain_view
 from reconciler.cli.kinds_command import kinds_command
+from reconciler.cli.who_acts import who_acts
 from reconciler.config.fields import SETTING_FIELDS
 from reconciler.config.loader import Config, load_config
 from reconciler.config.registry import DEFAULT_SOURCE, is_native
@@ -89,8 +90,7 @@ def _emit(args: argparse.Namespace, data: Any, human: Callable[[], list[str]]) -
 
 
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
-    shown = migrate(_config(args))
-    print(printable(f"database at {shown} is up to date"))
+    print(printable(migrate(_config(args))))
     return 0
 
 
@@ -198,8 +198,9 @@ def cmd_jobs_action(args: argparse.Namespace) -> int:
             f"cannot {action} job {args.job_id}: source {entry.kind} takes no {action} "
             f"(operator commands it takes: "
             f"{', '.join(sorted(entry.capabilities.actions)) or 'none'})")
-    actor = args.actor or operating_system_user()
-    if getattr(args, "reason", None) is not None:
+    # A dry run records nothing, so it needs no name for who acts.
+    actor = "" if getattr(args, "dry_run", False) else who_acts(args.actor)
+    if is_bulk(args):
         return bulk_action(args, _desk(assemble_cli(config)), action, actor)
     _job_key(config, args.job_id)  # a malformed id: one line, no database opened
     cli = assemble_cli(config)

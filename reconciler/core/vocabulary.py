@@ -158,6 +158,7 @@ class DatabaseErrorCode(StrEnum):
     UNREACHABLE = "unreachable"
     NO_ANSWER = "no_answer"
     AUTHENTICATION_FAILED = "authentication_failed"
+    NO_SUCH_DATABASE = "no_such_database"
     TIMEOUT = "timeout"
     LOCK_TIMEOUT = "lock_timeout"
     READ_ONLY = "read_only"
@@ -174,6 +175,14 @@ class DatabaseErrorCode(StrEnum):
         """False when the error says the database cannot be talked to right now (writing
         down that failure there would only wait again)."""
         return self not in (DatabaseErrorCode.UNREACHABLE, DatabaseErrorCode.NO_ANSWER)
+
+    @property
+    def lasting(self) -> bool:
+        """True when waiting cannot clear it: a password or role refused, no such
+        database, a privilege not granted. Start-up gives up at once on these."""
+        return self in (DatabaseErrorCode.AUTHENTICATION_FAILED,
+                        DatabaseErrorCode.NO_SUCH_DATABASE,
+                        DatabaseErrorCode.PERMISSION_DENIED)
 
 
 class WorkerStatusReason(StrEnum):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 
 from sqlalchemy.engine import Connection, Engine
@@ -12,10 +13,13 @@ from reconciler.config.tables import SourceSettings
 from reconciler.core.kinds import KindRules
 from reconciler.errors import ConfigError, DatabaseUnavailableError
 from reconciler.sources.kit.source import DeclaredSource
+from reconciler.storage.engines import database_host
 from reconciler.storage.pass_store import SourceFactory
 from reconciler.storage.schema import require_current
 
 START_RETRY_PAUSE_SECONDS = 0.5
+
+log = logging.getLogger("reconciler.start")
 
 
 def keep() -> None:
@@ -30,17 +34,28 @@ def check(engine: Engine, config: Config) -> None:
 
 
 def check_at_start(engine: Engine, config: Config, retry_seconds: float) -> None:
-    """``check``, retrying a database that is unavailable for a moment for
-    ``retry_seconds``, so a transient error is neither an old schema nor an exit at once."""
+    """``check``, retrying a database that is unavailable for a moment (a restart, a
+    server still starting) for ``retry_seconds``, one log line per retry, so a transient
+    error is neither an old schema nor an exit at once. An error that waiting cannot
+    clear (no such database or role, a password refused) is raised at once."""
     deadline = time.monotonic() + retry_seconds
+    attempt = 0
     while True:
         try:
             check(engine, config)
-            return
-        except DatabaseUnavailableError:
-            if time.monotonic() >= deadline:
+        except DatabaseUnavailableError as exc:
+            if exc.lasting or time.monotonic() >= deadline:
                 raise
+            attempt += 1
+            log.warning("event=database_wait code=%s host=%s attempt=%d retry_in_seconds=%s "
+                        "gives_up_in_seconds=%.1f", exc.code, database_host(engine), attempt,
+                        START_RETRY_PAUSE_SECONDS, max(0.0, deadline - time.monotonic()))
             time.sleep(START_RETRY_PAUSE_SECONDS)
+        else:
+            if attempt:
+                log.info("event=database_reached host=%s attempts=%d", database_host(engine),
+                         attempt + 1)
+            return
 
 
 def check_source(engine: Engine, config: Config) -> None:

@@ -17,24 +17,34 @@ from reconciler.storage.engines import (
     create_engine,
     display_url,
 )
-from reconciler.storage.schema import upgrade
+from reconciler.storage.schema import head_revision, upgrade
 
 __all__ = ["migrate", "migration_engine"]
 
 
 def migrate(config: Config) -> str:
-    """``db upgrade``: apply this project's migrations (only its own tables; a foreign
-    schema is never altered), then check the configured foreign source's schema is
-    there. Returns the database, as it may be shown."""
+    """``db upgrade``: check the configured foreign source's schema is there, then apply
+    this project's migrations (only its own tables; a foreign schema is never altered).
+    Returns the line that says what it did: created the schema, upgraded it from which
+    revision, or found it current.
+
+    The foreign schema is checked first, so a ``db upgrade`` run before the app made its
+    tables (pg-boss's first ``start()``, Django's ``migrate``) leaves nothing behind."""
     settings = config.settings
     engine = create_engine(settings.database_url,
                            timeouts=DatabaseTimeouts.from_settings(settings))
     try:
-        upgrade(engine)
         check_source(engine, config)
-        return display_url(engine.url.render_as_string(hide_password=True))
+        found = upgrade(engine)
+        shown = display_url(engine.url.render_as_string(hide_password=True))
     finally:
         engine.dispose()
+    head = head_revision()
+    if found is None:
+        return f"created this project's schema (revision {head}) in the database at {shown}"
+    if found == head:
+        return f"database at {shown} is up to date (revision {head}): nothing to do"
+    return f"upgraded the database at {shown} from revision {found} to {head}"
 
 
 def migration_engine(config: Config | None = None) -> Engine:

@@ -7,6 +7,7 @@ passwords hidden, for the log and ``/readyz`` only (never a metric label).
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import sys
 from types import ModuleType
@@ -24,6 +25,10 @@ if TYPE_CHECKING:
 
 LINE_LIMIT = 200
 
+# PostgreSQL's refusals at connection time, which reach libpq as text only.
+_NO_SUCH_ROLE = re.compile(r'FATAL:\s+role ".*" does not exist')
+_NO_SUCH_DATABASE = re.compile(r'FATAL:\s+database ".*" does not exist')
+
 # PostgreSQL SQLSTATE (or its two-character class) -> code; the first match wins.
 _SQLSTATES: tuple[tuple[str, DatabaseErrorCode], ...] = (
     ("57014", DatabaseErrorCode.TIMEOUT),             # query_canceled: statement_timeout
@@ -33,6 +38,7 @@ _SQLSTATES: tuple[tuple[str, DatabaseErrorCode], ...] = (
     ("42P01", DatabaseErrorCode.SCHEMA_MISMATCH),     # undefined_table
     ("42703", DatabaseErrorCode.SCHEMA_MISMATCH),     # undefined_column
     ("42883", DatabaseErrorCode.SCHEMA_MISMATCH),     # undefined_function
+    ("3D000", DatabaseErrorCode.NO_SUCH_DATABASE),   # invalid_catalog_name
     ("53100", DatabaseErrorCode.DISK_FULL),
     ("53300", DatabaseErrorCode.TOO_MANY_CONNECTIONS),
     ("57P0", DatabaseErrorCode.UNREACHABLE),          # admin/crash shutdown, cannot connect now
@@ -70,7 +76,7 @@ _MYSQL_ERRORS: dict[int, DatabaseErrorCode] = {
     1146: DatabaseErrorCode.SCHEMA_MISMATCH,       # ER_NO_SUCH_TABLE
     1054: DatabaseErrorCode.SCHEMA_MISMATCH,       # ER_BAD_FIELD_ERROR
     1305: DatabaseErrorCode.SCHEMA_MISMATCH,       # ER_SP_DOES_NOT_EXIST
-    1049: DatabaseErrorCode.SCHEMA_MISMATCH,       # ER_BAD_DB_ERROR
+    1049: DatabaseErrorCode.NO_SUCH_DATABASE,      # ER_BAD_DB_ERROR
     1114: DatabaseErrorCode.DISK_FULL,             # ER_RECORD_FILE_FULL
     1040: DatabaseErrorCode.TOO_MANY_CONNECTIONS,  # ER_CON_COUNT_ERROR
     2003: DatabaseErrorCode.UNREACHABLE,           # CR_CONN_HOST_ERROR
@@ -87,7 +93,7 @@ def error_code(exc: BaseException) -> DatabaseErrorCode:
     if isinstance(exc, SchemaOutOfDateError):
         return DatabaseErrorCode.SCHEMA_MISMATCH
     if isinstance(exc, DatabaseUnavailableError):
-        return DatabaseErrorCode.UNREACHABLE
+        return DatabaseErrorCode(exc.code)
     if isinstance(exc, TransactionConflict):  # deadlocked on every attempt
         return DatabaseErrorCode.CONFLICT
     orig = exc.orig if isinstance(exc, DBAPIError) else exc
@@ -120,9 +126,13 @@ def _psycopg_code(psycopg: ModuleType, orig: psycopg.Error) -> DatabaseErrorCode
         return DatabaseErrorCode.UNREACHABLE
     state = orig.sqlstate
     if state is None:
-        # No SQLSTATE: refused at connection time, or no server to talk to at all.
-        if "authentication failed" in str(orig):
+        # No SQLSTATE: refused at connection time, or no server to talk to at all. The
+        # server's refusals are told apart by its message (libpq passes no code for them).
+        message = str(orig)
+        if "authentication failed" in message or _NO_SUCH_ROLE.search(message):
             return DatabaseErrorCode.AUTHENTICATION_FAILED
+        if _NO_SUCH_DATABASE.search(message):
+            return DatabaseErrorCode.NO_SUCH_DATABASE
         return (DatabaseErrorCode.UNREACHABLE if isinstance(orig, psycopg.OperationalError)
                 else DatabaseErrorCode.OTHER)
     return next((code for prefix, code in _SQLSTATES if state.startswith(prefix)),

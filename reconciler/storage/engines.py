@@ -294,3 +294,13 @@ def display_url(database_url: str) -> str:
         safe = re.fullmatch(r"[a-zA-Z][a-zA-Z0-9+.\-]{0,30}", scheme)
         return f"{scheme}:<unparseable URL>" if safe else "<unparseable URL>"
     return redact(shown)
+
+
+def database_host(engine: Engine) -> str:
+    """Where ``engine`` connects, for a log line: ``host:port`` (a socket's folder for a
+    unix socket, the file for SQLite), never a user or a password."""
+    url = engine.url
+    if url.get_backend_name() == "sqlite":
+        return str(url.database)
+    host = url.host or str(url.query.get("host", "")) or "localhost"
+    return f"{host}:{url.port}" if url.port else host

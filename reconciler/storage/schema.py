@@ -7,7 +7,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sqlalchemy import text
+from sqlalchemy import inspect, text
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError, OperationalError
 
@@ -90,7 +90,7 @@ def current_revision(engine: Engine) -> str | None:
         with engine.connect() as conn:
             return read_revision(read_only(conn))
     except (OperationalError, DBAPIError) as exc:
-        raise DatabaseUnavailableError(describe_connection_error(engine, exc)) from None
+        raise unavailable(engine, exc) from None
 
 
 def read_revision(conn: Connection) -> str | None:
@@ -104,8 +104,10 @@ def read_revision(conn: Connection) -> str | None:
     return str(rows[0]) if rows else None
 
 
-def upgrade(engine: Engine, revision: str = "head") -> None:
-    """Apply migrations on one shared connection (no second engine, no ini file)."""
+def upgrade(engine: Engine, revision: str = "head") -> str | None:
+    """Apply migrations on one shared connection (no second engine, no ini file). Returns
+    the revision the database was at when this upgrade took its turn (None: it had no
+    schema, made now), so ``db upgrade`` can say what it did."""
     from alembic.util.exc import CommandError  # noqa: PLC0415
 
     from alembic import command  # noqa: PLC0415 - see HEAD_REVISION
@@ -126,6 +128,9 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
                 conn.execute(text("SELECT GET_LOCK(CONCAT(:key, DATABASE()), -1)"),
                              {"key": f"{UPGRADE_LOCK}:"})
             config.attributes["connection"] = conn
+            # Read under the lock: a replica that upgraded first leaves this one nothing.
+            found = (read_revision(conn) if inspect(conn).has_table("alembic_version")
+                     else None)
             try:
                 with _MIGRATING:
                     command.upgrade(config, revision)
@@ -134,10 +139,11 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
                     conn.execute(text("DO RELEASE_LOCK(CONCAT(:key, DATABASE()))"),
                                  {"key": f"{UPGRADE_LOCK}:"})
     except (OperationalError, DBAPIError) as exc:
-        raise DatabaseUnavailableError(describe_connection_error(engine, exc)) from None
+        raise unavailable(engine, exc) from None
     except CommandError as exc:
         # e.g. another release stamped a revision between the check above and now.
         raise SchemaOutOfDateError(f"cannot upgrade the database: {exc}") from None
+    return found
 
 
 def refuse_newer(current: str | None) -> None:
@@ -176,7 +182,15 @@ def require_current(engine: Engine) -> None:
 
 
 _NOT_REACHED = (DatabaseErrorCode.UNREACHABLE, DatabaseErrorCode.NO_ANSWER,
-                DatabaseErrorCode.AUTHENTICATION_FAILED)
+                DatabaseErrorCode.AUTHENTICATION_FAILED, DatabaseErrorCode.NO_SUCH_DATABASE)
+
+
+def unavailable(engine: Engine, exc: Exception) -> DatabaseUnavailableError:
+    """The error a command exits 3 with: its line, its code, and whether waiting can clear
+    it."""
+    code = error_code(exc)
+    return DatabaseUnavailableError(describe_connection_error(engine, exc), code=code.value,
+                                    lasting=code.lasting)
 
 
 def describe_connection_error(engine: Engine, exc: Exception) -> str:

@@ -16,7 +16,8 @@ from sqlalchemy.engine import Engine
 
 from models import JobRun, ReconcilerLease, ReconciliationDecision, ReconciliationPass
 from reconciler.storage.clock import db_now, now_plus
-from reconciler.storage.engines import read_only
+from reconciler.storage.engines import create_engine, read_only
+from reconciler.storage.schema import current_revision, head_revision, upgrade
 from reconciler.worker import Claim, JobClient, Step
 from tests.conftest import run_cli, run_python
 from tests.helpers import job_row
@@ -499,16 +500,34 @@ def test_showing_an_unknown_job_ends_with_one_line(db_url: str) -> None:
 
 
 def test_db_upgrade_on_an_empty_database_then_pass_works(empty_db_url: str) -> None:
-    """`db upgrade` makes an empty database usable; running it again changes nothing."""
+    """`db upgrade` makes an empty database usable and says it created the schema; run
+    again, it says the schema is current and changes nothing."""
+    head = head_revision()
     first = run_cli(empty_db_url, "db", "upgrade")
     assert first.returncode == 0, first.stderr
+    assert f"created this project's schema (revision {head})" in first.stdout
     again = run_cli(empty_db_url, "db", "upgrade")
     assert again.returncode == 0, again.stderr
+    assert f"is up to date (revision {head}): nothing to do" in again.stdout
 
     report = cli_json(empty_db_url, "pass")
 
     assert (report["candidates"], report["decisions"]) == (0, [])
     assert isinstance(report["pass_id"], int)
+
+
+def test_db_upgrade_says_which_revision_it_upgraded_from(empty_db_url: str) -> None:
+    """A database one release behind: `db upgrade` names the revision it found and the
+    one it reached, and the schema is then at head."""
+    engine = create_engine(empty_db_url)
+    try:
+        upgrade(engine, "0010")
+        proc = run_cli(empty_db_url, "db", "upgrade")
+        assert proc.returncode == 0, proc.stderr
+        assert f"from revision 0010 to {head_revision()}" in proc.stdout
+        assert current_revision(engine) == head_revision()
+    finally:
+        engine.dispose()
 
 
 def test_a_command_on_the_native_source_imports_no_system_adapter(db_url: str) -> None:

@@ -161,11 +161,30 @@ def test_kinds_lists_each_pattern_with_the_running_kinds_it_matches_and_warns_on
     assert text.returncode == 0, text.stderr
     lines = text.stdout.splitlines()
     assert '[kinds."report*"] matches reports.daily' in lines
-    assert any(line.startswith('warning: [kinds."report.*"] matches none') for line in lines)
+    assert any(line.startswith('warning: [kinds."report.*"] matches no kind this source has '
+                               "run") for line in lines)
     assert "running kinds no pattern matches (the defaults apply): mail.send" in lines
     view = json.loads(run_cli(db_url, "kinds", "--config", config, "--json").stdout)
     assert view["unmatched_patterns"] == ["report.*", "noise.*"]
     assert view["running_kinds"] == ["mail.send", "reports.daily"]
+
+
+def test_kinds_warns_of_no_pattern_whose_kind_is_merely_idle_now(
+    db_url: str, engine: Engine, client: JobClient, tmp_path: Path
+) -> None:
+    """A ``noise.tick`` job ran and finished; none runs now: ``[kinds."noise.*"]`` is not a
+    typo, so no warning, while the ``report`` patterns (no such kind ever) still are."""
+    job_id = client.enqueue("noise.tick", steps=[Step("tick", "pure")])
+    claim = client.claim(worker="w", lease_seconds=60, kinds=["noise.tick"])
+    assert claim is not None
+    assert claim.job_id == job_id
+    claim.start_step(0)
+    claim.finish_step(0)
+    claim.complete()
+    view = json.loads(run_cli(db_url, "kinds", "--config", _config(tmp_path), "--json").stdout)
+    assert view["running_kinds"] == []
+    assert view["known_kinds"] == ["noise.tick"]
+    assert sorted(view["unmatched_patterns"]) == ["report*", "report.*"]
 
 
 def test_a_dry_run_applies_the_brake_and_says_so(

@@ -744,7 +744,14 @@ def test_a_database_down_at_start_is_waited_for_and_never_read_as_an_old_schema(
         _start_server(own_postgres)
     Launcher.wait_listening(service)
     Launcher.wait_ready(service)
-    assert "schema" not in service.stderr()
+    logged = service.stderr()
+    assert "schema" not in logged
+    # Each retry said so in one line (the code, where), then that the database answered.
+    waits = [line for line in logged.splitlines() if "event=database_wait" in line]
+    assert len(waits) >= 2, logged
+    assert all(f"code=unreachable host=127.0.0.1:{own_postgres.port} " in line
+               for line in waits), waits
+    assert "event=database_reached" in logged
 
 
 def test_a_database_that_stays_down_at_start_is_exit_3_not_4(tmp_path: Path) -> None:
@@ -763,4 +770,40 @@ def test_a_database_that_stays_down_at_start_is_exit_3_not_4(tmp_path: Path) -> 
                        start_retry_seconds=1)
     finally:
         holder.close()
-    one_line(proc, 3, "database is locked")
+    assert proc.returncode == 3, proc.stderr
+    *waits, last = proc.stderr.strip().splitlines()
+    assert "database is locked" in last
+    # Each retry said what it waited for, in one line: the code and where, nothing more.
+    assert waits, proc.stderr
+    assert all("event=database_wait code=lock_timeout" in line
+               and f"host={tmp_path / 'jobs.db'}" in line for line in waits), waits
+
+
+@pytest.mark.parametrize("refusal", ["database", "role"])
+def test_an_error_waiting_cannot_clear_is_exit_3_at_once(
+        postgres: PostgresForTests | None, refusal: str) -> None:
+    """No such database, no such role: `reconciler run` exits 3 on its first attempt with
+    one line naming it, however long `start_retry_seconds` would let it retry (no
+    `database_wait` line: it did not wait)."""
+    if postgres is None:
+        pytest.skip("PostgreSQL is not among the test engines")
+    url = postgres.url("no_such_db_here")
+    if refusal == "role":
+        url = postgres.url("postgres").replace("postgres@", "no_such_role@", 1)
+    proc = run_cli(url, "run", process=False, metrics_port=0, start_retry_seconds=3600)
+    line = one_line(proc, 3, "cannot reach the database")
+    assert f'{refusal} "no_such_' in line, line
+    assert "does not exist" in line, line
+    assert "database_wait" not in proc.stderr
+
+
+def test_a_password_refused_is_exit_3_at_once_and_never_printed(
+        own_postgres: ThrowawayPostgres) -> None:
+    """A role whose password is wrong: exit 3 at once (waiting cannot clear it), one line
+    saying authentication failed, the password in it nowhere."""
+    own_postgres.add_password_role("app", "right-one")
+    url = own_postgres.url("postgres").replace("postgres@", "app:wrong-one@", 1)
+    proc = run_cli(url, "run", process=False, metrics_port=0, start_retry_seconds=3600)
+    line = one_line(proc, 3, "password authentication failed")
+    assert "wrong-one" not in proc.stderr + proc.stdout
+    assert "database_wait" not in proc.stderr, line

@@ -20,7 +20,7 @@ from models import OperatorAction as ActionRow
 from reconciler.storage.engines import create_engine
 from reconciler.storage.schema import downgrade, upgrade
 from reconciler.worker import JobClient
-from tests.cli_runner import ARGV0, REPO_ROOT, settings_env
+from tests.cli_runner import ARGV0, REPO_ROOT, run_main, settings_env
 from tests.conftest import run_cli
 from tests.helpers import job_row
 from tests.integration.test_operator_actions import (
@@ -113,6 +113,35 @@ def test_the_record_keeps_who_and_why_and_show_lists_it_with_the_decisions(
     assert "retry by alice: applied; failed -> queued; note: refund checked" in human
 
 
+def test_an_action_typed_as_a_service_account_must_say_who_acts(
+        client: JobClient, engine: Engine, db_url: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Typed into the image (its own OS user ``reconciler``, as through ``kubectl exec``)
+    or as a uid with no name: refused, exit 2, one line saying how to name who acts, and
+    nothing recorded; ``RECONCILER_OPERATOR`` names the person, ``--as`` wins over it."""
+    job_id = client.enqueue("report.build", steps=PLAN)
+    monkeypatch.setattr(getpass, "getuser", lambda: "reconciler")
+    refused = run_cli(db_url, "jobs", "hold", str(job_id))
+    assert refused.returncode == 2, refused.stderr
+    [line] = refused.stderr.strip().splitlines()
+    assert "'reconciler' is a service account" in line
+    assert "--as NAME or set RECONCILER_OPERATOR" in line
+
+    def no_name() -> str:
+        raise KeyError("getpwuid(): uid not found: 10001")
+
+    monkeypatch.setattr(getpass, "getuser", no_name)
+    assert "the OS user has no name" in run_cli(db_url, "jobs", "hold", str(job_id)).stderr
+    env = {**settings_env(db_url), "RECONCILER_OPERATOR": "carol"}
+    held = run_main(["jobs", "hold", str(job_id)], env=env)
+    assert held.returncode == 0, held.stderr
+    lifted = run_main(["jobs", "unhold", str(job_id), "--as", "dave"], env=env)
+    assert lifted.returncode == 0, lifted.stderr
+    shown = json.loads(run_cli(db_url, "jobs", "show", str(job_id), "--json").stdout)
+    assert [(h["action"], h["actor"]) for h in shown["history"] if h["type"] == "action"] == [
+        ("hold", "carol"), ("unhold", "dave")]
+
+
 def _bulk(db_url: str, *argv: str) -> Any:
     return run_cli(db_url, "jobs", "retry", "--reason", DIED, "--note", "bulk", *argv)
 
@@ -153,11 +182,29 @@ def test_the_bulk_form_counts_first_and_acts_only_when_told(
         (str(reports[0]), getpass.getuser())]
 
 
+def test_each_bulk_filter_stands_alone(client: JobClient, engine: Engine,
+                                       db_url: str) -> None:
+    """``--kind`` and ``--since`` without ``--reason`` (as the help lists them): a dry run
+    lists the jobs of that kind decided in that window, then ``--yes`` retries them."""
+    terminalized(client, engine)
+    mails = [terminalized(client, engine, kind="mail.send") for _ in range(2)]
+    argv = ("jobs", "retry", "--kind", "mail.*", "--since", "1h", "--note", "x")
+    listed = run_cli(db_url, *argv, "--dry-run")
+    assert listed.returncode == 0, listed.stderr
+    lines = listed.stdout.splitlines()
+    assert lines[0].startswith("2 native jobs match (kind mail.*, decided in the last 3600 s")
+    assert sorted(line.strip() for line in lines[1:]) == sorted(f"job {j}" for j in mails)
+    done = run_cli(db_url, *argv, "--yes", "--as", "erin")
+    assert done.stdout.splitlines()[-1] == "retry: applied 2, refused 0", done.stderr
+    assert {job_row(engine, job)["job_status"] for job in mails} == {"queued"}
+
+
 def test_the_bulk_form_takes_no_job_id_and_hold_takes_no_filter(db_url: str) -> None:
     """One job or a filter, never both; hold has no bulk form: usage errors (exit 2)."""
     assert _bulk(db_url, "7").returncode == 2
     assert run_cli(db_url, "jobs", "hold", "--reason", DIED).returncode == 2
     assert run_cli(db_url, "jobs", "retry", "--note", "n").returncode == 2
+    assert run_cli(db_url, "jobs", "retry", "7", "--kind", "x", "--note", "n").returncode == 2
 
 
 def test_a_job_changed_between_the_bulk_preview_and_the_act_is_refused_exit_6(

@@ -290,10 +290,17 @@ def test_the_documented_command_creates_celerys_table_before_db_upgrade(
     code, _, err = cli(capsys, path, "db", "upgrade")
     assert code == 2
     assert "table 'celery_taskmeta' not found" in err
+    # Refused before anything was made: none of this project's tables is left behind.
+    made = sa.create_engine(url)
+    try:
+        assert sa.inspect(made).get_table_names() == []
+    finally:
+        made.dispose()
     argv = [sys.executable, "-c", command.removeprefix('python -c "').removesuffix('"')]
     done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=120,
                           check=False)
     assert done.returncode == 0, done.stderr
     code, out, err = cli(capsys, path, "db", "upgrade")
     assert (code, err) == (0, "")
-    assert "up to date" in out or "upgraded" in out
+    # The refused upgrade left nothing behind: this one made the schema.
+    assert "created this project's schema" in out
