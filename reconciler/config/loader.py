@@ -32,6 +32,7 @@ from reconciler.config.tables import (
     NativeConfig,
     SourceSettings,
     describe_table_error,
+    did_you_mean,
 )
 from reconciler.core.kinds import KindRules
 from reconciler.core.passes import PassConfig
@@ -116,7 +117,8 @@ def config_from(data: Mapping[str, Any], name: str = "config", path: Path | None
         elif isinstance(value, dict):
             raise ConfigError(f"{name}: unknown table [{key}] (known: [source], [kinds])")
         else:
-            raise ConfigError(f"{name}: unknown key {key!r} (not a setting)")
+            raise ConfigError(f"{name}: unknown key {key!r} (not a setting"
+                              f"{did_you_mean(key, Settings.model_fields)})")
 
     settings = load_settings(file_values=file_settings, file_name=name, **flags)
     source = parse_source(data.get("source"), settings, name)
@@ -170,7 +172,7 @@ def parse_source(table: Mapping[str, Any] | None, settings: Settings,
     for key in table:
         if key not in allowed:
             raise ConfigError(f"{name}: [source] unknown key {key!r} for kind {kind!r} "
-                              f"(known: {', '.join(allowed)})")
+                              f"(known: {', '.join(allowed)}{did_you_mean(key, allowed)})")
     values = {key: value for key, value in table.items() if key != "kind"}
     values.update({key: getattr(settings, key) for key in model.from_settings})
     try:
@@ -196,7 +198,8 @@ def parse_kinds(tables: Mapping[str, Any] | None, settings: Settings,
             if key not in KindSettings.model_fields:
                 hint = (f' (quote patterns with dots: [kinds."{pattern}.{key}"])'
                         if isinstance(value, dict)
-                        else f" (known: {', '.join(KindSettings.model_fields)})")
+                        else f" (known: {', '.join(KindSettings.model_fields)}"
+                             f"{did_you_mean(key, KindSettings.model_fields)})")
                 raise ConfigError(f"{name}: {where} unknown key {key!r}{hint}")
         try:
             rules.append(KindSettings(**table).rule(pattern))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Iterable
 from typing import Annotated, Any, ClassVar
 
 from pydantic import (
@@ -118,6 +119,15 @@ class NativeConfig(SourceSettings):
 
 _WANTED = {"float_type": "a number", "int_type": "an integer", "bool_type": "true or false",
            "string_type": "a string"}
+
+
+def did_you_mean(key: str, known: Iterable[str]) -> str:
+    """``"; did you mean X?"`` for the known key closest to a misspelt ``key`` (else "")."""
+    # Imported for a misspelt key only, not by every command.
+    import difflib  # noqa: PLC0415
+
+    close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]}?" if close else ""
 
 
 def describe_table_error(exc: ValidationError, where: str) -> str:

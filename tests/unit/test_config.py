@@ -199,7 +199,7 @@ class TestRefusals:
     """Every problem is one line naming the file and the key."""
 
     @pytest.mark.parametrize(("text", "names"), [
-        ("batch_sise = 3\n", ["batch_sise", "not a setting"]),
+        ("batch_sise = 3\n", ["batch_sise", "not a setting", "did you mean batch_size?"]),
         ("[sources]\nkind = 'table'\n", ["[sources]", "unknown table"]),
         ("batch_size = '10'\n", ["batch_size", "an integer", "a string"]),
         ("batch_size = true\n", ["batch_size", "a boolean"]),
@@ -213,7 +213,9 @@ class TestRefusals:
         ("[source]\nkind = 'pg-boss'\nschema = 3\n", ["schema", "an integer"]),
         ("[source]\nkind = 'pg-boss'\nschema = 'a b'\n", ["schema", "plain SQL name"]),
         ("[kinds.'*']\neffect = 'maybe'\n", ['[kinds."*"]', "effect", "maybe"]),
-        ("[kinds.'*']\neffct = 'pure'\n", ['[kinds."*"]', "effct"]),
+        ("[kinds.'*']\neffct = 'pure'\n", ['[kinds."*"]', "effct", "did you mean effect?"]),
+        ("[source]\nkind = 'rq'\nredis_ur = 'redis://x'\n",
+         ["redis_ur", "did you mean redis_url?"]),
         ("[kinds.reports.daily]\neffect = 'pure'\n", ['kinds."reports.daily"', "daily"]),
         ("[kinds.'*']\nmax_attempts = 0\n", ["max_attempts", ">= 1"]),
         ("[kinds.'*']\nmax_attempts = 2.5\n", ["max_attempts", "an integer"]),
