@@ -72,7 +72,7 @@ class CeleryActions:
         self._shape = shape_for(config.result_table)
         self._result = ResultRows(config.result_table, self._shape)
         self._rows = self._result.sql_table
-        self._broker = broker or CeleryBroker(config.broker_url)
+        self._broker = broker or CeleryBroker(config.url)
         # Celery writes naive UTC: write date_done so.
         self._utc = UtcTimes(connection)
 

@@ -49,6 +49,7 @@ from pydantic import ConfigDict, model_validator
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 from sqlalchemy.engine import Connection
 
+from reconciler.config.settings import read_secret_file
 from reconciler.config.tables import SourceSettings
 from reconciler.core.evidence import StepFacts
 from reconciler.core.kinds import KindPolicy
@@ -95,8 +96,10 @@ class CeleryConfig(SourceSettings):
     from_settings: ClassVar[frozenset[str]] = frozenset({"session_timeout_seconds"})
     sql_names: ClassVar[frozenset[str]] = frozenset({"result_table"})
     string_tables: ClassVar[frozenset[str]] = frozenset({"task_routes"})
-    broker_url: str
+    broker_url: str | None = None
     """The app's broker (Redis): liveness is its workers' answer to ping."""
+    broker_url_file: str | None = None
+    """A file holding ``broker_url`` on one line (a password kept out of the config)."""
     result_table: str = "celery_taskmeta"
     """``celery_taskmeta`` (Celery's own) or ``django_celery_results_taskresult``."""
     result_serializer: str = "json"
@@ -110,15 +113,24 @@ class CeleryConfig(SourceSettings):
 
     @model_validator(mode="after")
     def _supported(self) -> CeleryConfig:
+        if (self.broker_url is None) == (self.broker_url_file is None):
+            raise ValueError("give one of broker_url or broker_url_file")
         # Only the scheme is named back: a broker URL may hold a password.
-        if not self.broker_url.startswith(REDIS_SCHEMES):
+        if not self.url.startswith(REDIS_SCHEMES):
             raise ValueError("broker_url must be a Redis URL (redis://...): only Redis lets "
                              "the reconciler see and take back a message the broker would run "
-                             f"again (got {self.broker_url.split(':')[0]}:)")
+                             f"again (got {self.url.split(':')[0]}:)")
         if self.result_serializer not in CELERY_SERIALIZERS:
             raise ValueError(f"result_serializer must be one of {', '.join(CELERY_SERIALIZERS)}"
                              f" (got {self.result_serializer!r})")
         return self
+
+    @property
+    def url(self) -> str:
+        """The broker URL, read from ``broker_url_file`` where the config names one."""
+        if self.broker_url is not None:
+            return self.broker_url
+        return read_secret_file(self.broker_url_file, "broker_url_file")
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +162,7 @@ class CelerySql:
         shape = shape_for(config.result_table)
         result = ResultRows(config.result_table, shape)
         return cls(config.result_table, shape, result, CeleryLiveness(
-            CeleryBroker(config.broker_url), result, config.session_timeout_seconds,
+            CeleryBroker(config.url), result, config.session_timeout_seconds,
             config.task_routes, config.task_default_queue))
 
     @property
