@@ -947,11 +947,17 @@ def test_run_refuses_a_bad_setting_in_one_line(
 @pytest.mark.parametrize("url", [UNREACHABLE_URL, "sqlite:////nonexistent-dir/sub/jobs.db"],
                          ids=["postgresql", "sqlite"])
 def test_run_refuses_an_unreachable_database_in_one_line(url: str) -> None:
-    """`reconciler run` against a database it cannot reach exits non-zero with one line
-    (after its start-up retries, one second of them here)."""
+    """`reconciler run` against a database it cannot reach exits 3 with one error line,
+    after its start-up retries (one second of them here), each a log line saying what it
+    waits for."""
     proc = run_cli(url, "run", timeout=30, process=False, metrics_port=0,
                    start_retry_seconds=1)
-    assert_one_line_error(proc, "cannot reach the database")
+    assert proc.returncode == 3, proc.stderr
+    *waits, last = proc.stderr.strip().splitlines()
+    assert last.startswith("reconciler: error: cannot reach the database"), last
+    # A SQLite folder that is not there is refused before any connection, without waiting.
+    assert bool(waits) == url.startswith("postgresql"), proc.stderr
+    assert all("event=database_wait code=unreachable" in line for line in waits), waits
 
 
 def test_run_refuses_a_metrics_port_in_use_in_one_line(tmp_path: Path) -> None:
