@@ -146,6 +146,11 @@ class Console:
         CSRF token."""
         if len(body) > MAX_FORM_BYTES:
             return self._error(413, "the form is too large", viewer)
+        if viewer.bearer:
+            # Said before the origin check: a script sends no Origin, and that is not why.
+            return self._forbidden(viewer, "bearer_token",
+                                   "a bearer token reads only: acting needs an operator "
+                                   "signed in at /login (the forms carry its session)")
         if not _same_origin(headers):
             return self._forbidden(viewer, "foreign_origin",
                                    "this form was not sent from this console's own page")
@@ -228,7 +233,9 @@ def _local(target: str) -> str:
 
 def _shown(value: Any) -> str:
     """Text from the database as shown: control and direction characters made visible
-    (autoescaping then makes markup inert)."""
+    (autoescaping then makes markup inert); a boolean as JSON and `jobs explain` say it."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
     return printable("" if value is None else str(value))
 
 

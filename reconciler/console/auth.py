@@ -35,7 +35,10 @@ class Viewer:
     csrf: str = ""
     """The CSRF token of the operator's session ("" for a reader, or a bearer request)."""
     signed_in: bool = False
-    """True when a token was given (the page offers a sign-out)."""
+    """True for a session signed in through the form (the page offers a sign-out)."""
+    bearer: bool = False
+    """True for a request carrying its token as ``Authorization: Bearer`` (a script's
+    read: no session to sign out of, no form it may send)."""
 
     @property
     def may_act(self) -> bool:
@@ -72,7 +75,7 @@ class Access:
         if scheme.lower() == "bearer" and given.strip():
             # Scripts read with a bearer token; acting needs a signed-in form (CSRF).
             found = self.identify(given.strip())
-            return None if found is None else Viewer(found or None, signed_in=True)
+            return None if found is None else Viewer(found or None, bearer=True)
         return self._session(_cookie_value(headers.get("cookie", "")))
 
     def identify(self, given: str) -> str | None:

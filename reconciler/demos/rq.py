@@ -92,7 +92,7 @@ def _demo(path: Path, redis_url: str) -> int:
             "instead of waiting that minute, the demo moved the killed jobs' entries to "
             "expired now")
         if not pass_until_decided(config, {render.id, charge.id}, "entry expired, worker "
-                                  f"silent past {SESSION_TIMEOUT_SECONDS:g} s"):
+                                  f"silent past {SESSION_TIMEOUT_SECONDS:g} s", noun="job"):
             return 1
         wait(lambda: _status(render) == "finished", "the new worker to finish the resumed "
              "job", timeout=60)

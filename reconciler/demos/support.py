@@ -54,10 +54,11 @@ def wait(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> Non
         time.sleep(0.1)
 
 
-def pass_until_decided(config: Config, tasks: set[str], due: str) -> bool:
+def pass_until_decided(config: Config, tasks: set[str], due: str, noun: str = "task"
+                       ) -> bool:
     """Passes, for up to 30 s, until each task is decided (each once it is due), saying each
     decision with the seconds since the kill and ``due`` (what made it due); whether all
-    were."""
+    were. ``noun``: what the system calls its work (RQ: a job)."""
     started = time.monotonic()
     decided: set[str] = set()
     with assemble_cli(config) as cli:
@@ -65,12 +66,12 @@ def pass_until_decided(config: Config, tasks: set[str], due: str) -> bool:
             report = run_pass(cli.passes, cli.pass_config("demo"))
             for d in report.decisions:
                 say(f"pass {report.pass_id}, {time.monotonic() - started:.1f} s after the "
-                    f"kill ({due}): task {d.job_id}: {d.disposition.value} "
+                    f"kill ({due}): {noun} {d.job_id}: {d.disposition.value} "
                     f"({d.reason.value})")
                 decided.add(str(d.job_id))
             time.sleep(0.3)
     if decided != tasks:
-        say("no pass decided both tasks within 30 s")
+        say(f"no pass decided both {noun}s within 30 s")
     return decided == tasks
 
 

@@ -164,6 +164,34 @@ def test_the_read_only_token_sees_no_form_and_its_posts_are_403(
     assert job_row(engine, job)["job_status"] == "failed"
 
 
+def test_a_bearer_token_reads_with_no_session_to_sign_out_of_and_never_acts(
+    db_url: str, engine: Engine, seeded: Seeded, operators: str,
+    caplog: pytest.LogCaptureFixture
+) -> None:
+    """A script's bearer request: the page says it reads with a bearer token and offers no
+    "Sign out" (there is no session); its POST, sent without an Origin as scripts send it,
+    is refused as a bearer token's (logged ``why=bearer_token``, not ``foreign_origin``)
+    and changes nothing."""
+    job = seeded.died_mid_step
+    with served(db_url, **_tokens(operators)) as base:
+        page = fetch(base + f"/jobs/native/{job}",
+                     headers={"Authorization": f"Bearer {ALICE}"})
+        with caplog.at_level(logging.WARNING, logger="reconciler.console"):
+            acted = fetch(base + f"/jobs/native/{job}", method="POST",
+                          data=b"action=retry&note=n",
+                          headers={"Authorization": f"Bearer {ALICE}"})
+    assert page.status == 200
+    assert "reading with a bearer token of <strong>alice</strong>" in page.body
+    assert "Sign out" not in page.body
+    assert "signed in" not in page.body
+    assert acted.status == 403
+    assert "a bearer token reads only" in acted.body
+    assert "why=bearer_token" in caplog.text
+    assert "foreign_origin" not in caplog.text
+    assert recorded(engine, seeded) == []
+    assert job_row(engine, job)["job_status"] == "failed"
+
+
 def test_a_form_without_its_csrf_token_or_from_another_origin_is_refused(
     db_url: str, engine: Engine, seeded: Seeded, operators: str,
     caplog: pytest.LogCaptureFixture

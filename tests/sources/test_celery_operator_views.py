@@ -258,6 +258,12 @@ class TestConsole:
         assert '<strong class="kind">app.payments.charge</strong>' in page
         assert '<span class="source-status">FAILURE</span> in celery' in page
         assert worker not in page
+        # Evidence in the words JSON and `jobs explain` use; no "generation 0 -> 0" (a
+        # generation is this project's own jobs' counter, which Celery's rows do not have).
+        assert "<td>True</td>" not in page
+        assert "<td>False</td>" not in page
+        assert "<td>true</td>" in page or "<td>false</td>" in page
+        assert "generation" not in page
 
 
 DOCS = Path(__file__).parents[2] / "docs" / "sources.md"

@@ -112,7 +112,8 @@ class RqActions:
         OperatorAction.HOLD: "RQ's own cleanup fails a started job, or requeues it while "
                              "its Retry has retries left, once its registry entry expires "
                              "(about a minute after its worker's last heartbeat)",
-        OperatorAction.CANCEL: "a started job is stopped through its worker (RQ's "
+        OperatorAction.CANCEL: "as RQ cancels: a waiting job ends canceled and never "
+                               "runs; a started one is stopped through its worker (RQ's "
                                "stop-job command) and ends stopped; dependents stay "
                                "deferred",
         OperatorAction.RETRY: "runs again from its start unless it records steps in the "
