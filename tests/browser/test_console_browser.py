@@ -82,7 +82,7 @@ def test_an_operator_reaches_the_evidence_and_rule_of_a_mid_step_death(
                     for row in decision.find_elements(By.CSS_SELECTOR, "table.evidence tr")}
         assert evidence["step_states"] == "succeeded, started"
         assert evidence["effect_kinds"] == "pure, effectful"
-        assert evidence["lease_live"] == "False"
+        assert evidence["lease_live"] == "false"  # as JSON and `jobs explain` say it
 
 
 def test_a_hostile_kind_runs_no_script(browser: Any, db_url: str, seeded: Seeded) -> None:
