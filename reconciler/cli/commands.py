@@ -8,6 +8,8 @@ gets its parts from the composition root and prints what it found.
 from __future__ import annotations
 
 import argparse
+import atexit
+import contextlib
 import importlib
 import json
 import logging
@@ -268,13 +270,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     configure_logging(args.verbose)
     service = Service(assemble_sidecar(_config(args)))
     code = service.run_until_signalled()
-    if service.stuck:
-        # A thread is still blocked inside the database driver: the interpreter would wait
-        # for it at exit (for as long as the database stays frozen). Exit now instead.
-        logging.shutdown()
-        sys.stderr.flush()
-        os._exit(code)
-    return code
+    if not service.stuck:
+        # Everything the service held is released (engines, sockets, its threads): what
+        # is left is the interpreter's teardown of every module, most of a second that a
+        # rolling deploy waits for. The exit handlers run (a coverage tool's save), then
+        # the process ends, right after its `service_stopped` line.
+        atexit._run_exitfuncs()
+    # Stuck: a thread is still blocked inside the database driver, and the interpreter
+    # would wait for it at exit (for as long as the database stays frozen).
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a reader gone, a stream closed
+            stream.flush()
+    os._exit(code)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
