@@ -134,11 +134,13 @@ def job_list_lines(views: list[dict[str, Any]]) -> list[str]:
         return ["no jobs"]
     ids = [printable(str(v["job_id"])) for v in views]
     kinds = [printable(v["job_kind"]) for v in views]
-    statuses = [printable(v["status"]) for v in views]
+    # A held job says so beside its status: passes leave it alone until it is lifted.
+    statuses = [printable(v["status"]) + (" (held)" if v.get("operator_hold") else "")
+                for v in views]
     attempts = [_attempts(v) for v in views]
     steps = [str(v["resume_step_index"]) if _resumes(v) else "-" for v in views]
     wide = (_width(ids, "JOB", LIST_ID_WIDTH), _width(kinds, "KIND", LIST_KIND_WIDTH),
-            _width(statuses, "STATUS", (6, 11)), _width(attempts, "ATTEMPTS", (8, 12)))
+            _width(statuses, "STATUS", (6, 18)), _width(attempts, "ATTEMPTS", (8, 12)))
     # Numbers right-aligned, text left-aligned; the header aligned as its column.
     row = "{:>{}}  {:<{}}  {:<{}}  {:>{}}  {:>4}  {}"
     lines = [row.format("JOB", wide[0], "KIND", wide[1], "STATUS", wide[2],

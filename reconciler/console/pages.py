@@ -161,12 +161,14 @@ class Pages:
         })
 
     def held(self) -> Page:
-        """Held, parked and gated jobs: this project's from its rows, every source's as
-        its passes last recorded them."""
+        """Held, parked and gated jobs: this project's from its rows, the holds on other
+        systems' jobs from the reconciler's own, every source's as its passes last
+        recorded them."""
         held, parked = self.reads.held_and_parked(HELD_JOBS)
         recorded = [decision_view(r) for r in
                     self.reads.latest_by_reason(WAITING_REASONS, HELD_JOBS)]
         return Page("held.html", {"held": [job_view(j) for j in held],
+                                  "foreign_held": self.reads.foreign_holds(HELD_JOBS),
                                   "parked": [job_view(j) for j in parked],
                                   "recorded": recorded})
 

@@ -47,6 +47,9 @@ class ConsoleReads(Protocol):
     def held_and_parked(self, limit: int) -> tuple[list[JobDetail], list[JobDetail]]:
         """This project's held jobs and parked jobs, newest first."""
 
+    def foreign_holds(self, limit: int) -> list[dict[str, Any]]:
+        """The holds on other systems' jobs, newest first (source, key, by whom, since)."""
+
     def latest_by_reason(self, reasons: Sequence[str], limit: int) -> list[dict[str, Any]]:
         """The latest real decisions of these reasons, newest first."""
 

@@ -369,9 +369,13 @@ def apply_and_record(tx: PassUnit, instance: str, planned: Sequence[PlannedChang
         applied = tx.jobs.apply(acting) if acting else {}
         failpoints.hit("between_apply_and_record")
         recorded = outcomes(planned, applied)
-    tx.audit.finish_pass(pass_id, tx.jobs.source_name,
-                         [(r, p.evidence) for r, p in zip(recorded, planned, strict=True)],
-                         shadow=shadow, outcome=outcome)
+    repeated = tx.audit.finish_pass(
+        pass_id, tx.jobs.source_name,
+        [(r, p.evidence) for r, p in zip(recorded, planned, strict=True)],
+        shadow=shadow, outcome=outcome)
+    if repeated:
+        recorded = [replace(r, repeated=True) if (str(r.job_id), r.reason.value) in repeated
+                    else r for r in recorded]
     if not shadow:  # parking writes a job row; shadow mode changes none
         parking = [p for p in planned if p.decision.disposition is Disposition.SKIP
                    and p.decision.reason in PARKING_REASONS]

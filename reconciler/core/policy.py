@@ -115,12 +115,14 @@ class OperatorChange:
 def operator_change(action: OperatorAction, status: JobStatus, held: bool
                     ) -> OperatorChange | Refusal:
     """The change an operator action makes to a job in ``status``, or why it is refused."""
-    if action in (OperatorAction.HOLD, OperatorAction.UNHOLD):
+    if action is OperatorAction.UNHOLD:
+        # A hold is liftable for as long as it exists: the job may have ended meanwhile (its
+        # system finished it, an operator cancelled it), and lifting changes nothing else.
+        return OperatorChange(hold=False) if held else Refusal.NOT_HELD
+    if action is OperatorAction.HOLD:
         if status in TERMINAL_STATUSES:
             return Refusal.JOB_TERMINAL
-        if held == (action is OperatorAction.HOLD):
-            return Refusal.ALREADY_HELD if held else Refusal.NOT_HELD
-        return OperatorChange(hold=action is OperatorAction.HOLD)
+        return Refusal.ALREADY_HELD if held else OperatorChange(hold=True)
     if action is OperatorAction.RETRY:
         if status not in RETRYABLE_STATUSES:
             # Never rewinds a live job's attempt count; completed work is not redone.

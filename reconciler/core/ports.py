@@ -170,6 +170,9 @@ class RecordedDecision:
     resume_step_index: int | None
     generation_before: int | None
     generation_after: int | None
+    repeated: bool = False
+    """A skip the audit already held (the same job, reason and generation, by an earlier
+    pass: a held job skipped by every pass): not recorded again, and not counted again."""
 
 
 class JobSource(Protocol):
@@ -244,10 +247,11 @@ class AuditLog(Protocol):
 
     def finish_pass(self, pass_id: int, source_name: str,
                     decisions: Sequence[tuple[RecordedDecision, dict[str, Any]]], *,
-                    shadow: bool = False, outcome: PassOutcome = PassOutcome.OK) -> None:
+                    shadow: bool = False, outcome: PassOutcome = PassOutcome.OK
+                    ) -> set[tuple[str, str]]:
         """Record every decision with its evidence, and the pass's counts and outcome. A
         skip already recorded for the same job, reason and generation is not recorded
-        again."""
+        again: those are returned, as (job id as text, reason)."""
 
 
 class Lease(Protocol):

@@ -32,6 +32,7 @@ from reconciler.sources.kit.source import DeclaredSource
 from reconciler.sources.kit.system import Wanted
 from reconciler.storage.audit import AuditHistory
 from reconciler.storage.engines import read_only
+from reconciler.storage.operator_record import held_among
 
 _REASONS = frozenset(r.value for r in Reason)
 T = TypeVar("T")
@@ -102,7 +103,9 @@ class ForeignJobs:
             query = sa.select(jobs).order_by(*source.listing_order(jobs)).limit(limit)
             if raws is not None:
                 query = query.where(jobs.c.source_status.in_(sorted(raws)))
-            return [self._detail(source, row) for row in source.connection.execute(query)]
+            rows = list(source.connection.execute(query))
+            held = held_among(source.connection, self._name, [row.job_id for row in rows])
+            return [self._detail(source, row, held) for row in rows]
 
         return self._with_source(read)
 
@@ -113,7 +116,10 @@ class ForeignJobs:
             row = source.connection.execute(
                 sa.select(jobs).where(sa.cast(jobs.c.job_id, sa.String()) == str(job_id))
             ).first()
-            return None if row is None else self._detail(source, row)
+            if row is None:
+                return None
+            return self._detail(source, row, held_among(source.connection, self._name,
+                                                         [row.job_id]))
 
         return self._with_source(read)
 
@@ -144,7 +150,9 @@ class ForeignJobs:
             finally:
                 conn.rollback()
 
-    def _detail(self, source: DeclaredSource, row: sa.Row[Any]) -> JobDetail:
+    def _detail(self, source: DeclaredSource, row: sa.Row[Any], held: set[str]
+                ) -> JobDetail:
+        """One listed row as a job's detail (``held``: the keys an operator holds)."""
         raw = None if row.source_status is None else str(row.source_status)
         word = source.status_words().get(raw or "")
         kind = "" if row.job_kind is None else str(row.job_kind)
@@ -159,7 +167,7 @@ class ForeignJobs:
             else self._kinds.resolve(kind).max_attempts,
             # Only a job that will run (again) has a step it resumes at.
             resume_step_index=0 if word in _WILL_RUN else None, plan_text=None,
-            operator_hold=False, last_error_code=None,
+            operator_hold=str(row.job_id) in held, last_error_code=None,
             created_at=row.created_at, updated_at=row.updated_at,
             finished_at=None if word not in _ENDED else row.updated_at, step_states={},
             source_status=raw)

@@ -128,7 +128,8 @@ class Metrics:
         if report.outcome in (PassOutcome.OK, PassOutcome.LIVENESS_UNKNOWN):
             self.last_success.set(now_unix)
         counter = self.shadow_decisions if shadow else self.decisions
-        for decision in report.decisions:
+        # As the audit counts them: a skip it already held (a held job, every pass) once.
+        for decision in (d for d in report.decisions if not d.repeated):
             counter.labels(disposition=decision.disposition.value,
                            reason=decision.reason.value).inc()
 

@@ -211,14 +211,26 @@ class SqlAudit:
 
     def finish_pass(self, pass_id: int, source_name: str,
                     recorded: Sequence[tuple[RecordedDecision, dict[str, Any]]], *,
-                    shadow: bool = False, outcome: PassOutcome = PassOutcome.OK) -> None:
+                    shadow: bool = False, outcome: PassOutcome = PassOutcome.OK
+                    ) -> set[tuple[str, str]]:
         """Insert every decision in one statement (a skip already on record for the same
-        job, reason and generation is left out), then the pass's counts and outcome."""
+        job, reason and generation is left out), then the pass's counts and outcome; the
+        skips left out, as (job id as text, reason)."""
+        repeated: set[tuple[str, str]] = set()
         if recorded:
             self.conn.execute(self.sql.record_decisions, {
                 "recording_pass_id": pass_id,
                 "recorded_rows": encode_rows(decision_rows(
                     source_name, recorded, shadow=shadow, kind_of=self.kind_of))})
+            skips = {(str(r.job_id), r.reason.value) for r, _ in recorded
+                     if r.disposition is Disposition.SKIP}
+            if skips:
+                # What this pass's insert kept, read back by its pass id (its own index).
+                kept = {(str(job), str(reason)) for job, reason in self.conn.execute(
+                    sa.select(decisions.c.job_id, decisions.c.decision_reason).where(
+                        decisions.c.pass_id == pass_id,
+                        decisions.c.disposition == Disposition.SKIP.value))}
+                repeated = skips - kept
         counts = dict.fromkeys(Disposition, 0)
         for r, _ in recorded:
             counts[r.disposition] += 1
@@ -228,6 +240,7 @@ class SqlAudit:
             "n_terminalized": counts[Disposition.TERMINALIZE],
             "n_skipped": counts[Disposition.SKIP], "outcome_value": outcome.value,
         })
+        return repeated
 
 
 class SqlLease:

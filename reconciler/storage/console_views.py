@@ -23,7 +23,7 @@ from reconciler.storage.audit import read_brake
 from reconciler.storage.engines import read_only
 from reconciler.storage.native_source import NativeSource
 from reconciler.storage.read_views import _DETAIL_COLUMNS, ReadViewsSql, _detail, _step_states
-from reconciler.storage.sql import actions, decisions, jobs, passes
+from reconciler.storage.sql import actions, decisions, holds, jobs, passes
 
 # Decision ids follow decided_at up to the few seconds two concurrent passes' inserts can
 # interleave: a time filter starts its id range this much earlier, and the exact
@@ -150,6 +150,15 @@ class ConsoleViewsSql(ReadViewsSql):
         """This project's jobs under an operator hold, and those parked (held or gated,
         recorded, left out of the scans); newest first, each list at most ``limit``."""
         return self._job_list(HELD, limit), self._job_list(PARKED, limit)
+
+    def foreign_holds(self, limit: int) -> list[dict[str, Any]]:
+        """The reconciler's own holds on other systems' jobs (``jobs hold`` under a
+        foreign source), newest first: source, job key, who held it, since when."""
+        with self._read() as conn:
+            return [dict(r._mapping) for r in conn.execute(
+                sa.select(holds.c.job_source, holds.c.job_key, holds.c.held_by,
+                          holds.c.held_at)
+                .order_by(holds.c.held_at.desc(), holds.c.job_key).limit(limit))]
 
     def _job_list(self, predicate: sa.TextClause, limit: int) -> list[JobDetail]:
         with self._read() as conn:

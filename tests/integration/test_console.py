@@ -61,11 +61,14 @@ def test_from_the_overview_an_operator_reaches_a_dead_jobs_evidence_and_rule(
 
 
 def test_held_parked_and_gated_jobs_are_listed(db_url: str, seeded: Seeded) -> None:
-    """The held job among the held, the gated one parked and recorded as waiting."""
+    """The held job among the held, the gated one parked and recorded as waiting; no
+    foreign job held (the native source's holds are its rows')."""
     with served(db_url) as base:
         body = fetch(base + "/held").body
-    held, parked, recorded = body.split("<h2>")[1:4]
+    held, foreign, parked, recorded = body.split("<h2>")[1:5]
     assert f"/jobs/native/{seeded.held}" in held
+    assert "in other systems" in foreign
+    assert 'class="empty">none' in foreign
     assert f"/jobs/native/{seeded.gated}" in parked
     assert f"/jobs/native/{seeded.gated}" in recorded
     assert "waiting_on_gate" in recorded

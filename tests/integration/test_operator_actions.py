@@ -174,15 +174,17 @@ def test_hold_twice_and_actions_on_finished_jobs_are_refused_and_recorded(
     claim_job(client, job_id).complete()
     generation = job_row(engine, job_id)["claim_generation"]
     before = snapshot(engine, job_id)
-    for action in ("hold", "unhold", "cancel"):
+    for action in ("hold", "cancel"):
         assert client.store.operator_action(job_id, action) == (False, "job_terminal")
+    # Not held: nothing to lift (a hold still on it would be lifted, ended or not).
+    assert client.store.operator_action(job_id, "unhold") == (False, "not_held")
     assert client.store.operator_action(job_id, "retry") == (False,
                                                               "job_not_failed_or_cancelled")
     assert snapshot(engine, job_id) == before
     assert actions_of(engine, job_id)[-4:] == [
         (action, "refused", reason, "completed", "completed", generation, generation)
-        for action, reason in (("hold", "job_terminal"), ("unhold", "job_terminal"),
-                               ("cancel", "job_terminal"),
+        for action, reason in (("hold", "job_terminal"), ("cancel", "job_terminal"),
+                               ("unhold", "not_held"),
                                ("retry", "job_not_failed_or_cancelled"))
     ]
     assert [a[:3] for a in actions_of(engine, job_id)[:4]] == [

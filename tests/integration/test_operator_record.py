@@ -182,6 +182,23 @@ def test_the_bulk_form_counts_first_and_acts_only_when_told(
         (str(reports[0]), getpass.getuser())]
 
 
+def test_a_hold_outlives_its_jobs_end_and_is_still_lifted(
+        client: JobClient, engine: Engine, db_url: str) -> None:
+    """A held job cancelled by another operator ends cancelled and still held; ``unhold``
+    lifts the hold (exit 0), which changes nothing else, and is recorded."""
+    job_id = client.enqueue("report.build", steps=PLAN)
+    assert run_cli(db_url, "jobs", "hold", str(job_id), "--as", "ann").returncode == 0
+    cancelled = run_cli(db_url, "jobs", "cancel", str(job_id), "--note", "dup", "--as", "bo")
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert (job_row(engine, job_id)["job_status"], job_row(engine, job_id)["operator_hold"]
+            ) == ("cancelled", True)
+    lifted = run_cli(db_url, "jobs", "unhold", str(job_id), "--as", "ann")
+    assert lifted.returncode == 0, lifted.stderr
+    row = job_row(engine, job_id)
+    assert (row["job_status"], bool(row["operator_hold"])) == ("cancelled", False)
+    assert run_cli(db_url, "jobs", "unhold", str(job_id), "--as", "ann").returncode == 6
+
+
 def test_each_bulk_filter_stands_alone(client: JobClient, engine: Engine,
                                        db_url: str) -> None:
     """``--kind`` and ``--since`` without ``--reason`` (as the help lists them): a dry run

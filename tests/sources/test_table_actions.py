@@ -12,6 +12,7 @@ from typing import Any, cast
 
 import pytest
 import sqlalchemy as sa
+from prometheus_client import CollectorRegistry
 
 from models import OperatorAction as ActionRow
 from models import OperatorHold, ReconciliationDecision
@@ -21,6 +22,7 @@ from reconciler.core.operator_desk import OperatorDesk
 from reconciler.core.passes import run_pass
 from reconciler.core.vocabulary import Disposition, OperatorAction, Reason
 from reconciler.root.cli import assemble_cli
+from reconciler.sidecar.metrics import Metrics
 from reconciler.sources.table.actions import TableActions
 from reconciler.sources.table.config import TableConfig
 from tests.sources.actions_support import desk_for, desk_moving_after_read
@@ -152,11 +154,26 @@ def test_a_held_stale_job_is_left_alone_until_unheld(table_home: Home) -> None:
     config = config_for(table_home.engine, table_home.full, KINDS)
     again = run_pass(assemble_cli(config, engine=table_home.engine).passes,
                      replace(pass_config(config.settings, "actions-test", KINDS), brake=None))
-    assert [(d.job_id, d.reason) for d in again.decisions] == [(job, Reason.OPERATOR_HOLD)]
+    assert [(d.job_id, d.reason, d.repeated) for d in again.decisions] == [
+        (job, Reason.OPERATOR_HOLD, True)]
     with table_home.engine.connect() as conn:
         reasons = conn.execute(sa.select(DECISIONS.c.decision_reason).where(
             DECISIONS.c.job_source == SOURCE, DECISIONS.c.job_id == str(job))).scalars()
         assert list(reasons) == ["operator_hold"]  # recorded once
+    # The counter counts as the audit does: a second job held now is counted on the next
+    # pass; the first, skipped again, is not (its skip is on record from the first pass).
+    other = dead(table_home, job_type="mail.send", **steps("succeeded"))
+    assert desk.act(OperatorAction.HOLD, str(other), actor="f", note=None).applied
+    metrics = Metrics(CollectorRegistry())
+    third = run_pass(assemble_cli(config, engine=table_home.engine).passes,
+                     replace(pass_config(config.settings, "actions-test", KINDS), brake=None))
+    for report in (again, third):
+        metrics.observe_pass(report, 0.01, 0.0)
+    assert sorted((d.job_id, d.repeated) for d in third.decisions) == [
+        (job, True), (other, False)]
+    skipped = metrics.decisions.labels(disposition="skip", reason="operator_hold")
+    assert skipped._value.get() == 1.0
+    assert desk.act(OperatorAction.UNHOLD, str(other), actor="f", note=None).applied
     assert row(table_home, job) == before
     assert desk.act(OperatorAction.UNHOLD, str(job), actor="f", note=None).applied
     assert desk.act(OperatorAction.UNHOLD, str(job), actor="f", note=None).refusal == \

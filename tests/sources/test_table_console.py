@@ -16,8 +16,11 @@ from urllib.parse import quote_plus
 
 from reconciler.config.loader import Config
 from reconciler.config.settings import Settings
+from reconciler.root.jobs import open_jobs
 from reconciler.root.sidecar import assemble_sidecar
 from reconciler.sidecar.service import Service
+from reconciler.storage.sql_store import SqlStore
+from reconciler.views import job_list_lines, job_view
 from tests.console_support import fetch, serving
 from tests.integration.test_console_actions import csrf_of, offered, post, sign_in
 from tests.sources.test_table_actions import (
@@ -91,3 +94,36 @@ def test_an_operator_retries_and_cancels_table_jobs_from_their_pages(
     assert (cancel["operator_action"], cancel["action_outcome"], cancel["acted_by"],
             cancel["operator_note"]) == ("cancel", "applied", "alice", "customer asked")
     assert (retry["state_before"], cancel["state_after"]) == ("failed", "cancelled")
+
+
+def test_holds_on_table_jobs_are_listed_marked_and_liftable_after_the_job_ends(
+        table_home: Home, tmp_path: Path) -> None:
+    """Alice holds two jobs of the table from their pages: the held page lists both with
+    who held them (never "none"), ``jobs list`` marks both held; one then ends in its
+    system (the app's worker finished it) and its hold is still lifted, from its page."""
+    running = add(table_home, status="processing", job_type="mail.send")
+    waiting = add(table_home, status="pending", claimed_by=None, attempts=0,
+                  job_type="mail.send")
+    mapping = replace(table_home.full, cancelled="cancelled")
+    with served(table_home, tmp_path) as base:
+        cookie = sign_in(base, ALICE)
+        for job in (running, waiting):
+            assert 'id="outcome">hold applied' in _act(base, cookie, job, "hold", "look")
+        held_page = fetch(base + "/held", headers={"Cookie": cookie}).body
+        section = held_page[held_page.index('id="foreign-holds"'):]
+        section = section[:section.index("</section>")]
+        for job in (running, waiting):
+            assert f'href="/jobs/{SOURCE}/{job}"' in section
+        assert section.count("<td>alice</td>") == 2
+        jobs = open_jobs(table_home.engine, mapping, KINDS, SqlStore(table_home.engine))
+        listed = {str(d.job_id): d.operator_hold for d in jobs.list_jobs(None, 10)}
+        assert (listed[str(running)], listed[str(waiting)]) == (True, True)
+        lines = job_list_lines([job_view(d) for d in jobs.list_jobs(None, 10)])
+        assert sum("(held)" in line for line in lines) == 2
+        with table_home.engine.begin() as conn:  # the app's own worker finishes it
+            conn.execute(table_home.jobs.update().where(table_home.jobs.c.id == running)
+                         .values(status="done"))
+        page = _act(base, cookie, running, "unhold", "done anyway")
+        assert 'id="outcome">unhold applied' in page
+        assert f'href="/jobs/{SOURCE}/{running}"' not in fetch(
+            base + "/held", headers={"Cookie": cookie}).body

@@ -98,11 +98,15 @@ class TestOperatorChange:
             assert operator_change(OperatorAction.UNHOLD, status, False) is Refusal.NOT_HELD
 
     def test_nothing_but_retry_touches_a_finished_job(self) -> None:
-        """Hold, unhold and cancel of a terminal job are refused."""
+        """Hold and cancel of a terminal job are refused; a hold it still carries (set
+        while it ran) is lifted, which changes nothing else, and only a hold is."""
         for status, held, action in itertools.product(
-                self.TERMINAL, (False, True),
-                (OperatorAction.HOLD, OperatorAction.UNHOLD, OperatorAction.CANCEL)):
+                self.TERMINAL, (False, True), (OperatorAction.HOLD, OperatorAction.CANCEL)):
             assert operator_change(action, status, held) is Refusal.JOB_TERMINAL
+        for status in self.TERMINAL:
+            assert operator_change(OperatorAction.UNHOLD, status, True) == OperatorChange(
+                hold=False)
+            assert operator_change(OperatorAction.UNHOLD, status, False) is Refusal.NOT_HELD
 
     def test_retry_requeues_failed_or_cancelled_with_a_fresh_budget(self) -> None:
         """A retry is a transition to queued that restarts the attempt budget."""

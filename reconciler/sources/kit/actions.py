@@ -151,8 +151,10 @@ class ForeignDesk(RecordedDesk):
             job = self._open(reading, self._config, self._kinds).read(key, lock=False)
             held = job is not None and is_held(reading, self.source, key)
             conn.rollback()
-        if job is None or job.word is None:
+        if job is None:
             return frozenset()
+        if job.word is None:  # a status the actions cannot take: only a hold is lifted
+            return frozenset({OperatorAction.UNHOLD}) if held else frozenset()
         return allowed_now(job.word, held)
 
     def act(self, action: OperatorAction, job_id: str, *, actor: str,
@@ -192,6 +194,14 @@ class ForeignDesk(RecordedDesk):
                key: JobKey, job: ForeignJob, *, held: bool, actor: str
                ) -> tuple[str | None, str, bool]:
         """(refusal, state after, held after) of one action on a job as read."""
+        if action is OperatorAction.UNHOLD:
+            # A hold is lifted whatever the job's state now, one the actions cannot map
+            # included (its system ended it meanwhile): lifting changes nothing else.
+            if not held or not lift_hold(conn, self.source, key):
+                return Refusal.NOT_HELD.value, job.state, held
+            if isinstance(system, HoldsOwnRecovery):
+                system.hold_recovery(key, job, held=False)
+            return None, job.state, False
         if job.word is None:
             return UNMAPPED_STATUS, job.state, held
         own = system.refuses(action, job)
@@ -206,12 +216,6 @@ class ForeignDesk(RecordedDesk):
             if isinstance(system, HoldsOwnRecovery):
                 system.hold_recovery(key, job, held=True)
             return None, job.state, True
-        if action is OperatorAction.UNHOLD:
-            if not lift_hold(conn, self.source, key):
-                return Refusal.NOT_HELD.value, job.state, held
-            if isinstance(system, HoldsOwnRecovery):
-                system.hold_recovery(key, job, held=False)
-            return None, job.state, False
         swap = system.retry if action is OperatorAction.RETRY else system.cancel
         try:
             after = swap(key, job)
