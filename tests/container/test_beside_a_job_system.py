@@ -30,6 +30,7 @@ from tests.container.test_image import (
     container_run,
     empty_postgres_url,
 )
+from tests.sources import conftest as _sources  # noqa: F401 - first, as pytest loads it
 from tests.sources.django_tasks_support import DjangoDatabase, require_django, worker_argv
 from tests.sources.support import Markers, Processes
 from tests.unit.test_kubernetes_manifests import SECRETS, configmap_toml, docs_sources
@@ -115,7 +116,7 @@ def test_the_kubernetes_example_decides_a_killed_django_tasks_worker_from_the_co
     _wait(lambda: _get(f"http://127.0.0.1:{port}/readyz") == 200, "/readyz to answer 200",
           60, logs)
     markers = Markers(tmp_path / "markers")
-    job = project.manage("enqueue", f"{TASKS}.effect_work", json.dumps({}),
+    job = project.manage("enqueue", "effect_work", json.dumps({}),
                          markers=markers.folder).strip()
     (tmp_path / "logs").mkdir()
     markers.folder.mkdir(exist_ok=True)
