@@ -774,12 +774,12 @@ class StoreMachine(RuleBasedStateMachine):
 
     def _refusal(self, job: JobModel, action: Act) -> str | None:
         """What the operator state machine refuses ``action`` on ``job`` for, or None."""
-        if action in (Act.HOLD, Act.UNHOLD):
+        if action is Act.UNHOLD:  # a hold is lifted as long as it exists, ended or not
+            return None if job.hold else "not_held"
+        if action is Act.HOLD:
             if job.status in TERMINAL:
                 return "job_terminal"
-            if job.hold == (action is Act.HOLD):
-                return "already_held" if job.hold else "not_held"
-            return None
+            return "already_held" if job.hold else None
         if action is Act.RETRY:
             return (None if job.status in ("failed", "cancelled")
                     else "job_not_failed_or_cancelled")
