@@ -15,7 +15,6 @@ import pytest
 import sqlalchemy as sa
 
 from reconciler.storage.engines import create_engine
-from reconciler.storage.schema import upgrade
 
 SOURCES_DOC = Path(__file__).resolve().parents[2] / "docs" / "sources.md"
 
@@ -38,15 +37,6 @@ def test_every_python_block_compiles() -> None:
         compile(block, "docs/sources.md", "exec")
 
 
-def _migrated(url: str) -> str:
-    engine = create_engine(url)
-    try:
-        upgrade(engine)
-    finally:
-        engine.dispose()
-    return url
-
-
 def _ledger_rows(url: str) -> list[tuple[str, str, str]]:
     engine = create_engine(url)
     try:
@@ -67,22 +57,20 @@ def _run(script: str, tmp_path: Path, **env: str) -> None:
 
 
 def test_the_generic_ledger_example_records_its_steps(tmp_path: Path,
-                                                     empty_db_url: str) -> None:
+                                                     db_url: str) -> None:
     """``StepLedger()`` reads the database from the worker's environment, as the comment
     says; ``handle`` records both steps succeeded."""
-    url = _migrated(empty_db_url)
     snippet = block_with('def handle(job_id: str, attempt: int)')
-    _run(snippet + "\nhandle('job-1', 1)\n", tmp_path, RECONCILER_DATABASE_URL=url)
-    assert _ledger_rows(url) == [("procrastinate", "job-1", "succeeded")] * 2
+    _run(snippet + "\nhandle('job-1', 1)\n", tmp_path, RECONCILER_DATABASE_URL=db_url)
+    assert _ledger_rows(db_url) == [("procrastinate", "job-1", "succeeded")] * 2
 
 
 def test_the_django_52_settings_and_ledger_example_run_in_a_django_project(
-        tmp_path: Path, empty_db_url: str) -> None:
+        tmp_path: Path, db_url: str) -> None:
     """The Django 5.2 settings shown (the backport and django-tasks-db) configure Django;
     the ledger example, its import switched to the backport as its comment says, runs as a
     task of that project through the immediate backend and records its steps."""
     pytest.importorskip("django_tasks")
-    url = _migrated(empty_db_url)
     settings = block_with("# settings.py (Django 5.2)").replace("...,", "")
     ledger = block_with("def send_invoice(context, invoice_id)").replace(
         "from django.tasks import task", "from django_tasks import task")
@@ -103,7 +91,7 @@ def test_the_django_52_settings_and_ledger_example_run_in_a_django_project(
          "assert result.status == 'SUCCESSFUL', result.status\n"
          "print(result.id)\n",
          tmp_path, DJANGO_SETTINGS_MODULE="docs_settings", PYTHONPATH=str(tmp_path),
-         RECONCILER_DATABASE_URL=url)
-    rows = _ledger_rows(url)
+         RECONCILER_DATABASE_URL=db_url)
+    rows = _ledger_rows(db_url)
     assert [(source, state) for source, _, state in rows] == [
         ("django-tasks", "succeeded")] * 2
