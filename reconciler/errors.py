@@ -19,16 +19,15 @@ class DatabaseUnavailableError(ReconcilerError):
     """The database cannot be reached, or refused this connection.
 
     ``code`` is the bounded code of what the database said (``unreachable`` when it said
-    nothing); ``lasting``: waiting cannot clear it (no such database or role, a password
-    refused), so start-up gives up at once instead of retrying.
+    nothing); start-up gives up at once on one that waiting cannot clear
+    (``DatabaseErrorCode.lasting``).
     """
 
     exit_code = 3
 
-    def __init__(self, message: str, *, code: str = "unreachable", lasting: bool = False):
+    def __init__(self, message: str, *, code: str = "unreachable"):
         super().__init__(message)
         self.code = code
-        self.lasting = lasting
 
 
 class SchemaOutOfDateError(ReconcilerError):

@@ -188,6 +188,14 @@ def read_secret_file(path_text: object, setting: str) -> str:
     return value
 
 
+def given_or_read(value: str | None, path: object | None, setting: str) -> str:
+    """``value``, else the one line of the file ``path`` names (``<setting>_file``); a
+    ValueError unless exactly one of the two is given."""
+    if (value is None) == (path is None):
+        raise ValueError(f"give one of {setting} or {setting}_file")
+    return value if value is not None else read_secret_file(path, f"{setting}_file")
+
+
 def read_operator_tokens(path_text: str) -> dict[str, str]:
     """The operators of ``console_operator_tokens_file``: lines ``NAME TOKEN`` (blank lines
     and ``#`` comments skipped), read like a secret file; a ValueError naming the file and

@@ -11,6 +11,7 @@ from reconciler.config.loader import Config
 from reconciler.config.registry import ENGINE_NAMES, entry_of, is_native
 from reconciler.config.tables import SourceSettings
 from reconciler.core.kinds import KindRules
+from reconciler.core.vocabulary import DatabaseErrorCode
 from reconciler.errors import ConfigError, DatabaseUnavailableError
 from reconciler.sources.kit.source import DeclaredSource
 from reconciler.storage.engines import database_host
@@ -44,7 +45,7 @@ def check_at_start(engine: Engine, config: Config, retry_seconds: float) -> None
         try:
             check(engine, config)
         except DatabaseUnavailableError as exc:
-            if exc.lasting or time.monotonic() >= deadline:
+            if DatabaseErrorCode(exc.code).lasting or time.monotonic() >= deadline:
                 raise
             attempt += 1
             log.warning("event=database_wait code=%s host=%s attempt=%d retry_in_seconds=%s "

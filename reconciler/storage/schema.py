@@ -186,11 +186,9 @@ _NOT_REACHED = (DatabaseErrorCode.UNREACHABLE, DatabaseErrorCode.NO_ANSWER,
 
 
 def unavailable(engine: Engine, exc: Exception) -> DatabaseUnavailableError:
-    """The error a command exits 3 with: its line, its code, and whether waiting can clear
-    it."""
-    code = error_code(exc)
-    return DatabaseUnavailableError(describe_connection_error(engine, exc), code=code.value,
-                                    lasting=code.lasting)
+    """The error a command exits 3 with: its line and its code."""
+    return DatabaseUnavailableError(describe_connection_error(engine, exc),
+                                    code=error_code(exc).value)
 
 
 def describe_connection_error(engine: Engine, exc: Exception) -> str:

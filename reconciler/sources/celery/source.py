@@ -49,7 +49,7 @@ from pydantic import ConfigDict, model_validator
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 from sqlalchemy.engine import Connection
 
-from reconciler.config.settings import read_secret_file
+from reconciler.config.settings import given_or_read
 from reconciler.config.tables import SourceSettings
 from reconciler.core.evidence import StepFacts
 from reconciler.core.kinds import KindPolicy
@@ -113,8 +113,6 @@ class CeleryConfig(SourceSettings):
 
     @model_validator(mode="after")
     def _supported(self) -> CeleryConfig:
-        if (self.broker_url is None) == (self.broker_url_file is None):
-            raise ValueError("give one of broker_url or broker_url_file")
         # Only the scheme is named back: a broker URL may hold a password.
         if not self.url.startswith(REDIS_SCHEMES):
             raise ValueError("broker_url must be a Redis URL (redis://...): only Redis lets "
@@ -128,9 +126,7 @@ class CeleryConfig(SourceSettings):
     @property
     def url(self) -> str:
         """The broker URL, read from ``broker_url_file`` where the config names one."""
-        if self.broker_url is not None:
-            return self.broker_url
-        return read_secret_file(self.broker_url_file, "broker_url_file")
+        return given_or_read(self.broker_url, self.broker_url_file, "broker_url")
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,7 @@ from typing import ClassVar
 from pydantic import ConfigDict, model_validator
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
-from reconciler.config.settings import read_secret_file
+from reconciler.config.settings import given_or_read
 from reconciler.config.tables import SourceSettings
 
 RQ_SERIALIZERS = ("pickle", "json")
@@ -39,8 +39,6 @@ class RqConfig(SourceSettings):
 
     @model_validator(mode="after")
     def _one_url(self) -> RqConfig:
-        if (self.redis_url is None) == (self.redis_url_file is None):
-            raise ValueError("give one of redis_url or redis_url_file")
         url = self.url
         # Only the scheme is named back: a Redis URL may hold a password.
         if not url.startswith(REDIS_SCHEMES):
@@ -54,9 +52,7 @@ class RqConfig(SourceSettings):
     @property
     def url(self) -> str:
         """The Redis URL, read from ``redis_url_file`` where the config names one."""
-        if self.redis_url is not None:
-            return self.redis_url
-        return read_secret_file(self.redis_url_file, "redis_url_file")
+        return given_or_read(self.redis_url, self.redis_url_file, "redis_url")
 
     def watches(self, queue: str) -> bool:
         """Whether the queue named ``queue`` is one of the watched."""
