@@ -6,20 +6,22 @@ Never shown: worker identities (``lease_owner``), lease tokens, payloads, paths,
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from reconciler.config.registry import integer_keyed
 from reconciler.core.evidence import parse_plan
-from reconciler.core.vocabulary import Disposition
+from reconciler.core.job_story import aware
+from reconciler.core.vocabulary import Disposition, Reason
 from reconciler.redaction import redact
 
 if TYPE_CHECKING:
     # Types only: the command line's parser imports this module (``printable``) and
     # should not pay for the pass machinery to print --help.
-    from reconciler.core.passes import PassReport
-    from reconciler.core.ports import JobDetail
+    from reconciler.core.job_story import JobDetail
+    from reconciler.core.passes import Explained, PassReport
 
 NOT_STARTED = "not_started"
 
@@ -44,14 +46,17 @@ def _escape(match: re.Match[str]) -> str:
     return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
-def _iso(value: datetime | None) -> str | None:
-    return None if value is None else value.isoformat()
+def iso_time(value: datetime | None) -> str | None:
+    """A time as every view writes it, with its offset (one a database gave back without
+    one is UTC)."""
+    moment = aware(value)
+    return None if moment is None else moment.isoformat()
 
 
 def job_view(job: JobDetail, decisions: list[dict[str, Any]] | None = None
              ) -> dict[str, Any]:
     """The ``jobs show --json`` shape; ``decisions``: the audit's about a foreign job."""
-    plan = parse_plan(job.plan_text)
+    plan = parse_plan(job.plan)
     if plan is None:
         step_list = [
             {"index": i, "name": None, "state": s} for i, s in sorted(job.step_states.items())
@@ -69,13 +74,14 @@ def job_view(job: JobDetail, decisions: list[dict[str, Any]] | None = None
         "reason": job.status_reason,
         "attempts_used": job.attempt_count,
         "max_attempts": job.max_attempts,
+        "max_attempts_from": job.max_attempts_from,
         "resume_step_index": job.resume_step_index,
         "operator_hold": job.operator_hold,
         "last_error_code": job.last_error_code,
         "steps": step_list,
-        "created_at": _iso(job.created_at),
-        "updated_at": _iso(job.updated_at),
-        "finished_at": _iso(job.finished_at),
+        "created_at": iso_time(job.created_at),
+        "updated_at": iso_time(job.updated_at),
+        "finished_at": iso_time(job.finished_at),
         # A foreign job: its system's own status beside ours.
         **({} if job.source_status is None else {"source_status": job.source_status}),
         **({} if decisions is None else {"decisions": [_isos(d) for d in decisions]}),
@@ -83,7 +89,7 @@ def job_view(job: JobDetail, decisions: list[dict[str, Any]] | None = None
 
 
 def _isos(record: dict[str, Any]) -> dict[str, Any]:
-    return {key: _iso(value) if isinstance(value, datetime) else value
+    return {key: iso_time(value) if isinstance(value, datetime) else value
             for key, value in record.items()}
 
 
@@ -105,9 +111,18 @@ def with_history(view: dict[str, Any], decisions: list[dict[str, Any]],
             "history": [_isos(entry) for _, entry in entries]}
 
 
+def decision_words(disposition: str, reason: str, resume_step_index: int | None) -> str:
+    """A decision as every line shows it: ``resume at step 2 (worker_died_mid_step)``."""
+    step = (f" at step {resume_step_index}" if disposition == Disposition.RESUME.value
+            and resume_step_index is not None else "")
+    return f"{disposition}{step} ({reason})"
+
+
 def _history_line(entry: dict[str, Any]) -> str:
     if entry["type"] == "decision":
-        return f"  {entry['at']} decided: {entry['disposition']} ({entry['reason']})"
+        return (f"  {entry['at']} decided: "
+                + decision_words(entry["disposition"], entry["reason"],
+                                 entry.get("resume_step_index")))
     outcome = entry["outcome"] + (f" ({entry['refusal']})" if entry["refusal"] else "")
     line = (f"  {entry['at']} {entry['action']} by {entry['actor'] or 'unknown'}: {outcome}"
             f"; {entry['state_before']} -> {entry['state_after']}")
@@ -158,6 +173,14 @@ def _attempts(view: dict[str, Any]) -> str:
     return f"{'?' if used is None else used}/{view['max_attempts']}"
 
 
+def _budget_from(view: dict[str, Any]) -> str:
+    """Where the budget comes from, in words."""
+    source = view.get("max_attempts_from", "job")
+    if source == "job":
+        return "the job's own budget"
+    return "the settings' default budget" if source == "default" else f"budget from {source}"
+
+
 def _resumes(view: dict[str, Any]) -> bool:
     return view["resume_step_index"] is not None and view["status"] in _RESUMABLE
 
@@ -169,7 +192,7 @@ def job_lines(view: dict[str, Any], source_kind: str) -> list[str]:
            else "")
     lines = [f"job {view['job_id']} ({view['job_kind']}): {view['status']}"
              + (f" ({view['reason']})" if view["reason"] else "") + own,
-             f"  attempts {_attempts(view)}"
+             f"  attempts {_attempts(view)} ({_budget_from(view)})"
              + (f", resumes at step {view['resume_step_index']}" if _resumes(view) else "")
              + (", held by an operator" if view["operator_hold"] else "")]
     lines += [f"  step {s['index']}: {s['name']} [{s.get('effect_kind', '?')}] {s['state']}"
@@ -177,9 +200,41 @@ def job_lines(view: dict[str, Any], source_kind: str) -> list[str]:
     if "history" in view:
         lines += [_history_line(entry) for entry in view["history"]]
     else:
-        lines += [f"  decided {d['decided_at']}: {d['disposition']} ({d['reason']})"
+        lines += [f"  decided {d['decided_at']}: "
+                  + decision_words(d["disposition"], d["reason"], d.get("resume_step_index"))
                   for d in view.get("decisions", [])]
     return lines
+
+
+LIVENESS_UNKNOWN = "liveness_unknown"
+"""The verdict's reason for a job the table finds live while its source's liveness is
+unknown: a pass leaves it alone because the silence proves nothing, not because its owner
+is alive."""
+
+
+def verdict_view(explained: Explained, max_run_seconds: float | None) -> dict[str, Any]:
+    """What a pass would decide of one running job now, as every view tells it (``jobs
+    explain``, the console's job page): the table's disposition, reason, rule and step,
+    the evidence, the liveness doubt's code (null: trusted), and whether nothing will ever
+    reclaim the job (``never_reclaimed``: no lease of its own and no ``max_run_seconds``
+    for its kind)."""
+    decision = explained.change.decision
+    # Through JSON and back: enum members become their plain values.
+    evidence = json.loads(json.dumps(explained.change.evidence))
+    doubt = explained.liveness
+    view: dict[str, Any] = {
+        "disposition": decision.disposition.value, "reason": decision.reason.value,
+        "rule": decision.rule_number, "resume_step_index": decision.resume_step_index,
+        "liveness_unknown": None if doubt is None else doubt.code.value,
+        "never_reclaimed": False, "evidence": evidence}
+    if decision.reason is Reason.LEASE_LIVE:
+        if doubt is not None:
+            # The owner may be dead or alive: no evidence says "alive".
+            view.update(reason=LIVENESS_UNKNOWN, rule=None)
+            evidence["lease_live"] = None
+        elif not explained.leases_own and max_run_seconds is None:
+            view["never_reclaimed"] = True
+    return view
 
 
 def decision_view(record: dict[str, Any]) -> dict[str, Any]:
@@ -188,7 +243,7 @@ def decision_view(record: dict[str, Any]) -> dict[str, Any]:
     The audit keeps job ids as text (a pg-boss id is a UUID); a source whose ids are
     integers gets them back as numbers.
     """
-    view = {key: _iso(value) if isinstance(value, datetime) else value
+    view = {key: iso_time(value) if isinstance(value, datetime) else value
             for key, value in record.items() if key != "shadow_mode"}
     # Recorded by a shadow pass: decided, nothing changed. Public name ``shadow``.
     view["shadow"] = bool(record.get("shadow_mode", False))

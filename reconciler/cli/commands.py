@@ -171,8 +171,7 @@ def cmd_jobs_explain(args: argparse.Namespace) -> int:
         job_key = config.source_entry.parse_job_key(args.job_id)
     except ValueError:
         raise NotFoundError(_no_job(config, args.job_id)) from None
-    planned, liveness = explain_by_kind(cli.passes, [job_key],
-                                        cli.pass_config("cli-explain"))
+    planned = explain_by_kind(cli.passes, [job_key], cli.pass_config("cli-explain"))
     if not planned:
         job = cli.jobs.get_job(job_key)
         if job is None:
@@ -185,7 +184,7 @@ def cmd_jobs_explain(args: argparse.Namespace) -> int:
                 f"no pass will decide it. To fix: {unjudged.fix}")
         raise ActionRefusedError(f"job {args.job_id} is {job.job_status}, not processing: "
                                  "the reconciler only judges processing jobs")
-    view = explain_view(*planned[0], config.kinds, liveness)
+    view = explain_view(planned[0], config.kinds, cli.jobs.get_job(job_key))
     _emit(args, view, lambda: explain_lines(view))
     return 0
 

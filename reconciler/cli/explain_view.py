@@ -11,18 +11,24 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from reconciler.core.job_story import JobDetail
 from reconciler.core.kinds import KIND_KEYS, KindRules
-from reconciler.core.ports import LivenessUnknown, PlannedChange
+from reconciler.core.passes import Explained
+from reconciler.views import verdict_view
 
 
-def explain_view(kind: str, change: PlannedChange, kinds: KindRules,
-                 liveness: LivenessUnknown | None = None) -> dict[str, Any]:
-    """The ``jobs explain --json`` shape: the verdict (null for a kind not reconciled),
-    the kind's resolved rules with the pattern that set each, the evidence, and why the
-    owner's liveness is unknown now (``liveness_unknown``: a code, null when known)."""
+def explain_view(explained: Explained, kinds: KindRules, job: JobDetail | None = None
+                 ) -> dict[str, Any]:
+    """The ``jobs explain --json`` shape: the verdict (null for a kind not reconciled) as
+    every view tells it, the job's attempt budget and where it comes from (``job``: the
+    system's own setting for the job), the kind's resolved rules with the pattern that
+    set each, the evidence, and why the owner's liveness is unknown now
+    (``liveness_unknown``: a code, null when known). ``job``: the job as ``jobs show``
+    reads it (its budget's origin), if it could be read."""
+    kind, change = explained.job_kind, explained.change
     policy = kinds.resolve(kind)
-    d = change.decision
     reconciled = policy.reconcile
+    verdict = verdict_view(explained, policy.max_run_seconds)
     values: dict[str, Any] = {
         "effect": policy.effect.value,
         "stale_after_seconds": change.thresholds.stale_after_seconds,
@@ -32,19 +38,21 @@ def explain_view(kind: str, change: PlannedChange, kinds: KindRules,
         "crash_loop_after": change.thresholds.crash_loop_after,
         "reconcile": policy.reconcile,
     }
+    budget_from = kinds.set_by(kind)["max_attempts"]
     return {
-        "job_id": d.job_id,
+        "job_id": change.decision.job_id,
         "kind": kind,
         "reconciled": reconciled,
-        "disposition": d.disposition.value if reconciled else None,
-        "reason": d.reason.value if reconciled else None,
-        "rule": d.rule_number if reconciled else None,
-        "resume_step_index": d.resume_step_index if reconciled else None,
+        **{key: verdict[key] if reconciled else None
+           for key in ("disposition", "reason", "rule", "resume_step_index")},
+        "never_reclaimed": reconciled and verdict["never_reclaimed"],
+        "max_attempts": verdict["evidence"].get("max_attempts", policy.max_attempts),
+        "max_attempts_from": job.max_attempts_from if job is not None
+        else "default" if budget_from is None else f'[kinds."{budget_from}"]',
         "kind_rules": {"matched": kinds.matching(kind), **values,
                        "set_by": kinds.set_by(kind)},
-        "liveness_unknown": None if liveness is None else liveness.code.value,
-        # Through JSON and back: enum members become their plain values.
-        "evidence": json.loads(json.dumps(change.evidence)),
+        "liveness_unknown": verdict["liveness_unknown"],
+        "evidence": verdict["evidence"],
     }
 
 
@@ -65,10 +73,20 @@ def explain_lines(view: dict[str, Any]) -> list[str]:
     lines = [head]
     if view["liveness_unknown"]:
         lines.append(f"  liveness unknown ({view['liveness_unknown']}): its worker's silence "
-                     "proves nothing now, so it is treated as alive; only max_run_seconds "
-                     "can decide it until the liveness can be read and trusted again")
+                     "proves nothing now, and no evidence says it is alive; it is left alone "
+                     "until the liveness can be read and trusted again (only max_run_seconds "
+                     "can decide it meanwhile)")
+    if view["never_reclaimed"]:
+        lines.append("  never reclaimed: its system keeps no lease for it and its kind sets "
+                     "no max_run_seconds, so nothing will ever end it if its worker dies; "
+                     "set max_run_seconds for the kind in [kinds]")
+    origin = view["max_attempts_from"]
+    words = {"job": "the job's own, set in its system", "default": _source(None)}
+    lines.append(f"  attempt budget: {view['max_attempts']} ({words.get(origin, origin)})")
     lines.append(f"  [kinds] patterns matched: {matched}")
     lines += [f"  {key}: {_plain(rules[key])} ({_source(rules['set_by'][key])})"
+              + ("; the job's own budget applies instead"
+                 if key == "max_attempts" and origin == "job" else "")
               for key in KIND_KEYS]
     lines.append("  evidence:")
     lines += [f"    {key}: {_plain(value)}" for key, value in view["evidence"].items()]

@@ -10,6 +10,7 @@ explain, its operator desk, and the tokens.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from reconciler.config.loader import Config
 from reconciler.console.acting import Acting
@@ -18,8 +19,9 @@ from reconciler.console.auth import Access
 from reconciler.console.pages import ConsoleState, Pages
 from reconciler.console.port import ConsoleReads
 from reconciler.core.operator_desk import OperatorDesk
-from reconciler.core.passes import PassConfig, explain_jobs
-from reconciler.core.ports import JobKey, PassStore, PlannedChange, SourceJobs
+from reconciler.core.passes import PassConfig, explain_by_kind
+from reconciler.core.ports import JobKey, PassStore, SourceJobs
+from reconciler.views import verdict_view
 
 __all__ = ["PAGE_STATEMENT_SECONDS", "Console", "Reply", "open_console"]
 
@@ -38,8 +40,11 @@ def open_console(reads: ConsoleReads, explaining: PassStore, jobs: SourceJobs,
     the settings name; ``classify`` names a database error by its bounded code; ``close``
     releases its engine."""
 
-    def explain(job_id: JobKey) -> list[PlannedChange]:
-        return explain_jobs(explaining, [job_id], passes)
+    def explain(job_id: JobKey) -> dict[str, Any] | None:
+        found = explain_by_kind(explaining, [job_id], passes)
+        if not found:
+            return None
+        return verdict_view(found[0], config.kinds.resolve(found[0].job_kind).max_run_seconds)
 
     settings = config.settings
     state = ConsoleState(source=str(config.source.kind), shadow=settings.shadow,

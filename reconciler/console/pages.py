@@ -17,7 +17,7 @@ from reconciler.core.decisions import RULES
 from reconciler.core.operator_desk import OperatorDesk
 from reconciler.core.ports import SourceJobs
 from reconciler.core.vocabulary import Disposition, JobKey, OperatorAction, PassOutcome, Reason
-from reconciler.views import decision_view, job_view
+from reconciler.views import decision_view, iso_time, job_view
 
 PAGE_DECISIONS = 50
 OVERVIEW_DECISIONS = 20
@@ -205,18 +205,13 @@ class Pages:
         key = self._key(source, job_id)
         if key is None:
             return None
-        planned = self.explain(key)
-        if not planned:
-            return None
-        decision = planned[0].decision
-        return {"disposition": decision.disposition.value, "reason": decision.reason.value,
-                "rule": rule_for(decision.reason.value), "evidence": planned[0].evidence,
-                "resume_step_index": decision.resume_step_index}
+        verdict = self.explain(key)
+        return None if verdict is None else {**verdict, "rule": rule_for(verdict["reason"])}
 
 
 def _action_view(record: dict[str, Any]) -> dict[str, Any]:
     view = {key: record.get(key) for key in ACTION_FIELDS}
-    view["acted_at"] = record["acted_at"].isoformat()
+    view["acted_at"] = iso_time(record["acted_at"])
     return view
 
 

@@ -9,11 +9,12 @@ from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any, Protocol
 
-from reconciler.core.ports import JobDetail, JobKey, PlannedChange
+from reconciler.core.job_story import JobDetail
+from reconciler.core.vocabulary import JobKey
 
-Explain = Callable[[JobKey], list[PlannedChange]]
-"""What a pass of the configured source would decide for one running job now (read only);
-empty when the job is not running."""
+Explain = Callable[[JobKey], dict[str, Any] | None]
+"""What a pass of the configured source would decide for one running job now (read only),
+as ``reconciler.views.verdict_view`` tells it; None when the job is not running."""
 
 
 class ConsoleReads(Protocol):

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from reconciler.core.decisions import RULES
 from reconciler.core.vocabulary import Reason
+from reconciler.views import LIVENESS_UNKNOWN
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +32,13 @@ PASS_OUTCOMES: dict[str, RuleText] = {
         "a database, network or clock event is likelier than mass death: the brake held "
         "the change back (see the decision table's brake note)"),
 }
+
+# Not a recorded reason: the verdict a page shows for a job the table finds live while
+# its source's liveness is unknown (``reconciler.views.verdict_view``).
+PASS_OUTCOMES[LIVENESS_UNKNOWN] = RuleText(
+    None, "its worker's liveness could not be read, or is in doubt",
+    "its silence proves nothing now, and nothing says it is alive: it is left alone until "
+    "the liveness can be read and trusted again (only max_run_seconds can end it meanwhile)")
 
 BY_REASON: dict[str, RuleText] = {
     **{rule.reason.value: RuleText(rule.number, rule.evidence, rule.description)

@@ -207,6 +207,22 @@ def outcomes(planned: Sequence[PlannedChange], applied: Mapping[JobKey, int | No
     return recorded
 
 
+@dataclass(frozen=True, slots=True)
+class Explained:
+    """One running job as a pass would judge it now, with what the views need beside the
+    table's verdict to tell the same story as the pass."""
+
+    job_kind: str
+    """Its kind, whose ``[kinds]`` rules apply."""
+    change: PlannedChange
+    liveness: LivenessUnknown | None
+    """Why its source's liveness is not trusted now (None: it is): then a pass leaves a
+    job the table finds live alone for that reason, not because its owner is alive."""
+    leases_own: bool
+    """Whether its source keeps a lease or an owner's liveness for it (False: only its
+    kind's ``max_run_seconds`` can end it)."""
+
+
 def explain_jobs(store: PassStore, job_ids: Sequence[JobKey], config: PassConfig
                  ) -> list[PlannedChange]:
     """What the table decides for named running jobs now; reads only, writes nothing.
@@ -214,17 +230,17 @@ def explain_jobs(store: PassStore, job_ids: Sequence[JobKey], config: PassConfig
     Unlike a pass it looks at jobs whatever their lease, so an operator can ask why a
     live job is left alone (``lease_live``) as well as what would happen to a stale one.
     """
-    return [change for _, change in explain_by_kind(store, job_ids, config)[0]]
+    return [explained.change for explained in explain_by_kind(store, job_ids, config)]
 
 
 def explain_by_kind(store: PassStore, job_ids: Sequence[JobKey], config: PassConfig
-                    ) -> tuple[list[tuple[str, PlannedChange]], LivenessUnknown | None]:
-    """``explain_jobs``, each change with its job's kind (whose ``[kinds]`` rules apply),
-    and why the source's liveness is not trusted now (None: it is)."""
+                    ) -> list[Explained]:
+    """``explain_jobs``, each change with its kind and its source's liveness and lease."""
     with store.pass_transaction(dry_run=True) as tx:
-        explained = [(row.job_kind, plan_change(row, config.thresholds_for(row.job_kind)))
-                     for row in with_holds(tx, tx.jobs.evidence_for(job_ids))]
-        return explained, tx.jobs.liveness_unknown()
+        changes = [(row.job_kind, plan_change(row, config.thresholds_for(row.job_kind)))
+                   for row in with_holds(tx, tx.jobs.evidence_for(job_ids))]
+        liveness, leases_own = tx.jobs.liveness_unknown(), tx.jobs.leases_own()
+        return [Explained(kind, change, liveness, leases_own) for kind, change in changes]
 
 
 def run_pass(

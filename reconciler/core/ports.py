@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 from reconciler.core.decisions import Decision, Thresholds
 from reconciler.core.evidence import PlanStep
+from reconciler.core.job_story import JobDetail
 from reconciler.core.vocabulary import (
     Disposition,
     JobKey,
@@ -217,6 +218,11 @@ class JobSource(Protocol):
         """Why the owners' liveness read in this transaction is not trusted; None when it
         was read and is trusted, or the source judges by time alone."""
 
+    def leases_own(self) -> bool:
+        """Whether a running job carries a lease or an owner's liveness of its own; False:
+        only its kind's ``max_run_seconds`` ends one (a kind without it is never
+        reclaimed)."""
+
     def running_count(self) -> int:
         """Every running job (for the mass-staleness brake)."""
 
@@ -369,34 +375,6 @@ class ClaimedJob:
     resume_step_index: int
     plan: tuple[PlanStep, ...]
     payload: Any
-
-
-@dataclass(frozen=True, slots=True)
-class JobDetail:
-    """Every column a public view may draw from (the view decides what to show).
-
-    A foreign source's job has its id as its system spells it, its status in this
-    project's words where one fits (``source_status``: the system's own), and no times
-    nor attempt count (None) where the system keeps none.
-    """
-
-    job_id: JobKey
-    job_kind: str
-    job_status: str
-    status_reason: str | None
-    attempt_count: int | None
-    max_attempts: int
-    resume_step_index: int | None
-    """None: the job will not run again (a foreign job that ended), so resumes nowhere."""
-    plan_text: str | None
-    operator_hold: bool
-    last_error_code: str | None
-    created_at: datetime | None
-    updated_at: datetime | None
-    finished_at: datetime | None
-    step_states: dict[int, str]
-    source_status: str | None = None
-    """A foreign job's status as its own system names it (None: this project's job)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ only a reason code of ours is ever shown from it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -24,17 +24,21 @@ from sqlalchemy.engine import Connection, Engine
 
 from reconciler.config.registry import DEFAULT_SOURCE, is_native
 from reconciler.config.tables import SourceSettings
+from reconciler.core.evidence import StepFacts
+from reconciler.core.job_story import JobDetail, LastMove, aware, read_job
 from reconciler.core.kinds import KindRules
-from reconciler.core.ports import JobDetail, OperatorStore, SourceJobs, Unjudged
-from reconciler.core.vocabulary import JobKey, JobStatus, Reason
+from reconciler.core.ports import OperatorStore, SourceJobs, Unjudged
+from reconciler.core.vocabulary import JobKey, JobStatus, OperatorStatusReason, Reason
 from reconciler.root.checks import open_foreign_source
 from reconciler.sources.kit.source import DeclaredSource
 from reconciler.sources.kit.system import Wanted
 from reconciler.storage.audit import AuditHistory
 from reconciler.storage.engines import read_only
-from reconciler.storage.operator_record import held_among
+from reconciler.storage.operator_record import held_among, last_moves
+from reconciler.storage.step_ledger import PassLedger
 
-_REASONS = frozenset(r.value for r in Reason)
+_REASONS = frozenset(r.value for r in Reason) | frozenset(
+    r.value for r in OperatorStatusReason)
 T = TypeVar("T")
 
 
@@ -103,9 +107,7 @@ class ForeignJobs:
             query = sa.select(jobs).order_by(*source.listing_order(jobs)).limit(limit)
             if raws is not None:
                 query = query.where(jobs.c.source_status.in_(sorted(raws)))
-            rows = list(source.connection.execute(query))
-            held = held_among(source.connection, self._name, [row.job_id for row in rows])
-            return [self._detail(source, row, held) for row in rows]
+            return self._details(source, list(source.connection.execute(query)))
 
         return self._with_source(read)
 
@@ -116,10 +118,7 @@ class ForeignJobs:
             row = source.connection.execute(
                 sa.select(jobs).where(sa.cast(jobs.c.job_id, sa.String()) == str(job_id))
             ).first()
-            if row is None:
-                return None
-            return self._detail(source, row, held_among(source.connection, self._name,
-                                                         [row.job_id]))
+            return None if row is None else self._details(source, [row])[0]
 
         return self._with_source(read)
 
@@ -150,28 +149,46 @@ class ForeignJobs:
             finally:
                 conn.rollback()
 
-    def _detail(self, source: DeclaredSource, row: sa.Row[Any], held: set[str]
-                ) -> JobDetail:
-        """One listed row as a job's detail (``held``: the keys an operator holds)."""
+    def _details(self, source: DeclaredSource, rows: list[sa.Row[Any]]) -> list[JobDetail]:
+        """Listed rows as jobs' details, read with what a pass reads of them: the step
+        ledger, the audit's and the operators' newest moves and the holds, in one read
+        of each for all the rows."""
+        conn = source.connection
+        keys = [str(row.job_id) for row in rows]
+        held = held_among(conn, self._name, keys)
+        steps, _ = PassLedger(conn, self._name).facts(keys)
+        decided = AuditHistory(conn, self._name).last_moves(keys)
+        acted = last_moves(conn, self._name, keys)
+        words = source.status_words()
+        return [self._detail(row, words, held, steps.get(key), (decided.get(key),
+                                                                  acted.get(key)))
+                for row, key in zip(rows, keys, strict=True)]
+
+    def _detail(self, row: sa.Row[Any], words: Mapping[str, JobStatus], held: set[str],
+                steps: StepFacts | None, moves: tuple[LastMove | None, ...]) -> JobDetail:
         raw = None if row.source_status is None else str(row.source_status)
-        word = source.status_words().get(raw or "")
+        word = words.get(raw or "")
+        status = word.value if word is not None else (raw or "unknown")
         kind = "" if row.job_kind is None else str(row.job_kind)
-        budget = row.max_attempts
-        reason = row.reason if row.reason in _REASONS else None
+        plan = steps.plan if steps is not None else None
+        states = {} if steps is None else {i: str(s) for i, s, _ in steps.step_rows}
+        reading = read_job(
+            status, system_reason=row.reason if row.reason in _REASONS else None,
+            system_budget=None if row.max_attempts is None else int(row.max_attempts),
+            kind_budget=self._kinds.resolve(kind).max_attempts,
+            budget_pattern=self._kinds.set_by(kind)["max_attempts"], plan=plan or None,
+            states=states, system_resume_step=_number(row._mapping.get("resume_step")),
+            system_updated=row.updated_at, system_finished=row.finished_at,
+            moves=moves)
         return JobDetail(
-            job_id=row.job_id, job_kind=kind,
-            job_status=word.value if word is not None else (raw or "unknown"),
-            status_reason=reason,
+            job_id=row.job_id, job_kind=kind, job_status=status, status_reason=reading.reason,
             attempt_count=None if row.attempts is None else int(row.attempts),
-            max_attempts=int(budget) if budget is not None
-            else self._kinds.resolve(kind).max_attempts,
-            # Only a job that will run (again) has a step it resumes at.
-            resume_step_index=0 if word in _WILL_RUN else None, plan_text=None,
+            max_attempts=reading.max_attempts, max_attempts_from=reading.max_attempts_from,
+            resume_step_index=reading.resume_step_index, plan=plan or None,
             operator_hold=str(row.job_id) in held, last_error_code=None,
-            created_at=row.created_at, updated_at=row.updated_at,
-            finished_at=None if word not in _ENDED else row.updated_at, step_states={},
-            source_status=raw)
+            created_at=aware(row.created_at), updated_at=reading.updated_at,
+            finished_at=reading.finished_at, step_states=states, source_status=raw)
 
 
-_ENDED = frozenset({JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED})
-_WILL_RUN = frozenset({JobStatus.QUEUED, JobStatus.PROCESSING})
+def _number(value: Any) -> int | None:
+    return None if value is None else int(value)

@@ -15,6 +15,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from reconciler.core.job_story import LastMove
 from reconciler.core.ports import RecordedDecision
 from reconciler.core.vocabulary import (
     RECORDED_KIND_MAX_LENGTH,
@@ -366,6 +367,26 @@ class AuditHistory:
                                                              literal_execute=True),
                        decisions.c.shadow_mode.is_(False))
                 .scalar_subquery())
+
+    def last_moves(self, keys: Sequence[str]) -> dict[str, LastMove]:
+        """Each job's newest applied (not shadow) resume or terminalization, in one
+        indexed read; jobs with none absent."""
+        if not keys:
+            return {}
+        moved = (decisions.c.job_source == self._source,
+                 key_in(self._conn, decisions.c.job_id, list(keys)),
+                 decisions.c.disposition.in_([Disposition.RESUME.value,
+                                              Disposition.TERMINALIZE.value]),
+                 decisions.c.shadow_mode.is_(False))
+        newest = (sa.select(sa.func.max(decisions.c.decision_id).label("decision_id"))
+                  .where(*moved).group_by(decisions.c.job_id).subquery())
+        rows = self._conn.execute(
+            sa.select(decisions.c.job_id, decisions.c.decided_at, decisions.c.disposition,
+                      decisions.c.decision_reason)
+            .join(newest, newest.c.decision_id == decisions.c.decision_id))
+        return {str(r.job_id): LastMove(r.decided_at, str(r.decision_reason),
+                                        r.disposition == Disposition.TERMINALIZE.value)
+                for r in rows}
 
     def about(self, job_id: JobKey, limit: int) -> list[dict[str, Any]]:
         """The decisions about one job, newest first, as an operator reads them."""

@@ -17,7 +17,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from reconciler.core.ports import JobDetail
+from reconciler.core.job_story import JobDetail
 from reconciler.core.vocabulary import Reason
 from reconciler.storage.audit import read_brake
 from reconciler.storage.engines import read_only

@@ -412,3 +412,7 @@ class NativeSource:
     def liveness_unknown(self) -> LivenessUnknown | None:
         """None: worker sessions and leases live in the same database as the jobs."""
         return None
+
+    def leases_own(self) -> bool:
+        """True: every claim takes a lease."""
+        return True

@@ -17,6 +17,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from reconciler.core.job_story import LastMove
 from reconciler.core.vocabulary import (
     ACTOR_MAX_LENGTH,
     NOTE_MAX_LENGTH,
@@ -24,6 +25,7 @@ from reconciler.core.vocabulary import (
     ActionOutcome,
     JobKey,
     OperatorAction,
+    OperatorStatusReason,
 )
 from reconciler.storage.clock import db_now
 from reconciler.storage.sql import MYSQL, actions, decisions, holds, insert_into, key_in
@@ -85,6 +87,29 @@ def actions_about(conn: Connection, source: str, job_key: JobKey,
              "outcome": r.action_outcome, "refusal": r.refusal_reason, "actor": r.acted_by,
              "note": r.operator_note, "state_before": r.state_before, "state_after": r.state_after}
             for r in rows]
+
+
+def last_moves(conn: Connection, source: str, job_keys: Sequence[str]
+               ) -> dict[str, LastMove]:
+    """Each job's newest applied retry or cancel, in one indexed read; jobs with none
+    absent. (A hold moves nothing: a pass skips the job, its state stays.)"""
+    if not job_keys:
+        return {}
+    newest = (sa.select(sa.func.max(actions.c.action_id).label("action_id"))
+              .where(actions.c.job_source == source,
+                     key_in(conn, actions.c.job_key, list(job_keys)),
+                     actions.c.operator_action.in_([OperatorAction.RETRY.value,
+                                                    OperatorAction.CANCEL.value]),
+                     actions.c.action_outcome == ActionOutcome.APPLIED.value)
+              .group_by(actions.c.job_key).subquery())
+    rows = conn.execute(
+        sa.select(actions.c.job_key, actions.c.acted_at, actions.c.operator_action)
+        .join(newest, newest.c.action_id == actions.c.action_id))
+    return {str(r.job_key): LastMove(
+        r.acted_at, OperatorStatusReason.OPERATOR_CANCEL.value
+        if r.operator_action == OperatorAction.CANCEL.value
+        else OperatorStatusReason.OPERATOR_RETRY.value,
+        r.operator_action == OperatorAction.CANCEL.value) for r in rows}
 
 
 def is_held(conn: Connection, source: str, job_key: JobKey) -> bool:

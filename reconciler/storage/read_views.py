@@ -11,7 +11,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from reconciler.core.ports import JobDetail
+from reconciler.core.job_story import JobDetail, aware, resume_step
 from reconciler.storage.clock import now_plus
 from reconciler.storage.engines import read_only
 from reconciler.storage.sql import PLAN_TEXT, decisions, jobs, steps
@@ -25,13 +25,18 @@ _DETAIL_COLUMNS = (
 
 
 def _detail(row: sa.Row[Any], states: dict[int, str]) -> JobDetail:
+    """The row as every view reads a job: its own reason, budget and resume step (kept
+    on the row, which every transition writes), a resume step only while it will run,
+    times with their offsets."""
     return JobDetail(
         job_id=int(row.job_id), job_kind=row.job_kind, job_status=row.job_status,
         status_reason=row.status_reason, attempt_count=row.attempt_count,
-        max_attempts=row.max_attempts, resume_step_index=row.resume_step_index,
-        plan_text=row.plan_text, operator_hold=bool(row.operator_hold),
-        last_error_code=row.last_error_code, created_at=row.created_at,
-        updated_at=row.updated_at, finished_at=row.finished_at, step_states=states,
+        max_attempts=row.max_attempts,
+        resume_step_index=resume_step(row.job_status, None, {}, row.resume_step_index),
+        plan=row.plan_text, operator_hold=bool(row.operator_hold),
+        last_error_code=row.last_error_code, created_at=aware(row.created_at),
+        updated_at=aware(row.updated_at), finished_at=aware(row.finished_at),
+        step_states=states,
     )
 
 

@@ -25,6 +25,7 @@ from reconciler.core.decisions import Decision
 from reconciler.core.evidence import PlanStep
 from reconciler.core.passes import PassReport
 from reconciler.core.vocabulary import EffectKind
+from reconciler.root.cli import CliParts
 
 JobKey = int | str
 """A job's id as its source spells it (an integer for ``native``, a UUID text for pg-boss)."""
@@ -239,6 +240,11 @@ class SourceFixture(Protocol):
 
     def audit(self, job: SourceJob) -> list[AuditEntry]:
         """Every audit record about the job, oldest first."""
+
+    def operator(self) -> CliParts:
+        """What a ``reconciler`` command works with on this database, under the suite's
+        settings: ``jobs show`` and ``jobs list`` (``jobs``), ``jobs explain``
+        (``passes``) and the operator actions (``desk``)."""
 
     def run_pass(self, *, batch_size: int = 50, dry_run: bool = False,
                  after: object | None = None, brake: BrakeLimits | None = None) -> PassReport:

@@ -25,7 +25,7 @@ from reconciler.core.kinds import KindRule, KindRules
 from reconciler.core.passes import PassConfig, PassReport, apply_and_record, plan_change, run_pass
 from reconciler.core.ports import Cursor, PassStore
 from reconciler.core.vocabulary import EffectKind, PassOutcome
-from reconciler.root.cli import assemble_cli
+from reconciler.root.cli import CliParts, assemble_cli
 from tests.conformance.fixtures import (
     TIMING,
     AuditEntry,
@@ -82,7 +82,8 @@ class ForeignFixture:
                             wedged_after_seconds=TIMING.wedged_after_seconds,
                             session_timeout_seconds=TIMING.session_timeout_seconds)
         self.config = Config(settings=settings, source=source, kinds=self.kinds)
-        self.store: PassStore = assemble_cli(self.config, engine=engine).passes
+        self.parts = assemble_cli(self.config, engine=engine)
+        self.store: PassStore = self.parts.passes
 
     def supports(self, what: Capability) -> bool:
         """Everything but the declared gaps. No foreign source records a completion itself
@@ -108,6 +109,10 @@ class ForeignFixture:
                              & (DECISIONS.c.job_id == str(job.key)),
                              order=DECISIONS.c.decision_id)
         ]
+
+    def operator(self) -> CliParts:
+        """A command's parts on this database, under the suite's settings."""
+        return self.parts
 
     def key_of(self, text: str) -> JobKey:
         """A job id from the audit's text, as the source spells it (integers by default)."""

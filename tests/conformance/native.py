@@ -20,12 +20,14 @@ from typing import Any, cast
 import sqlalchemy as sa
 
 from models import JobAttempt, JobRun, ReconciliationDecision, StepRun, WorkerSession
+from reconciler.config.loader import Config, parse_kinds
 from reconciler.config.settings import Settings
 from reconciler.core.brake import BrakeLimits
 from reconciler.core.decisions import Decision, Thresholds
 from reconciler.core.passes import PassConfig, PassReport, apply_and_record, plan_change, run_pass
 from reconciler.core.ports import Cursor, PassStore
 from reconciler.core.vocabulary import Disposition, PassOutcome, StepState
+from reconciler.root.cli import CliParts, assemble_cli
 from reconciler.storage.clock import db_now, now_plus
 from reconciler.storage.engines import create_engine
 from reconciler.storage.sql_store import SqlStore
@@ -78,11 +80,21 @@ class NativeSource:
         # gets its own engine, so their writes never share a connection.
         self.reconciler_engine = create_engine(database_url)
         self.store = SqlStore(self.reconciler_engine)
+        settings = Settings(
+            database_url=database_url, stale_after_seconds=TIMING.stale_after_seconds,
+            wedged_after_seconds=TIMING.wedged_after_seconds,
+            session_timeout_seconds=TIMING.session_timeout_seconds)
+        self.parts = assemble_cli(Config(settings=settings, kinds=parse_kinds(None, settings)),
+                                  engine=self.reconciler_engine)
         self.worker_engine = create_engine(database_url)
         self.client = JobClient(self.worker_engine, settings=Settings(database_url=database_url))
         self._claims: dict[int, Claim] = {}
         self._kinds: dict[int, str] = {}
         self._serial = itertools.count(1)
+
+    def operator(self) -> CliParts:
+        """A command's parts on this database, under the suite's settings."""
+        return self.parts
 
     def close(self) -> None:
         """Release both engines' connections."""

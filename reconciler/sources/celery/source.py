@@ -246,6 +246,9 @@ class CelerySql:
             rows.c.status.label("source_status"), attempts.label("attempts"),
             sa.null().label("max_attempts"), ours.label("reason"), created.label("created_at"),
             sa.type_coerce(rows.c.date_done, sa.DateTime()).label("updated_at"),
+            # Celery stamps date_done on every state it stores; it is a finish only on an
+            # ended row, which is the only kind the views read it for.
+            sa.type_coerce(rows.c.date_done, sa.DateTime()).label("finished_at"),
             rows.c.id.label("row_number"))
 
     # -- applying ------------------------------------------------------------ #

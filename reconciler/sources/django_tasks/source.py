@@ -244,7 +244,8 @@ class DjangoTasksSql:
             sa.null().label("max_attempts"), ours.label("reason"),
             when(tasks.c.enqueued_at).label("created_at"),
             when(sa.func.coalesce(tasks.c.finished_at, tasks.c.started_at,
-                                  tasks.c.enqueued_at)).label("updated_at")))
+                                  tasks.c.enqueued_at)).label("updated_at"),
+            when(tasks.c.finished_at).label("finished_at")))
 
     # -- applying ------------------------------------------------------------ #
 
@@ -317,7 +318,9 @@ def declare(config: DjangoTasksConfig) -> System:
     return System(
         # Django stores UTC: its timestamps are read and written so.
         shape=Shape(key=sql.key, kind=sql.tasks.c.task_path, locks=sql.tasks,
-                    scans_all_kinds=True, naive_utc="scan", lock_by=sql.by_ids),
+                    scans_all_kinds=True, naive_utc="scan", lock_by=sql.by_ids,
+                    # A task keeps when it started, not a lease: max_run_seconds is its lease.
+                    leases_own=False),
         running=sql.running, expired=sql.expired, candidate=sql.candidate, swap=sql.swap,
         check_schema=sql.check_schema, listing=sql.listing, status_words=_STATUS_WORDS,
         wedge_guard=sql.wedge_guard)

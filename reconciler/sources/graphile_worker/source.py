@@ -157,7 +157,8 @@ class GraphileWorkerSql:
                       status.label("source_status"), jobs.c.attempts.label("attempts"),
                       jobs.c.max_attempts.label("max_attempts"),
                       jobs.c.last_error.label("reason"), jobs.c.created_at.label("created_at"),
-                      jobs.c.updated_at.label("updated_at"))
+                      jobs.c.updated_at.label("updated_at"),
+                      sa.null().label("finished_at"))
             .select_from(jobs.join(tasks, tasks.c.id == jobs.c.task_id)))
 
     # -- applying ------------------------------------------------------------ #

@@ -189,6 +189,10 @@ class Shape:
     steps_in_ledger: bool = True
     """Whether jobs' steps are read from the step ledger (False: the system keeps its own
     plan and results, and the ledger is neither read nor checked)."""
+    leases_own: bool = True
+    """Whether a running job carries a lease or an owner's liveness of its own (False:
+    only its kind's ``max_run_seconds`` ends one, so a kind without it is never
+    reclaimed)."""
     counts_attempts: bool = True
     """Whether the system counts a job's attempts (each run one more): the crash-loop
     count chains the audit's resumes on that counter."""

@@ -241,6 +241,10 @@ class DeclaredSource:
         liveness = self.system.liveness
         return None if liveness is None else liveness.unknown(self._scope(judged=True).verdict)
 
+    def leases_own(self) -> bool:
+        """As the system's shape declares."""
+        return self.system.shape.leases_own
+
     def kind_read(self, job_id: JobKey) -> str | None:
         """The kind of a job this transaction's scans read (None: none read)."""
         return self._tx.kinds_read.get(str(job_id))

@@ -138,7 +138,11 @@ class System:
     """One ``ConfigError`` line for what of the system's schema is missing."""
     listing: Callable[[Connection], sa.Select[Any]]
     """Every job for operators, with ``job_id``, ``job_kind``, ``source_status``,
-    ``attempts``, ``max_attempts``, ``reason``, ``created_at`` and ``updated_at``."""
+    ``attempts``, ``max_attempts``, ``reason``, ``created_at``, ``updated_at`` and
+    ``finished_at`` (when an ended job ended, by the system's own record; NULL where it
+    keeps none: the audit's time of the move that ended it stands in); and, where the
+    system keeps its own, ``resume_step`` (else the step ledger's first unfinished step
+    stands in)."""
     status_words: Mapping[str, JobStatus]
     """The system's statuses (``source_status``) in this project's words."""
     wedge_guard: Predicate | None = None

@@ -180,7 +180,7 @@ class PgBossSql:
             jobs.c.output["reason"].astext.label("reason"),
             jobs.c.created_on.label("created_at"),
             sa.func.coalesce(jobs.c.completed_on, jobs.c.started_on, jobs.c.created_on)
-            .label("updated_at"))
+            .label("updated_at"), jobs.c.completed_on.label("finished_at"))
 
     # -- applying ------------------------------------------------------------ #
 

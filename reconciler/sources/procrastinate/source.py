@@ -166,7 +166,7 @@ class ProcrastinateSql:
             sa.cast(jobs.c.status, sa.Text()).label("source_status"),
             (jobs.c.attempts + running).label("attempts"), sa.null().label("max_attempts"),
             sa.null().label("reason"), sa.null().label("created_at"),
-            sa.null().label("updated_at"))
+            sa.null().label("updated_at"), sa.null().label("finished_at"))
 
     # -- applying ------------------------------------------------------------ #
 

@@ -35,11 +35,18 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.schema import CreateTable
 
 from reconciler.core.vocabulary import JobStatus, Reason
-from reconciler.errors import DatabaseUnavailableError
+from reconciler.errors import ConfigError, DatabaseUnavailableError
 from reconciler.redaction import redact
 from reconciler.sources.kit.system import Wanted
 from reconciler.sources.rq.config import RqConfig
-from reconciler.sources.rq.keys import QUEUE_PREFIX, QUEUES, job_key, queue_key, started_key
+from reconciler.sources.rq.keys import (
+    QUEUE_PREFIX,
+    QUEUES,
+    WORKERS,
+    job_key,
+    queue_key,
+    started_key,
+)
 from reconciler.sources.rq.kinds import UNREADABLE_LABEL, func_name
 from reconciler.sources.rq.snapshot import ATTEMPT_FIELD, JOB_ID
 from reconciler.sources.rq.writes import exc_text
@@ -83,6 +90,18 @@ def answering(url: str, what: str) -> Iterator[None]:
         raise DatabaseUnavailableError(
             f"source rq: its Redis at {redact(url)} did not answer ({type(exc).__name__}); "
             f"{what}") from None
+
+
+def foreign_keys_only(redis: Any) -> bool:
+    """Whether this Redis database holds keys but none of RQ's: another app's, a wrong
+    database number. (An empty one is a deployment whose app has not run yet: RQ writes
+    ``rq:queues`` at the first job enqueued and ``rq:workers`` at a worker's start, and
+    keeps both.)"""
+    with redis.pipeline(transaction=False) as pipe:
+        pipe.exists(QUEUES, WORKERS)
+        pipe.dbsize()
+        ours, keys = pipe.execute()
+    return not ours and bool(keys)
 
 
 def connect(url: str) -> Any:
@@ -159,6 +178,11 @@ class RqListing:
         """What ``wanted`` asks for, copied into a temporary table (``System.listing_for``)."""
         with answering(self.config.url, "no job of it can be listed"):
             redis = self.client()
+            if foreign_keys_only(redis):
+                raise ConfigError(
+                    f"source rq: the Redis at {redact(self.config.url)} holds keys, but none "
+                    "of RQ's (no rq:queues, no rq:workers): not the app's Redis? Check the "
+                    "database number in redis_url; nothing was listed")
             if wanted.job_id is not None:
                 ids = [wanted.job_id]
             else:
@@ -215,7 +239,8 @@ class RqListing:
                 "max_attempts": None if left is None else attempt + left,
                 "reason": our_reason(read["exc_info"]),
                 "created_at": moment(read["created_at"]),
-                "updated_at": next((t for t in times if t is not None), None)})
+                "updated_at": next((t for t in times if t is not None), None),
+                "finished_at": times[0]})
         return rows
 
 
@@ -233,6 +258,7 @@ LISTED = sa.Table(
     sa.Column("reason", sa.Text()),
     sa.Column("created_at", INSTANT),
     sa.Column("updated_at", INSTANT),
+    sa.Column("finished_at", INSTANT),
     prefixes=["TEMPORARY"], postgresql_on_commit="DELETE ROWS",
 )
 """The jobs one operator's read copied from Redis, on its own connection only."""

@@ -251,7 +251,10 @@ class RqLiveness:
             (seconds, micros), queue_keys = pipe.execute()
         now = float(seconds) + float(micros) / 1e6
         if not queue_keys and not client.scard(keys.WORKERS):
-            return [], 0, LivenessDoubt.QUEUES_MISSING  # no RQ key at all: not the app's
+            # No RQ key: an empty database is an app that has not run yet (nothing to
+            # decide, nothing in doubt); one holding others' keys is not the app's.
+            doubt = LivenessDoubt.QUEUES_MISSING if client.dbsize() else None
+            return [], 0, doubt
         names = sorted(k.decode().removeprefix(keys.QUEUE_PREFIX) for k in queue_keys)
         watched = [q for q in names if self.config.watches(q)]
         cut = silent_at(now, self.config.session_timeout_seconds)

@@ -245,7 +245,8 @@ class TableSql:
             sa.cast(self._col("status_column"), sa.String()).label("source_status"),
             attempts.label("attempts"), mapped("max_attempts_column").label("max_attempts"),
             mapped("reason_column").label("reason"), sa.null().label("created_at"),
-            sa.null().label("updated_at"))
+            sa.null().label("updated_at"), sa.null().label("finished_at"),
+            mapped("resume_column").label("resume_step"))
 
     # -- applying ------------------------------------------------------------ #
 
@@ -371,6 +372,7 @@ def declare(config: TableConfig) -> System:
             # Plans and step results live in the table when mapped: the ledger is not read.
             steps_in_ledger="plan_column" not in has,
             counts_attempts="attempts_column" in has, scans_all_kinds=True,
+            leases_own="lease_expires_column" in has,
             # A ``timestamp`` (without time zone) column is UTC: read it so.
             naive_utc="scan"),
         running=sql.running, expired=sql.expired, candidate=sql.candidate, swap=sql.swap,

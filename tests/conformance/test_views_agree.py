@@ -1,0 +1,115 @@
+"""Every view of a job tells what the pass saw and decided, on every source.
+
+After one pass over a job in each situation the source can express, ``jobs show`` and
+``jobs list`` read each job alike (one read model), with the status, the reason, the step
+it resumes at and the decision the pass made; a job the pass left alone is explained as
+the pass decided it, with the budget the pass counted. Then an operator's retry and cancel,
+where the source takes them, change the reason every view shows.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from reconciler.core.job_story import ENDED, JobDetail
+from reconciler.core.passes import explain_by_kind
+from reconciler.core.vocabulary import Disposition, OperatorAction, OperatorStatusReason
+from reconciler.views import job_view, verdict_view
+from tests.conformance.fixtures import Situation, SourceFixture, SourceJob
+from tests.conformance.test_source_conformance import (
+    RESUMED,
+    SKIPPED,
+    TERMINALIZED,
+    expected_in,
+    make_all,
+)
+
+pytestmark = pytest.mark.integration
+
+WORDS = {"runnable": "queued", "running": "processing", "failed": "failed",
+         "completed": "completed"}
+"""The suite's neutral outcomes in the views' status words."""
+
+
+def shown_and_listed(source: SourceFixture, job: SourceJob) -> JobDetail:
+    """The job as ``jobs show`` reads it, checked equal to its line of ``jobs list``."""
+    jobs = source.operator().jobs
+    shown = jobs.get_job(job.key)
+    assert shown is not None
+    [listed] = [j for j in jobs.list_jobs(None, 1000) if str(j.job_id) == str(job.key)]
+    assert job_view(listed) == job_view(shown)
+    return shown
+
+
+def test_show_list_and_explain_tell_what_the_pass_decided(source: SourceFixture) -> None:
+    """Resumed, terminalized and skipped jobs, one pass: each view agrees with it."""
+    situations: list[Situation] = [*RESUMED, *TERMINALIZED, *SKIPPED]
+    jobs = make_all(source, situations)
+    assert jobs, f"{source.source_name} expresses none of the situations"
+    report = source.run_pass()
+    decided = {str(d.job_id): d for d in report.decisions}
+    parts = source.operator()
+
+    for situation, job in jobs.items():
+        expected = expected_in(source, situation)
+        decision = decided[str(job.key)]
+        shown = shown_and_listed(source, job)
+        assert shown.job_status == WORDS[expected.outcome], situation
+        history = parts.jobs.decisions_about(job.key, 5)[0]
+        assert (history["disposition"], history["reason"], history["resume_step_index"]) \
+            == (decision.disposition.value, decision.reason.value, decision.resume_step_index)
+        if decision.disposition is Disposition.RESUME:
+            # Queued again by the decision: its reason is the decision's, as it is queued.
+            assert (shown.status_reason, shown.resume_step_index) \
+                == (decision.reason.value, decision.resume_step_index), situation
+        elif decision.disposition is Disposition.TERMINALIZE:
+            assert (shown.status_reason, shown.resume_step_index) \
+                == (decision.reason.value, None), situation
+            assert shown.finished_at is not None
+            assert shown.finished_at.tzinfo is not None
+        else:
+            [explained] = explain_by_kind(parts.passes, [job.key],
+                                          parts.config.pass_config("conformance"))
+            verdict = verdict_view(explained, None)
+            assert (verdict["disposition"], verdict["reason"]) \
+                == (decision.disposition.value, decision.reason.value), situation
+            # The budget every view shows is the one the pass counted (where it read one:
+            # unreadable evidence has none).
+            counted = verdict["evidence"].get("max_attempts", shown.max_attempts)
+            assert shown.max_attempts == counted, situation
+            assert shown.status_reason is None
+            assert shown.operator_hold == (decision.reason.value == "operator_hold")
+
+
+def test_an_operators_retry_and_cancel_change_the_reason_every_view_shows(
+        source: SourceFixture) -> None:
+    """A terminalized job retried: queued for ``operator_retry`` (the terminal reason is
+    history), updated no earlier than before; cancelled then (where the source takes
+    both): ended with ``operator_cancel``."""
+    desk = source.operator().desk
+    situation = next(iter(TERMINALIZED))
+    if desk is None or source.operator().config.source_entry.capabilities.actions \
+            .isdisjoint({OperatorAction.RETRY}) or not source.supports(situation):
+        pytest.skip(f"{source.source_name} takes no retry of a terminalized job")
+    job = source.make(situation)
+    source.run_pass()
+    before = shown_and_listed(source, job)
+    assert before.status_reason == expected_in(source, situation).reason.value
+
+    retried = desk.act(OperatorAction.RETRY, str(job.key), actor="alice", note="checked")
+    assert retried.applied, retried.line
+    after = shown_and_listed(source, job)
+    assert (after.job_status, after.status_reason) \
+        == ("queued", OperatorStatusReason.OPERATOR_RETRY.value)
+    assert after.resume_step_index is not None
+    assert before.updated_at is None or (after.updated_at is not None
+                                         and after.updated_at >= before.updated_at)
+
+    if OperatorAction.CANCEL not in desk.allowed(str(job.key)):
+        return
+    cancelled = desk.act(OperatorAction.CANCEL, str(job.key), actor="alice", note="not needed")
+    assert cancelled.applied, cancelled.line
+    ended = shown_and_listed(source, job)
+    assert ended.job_status in ENDED
+    assert ended.status_reason == OperatorStatusReason.OPERATOR_CANCEL.value
+    assert ended.resume_step_index is None
