@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import shutil
 import signal
 import subprocess
@@ -282,3 +283,15 @@ result_table = "{celery_project.table}"
                           text=True, timeout=120, cwd=REPO_ROOT, check=False)
     assert done.returncode == 0, done.stderr
     assert "liveness unknown (broker_unreachable)" in done.stdout, done.stdout
+    assert "lease_live" not in done.stdout.splitlines()[0]
+    # The JSON agrees with the pass: no verdict that its worker is alive.
+    done = subprocess.run([sys.executable, "-m", "reconciler.cli", "jobs", "explain",
+                           result.id, "--json", "--config", str(settings)],
+                          capture_output=True, text=True, timeout=120, cwd=REPO_ROOT,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    view = json.loads(done.stdout)
+    assert (view["disposition"], view["reason"], view["rule"]) == (
+        "skip", "liveness_unknown", None)
+    assert (view["liveness_unknown"], view["evidence"]["lease_live"]) == (
+        "broker_unreachable", None)

@@ -11,13 +11,25 @@ from pathlib import Path
 
 import pytest
 
+from reconciler.cli.explain_view import explain_lines, explain_view
+from reconciler.core.kinds import KindRules
 from reconciler.core.operator_desk import OperatorDesk
+from reconciler.core.passes import explain_by_kind
 from reconciler.core.vocabulary import Disposition, JobKey, OperatorAction, Reason
+from reconciler.root.cli import assemble_cli
 from reconciler.sources.django_tasks.actions import DjangoTasksActions
 from reconciler.storage.clock import now_plus
+from reconciler.views import job_view
 from tests.sources.actions_support import desk_for, desk_moving_after_read, forget_source
 from tests.sources.django_tasks_support import DjangoDatabase, DjangoTasksFactory, set_ledger
-from tests.sources.support import Markers, Processes, by_job, reconcile_once, wait_until
+from tests.sources.support import (
+    Markers,
+    Processes,
+    by_job,
+    config_for,
+    reconcile_once,
+    wait_until,
+)
 from tests.sources.test_django_tasks_workers import (
     CONFIG,
     KINDS,
@@ -160,3 +172,43 @@ def test_a_retry_never_lets_a_paused_worker_of_the_ended_run_write_again(
             inside_charge.__exit__(None, None, None)  # the paused worker wakes up
         with fresh.step(1):
             pass
+
+
+def test_a_cancelled_task_shows_operator_cancel_in_every_view(
+        project: DjangoTasksFactory, markers: Markers) -> None:
+    """Django keeps the cancel in its traceback only: ``jobs show``, ``jobs list`` and the
+    console read it as the reason all the same, and the time it ended."""
+    job = enqueue(project, "pure_work", markers, hang=[])
+    report = desk_of(project).act(OperatorAction.CANCEL, job, actor="bob", note="duplicate")
+    assert report.applied, report.line
+    jobs = assemble_cli(config_for(project.engine, CONFIG, KINDS), engine=project.engine).jobs
+    shown = jobs.get_job(job)
+    assert shown is not None
+    assert (shown.job_status, shown.status_reason) == ("failed", "operator_cancel")
+    assert shown.finished_at is not None
+    assert shown.finished_at.tzinfo is not None
+    [listed] = [j for j in jobs.list_jobs(None, 10) if str(j.job_id) == job]
+    assert job_view(listed) == job_view(shown)
+
+
+def test_a_kind_without_max_run_seconds_is_explained_as_never_reclaimed(
+        project: DjangoTasksFactory, markers: Markers) -> None:
+    """Django keeps no lease: a running task of a kind that sets no ``max_run_seconds``
+    is left alone by every pass, for ever. ``jobs explain`` says so, not that its worker
+    is alive; the same task under a kind that sets one is not."""
+    job = enqueue(project, "pure_work", markers, hang=[])
+    project.claim(job, age=LONG_AGO)
+    no_lease = KindRules([], stale_after_seconds=0.5, wedged_after_seconds=3600.0,
+                         max_attempts=3)
+    for kinds, never in ((no_lease, True), (KINDS, False)):
+        parts = assemble_cli(config_for(project.engine, CONFIG, kinds), engine=project.engine)
+        [explained] = explain_by_kind(parts.passes, [parts.config.source_entry
+                                                     .parse_job_key(job)],
+                                      parts.config.pass_config("test"))
+        view = explain_view(explained, kinds, parts.jobs.get_job(job))
+        assert view["never_reclaimed"] is never
+        lines = explain_lines(view)
+        assert any(line.startswith("  never reclaimed:") for line in lines) is never
+        if never:
+            assert (view["disposition"], view["reason"]) == ("skip", "lease_live")
+    assert project.status(job) == "running"

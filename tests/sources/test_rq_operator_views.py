@@ -266,3 +266,32 @@ def test_a_one_shot_pass_that_cannot_read_liveness_says_so_and_fails(
     code, out, _ = cli(capsys, path, "pass")
     assert code == 7
     assert "outcome=liveness_unknown" in out
+
+
+def test_a_redis_of_another_app_is_one_line_and_an_empty_one_is_waiting(
+        project: RqProject, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``redis_url`` on a database that holds others' keys but none of RQ's (a wrong
+    database number): the read-only commands say so in one line (exit 2) instead of
+    listing an empty system, and a pass is ``liveness_unknown`` (``queues_missing``, exit
+    7). The same database empty, as before an app's first job: a quiet pass (exit 0) and
+    no jobs listed (exit 0), nothing in doubt."""
+    other = replace(project, redis_url=project.redis_url.rsplit("/", 1)[0] + "/5")
+    other.redis().set("session:someone-else", "1")
+    path = config_file(tmp_path, other)
+    for argv in (("jobs", "list"), ("kinds",)):
+        code, out, err = cli(capsys, path, *argv)
+        assert (code, out) == (2, ""), argv
+        assert err.strip() == (
+            f"reconciler: error: source rq: the Redis at {other.redis_url} holds keys, but "
+            "none of RQ's (no rq:queues, no rq:workers): not the app's Redis? Check the "
+            "database number in redis_url; nothing was listed"), argv
+    code, out, err = cli(capsys, path, "pass", "--dry-run", "--json")
+    assert code == 7, err
+    assert json.loads(out)["liveness_unknown"]["code"] == "queues_missing"
+    assert "liveness unknown (queues_missing)" in err
+
+    other.redis().flushdb()
+    code, out, err = cli(capsys, path, "pass", "--json")
+    assert code == 0, err
+    assert (json.loads(out)["outcome"], err) == ("ok", "")
+    assert cli(capsys, path, "jobs", "list") == (0, "no jobs\n", "")

@@ -10,7 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from reconciler.config.loader import Config
+from reconciler.config.settings import Settings
+from reconciler.core.ports import SourceJobs
 from reconciler.core.vocabulary import Disposition, Reason
+from reconciler.root.cli import assemble_cli
+from reconciler.views import job_lines, job_list_lines, job_view, with_history
 from tests.sources.rq_support import (
     RqProject,
     rq_project,
@@ -23,6 +28,13 @@ from tests.sources.support import Markers, Process, Processes, by_job, reconcile
 from tests.sources.test_rq_workers import KINDS
 
 __all__ = ["rq_project"]  # a fixture, found by name
+
+
+def jobs_of(project: RqProject) -> SourceJobs:
+    """The rq source's jobs as ``reconciler jobs`` reads them."""
+    settings = Settings(database_url=project.engine.url.render_as_string(hide_password=False))
+    return assemble_cli(Config(settings=settings, source=project.config(), kinds=KINDS),
+                        engine=project.engine).jobs
 LEDGER_CHARGE = "tests.sources.rq_operator_tasks.ledger_charge"
 REPO = Path(__file__).parents[2]
 
@@ -54,6 +66,19 @@ def test_a_pass_resumes_at_the_first_step_that_never_started(
     rq_project.expire_as_time_would(job_id, first)
     outcome = by_job(reconcile_once(rq_project.engine, rq_project.config(), KINDS))[job_id]
     assert (outcome.disposition, outcome.resume_step_index) == (Disposition.RESUME, 1)
+    # What ``jobs show`` and ``jobs list`` say: the steps the ledger read, the step the pass
+    # resumed at, and the decision with it.
+    jobs = jobs_of(rq_project)
+    shown = jobs.get_job(job_id)
+    assert shown is not None
+    view = with_history(job_view(shown), jobs.decisions_about(job_id, 5), [])
+    assert [(s["name"], s["state"]) for s in view["steps"]][:2] == [
+        ("fetch", "succeeded"), ("charge", "not_started")]
+    assert view["resume_step_index"] == 1
+    assert any("decided: resume at step 1 (" in line for line in job_lines(view, "rq"))
+    [line] = [v for v in job_list_lines([job_view(j) for j in jobs.list_jobs(None, 10)])
+              if job_id in v]
+    assert line.split()[4] == "1"  # the STEP column
     second = start(processes, rq_project, markers, "worker-b")
     wait_status(rq_project, job_id, "finished", worker=second)
     assert rq_project.job(job_id).return_value() == "done on attempt 2"
