@@ -12,6 +12,7 @@ from reconciler.config.fields import SETTING_FIELDS
 from reconciler.config.registry import DEFAULT_SOURCE
 from reconciler.core.vocabulary import JobStatus, Reason
 from reconciler.demos import DEMOS
+from reconciler.exports import FORMATS
 from reconciler.views import printable
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
@@ -200,7 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
     listing = job_commands.add_parser("list", parents=[common], help="jobs, newest first")
     listing.add_argument("--status", choices=[s.value for s in JobStatus])
     listing.add_argument("--limit", type=positive_int, default=100)
-    listing.add_argument("--json", action="store_true")
+    _output_arguments(listing)
     show = job_commands.add_parser("show", parents=[common], help="one job and its steps")
     show.add_argument("job_id", type=job_id_text, help="the job's id as its source spells it")
     show.add_argument("--json", action="store_true")
@@ -225,7 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("--since", type=parse_duration, metavar="DURATION",
                        help="only decisions younger than this (90s, 15m, 2h, 7d)")
     audit.add_argument("--limit", type=positive_int, default=100)
-    audit.add_argument("--json", action="store_true")
+    _output_arguments(audit)
 
     kinds = commands.add_parser(
         "kinds", parents=[common],
@@ -237,3 +238,11 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--markdown", action="store_true",
                          help="as Markdown (docs/decision-table.md is made from this)")
     return parser
+
+
+def _output_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--json``, or ``--format text|json|csv`` (an export, written as it is read)."""
+    output = parser.add_mutually_exclusive_group()
+    output.add_argument("--json", action="store_true", help="same as --format json")
+    output.add_argument("--format", choices=FORMATS, default="text",
+                        help="text for people (the default), json, or csv to export")

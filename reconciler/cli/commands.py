@@ -16,7 +16,7 @@ import logging
 import os
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from reconciler.cli.arguments import OPERATOR_HELP, is_bulk
@@ -40,6 +40,7 @@ from reconciler.errors import (
     NotFoundError,
     ReconcilerError,
 )
+from reconciler.exports import DECISION_COLUMNS, JOB_COLUMNS, csv_chunks, json_chunks
 from reconciler.logs import configure_logging
 from reconciler.redaction import redact
 from reconciler.root.cli import (
@@ -91,6 +92,20 @@ def _emit(args: argparse.Namespace, data: Any, human: Callable[[], list[str]]) -
         print("\n".join(printable(line) for line in human()))
 
 
+def _exported(args: argparse.Namespace, columns: tuple[str, ...],
+              pages: Iterable[list[dict[str, Any]]]) -> bool:
+    """``--json`` or ``--format json|csv``: the records written as they are read, a page at
+    a time (True); else nothing written (False: the caller prints its human lines)."""
+    fmt = "json" if args.json else args.format
+    if fmt == "text":
+        return False
+    chunks = json_chunks(pages) if fmt == "json" else csv_chunks(columns, pages)
+    for chunk in chunks:
+        sys.stdout.write(chunk)
+    sys.stdout.flush()
+    return True
+
+
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
     print(printable(migrate(_config(args))))
     return 0
@@ -140,7 +155,8 @@ def _job_key(config: Config, text: str) -> JobKey:
 def cmd_jobs_list(args: argparse.Namespace) -> int:
     jobs = _assemble(args).jobs
     views = [job_view(j) for j in jobs.list_jobs(args.status, args.limit)]
-    _emit(args, views, lambda: job_list_lines(views))
+    if not _exported(args, JOB_COLUMNS, [views]):
+        _emit(args, views, lambda: job_list_lines(views))
     return 0
 
 
@@ -235,8 +251,11 @@ def _with_actions(cli: CliParts, job_key: JobKey, view: dict[str, Any]) -> dict[
 
 def cmd_decisions(args: argparse.Namespace) -> int:
     store = _assemble(args).store
-    records = [decision_view(r) for r in store.list_decisions(
-        args.reason, args.since, args.limit, shadow_only=args.shadow_only)]
+    pages = ([decision_view(r) for r in page] for page in store.decision_pages(
+        args.reason, args.since, args.limit, shadow_only=args.shadow_only))
+    if _exported(args, DECISION_COLUMNS, pages):
+        return 0
+    records = [record for page in pages for record in page]
 
     def human() -> list[str]:
         if not records:

@@ -9,8 +9,9 @@ routing is tested without a socket and the sidecar's server only copies bytes.
 
 from __future__ import annotations
 
+import itertools
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -29,6 +30,7 @@ from reconciler.console.params import (
     parse_decision_query,
     parse_outcome,
 )
+from reconciler.exports import DECISION_COLUMNS, csv_chunks, json_chunks
 from reconciler.redaction import redact
 from reconciler.views import printable
 
@@ -53,12 +55,20 @@ STATIC = {"/static/console.css": "text/css; charset=utf-8"}
 
 @dataclass(frozen=True, slots=True)
 class Reply:
-    """A whole HTTP answer."""
+    """A whole HTTP answer, or (``stream``) one written as it is read."""
 
     status: int
     body: bytes
     content_type: str = HTML
     headers: tuple[tuple[str, str], ...] = ()
+    stream: Iterable[bytes] | None = None
+    """The body in chunks, instead of ``body``: sent without a length, the connection
+    closed at its end (an export)."""
+
+
+EXPORTS = {"/decisions.csv": "text/csv; charset=utf-8",
+           "/decisions.json": "application/json"}
+"""The decisions page's exports: every decision its filters match."""
 
 
 class Console:
@@ -102,6 +112,8 @@ class Console:
         refused = self._only_get(method)
         if refused is not None:
             return refused
+        if path in EXPORTS:
+            return self._export(path, parse_qs(parts.query), viewer)
         return self._guarded(viewer, lambda: self._route(path, parse_qs(parts.query), viewer))
 
     def _guarded(self, viewer: Viewer, answer: Callable[[], Page | Redirect], *,
@@ -138,6 +150,30 @@ class Console:
             return self.pages.job(*job_address(path), acting=acting,
                                   outcome=parse_outcome(query))
         raise NotFoundPageError("no such page")
+
+    def _export(self, path: str, query: dict[str, list[str]], viewer: Viewer) -> Reply:
+        """Every decision the filters match, streamed as CSV or JSON (the records the page
+        shows, redacted alike); a bad filter is a 400 before anything is sent."""
+        try:
+            filters = parse_decision_query(query)
+        except BadRequestError as exc:
+            return self._error(400, str(exc), viewer)
+        pages = self.pages.export_pages(filters)
+        try:
+            # The first page read before the answer starts: a database that cannot answer
+            # is a 503 line, not an empty export.
+            first = next(pages, [])
+        except Exception as exc:
+            code = self.classify(exc)
+            log.warning("event=console_failed error=%s code=%s", type(exc).__name__, code)
+            return self._error(503, f"the database could not answer ({code})", viewer)
+        pages = itertools.chain([first], pages)
+        fmt = path.rsplit(".", 1)[1]
+        chunks = (json_chunks(pages) if fmt == "json"
+                  else csv_chunks(DECISION_COLUMNS, pages))
+        return Reply(200, b"", EXPORTS[path],
+                     (("Content-Disposition", f'attachment; filename="decisions.{fmt}"'),),
+                     stream=(chunk.encode() for chunk in chunks))
 
     def _post(self, path: str, viewer: Viewer, headers: Mapping[str, str],
               body: bytes) -> Reply:

@@ -3,8 +3,9 @@ redacted views it draws, as a template name and its context. No SQL and no HTML 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -20,6 +21,8 @@ from reconciler.core.vocabulary import Disposition, JobKey, OperatorAction, Pass
 from reconciler.views import decision_view, iso_time, job_view
 
 PAGE_DECISIONS = 50
+EXPORT_DECISIONS = 1000
+"""Decisions per read of an export (``/decisions.csv``, ``/decisions.json``)."""
 OVERVIEW_DECISIONS = 20
 OVERVIEW_SHADOW_DECISIONS = 10
 OVERVIEW_PASSES = 60
@@ -176,6 +179,22 @@ class Pages:
         """The decision table, as the job pages link to it."""
         return Page("rules.html", {"rules": RULES, "outcomes": [
             (reason, text) for reason, text in BY_REASON.items() if text.number is None]})
+
+    def export_pages(self, query: DecisionQuery) -> Iterator[list[dict[str, Any]]]:
+        """Every decision ``query`` matches, newest first, a page at a time: each page in
+        a read of its own (an export to a slow reader holds no transaction open), the next
+        one after the last id read, the time window fixed at the first."""
+        now: datetime | None = None
+        while True:
+            with self.reads.reading():
+                if now is None:
+                    now, _ = self.reads.now()
+                rows = self._decisions(query, EXPORT_DECISIONS, now)
+            if rows:
+                yield rows
+            if len(rows) < EXPORT_DECISIONS:
+                return
+            query = replace(query, before=rows[-1]["decision_id"])
 
     def _decisions(self, query: DecisionQuery, limit: int, now: datetime
                    ) -> list[dict[str, Any]]:

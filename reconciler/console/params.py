@@ -46,6 +46,12 @@ class DecisionQuery:
         params["shadow"] = "1" if query.shadow else None
         return "/decisions" + _query_string(params)
 
+    def export_link(self, fmt: str) -> str:
+        """Every decision these filters match (from the newest, whatever page is shown),
+        as ``fmt`` (``csv`` or ``json``)."""
+        link = self.link(before=None)
+        return link.replace("/decisions", f"/decisions.{fmt}", 1)
+
     def since_time(self, now: datetime) -> datetime | None:
         """The oldest decision time this query shows, on the database's clock."""
         return None if self.since is None else now - timedelta(seconds=seconds(self.since))

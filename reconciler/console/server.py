@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 from http.server import BaseHTTPRequestHandler
 
 from reconciler.console.app import MAX_FORM_BYTES, SECURITY_HEADERS, Console, Reply
+
+log = logging.getLogger("reconciler.console")
 
 
 def serve(handler: BaseHTTPRequestHandler, console: Console | None, method: str) -> None:
@@ -27,12 +30,25 @@ def serve(handler: BaseHTTPRequestHandler, console: Console | None, method: str)
 def _reply(handler: BaseHTTPRequestHandler, method: str, reply: Reply) -> None:
     handler.send_response(reply.status)
     handler.send_header("Content-Type", reply.content_type)
-    handler.send_header("Content-Length", str(len(reply.body)))
+    if reply.stream is None:
+        handler.send_header("Content-Length", str(len(reply.body)))
     for name, value in (*SECURITY_HEADERS, *reply.headers):
         handler.send_header(name, value)
-    if method == "POST":
+    if method == "POST" or reply.stream is not None:
+        # A streamed body ends when the connection does.
         handler.send_header("Connection", "close")
         handler.close_connection = True
     handler.end_headers()
-    if method != "HEAD":
+    if method == "HEAD":
+        return
+    if reply.stream is None:
         handler.wfile.write(reply.body)
+        return
+    try:
+        for chunk in reply.stream:
+            handler.wfile.write(chunk)
+    except OSError:
+        log.info("event=console_export_abandoned")  # the reader went away
+    except Exception as exc:
+        # Headers are sent: the body stops short, and the log says why (no job's data).
+        log.warning("event=console_export_failed error=%s", type(exc).__name__)

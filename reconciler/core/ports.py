@@ -17,7 +17,7 @@ source on every engine it supports.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
@@ -328,6 +328,11 @@ class OperatorStore(Protocol):
     def list_decisions(self, reason: str | None, since_seconds: float | None,
                        limit: int, *, shadow_only: bool = False) -> list[dict[str, Any]]:
         """Decision records as stored, newest first (``shadow_only``: of shadow passes)."""
+
+    def decision_pages(self, reason: str | None, since_seconds: float | None,
+                       limit: int, *, shadow_only: bool = False
+                       ) -> Iterator[list[dict[str, Any]]]:
+        """``list_decisions`` a page at a time, each page read on its own (exports)."""
 
     def operator_action(self, job_id: int, action: str, *, actor: str | None = None,
                         note: str | None = None) -> tuple[bool, str | None]:

@@ -6,6 +6,7 @@ what is shown, so privacy lives in one place.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import sqlalchemy as sa
@@ -15,6 +16,9 @@ from reconciler.core.job_story import JobDetail, aware, resume_step
 from reconciler.storage.clock import now_plus
 from reconciler.storage.engines import read_only
 from reconciler.storage.sql import PLAN_TEXT, decisions, jobs, steps
+
+EXPORT_PAGE_ROWS = 1000
+"""Decisions per page of an export (one short read each)."""
 
 _DETAIL_COLUMNS = (
     jobs.c.job_id, jobs.c.job_kind, jobs.c.job_status, jobs.c.status_reason,
@@ -83,12 +87,36 @@ class ReadViewsSql:
     ) -> list[dict[str, Any]]:
         """Decision records as stored, newest first; ``shadow_only``: only those recorded
         by shadow passes."""
-        query = sa.select(decisions).order_by(decisions.c.decision_id.desc()).limit(limit)
+        return [record for page in self.decision_pages(reason, since_seconds, limit,
+                                                       shadow_only=shadow_only)
+                for record in page]
+
+    def decision_pages(
+        self, reason: str | None, since_seconds: float | None, limit: int, *,
+        shadow_only: bool = False, page_size: int = EXPORT_PAGE_ROWS,
+    ) -> Iterator[list[dict[str, Any]]]:
+        """``list_decisions``, a page at a time (an export's): each page one short
+        read-only transaction, the next one after the last id read (the audit's index),
+        the time window fixed once, so that a long export holds no transaction open
+        while its reader is slow, and sees each decision once."""
+        query = sa.select(decisions).order_by(decisions.c.decision_id.desc())
         if shadow_only:
             query = query.where(decisions.c.shadow_mode == sa.true())
         if reason is not None:
             query = query.where(decisions.c.decision_reason == reason)
         if since_seconds is not None:
-            query = query.where(decisions.c.decided_at >= now_plus(-since_seconds))
-        with self.engine.connect() as conn:
-            return [dict(r._mapping) for r in read_only(conn).execute(query)]
+            with self.engine.connect() as conn:
+                cutoff = read_only(conn).execute(sa.select(now_plus(-since_seconds))).scalar()
+            query = query.where(decisions.c.decided_at >= cutoff)
+        left = limit
+        while left > 0:
+            size = min(page_size, left)
+            with self.engine.connect() as conn:
+                page = [dict(r._mapping)
+                        for r in read_only(conn).execute(query.limit(size))]
+            if page:
+                yield page
+            if len(page) < size:
+                return
+            left -= len(page)
+            query = query.where(decisions.c.decision_id < page[-1]["decision_id"])
