@@ -21,6 +21,7 @@ from reconciler.console.port import ConsoleReads
 from reconciler.core.operator_desk import OperatorDesk
 from reconciler.core.passes import PassConfig, explain_by_kind
 from reconciler.core.ports import JobKey, PassStore, SourceJobs
+from reconciler.core.stuck import no_live_workers
 from reconciler.views import verdict_view
 
 __all__ = ["PAGE_STATEMENT_SECONDS", "Console", "Reply", "open_console"]
@@ -46,10 +47,14 @@ def open_console(reads: ConsoleReads, explaining: PassStore, jobs: SourceJobs,
             return None
         return verdict_view(found[0], config.kinds.resolve(found[0].job_kind).max_run_seconds)
 
+    def workers() -> tuple[int, bool]:
+        work, running = explaining.backlog()
+        return running, no_live_workers(work, running)
+
     settings = config.settings
     state = ConsoleState(source=str(config.source.kind), shadow=settings.shadow,
                          brake_hold_seconds=None if passes.brake is None
                          else passes.brake.hold_seconds)
     access = Access(settings.console_token, settings.operator_tokens)
-    return Console(Pages(reads, explain, state, jobs, desk), access, classify, close=close,
-                   acting=Acting(desk, reads))
+    pages = Pages(reads, explain, state, jobs, desk, workers=workers)
+    return Console(pages, access, classify, close=close, acting=Acting(desk, reads))

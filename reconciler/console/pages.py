@@ -3,6 +3,7 @@ redacted views it draws, as a template name and its context. No SQL and no HTML 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
@@ -12,13 +13,15 @@ from typing import Any
 from reconciler.config.registry import DEFAULT_SOURCE, SOURCES, integer_keyed
 from reconciler.console.chart import reason_chart
 from reconciler.console.params import SINCE_CHOICES, BadRequestError, DecisionQuery, Outcome
-from reconciler.console.port import ConsoleReads, Explain
+from reconciler.console.port import ConsoleReads, Explain, Workers
 from reconciler.console.rules import BY_REASON, rule_for
 from reconciler.core.decisions import RULES
 from reconciler.core.operator_desk import OperatorDesk
 from reconciler.core.ports import SourceJobs
 from reconciler.core.vocabulary import Disposition, JobKey, OperatorAction, PassOutcome, Reason
 from reconciler.views import decision_view, iso_time, job_view
+
+log = logging.getLogger("reconciler.console")
 
 PAGE_DECISIONS = 50
 EXPORT_DECISIONS = 1000
@@ -76,9 +79,12 @@ class Pages:
     """The console's pages over its port, the configured source's explain and state."""
 
     def __init__(self, reads: ConsoleReads, explain: Explain, state: ConsoleState,
-                 jobs: SourceJobs, desk: OperatorDesk) -> None:
+                 jobs: SourceJobs, desk: OperatorDesk, *, workers: Workers) -> None:
         self.reads = reads
         self.explain = explain
+        self.workers = workers
+        """The source's running jobs and whether none has a live worker (the front
+        page's first line)."""
         self.state = state
         self.jobs = jobs
         """The configured source's jobs as ``reconciler jobs show`` reads them."""
@@ -97,7 +103,8 @@ class Pages:
         latest = self._decisions(DecisionQuery(), OVERVIEW_DECISIONS, now)
         shadow = self._decisions(DecisionQuery(shadow=True), OVERVIEW_SHADOW_DECISIONS, now)
         return Page("overview.html", {
-            "now": now, "brake": self._brake(now, brake_since), "state": self.state,
+            "now": now, "workers": self._workers(), "state": self.state,
+            "brake": self._brake(now, brake_since),
             "passes": fold_quiet_passes(self.reads.recent_passes(OVERVIEW_PASSES)),
             "chart": reason_chart(counts, CHART_COUNT_CAP), "chart_hours": CHART_HOURS,
             "chart_shadow": shadow_counted,
@@ -203,6 +210,16 @@ class Pages:
             source=query.source, since=query.since_time(now), shadow=query.shadow,
             before_id=query.before, limit=limit)
         return [decision_view(r) for r in records]
+
+    def _workers(self) -> dict[str, Any] | None:
+        """The source's running jobs and whether none has a live worker; None when the
+        source could not be read (the page still shows the audit)."""
+        try:
+            running, none_alive = self.workers()
+        except Exception as exc:
+            log.warning("event=console_workers_unread error=%s", type(exc).__name__)
+            return None
+        return {"running": running, "none_alive": none_alive}
 
     def _brake(self, now: datetime, since: datetime | None) -> dict[str, Any]:
         hold = self.state.brake_hold_seconds

@@ -17,6 +17,11 @@ Explain = Callable[[JobKey], dict[str, Any] | None]
 as ``reconciler.views.verdict_view`` tells it; None when the job is not running."""
 
 
+Workers = Callable[[], tuple[int, bool]]
+"""The configured source's running jobs now, and whether none of them has a live worker
+(``reconciler.core.stuck.no_live_workers``)."""
+
+
 class ConsoleReads(Protocol):
     """The console's queries; each an indexed range and a LIMIT, in a short read-only
     transaction of its own."""

@@ -311,6 +311,9 @@ class PassStore(Protocol):
     def stuck_work(self) -> StuckWork:
         """The source's stuck work (``JobSource.stuck_work``), in a transaction of its own."""
 
+    def backlog(self) -> tuple[StuckWork, int]:
+        """The source's stuck work and its running jobs' count, in one transaction."""
+
     def delete_audit_before(self, days: float, limit: int) -> int:
         """Delete finished passes older than ``days`` with their decisions, at most
         ``limit``; how many rows went."""

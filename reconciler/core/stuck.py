@@ -66,6 +66,17 @@ def stuck_work(source: StuckWork, held: StuckWork) -> StuckWork:
     return result
 
 
+def no_live_workers(work: StuckWork, running: int) -> bool:
+    """Whether none of the source's ``running`` jobs has a live owner: there are some, and
+    every one is past its threshold (its owner silent or gone, its lease run out, whatever
+    held it back since). While the owners' liveness is unknown this says nothing (False):
+    ``reconciler_liveness_unknown`` says why instead."""
+    if running <= 0 or work.get(StuckReason.LIVENESS_UNKNOWN, StuckCount(0)).count:
+        return False
+    past = sum(count.count for count in work.values())
+    return past >= running
+
+
 def _plus(a: StuckCount | None, b: StuckCount) -> StuckCount:
     if a is None:
         return b

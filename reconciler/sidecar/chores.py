@@ -15,7 +15,7 @@ from pathlib import Path
 from reconciler.config.settings import Settings
 from reconciler.core.job_retention import JobRetention
 from reconciler.core.ports import PassStore, StuckWork
-from reconciler.core.stuck import stuck_work
+from reconciler.core.stuck import no_live_workers, stuck_work
 from reconciler.core.worker_ports import ArtifactRecords
 from reconciler.sidecar.artifact_sweep import sweep_artifacts
 from reconciler.sidecar.metrics import Metrics
@@ -75,11 +75,12 @@ class Housekeeping:
         """The stale-claim gauges: the source's stuck work, with what the last tick held
         back."""
         try:
-            source = self.passes.stuck_work()
+            source, running = self.passes.backlog()
         except Exception as exc:
             log.warning("event=backlog_refresh_failed error=%s", type(exc).__name__)
             return
         self.metrics.observe_stuck(stuck_work(source, self.held))
+        self.metrics.observe_workers(no_live_workers(source, running))
 
     def apply_retention(self) -> None:
         """Delete audit rows older than ``audit_retention_days``, a bounded chunk per run."""

@@ -63,6 +63,11 @@ class Metrics:
             "reconciler_oldest_stale_claim_age_seconds",
             "Seconds the oldest of them is past its threshold (0 where the source cannot "
             "tell)", ["reason"], registry=r)
+        self.no_live_workers = Gauge(
+            "reconciler_no_live_workers",
+            "1 while the source has running jobs and none of them has a live owner (every "
+            "one past its threshold); 0 otherwise, and while liveness is unknown",
+            registry=r)
         self.liveness_unknown = Gauge(
             "reconciler_liveness_unknown",
             "1 while the source's liveness evidence cannot be read or is doubted, by why; "
@@ -140,6 +145,10 @@ class Metrics:
             self.stale_claims.labels(reason=reason.value).set(count.count)
             self.oldest_stale_age.labels(reason=reason.value).set(
                 count.oldest_seconds or 0.0 if count.count else 0.0)
+
+    def observe_workers(self, none_alive: bool) -> None:
+        """Whether the source's running jobs have no live owner at all."""
+        self.no_live_workers.set(int(none_alive))
 
     def observe_liveness(self, unknown: LivenessUnknown | None) -> None:
         """1 on the code of the current doubt about the source's liveness, 0 elsewhere."""

@@ -105,8 +105,12 @@ class SqlPassStore:
 
     def stuck_work(self) -> StuckWork:
         """The source's stuck work (``JobSource.stuck_work``), in a transaction of its own."""
+        return self.backlog()[0]
+
+    def backlog(self) -> tuple[StuckWork, int]:
+        """The source's stuck work and its running jobs' count, in one transaction."""
         with self.pass_transaction(dry_run=True) as tx:
-            return tx.jobs.stuck_work()
+            return tx.jobs.stuck_work(), tx.jobs.running_count()
 
     @deadlock_retried
     def delete_audit_before(self, days: float, limit: int) -> int:

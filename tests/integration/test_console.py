@@ -17,7 +17,7 @@ from reconciler.core.decisions import Thresholds
 from reconciler.core.passes import PassConfig, run_pass
 from reconciler.core.vocabulary import Disposition, PassOutcome
 from reconciler.root.console import assemble_console
-from reconciler.storage.sql import decisions, passes
+from reconciler.storage.sql import decisions, jobs, passes
 from reconciler.storage.sql_store import SqlStore
 from reconciler.worker import JobClient
 from tests.console_support import HOSTILE_KIND, Seeded, die, fetch, seed, served
@@ -270,3 +270,26 @@ def test_a_page_being_read_holds_no_pass_up(db_url: str, engine: Engine, client:
         assert job_row(engine, late)["job_status"] == "failed"
     finally:
         console.close()
+
+
+def test_the_front_page_says_first_when_no_running_job_has_a_live_worker(
+        db_url: str, engine: Engine, client: JobClient) -> None:
+    """Two running jobs, one under a live lease: some worker is alive. Its lease gone too,
+    the front page's first line says no live workers, with the count."""
+    dead = die(client, "reports.build", "idempotent")
+    live = client.enqueue("reports.mail")
+    claim = client.claim(worker="w-live", lease_seconds=600, kinds=["reports.mail"])
+    assert claim is not None
+    assert claim.job_id == live
+    with served(db_url) as base:
+        before = fetch(base + "/").body
+        with engine.begin() as conn:  # its worker stops renewing: the lease runs out
+            conn.execute(sa.update(jobs).where(jobs.c.job_id == live)
+                         .values(lease_expires_at=datetime(2026, 1, 1)))
+        after = fetch(base + "/").body
+    assert re.search(r'<p id="workers">2 running jobs of native, some with a live worker',
+                     before), before[:2000]
+    first = after.split("<h1>Overview</h1>", 1)[1].lstrip()
+    assert first.startswith('<p class="alert" id="workers"><strong>No live workers</strong>: '
+                            "2 running jobs of native"), first[:300]
+    assert dead != live

@@ -60,6 +60,8 @@ class Recorder:
     def __init__(self) -> None:
         self.calls: list[str] = []
         self.leader = True
+        self.running = 10
+        """Running jobs: more than the stuck ones, so some worker is alive."""
 
     def pass_transaction(self, *, dry_run: bool) -> AbstractContextManager[PassUnit]:
         raise AssertionError("the service's passes go through the pass function")
@@ -77,6 +79,10 @@ class Recorder:
     def stuck_work(self) -> StuckWork:
         return {StuckReason.AWAITING_DECISION: StuckCount(4, 12.5),
                 StuckReason.UNDECIDABLE: StuckCount(2)}
+
+    def backlog(self) -> tuple[StuckWork, int]:
+        return self.stuck_work(), self.running
+
 
     def delete_audit_before(self, days: float, limit: int) -> int:
         self.calls.append("delete_audit_before")
@@ -391,6 +397,10 @@ class TestOverrunsAndChores:
         assert metric(service, oldest % "awaiting_decision").endswith(" 12.5")
         assert metric(service, stale % "undecidable").endswith(" 2.0")
         assert metric(service, stale % "mass_staleness_brake").endswith(" 0.0")
+        assert metric(service, "reconciler_no_live_workers").endswith(" 0.0")
+        recorder.running = 6  # every running job is stuck: no worker is alive
+        service.run_chore("backlog")
+        assert metric(service, "reconciler_no_live_workers").endswith(" 1.0")
 
     def test_jobs_the_last_tick_held_back_are_counted_by_why(
             self, make_service: Any) -> None:
