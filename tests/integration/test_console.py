@@ -19,7 +19,7 @@ from reconciler.core.vocabulary import Disposition, PassOutcome
 from reconciler.root.console import assemble_console
 from reconciler.storage.sql import decisions, jobs, passes
 from reconciler.storage.sql_store import SqlStore
-from reconciler.worker import JobClient
+from reconciler.worker import JobClient, Step
 from tests.console_support import HOSTILE_KIND, Seeded, die, fetch, seed, served
 from tests.helpers import job_row, wait_for
 
@@ -277,7 +277,7 @@ def test_the_front_page_says_first_when_no_running_job_has_a_live_worker(
     """Two running jobs, one under a live lease: some worker is alive. Its lease gone too,
     the front page's first line says no live workers, with the count."""
     dead = die(client, "reports.build", "idempotent")
-    live = client.enqueue("reports.mail")
+    live = client.enqueue("reports.mail", steps=[Step("send", "effectful")])
     claim = client.claim(worker="w-live", lease_seconds=600, kinds=["reports.mail"])
     assert claim is not None
     assert claim.job_id == live
@@ -285,7 +285,7 @@ def test_the_front_page_says_first_when_no_running_job_has_a_live_worker(
         before = fetch(base + "/").body
         with engine.begin() as conn:  # its worker stops renewing: the lease runs out
             conn.execute(sa.update(jobs).where(jobs.c.job_id == live)
-                         .values(lease_expires_at=datetime(2026, 1, 1)))
+                         .values(lease_expires_at=datetime(2026, 1, 1, tzinfo=UTC)))
         after = fetch(base + "/").body
     assert re.search(r'<p id="workers">2 running jobs of native, some with a live worker',
                      before), before[:2000]
