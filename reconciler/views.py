@@ -118,6 +118,36 @@ def decision_words(disposition: str, reason: str, resume_step_index: int | None)
     return f"{disposition}{step} ({reason})"
 
 
+def timeline_view(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A job's timeline (``reconciler.core.timeline``) as ``jobs show --json`` gives it."""
+    return [_isos(entry) for entry in entries]
+
+
+def _timeline_line(entry: dict[str, Any]) -> str:
+    kind, at = entry["type"], entry["at"]
+    attempt = f" (attempt {entry['attempt']})" if entry.get("attempt") is not None else ""
+    if kind == "claimed":
+        return f"  {at} attempt {entry['attempt']} claimed"
+    if kind == "attempt_ended":
+        return (f"  {at} attempt {entry['attempt']} ended {entry['outcome'] or '?'}"
+                + (f" (by {entry['ended_by']})" if entry.get("ended_by") else ""))
+    if kind == "step_started":
+        return (f"  {at} step {entry['step']} {entry['name']} "
+                f"[{entry.get('effect_kind') or '?'}] started{attempt}")
+    if kind == "step_finished":
+        return (f"  {at} step {entry['step']} {entry['name']} {entry.get('state') or '?'}"
+                + (f" ({entry['error_code']})" if entry.get("error_code") else "") + attempt)
+    if kind == "lease_expired":
+        return f"  {at} lease ran out (as pass {entry['pass_id']} saw it)"
+    if kind == "owner_gone":
+        return f"  {at} worker gone (seen by pass {entry['pass_id']})"
+    line = _history_line(entry)
+    if kind == "decision":
+        line += f", rule {entry['rule']}" if entry.get("rule") else ""
+        line += " [shadow: nothing changed]" if entry.get("shadow") else ""
+    return line
+
+
 def _history_line(entry: dict[str, Any]) -> str:
     if entry["type"] == "decision":
         return (f"  {entry['at']} decided: "
@@ -197,7 +227,9 @@ def job_lines(view: dict[str, Any], source_kind: str) -> list[str]:
              + (", held by an operator" if view["operator_hold"] else "")]
     lines += [f"  step {s['index']}: {s['name']} [{s.get('effect_kind', '?')}] {s['state']}"
               for s in view["steps"]]
-    if "history" in view:
+    if "timeline" in view:
+        lines += [_timeline_line(entry) for entry in view["timeline"]]
+    elif "history" in view:
         lines += [_history_line(entry) for entry in view["history"]]
     else:
         lines += [f"  decided {d['decided_at']}: "

@@ -58,6 +58,7 @@ from reconciler.views import (
     job_view,
     pass_view,
     printable,
+    timeline_view,
     with_history,
 )
 
@@ -244,6 +245,7 @@ def _with_actions(cli: CliParts, job_key: JobKey, view: dict[str, Any]) -> dict[
     source = cli.config.source_entry.kind
     decisions = cli.jobs.decisions_about(job_key, 50)
     shown = with_history(view, decisions, cli.store.actions_about(source, job_key, 50))
+    shown["timeline"] = timeline_view(cli.jobs.timeline(job_key, 50))
     if not is_native(cli.config.source) and cli.store.held_by_operator(source, job_key):
         shown["operator_hold"] = True
     return shown

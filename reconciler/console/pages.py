@@ -157,6 +157,9 @@ class Pages:
             key = self._key(source, job_id)
             job = None if key is None else self.jobs.get_job(key)
         detail = None if job is None else job_view(job)
+        # The job's whole story, where its source's records are this console's to read.
+        timeline = [] if job is None or source not in (self.state.source, DEFAULT_SOURCE) \
+            else self._timeline(source, job.job_id)
         explained = self._explain(source, job_id)
         if not history and detail is None and explained is None:
             raise NotFoundPageError(f"no decision or job for {source} job {job_id[:60]!r}")
@@ -166,6 +169,7 @@ class Pages:
         return Page("job.html", {
             "source": source, "job_id": job_id, "history": history, "job": detail,
             "explained": explained, "configured_source": self.state.source,
+            "timeline": timeline,
             "actions": [a.value for a in OperatorAction if a in allowed],
             "outcome": outcome, "refusals": REFUSALS,
         })
@@ -210,6 +214,11 @@ class Pages:
             source=query.source, since=query.since_time(now), shadow=query.shadow,
             before_id=query.before, limit=limit)
         return [decision_view(r) for r in records]
+
+    def _timeline(self, source: str, job_id: JobKey) -> list[dict[str, Any]]:
+        if source == self.state.source:
+            return self.jobs.timeline(job_id, JOB_DECISIONS)
+        return self.reads.timeline(int(job_id), JOB_DECISIONS)
 
     def _workers(self) -> dict[str, Any] | None:
         """The source's running jobs and whether none has a live worker; None when the

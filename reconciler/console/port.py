@@ -50,6 +50,9 @@ class ConsoleReads(Protocol):
     def job_actions(self, source: str, job_id: str, limit: int) -> list[dict[str, Any]]:
         """The operator actions recorded on one job, newest first."""
 
+    def timeline(self, job_id: int, limit: int) -> list[dict[str, Any]]:
+        """One of this project's jobs' timeline, oldest first."""
+
     def held_and_parked(self, limit: int) -> tuple[list[JobDetail], list[JobDetail]]:
         """This project's held jobs and parked jobs, newest first."""
 

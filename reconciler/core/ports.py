@@ -362,6 +362,10 @@ class SourceJobs(Protocol):
     def decisions_about(self, job_id: JobKey, limit: int) -> list[dict[str, Any]]:
         """The audit's decisions about one job, newest first."""
 
+    def timeline(self, job_id: JobKey, limit: int) -> list[dict[str, Any]]:
+        """The job's timeline, oldest first (``reconciler.core.timeline``), of at most
+        ``limit`` decisions and as many actions."""
+
     def operator_action(self, job_id: JobKey, action: str) -> tuple[bool, str | None]:
         """Apply hold, unhold, retry or cancel; (applied, refusal reason)."""
 

@@ -34,6 +34,7 @@ from reconciler.sources.kit.source import DeclaredSource
 from reconciler.sources.kit.system import Wanted
 from reconciler.storage.audit import AuditHistory
 from reconciler.storage.engines import read_only
+from reconciler.storage.job_timeline import foreign_timeline, native_timeline
 from reconciler.storage.operator_record import held_among, last_moves
 from reconciler.storage.step_ledger import PassLedger
 
@@ -76,6 +77,13 @@ class NativeJobs:
         """The audit's decisions about the job, newest first."""
         with self._engine.connect() as conn:
             return decisions_about(conn, DEFAULT_SOURCE, job_id, limit)
+
+    def timeline(self, job_id: JobKey, limit: int) -> list[dict[str, Any]]:
+        """Its attempts, its steps' latest runs, the audit's decisions and the actions."""
+        if not isinstance(job_id, int):
+            return []
+        with self._engine.connect() as conn:
+            return native_timeline(read_only(conn), job_id, limit)
 
     def operator_action(self, job_id: JobKey, action: str) -> tuple[bool, str | None]:
         """Hold, unhold, retry or cancel, fenced as the store does it."""
@@ -126,6 +134,12 @@ class ForeignJobs:
         """The audit's decisions about the job, newest first."""
         with self._engine.connect() as conn:
             return decisions_about(conn, self._name, job_id, limit)
+
+    def timeline(self, job_id: JobKey, limit: int) -> list[dict[str, Any]]:
+        """Its steps as the step ledger keeps them, the audit's decisions and the actions
+        (its attempts are its system's own history)."""
+        with self._engine.connect() as conn:
+            return foreign_timeline(read_only(conn), self._name, job_id, limit)
 
     def operator_action(self, job_id: JobKey, action: str) -> tuple[bool, str | None]:
         """None reach a foreign system here: the command line refuses them by name."""

@@ -21,6 +21,7 @@ from reconciler.core.job_story import JobDetail
 from reconciler.core.vocabulary import Reason
 from reconciler.storage.audit import read_brake
 from reconciler.storage.engines import read_only
+from reconciler.storage.job_timeline import native_timeline
 from reconciler.storage.native_source import NativeSource
 from reconciler.storage.read_views import _DETAIL_COLUMNS, ReadViewsSql, _detail, _step_states
 from reconciler.storage.sql import actions, decisions, holds, jobs, passes
@@ -145,6 +146,11 @@ class ConsoleViewsSql(ReadViewsSql):
                           actions.c.operator_note.label("note"))
                 .where(actions.c.job_source == source, actions.c.job_key == job_id)
                 .order_by(actions.c.action_id.desc()).limit(limit)))
+
+    def timeline(self, job_id: int, limit: int) -> list[dict[str, Any]]:
+        """One of this project's jobs' timeline (``reconciler.core.timeline``)."""
+        with self._read() as conn:
+            return native_timeline(conn, job_id, limit)
 
     def held_and_parked(self, limit: int) -> tuple[list[JobDetail], list[JobDetail]]:
         """This project's jobs under an operator hold, and those parked (held or gated,

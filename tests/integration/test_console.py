@@ -293,3 +293,19 @@ def test_the_front_page_says_first_when_no_running_job_has_a_live_worker(
     assert first.startswith('<p class="alert" id="workers"><strong>No live workers</strong>: '
                             "2 running jobs of native"), first[:300]
     assert dead != live
+
+
+def test_a_job_page_shows_its_timeline_oldest_first(db_url: str, seeded: Seeded) -> None:
+    """Claimed, its steps, the lease running out as the pass saw it, the decision with its
+    rule, the attempt ended: in that order, no worker identity."""
+    with served(db_url) as base:
+        page = fetch(base + f"/jobs/native/{seeded.died_mid_step}").body
+    section = page.split('id="timeline"', 1)[1].split("</section>", 1)[0]
+    kinds = re.findall(r'<li class="([a-z_]+)">', section)
+    # The seeded lease lasts a millisecond: it runs out somewhere among the steps.
+    assert [k for k in kinds if k != "lease_expired"] == [
+        "claimed", "step_started", "step_finished", "step_started", "decision",
+        "attempt_ended"], kinds
+    assert kinds.index("lease_expired") < kinds.index("decision")
+    assert "rule 10" in section
+    assert "worker-marker-42" not in page
