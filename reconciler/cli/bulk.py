@@ -5,6 +5,13 @@ each fenced and recorded on its own.
 It first says how many match, acts only with ``--yes`` or after a yes typed on a terminal,
 caps at ``--limit``, and ends with the counts applied and refused (exit 6 when any was
 refused). ``--dry-run`` lists them and changes nothing.
+
+It acts a chunk at a time (``BULK_CHUNK`` jobs, a pass's batch), each chunk through the
+desk's ``act_on_chunk``: on a source that takes a batch, one transaction whose few
+statements fence every job inside them and record every action in one insert, so an
+interrupted bulk (SIGINT, a lost connection) leaves each job acted on and recorded, or
+untouched, and the same command run again finishes the rest. A terminal shows a progress
+bar; each refusal is a line.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ import argparse
 import json
 import sys
 from datetime import UTC, datetime, timedelta
+from typing import TextIO
 
 from reconciler.core.operator_desk import ActionReport, OperatorDesk
 from reconciler.core.vocabulary import OperatorAction
@@ -21,6 +29,36 @@ from reconciler.views import printable
 
 PAST = {OperatorAction.RETRY: "retried", OperatorAction.CANCEL: "cancelled"}
 """The bulk form's actions, as its count line says them."""
+BULK_CHUNK = 500
+"""Jobs per chunk of a bulk action: about a pass's batch."""
+BAR_WIDTH = 30
+
+
+class Progress:
+    """A bar on a terminal (``stream`` a TTY), redrawn in place; nothing elsewhere."""
+
+    def __init__(self, total: int, stream: TextIO) -> None:
+        self._total = total
+        self._stream = stream
+        self._on = stream.isatty() and total > BULK_CHUNK
+        self._drawn = False
+
+    def show(self, done: int) -> None:
+        """``done`` of the total acted on."""
+        if not self._on:
+            return
+        filled = BAR_WIDTH * done // max(self._total, 1)
+        self._stream.write(f"\r[{'#' * filled}{'.' * (BAR_WIDTH - filled)}] "
+                           f"{done}/{self._total}")
+        self._stream.flush()
+        self._drawn = True
+
+    def clear(self) -> None:
+        """The bar's line emptied, so that another line can be printed."""
+        if self._drawn:
+            self._stream.write("\r\x1b[2K")
+            self._stream.flush()
+            self._drawn = False
 
 
 def _say(args: argparse.Namespace, line: str) -> None:
@@ -63,14 +101,23 @@ def bulk_action(args: argparse.Namespace, desk: OperatorDesk, action: OperatorAc
                               "dry_run": bool(args.dry_run)}, indent=2))
         return 0
     reports: list[ActionReport] = []
-    for job_id in targets:
-        report = desk.act(action, job_id, actor=actor, note=args.note)
-        reports.append(report)
-        _say(args, report.line)
+    progress = Progress(len(targets), sys.stderr)
+    for start in range(0, len(targets), BULK_CHUNK):
+        chunk = desk.act_on_chunk(action, targets[start:start + BULK_CHUNK], actor=actor,
+                                  note=args.note)
+        reports += chunk
+        progress.clear()
+        for report in chunk:
+            if not report.applied:
+                _say(args, report.line)
+        progress.show(len(reports))
+    progress.clear()
     applied = [r.job_id for r in reports if r.applied]
     refused = [{"job_id": r.job_id, "refusal": r.refusal} for r in reports if not r.applied]
     _say(args, f"{action}: applied {len(applied)}, refused {len(refused)}")
     if args.json:
         print(json.dumps({"matched": targets, "applied": applied, "refused": refused,
-                          "dry_run": False}, indent=2))
+                          "dry_run": False,
+                          "counts": {"matched": len(targets), "applied": len(applied),
+                                     "refused": len(refused)}}, indent=2))
     return ActionRefusedError.exit_code if refused else 0

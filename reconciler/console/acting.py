@@ -90,9 +90,8 @@ class Acting:
         if len(chosen) > BULK_LIMIT:
             raise BadRequestError(f"a bulk form acts on at most {BULK_LIMIT} jobs")
         applied = 0
-        for job_id in chosen:
-            report = self.desk.act(action, job_id, actor=actor, note=note)
-            _log(actor, action, self.desk.source, job_id, report.refusal)
+        for report in self.desk.act_on_chunk(action, chosen, actor=actor, note=note):
+            _log(actor, action, self.desk.source, report.job_id, report.refusal)
             applied += report.applied
         outcome = Outcome(action.value, applied=applied, refused=len(chosen) - applied)
         return Redirect(outcome.on(query.link()))

@@ -5,7 +5,7 @@ port; the composition root builds it over the configured source."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
@@ -47,6 +47,12 @@ class OperatorDesk(Protocol):
     def act(self, action: OperatorAction, job_id: str, *, actor: str,
             note: str | None) -> ActionReport:
         """Apply one action, fenced on the job as read now, and record it either way."""
+
+    def act_on_chunk(self, action: OperatorAction, job_ids: Sequence[str], *, actor: str,
+                     note: str | None) -> list[ActionReport]:
+        """``act`` on each of a chunk of jobs (about a pass's batch), in the order given:
+        where the source can, in one transaction and a few statements, each job fenced
+        inside them; the chunk applied and recorded whole, or not at all."""
 
     def bulk_targets(self, action: OperatorAction, *, reason: str | None, kind: str | None,
                      since: datetime | None, limit: int) -> list[str]:

@@ -9,6 +9,7 @@ records the action (applied or refused) beside it.
 from __future__ import annotations
 
 import fnmatch
+from collections.abc import Sequence
 from datetime import datetime
 
 import sqlalchemy as sa
@@ -17,10 +18,15 @@ from sqlalchemy.engine import Engine
 from reconciler.core.operator_desk import ActionCounter, ActionReport, not_counted
 from reconciler.core.policy import Refusal, operator_change
 from reconciler.core.vocabulary import ActionOutcome, JobStatus, OperatorAction
+from reconciler.storage.deadlocks import deadlock_retried
 from reconciler.storage.engines import read_only
 from reconciler.storage.operator import NATIVE, OperatorSql
+from reconciler.storage.operator_bulk import Acted, act_on_chunk
 from reconciler.storage.operator_record import latest_decisions
 from reconciler.storage.sql import jobs
+
+STATE_READ_CHUNK = 1000
+"""Jobs whose states one read of the bulk form's choice reads."""
 
 REFUSALS: dict[str, str] = {
     Refusal.NO_SUCH_JOB.value: "no such job",
@@ -54,16 +60,21 @@ class RecordedDesk:
         """The actions the job's current state allows (empty for an unknown job)."""
         raise NotImplementedError
 
+    def act(self, action: OperatorAction, job_id: str, *, actor: str,
+            note: str | None) -> ActionReport:
+        """Apply one action, fenced on the job as read now, and record it either way."""
+        raise NotImplementedError
+
+    def act_on_chunk(self, action: OperatorAction, job_ids: Sequence[str], *, actor: str,
+                     note: str | None) -> list[ActionReport]:
+        """Each job's ``act``, one after the other (a source whose system takes no batch)."""
+        return [self.act(action, job_id, actor=actor, note=note) for job_id in job_ids]
+
     def bulk_targets(self, action: OperatorAction, *, reason: str | None, kind: str | None,
                      since: datetime | None, limit: int) -> list[str]:
         """The jobs whose latest decision matches the filters and whose state allows
         ``action`` now, newest decision first, at most ``limit``."""
-        with self._engine.connect() as conn:
-            found = latest_decisions(read_only(conn), self.source, reason=reason,
-                                     since=since)
-            keys = [key for key, recorded_kind in found
-                    if kind is None or fnmatch.fnmatchcase(recorded_kind or "", kind)]
-            conn.rollback()
+        keys = self._matching(reason=reason, kind=kind, since=since)
         targets: list[str] = []
         for key in keys:
             if len(targets) >= limit:
@@ -71,6 +82,17 @@ class RecordedDesk:
             if action in self.allowed(key):
                 targets.append(key)
         return targets
+
+    def _matching(self, *, reason: str | None, kind: str | None, since: datetime | None
+                  ) -> list[str]:
+        """The jobs whose latest decision matches the filters, newest decision first."""
+        with self._engine.connect() as conn:
+            found = latest_decisions(read_only(conn), self.source, reason=reason,
+                                     since=since)
+            keys = [key for key, recorded_kind in found
+                    if kind is None or fnmatch.fnmatchcase(recorded_kind or "", kind)]
+            conn.rollback()
+        return keys
 
     def report(self, action: OperatorAction, job_id: str, refusal: str | None,
                line: str) -> ActionReport:
@@ -110,6 +132,45 @@ class NativeDesk(RecordedDesk):
         """The actions the job's current state allows (empty for an unknown job)."""
         state = self._state(job_id)
         return frozenset() if state is None else allowed_now(*state)
+
+    def bulk_targets(self, action: OperatorAction, *, reason: str | None, kind: str | None,
+                     since: datetime | None, limit: int) -> list[str]:
+        """As every desk's, the jobs' states read a chunk at a time, not one by one."""
+        keys = [k for k in self._matching(reason=reason, kind=kind, since=since)
+                if k.isascii() and k.isdigit()]
+        targets: list[str] = []
+        for start in range(0, len(keys), STATE_READ_CHUNK):
+            chunk = keys[start:start + STATE_READ_CHUNK]
+            with self._engine.connect() as conn:
+                states = {str(r.job_id): (JobStatus(r.job_status), bool(r.operator_hold))
+                          for r in read_only(conn).execute(
+                              sa.select(jobs.c.job_id, jobs.c.job_status, jobs.c.operator_hold)
+                              .where(jobs.c.job_id.in_([int(k) for k in chunk])))}
+                conn.rollback()
+            targets += [k for k in chunk if k in states and action in allowed_now(*states[k])]
+            if len(targets) >= limit:
+                return targets[:limit]
+        return targets
+
+    def act_on_chunk(self, action: OperatorAction, job_ids: Sequence[str], *, actor: str,
+                     note: str | None) -> list[ActionReport]:
+        """The chunk in one transaction (``storage.operator_bulk``)."""
+        numeric = [int(j) for j in job_ids if j.isascii() and j.isdigit()]
+        done = {str(a.job_id): a.refusal
+                for a in self._chunk(numeric, action, actor=actor, note=note)}
+        reports = []
+        for job_id in job_ids:
+            refusal = done.get(job_id, Refusal.NO_SUCH_JOB.value)
+            line = (f"job {job_id}: {action} applied" if refusal is None
+                    else refused_line(action, job_id, refusal))
+            reports.append(self.report(action, job_id, refusal, line))
+        return reports
+
+    @deadlock_retried
+    def _chunk(self, job_ids: Sequence[int], action: OperatorAction, *, actor: str,
+               note: str | None) -> list[Acted]:
+        with self._engine.begin() as conn:
+            return act_on_chunk(conn, job_ids, action, actor=actor, note=note)
 
     def act(self, action: OperatorAction, job_id: str, *, actor: str,
             note: str | None) -> ActionReport:

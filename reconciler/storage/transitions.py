@@ -380,13 +380,14 @@ def swap_changes(values: Any) -> dict[str, Any]:
     }
 
 
-def end_attempts_statement(dialect: str) -> Any:
-    """``end_attempt`` for a batch: the attempts whose claims the swap just took away."""
+def end_attempts_statement(dialect: str, ended_by: EndedBy = EndedBy.RECONCILER) -> Any:
+    """``end_attempt`` for a batch: the attempts whose claims a swap (a pass's, or an
+    operator's bulk cancel) just took away."""
     values = json_rows(dialect, "ended", ENDED_COLUMNS)
     return by_key(dialect, attempts.update()
                   .where(_open_attempt(values.c.job_id, values.c.generation))
                   .values(ended_at=db_now(), attempt_outcome=values.c.outcome,
-                          ended_by=EndedBy.RECONCILER.value), attempts.c.job_id)
+                          ended_by=ended_by.value), attempts.c.job_id)
 
 
 def publish_statement(dialect: str) -> Any:

@@ -170,7 +170,8 @@ def test_the_bulk_form_counts_first_and_acts_only_when_told(
 
     capped = json.loads(_bulk(db_url, "--limit", "1", "--yes", "--json").stdout)
     assert capped == {"matched": [str(reports[1])], "applied": [str(reports[1])],
-                      "refused": [], "dry_run": False}
+                      "refused": [], "dry_run": False,
+                      "counts": {"matched": 1, "applied": 1, "refused": 0}}
     rest = _bulk(db_url, "--yes")
     assert rest.stdout.splitlines()[-1] == "retry: applied 1, refused 0"
     assert {job_row(engine, job)["job_status"] for job in (*reports, mail)} == {"queued"}
