@@ -1,0 +1,143 @@
+"""The bulk form over this project's own jobs, a chunk at a time, on SQLite and PostgreSQL:
+700 jobs a pass ended retried in two chunks, each job fenced and recorded, resuming
+where its steps left it; jobs that moved between the count and the act refused, the rest
+applied; and a bulk interrupted by SIGINT mid-way that leaves every job either retried
+and recorded or untouched, finished by the same command run again."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from collections import Counter
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from reconciler.cli.bulk import BULK_CHUNK
+from reconciler.config.loader import Config, parse_kinds
+from reconciler.config.settings import Settings
+from reconciler.core.decisions import Thresholds
+from reconciler.core.passes import PassConfig, run_pass
+from reconciler.core.vocabulary import OperatorAction
+from reconciler.root.desk import open_desk
+from reconciler.storage.sql import actions, jobs
+from reconciler.storage.sql_store import SqlStore
+from reconciler.worker import JobClient, Step
+from tests.cli_runner import settings_env
+from tests.conftest import REPO_ROOT, run_cli
+from tests.helpers import wait_for
+
+pytestmark = pytest.mark.integration
+
+DIED = "worker_died_mid_step"
+PLAN = [Step("fetch", "idempotent"), Step("charge", "effectful")]
+
+
+def ended_by_a_pass(client: JobClient, engine: Engine, count: int, *,
+                    fetched: bool = False) -> list[int]:
+    """``count`` jobs whose workers died inside the effectful ``charge`` (``fetched``:
+    after ``fetch`` succeeded), ended ``worker_died_mid_step`` by one pass."""
+    plan = PLAN if fetched else PLAN[1:]
+    with engine.begin() as conn:
+        ids = [client.enqueue("billing.charge", steps=plan, connection=conn)
+               for _ in range(count)]
+    for _ in ids:
+        claim = client.claim("w-dead", lease_seconds=0.001)
+        assert claim is not None
+        if fetched:
+            claim.start_step(0)
+            claim.finish_step(0)
+        claim.start_step(len(plan) - 1)
+    report = run_pass(SqlStore(engine), PassConfig(batch_size=count,
+                                                   thresholds=Thresholds(0.0, 3600.0),
+                                                   instance="bulk-test"))
+    assert Counter(d.reason.value for d in report.decisions) == {DIED: count}
+    return ids
+
+
+def statuses(engine: Engine) -> Counter[str]:
+    with engine.connect() as conn:
+        return Counter(conn.execute(sa.select(jobs.c.job_status)).scalars())
+
+
+def recorded(engine: Engine) -> Counter[tuple[str, str]]:
+    with engine.connect() as conn:
+        return Counter((r.operator_action, r.action_outcome) for r in conn.execute(
+            sa.select(actions.c.operator_action, actions.c.action_outcome)))
+
+
+def test_a_bulk_retry_of_700_jobs_runs_in_chunks_each_job_fenced_and_recorded(
+        client: JobClient, engine: Engine, db_url: str) -> None:
+    ids = ended_by_a_pass(client, engine, BULK_CHUNK + 200, fetched=True)
+    done = run_cli(db_url, "jobs", "retry", "--reason", DIED, "--limit", "5000",
+                   "--note", "charges checked", "--yes", "--json", "--as", "alice")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["counts"] == {"matched": len(ids), "applied": len(ids), "refused": 0}
+    assert statuses(engine) == {"queued": len(ids)}
+    assert recorded(engine) == {("retry", "applied"): len(ids)}
+    with engine.connect() as conn:
+        resumed = Counter(conn.execute(sa.select(jobs.c.resume_step_index,
+                                                 jobs.c.attempt_count, jobs.c.status_reason)))
+    # Each resumes after the step it finished, with a fresh budget, for operator_retry.
+    assert resumed == {(1, 0, "operator_retry"): len(ids)}
+
+
+def test_jobs_that_moved_between_the_count_and_the_act_are_refused_the_rest_applied(
+        client: JobClient, engine: Engine, db_url: str) -> None:
+    """Chosen, then one retried by a second operator and claimed by a worker at once: it is
+    refused (it runs now), the rest applied, every one recorded."""
+    ids = ended_by_a_pass(client, engine, 6)
+    settings = Settings(database_url=db_url)
+    desk = open_desk(engine, Config(settings=settings, kinds=parse_kinds(None, settings)),
+                     SqlStore(engine))
+    assert desk is not None
+    targets = desk.bulk_targets(OperatorAction.RETRY, reason=DIED, kind=None, since=None,
+                                limit=100)
+    assert sorted(int(t) for t in targets) == sorted(ids)
+    first = targets[0]
+    assert desk.act(OperatorAction.RETRY, first, actor="bob", note="mine").applied
+    claim = client.claim("w-live", lease_seconds=60)  # a worker takes it at once
+    assert claim is not None
+    assert str(claim.job_id) == first
+    reports = desk.act_on_chunk(OperatorAction.RETRY, targets, actor="alice", note="bulk")
+    assert [(r.job_id, r.refusal) for r in reports] == [
+        (first, "job_not_failed_or_cancelled"), *((t, None) for t in targets[1:])]
+    assert statuses(engine) == {"processing": 1, "queued": 5}
+    assert recorded(engine) == {("retry", "applied"): 6, ("retry", "refused"): 1}
+
+
+def test_an_interrupted_bulk_leaves_each_job_retried_and_recorded_or_untouched(
+        client: JobClient, engine: Engine, db_url: str) -> None:
+    """SIGINT once the first chunk is in: each job queued exactly when its retry is
+    recorded; the same command again retries the rest."""
+    ids = ended_by_a_pass(client, engine, 3 * BULK_CHUNK)
+    argv = [sys.executable, "-m", "reconciler.cli", "jobs", "retry", "--reason", DIED,
+            "--limit", "5000", "--note", "checked", "--yes", "--as", "alice"]
+    bulk = subprocess.Popen(argv, env=settings_env(db_url), cwd=REPO_ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: recorded(engine) or bulk.poll() is not None,
+                 "the first chunk to commit")
+        bulk.send_signal(signal.SIGINT)
+        _, err = bulk.communicate(timeout=60)
+    finally:
+        if bulk.poll() is None:
+            bulk.kill()
+    assert "Traceback" not in err, err
+    with engine.connect() as conn:
+        queued = set(conn.execute(sa.select(jobs.c.job_id)
+                                  .where(jobs.c.job_status == "queued")).scalars())
+        retried = set(conn.execute(sa.select(actions.c.job_id)
+                                   .where(actions.c.operator_action == "retry",
+                                          actions.c.action_outcome == "applied")).scalars())
+    assert queued == retried
+    assert len(queued) % BULK_CHUNK == 0 or len(queued) == len(ids)
+
+    again = run_cli(db_url, *argv[3:])
+    assert again.returncode == 0, again.stderr
+    assert statuses(engine) == {"queued": len(ids)}
+    assert recorded(engine) == {("retry", "applied"): len(ids)}
