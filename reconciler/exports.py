@@ -66,12 +66,11 @@ def json_chunks(pages: Iterable[list[dict[str, Any]]]) -> Iterator[str]:
     """A JSON array of every record, one chunk per page: ``decisions --json``'s shape,
     written as it is read."""
     first = True
-    yield "["
     for records in pages:
         for record in records:
-            yield ("\n" if first else ",\n") + json.dumps(record, default=str)
+            yield ("[\n" if first else ",\n") + json.dumps(record, default=str)
             first = False
-    yield "\n]\n"
+    yield "[]\n" if first else "\n]\n"
 
 
 def _csv_text(rows: list[list[str]]) -> str:

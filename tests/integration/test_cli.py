@@ -32,7 +32,7 @@ JOB_KEYS = {"job_id", "job_kind", "status", "reason", "attempts_used", "max_atte
             "resume_step_index", "steps", "created_at", "updated_at"}
 # Public, harmless fields the view adds beyond the documented ones (see the report).
 JOB_EXTRA_KEYS = {"operator_hold", "last_error_code", "finished_at", "decisions", "actions",
-                  "history", "max_attempts_from"}
+                  "history", "max_attempts_from", "timeline"}
 STEP_KEYS = {"name", "state"}
 STEP_EXTRA_KEYS = {"index", "effect_kind"}
 PASS_KEYS = {"pass_id", "candidates", "resumed", "terminalized", "skipped", "decisions"}

@@ -463,16 +463,23 @@ def test_operator_hold_is_skipped_and_left_untouched(
     assert_counts_match(engine, report)
 
 
+LIVE_LEASE = 30.0
+WEDGED_AFTER = 2.0
+
+
 def test_wedged_worker_is_failed_not_requeued_while_an_active_one_is_left_alone(
     client: JobClient, engine: Engine, store: SqlStore
 ) -> None:
     """A live lease beating on without activity ends failed worker_wedged, attempt abandoned."""
-    wedged = crash(client, engine, [IDEMPOTENT, EFFECTFUL], finish(0), lease_seconds=0.5,
-                   wait=False)
-    active = crash(client, engine, [IDEMPOTENT], lease_seconds=0.5, wait=False)
+    # Leases far longer than any pause a loaded machine gives the heartbeat threads, and a
+    # wedged threshold longer than the active worker's progress could be starved: only
+    # the wedged worker's silence decides.
+    wedged = crash(client, engine, [IDEMPOTENT, EFFECTFUL], finish(0),
+                   lease_seconds=LIVE_LEASE, wait=False)
+    active = crash(client, engine, [IDEMPOTENT], lease_seconds=LIVE_LEASE, wait=False)
     with beating(wedged.claim) as hung, beating(active.claim, progress=True) as moving:
         wedged.claim.start_step(1)  # the handler enters its effectful step and hangs there
-        wait_idle(engine, wedged.job_id, 0.6)
+        wait_idle(engine, wedged.job_id, WEDGED_AFTER + 0.1)
         assert lease_is_live(engine, wedged.job_id)
         before_active = job(engine, active.job_id)["claim_generation"]
 
@@ -482,7 +489,7 @@ def test_wedged_worker_is_failed_not_requeued_while_an_active_one_is_left_alone(
         reports = []
 
         def decided() -> bool:
-            reports.append(run_pass(store, config(stale=0.0, wedged=0.5)))
+            reports.append(run_pass(store, config(stale=0.0, wedged=WEDGED_AFTER)))
             return bool(reports[-1].decisions)
 
         wait_until(decided, "a pass to decide the wedged job", timeout=30.0)
@@ -501,7 +508,7 @@ def test_wedged_worker_is_failed_not_requeued_while_an_active_one_is_left_alone(
                                  outcome="abandoned")
     evidence = json.loads(stored["evidence_text"])
     assert evidence["lease_live"] is True
-    assert evidence["activity_age_seconds"] >= 0.5
+    assert evidence["activity_age_seconds"] >= WEDGED_AFTER
     row = job(engine, wedged.job_id)
     assert row["attempt_count"] == 1 < row["max_attempts"]  # budget left, still not requeued
     assert [d.job_id for d in report.decisions] == [wedged.job_id]

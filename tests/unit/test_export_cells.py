@@ -26,4 +26,4 @@ def test_chunks_are_a_header_then_a_page_each() -> None:
         "a,b\r\n", '1,"x,y"\r\n', '2,"say ""hi""\nthere"\r\n']
     assert "".join(json_chunks(iter(pages))) == (
         '[\n{"a": 1, "b": "x,y"},\n{"a": 2, "b": "say \\"hi\\"\\nthere"}\n]\n')
-    assert "".join(json_chunks(iter([]))) == "[\n]\n"
+    assert "".join(json_chunks(iter([]))) == "[]\n"
