@@ -28,9 +28,6 @@ from reconciler.core.policy import (
     operator_change,
 )
 from reconciler.core.vocabulary import (
-    ACTOR_MAX_LENGTH,
-    NOTE_MAX_LENGTH,
-    ActionOutcome,
     AttemptOutcome,
     EndedBy,
     JobStatus,
@@ -38,9 +35,9 @@ from reconciler.core.vocabulary import (
 )
 from reconciler.storage.clock import db_now
 from reconciler.storage.operator import NATIVE, native_state
+from reconciler.storage.operator_record import ActionRecord, record_actions
 from reconciler.storage.sql import (
     PLAN_TEXT,
-    actions,
     batch_params,
     for_update,
     jobs,
@@ -178,18 +175,11 @@ def _record(conn: Connection, action: OperatorAction, rows: dict[int, sa.Row[Any
             change, generation_after = applied[job_id]
             status_after = change.new_status or status
             held_after = held if change.hold is None else change.hold
-        refusal = refused.get(job_id)
-        records.append({
-            "job_id": job_id, "job_source": NATIVE, "job_key": str(job_id),
-            "operator_action": action.value,
-            "action_outcome": (ActionOutcome.REFUSED if refusal else ActionOutcome.APPLIED
-                               ).value,
-            "refusal_reason": refusal, "acted_by": None if actor is None
-            else actor[:ACTOR_MAX_LENGTH], "operator_note": None if note is None
-            else note[:NOTE_MAX_LENGTH],
-            "status_before": status.value, "status_after": status_after.value,
-            "state_before": native_state(status, held),
-            "state_after": native_state(status_after, held_after),
-            "generation_before": generation, "generation_after": generation_after})
-    if records:
-        conn.execute(actions.insert().values(acted_at=db_now()), records)
+        records.append(ActionRecord(
+            source=NATIVE, job_key=job_id, job_id=job_id, action=action, actor=actor,
+            note=note, refusal=refused.get(job_id),
+            state_before=native_state(status, held),
+            state_after=native_state(status_after, held_after),
+            status_before=status.value, status_after=status_after.value,
+            generation_before=generation, generation_after=generation_after))
+    record_actions(conn, records)

@@ -60,19 +60,27 @@ def _cut(text: str | None, length: int) -> str | None:
 
 def record_action(conn: Connection, record: ActionRecord) -> None:
     """Insert the action's row, applied or refused, stamped by the database's clock."""
-    conn.execute(actions.insert().values(
-        job_id=record.job_id, job_source=record.source, job_key=str(record.job_key),
-        operator_action=record.action.value,
-        action_outcome=(ActionOutcome.REFUSED if record.refusal else ActionOutcome.APPLIED
-                        ).value,
-        refusal_reason=record.refusal, acted_by=_cut(record.actor, ACTOR_MAX_LENGTH),
-        operator_note=_cut(record.note, NOTE_MAX_LENGTH), acted_at=db_now(),
-        status_before=record.status_before, status_after=record.status_after,
-        state_before=_cut(record.state_before, STATE_MAX_LENGTH),
-        state_after=_cut(record.state_after, STATE_MAX_LENGTH),
-        generation_before=record.generation_before,
-        generation_after=record.generation_after,
-    ))
+    record_actions(conn, [record])
+
+
+def record_actions(conn: Connection, records: Sequence[ActionRecord]) -> None:
+    """Insert each action's row, applied or refused, in one statement, stamped by the
+    database's clock."""
+    if not records:
+        return
+    conn.execute(actions.insert().values(acted_at=db_now()), [{
+        "job_id": record.job_id, "job_source": record.source, "job_key": str(record.job_key),
+        "operator_action": record.action.value,
+        "action_outcome": (ActionOutcome.REFUSED if record.refusal
+                           else ActionOutcome.APPLIED).value,
+        "refusal_reason": record.refusal, "acted_by": _cut(record.actor, ACTOR_MAX_LENGTH),
+        "operator_note": _cut(record.note, NOTE_MAX_LENGTH),
+        "status_before": record.status_before, "status_after": record.status_after,
+        "state_before": _cut(record.state_before, STATE_MAX_LENGTH),
+        "state_after": _cut(record.state_after, STATE_MAX_LENGTH),
+        "generation_before": record.generation_before,
+        "generation_after": record.generation_after,
+    } for record in records])
 
 
 def actions_about(conn: Connection, source: str, job_key: JobKey,

@@ -366,13 +366,17 @@ def _at_least(attempt: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
                    else_=ENTRIES.c.attempt_number)
 
 
-def restart_attempts(conn: Connection, source_name: str, job_id: JobKey) -> None:
-    """An operator's retry restarted the job's attempt count in its system: its ledger
-    counts attempts from 0 again (so the next run, whatever attempt it carries, opens) but
-    moves its run number on (so no run of the ended attempts writes again), and each step
-    an ended run started and never finished is released as failed retryably (the operator
-    decided it may run again); succeeded steps are kept, so the run resumes after them."""
-    where = (ENTRIES.c.source_name == source_name, ENTRIES.c.job_key == job_key_text(job_id))
+def restart_attempts(conn: Connection, source_name: str, job_ids: Sequence[JobKey]) -> None:
+    """An operator's retry restarted these jobs' attempt counts in their system: their
+    ledger counts attempts from 0 again (so the next run, whatever attempt it carries,
+    opens) but moves its run number on (so no run of the ended attempts writes again), and
+    each step an ended run started and never finished is released as failed retryably (the
+    operator decided it may run again); succeeded steps are kept, so each run resumes after
+    them. Two statements, however many jobs."""
+    if not job_ids:
+        return
+    where = (ENTRIES.c.source_name == source_name,
+             key_in(conn, ENTRIES.c.job_key, [job_key_text(k) for k in job_ids]))
     conn.execute(ENTRIES.update().where(*where, ENTRIES.c.step_state == StepState.STARTED.value)
                  .values(step_state=StepState.FAILED.value, failure_retryable=True,
                          finished_at=db_now()))

@@ -251,3 +251,47 @@ def test_held_stale_jobs_do_not_engage_the_mass_staleness_brake(table_home: Home
         job: (Disposition.SKIP, Reason.OPERATOR_HOLD) for job in held}
     assert {decided[job][0] for job in loose} == {Disposition.RESUME}
     assert {row(table_home, job)["status"] for job in loose} == {"pending"}
+
+
+def test_a_chunk_is_retried_in_one_statement_each_job_fenced_and_recorded(
+        table_home: Home) -> None:
+    """Three terminalized jobs and one another operator retried after the count: the
+    chunk's retry queues the three at their own first unfinished steps, refuses the
+    fourth (queued now), records all four, and an unknown id is neither acted on nor
+    recorded."""
+    jobs = [terminalized(table_home) for _ in range(3)]
+    moved = terminalized(table_home)
+    desk = desk_of(table_home)
+    assert desk.act(OperatorAction.RETRY, str(moved), actor="bob", note="mine").applied
+    reports = desk.act_on_chunk(OperatorAction.RETRY, [*map(str, jobs), str(moved), "999"],
+                                actor="alice", note="bulk")
+    assert [(r.job_id, r.refusal) for r in reports] == [
+        *((str(j), None) for j in jobs), (str(moved), "job_not_failed_or_cancelled"),
+        ("999", "no_such_job")]
+    for job in jobs:
+        after = row(table_home, job)
+        assert (after["status"], after["resume_step"], after["attempts"],
+                after["generation"]) == ("pending", 1, 0, 6)
+        [action] = recorded(table_home, job)
+        assert (action["action_outcome"], action["acted_by"], action["state_after"]) == (
+            "applied", "alice", "pending")
+    assert [a["action_outcome"] for a in recorded(table_home, moved)] == [
+        "applied", "refused"]
+    assert recorded(table_home, 999) == []
+
+
+def test_a_chunk_with_a_job_that_moved_inside_it_is_swapped_job_by_job(
+        table_home: Home) -> None:
+    """A job whose fenced columns changed after the chunk read them (a worker's write on
+    an engine without row locks for a look): the one statement matches fewer rows, the
+    chunk is swapped row by row, the moved job refused ``fence_lost``, the rest applied."""
+    first, second = terminalized(table_home), terminalized(table_home)
+    with table_home.engine.begin() as conn:
+        system = TableActions(conn, table_home.full, KINDS)
+        read = system.read_many([first, second], lock=True)
+        conn.execute(table_home.jobs.update().where(table_home.jobs.c.id == second)
+                     .values(generation=9))
+        after = system.swap_many(OperatorAction.RETRY, read)
+    assert after == {first: "pending"}
+    assert (row(table_home, first)["status"], row(table_home, second)["status"]) == (
+        "pending", "failed")

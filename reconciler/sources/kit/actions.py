@@ -10,8 +10,9 @@ a pass leaves the job undecided), the record, and the count.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
 import sqlalchemy as sa
@@ -21,13 +22,15 @@ from reconciler.core.kinds import KindRules
 from reconciler.core.operator_desk import ActionCounter, ActionReport, not_counted
 from reconciler.core.policy import Refusal, operator_change
 from reconciler.core.vocabulary import JobKey, JobStatus, OperatorAction
-from reconciler.storage.desks import RecordedDesk, allowed_now, refused_line
+from reconciler.storage.desks import STATE_READ_CHUNK, RecordedDesk, allowed_now, refused_line
 from reconciler.storage.engines import read_only
 from reconciler.storage.operator_record import (
     ActionRecord,
+    held_among,
     is_held,
     lift_hold,
     record_action,
+    record_actions,
     set_hold,
 )
 from reconciler.storage.sql import SQLITE
@@ -85,6 +88,23 @@ class SystemActions(Protocol):
 
     def cancel(self, job_key: JobKey, job: ForeignJob) -> str | None:
         """End the job cancelled (or failed ``operator_cancel``), fenced like ``retry``."""
+
+
+@runtime_checkable
+class BatchActions(Protocol):
+    """A system whose retry and cancel take a chunk of jobs in one statement each (the
+    bulk form's): the chunk read and locked in one, swapped in one, every job fenced on
+    what was read inside it."""
+
+    def read_many(self, job_keys: Sequence[JobKey], *, lock: bool
+                  ) -> dict[JobKey, ForeignJob]:
+        """The jobs the system has of these, in one read (``lock``: locked for the swap,
+        as ``SystemActions.read``)."""
+
+    def swap_many(self, action: OperatorAction, jobs: Mapping[JobKey, ForeignJob]
+                  ) -> dict[JobKey, str]:
+        """``retry`` or ``cancel`` of each job, fenced on it as read; the state after of
+        each job changed (one that moved meanwhile is absent: nothing changed)."""
 
 
 @runtime_checkable
@@ -151,11 +171,7 @@ class ForeignDesk(RecordedDesk):
             job = self._open(reading, self._config, self._kinds).read(key, lock=False)
             held = job is not None and is_held(reading, self.source, key)
             conn.rollback()
-        if job is None:
-            return frozenset()
-        if job.word is None:  # a status the actions cannot take: only a hold is lifted
-            return frozenset({OperatorAction.UNHOLD}) if held else frozenset()
-        return allowed_now(job.word, held)
+        return frozenset() if job is None else _allowed_for(job, held=held)
 
     def act(self, action: OperatorAction, job_id: str, *, actor: str,
             note: str | None) -> ActionReport:
@@ -202,14 +218,9 @@ class ForeignDesk(RecordedDesk):
             if isinstance(system, HoldsOwnRecovery):
                 system.hold_recovery(key, job, held=False)
             return None, job.state, False
-        if job.word is None:
-            return UNMAPPED_STATUS, job.state, held
-        own = system.refuses(action, job)
-        if own is not None:
-            return own, job.state, held
-        change = operator_change(action, job.word, held)
-        if isinstance(change, Refusal):
-            return change.value, job.state, held
+        refusal = _refusal(system, action, job, held=held)
+        if refusal is not None:
+            return refusal, job.state, held
         if action is OperatorAction.HOLD:
             if not set_hold(conn, self.source, key, actor):
                 return Refusal.ALREADY_HELD.value, job.state, held
@@ -226,5 +237,116 @@ class ForeignDesk(RecordedDesk):
         if action is OperatorAction.RETRY:
             # A fresh attempt budget: the system counts from the start again, and so does
             # the step ledger, whose finished steps are kept (the run resumes after them).
-            restart_attempts(conn, self.source, key)
+            restart_attempts(conn, self.source, [key])
         return None, after, held
+
+    def bulk_targets(self, action: OperatorAction, *, reason: str | None, kind: str | None,
+                     since: datetime | None, limit: int) -> list[str]:
+        """As every desk's; where the system reads a batch, the candidates' states a
+        thousand at a time, unlocked, not one by one."""
+        keys = self._matching(reason=reason, kind=kind, since=since)
+        targets: list[str] = []
+        for start in range(0, len(keys), STATE_READ_CHUNK):
+            chunk = keys[start:start + STATE_READ_CHUNK]
+            parsed = {job_id: key for job_id in chunk if (key := self._key(job_id)) is not None}
+            with self._engine.connect() as conn:
+                reading = read_only(conn)
+                system = self._open(reading, self._config, self._kinds)
+                if not isinstance(system, BatchActions):
+                    conn.rollback()
+                    return super().bulk_targets(action, reason=reason, kind=kind,
+                                                since=since, limit=limit)
+                found = system.read_many(list(parsed.values()), lock=False)
+                held = held_among(reading, self.source, list(found))
+                conn.rollback()
+            targets += [job_id for job_id, key in parsed.items() if key in found
+                        and action in _allowed_for(found[key], held=str(key) in held)]
+            if len(targets) >= limit:
+                return targets[:limit]
+        return targets
+
+    def act_on_chunk(self, action: OperatorAction, job_ids: Sequence[str], *, actor: str,
+                     note: str | None) -> list[ActionReport]:
+        """A retry or cancel of a chunk in one transaction: read and swapped in one
+        statement each where the system takes a batch (``BatchActions``), else job by
+        job inside it; the holds read, the ledgers restarted and the actions recorded
+        once for the chunk. A hold or unhold goes job by job."""
+        if action not in (OperatorAction.RETRY, OperatorAction.CANCEL):
+            return super().act_on_chunk(action, job_ids, actor=actor, note=note)
+        keys = {job_id: self._key(job_id) for job_id in job_ids}
+        wanted = [key for key in keys.values() if key is not None]
+        with self._engine.begin() as conn:
+            system = self._open(conn, self._config, self._kinds)
+            found = (system.read_many(wanted, lock=True) if isinstance(system, BatchActions)
+                     else {k: j for k in wanted if (j := system.read(k, lock=True))})
+            held = held_among(conn, self.source, list(found))
+            refused = {key: refusal for key, job in found.items()
+                       if (refusal := _refusal(system, action, job,
+                                               held=str(key) in held)) is not None}
+            chosen = {key: job for key, job in found.items() if key not in refused}
+            after = self._swapped(system, action, chosen, refused)
+            refused.update({key: Refusal.FENCE_LOST.value for key in chosen
+                            if key not in after and key not in refused})
+            if action is OperatorAction.RETRY:
+                restart_attempts(conn, self.source, list(after))
+            record_actions(conn, [ActionRecord(
+                source=self.source, job_key=key, action=action, actor=actor, note=note,
+                refusal=refused.get(key),
+                state_before=held_state(job.state, str(key) in held),
+                state_after=held_state(after.get(key, job.state), str(key) in held))
+                for key, job in found.items()])
+        reports = []
+        for job_id, key in keys.items():
+            if key is None or key not in found:
+                reports.append(self.report(action, job_id, Refusal.NO_SUCH_JOB.value,
+                                           f"no {self.source} job with id {job_id}"))
+            elif key in refused:
+                reports.append(self.report(action, job_id, refused[key],
+                                           refused_line(action, job_id, refused[key])))
+            else:
+                reports.append(self.report(
+                    action, job_id, None, f"job {job_id}: {action} applied; "
+                    f"{found[key].state} -> {after[key]}"))
+        return reports
+
+    @staticmethod
+    def _swapped(system: SystemActions, action: OperatorAction,
+                 jobs: Mapping[JobKey, ForeignJob], refused: dict[JobKey, str]
+                 ) -> dict[JobKey, str]:
+        """Each job's state after its swap (a job that moved is absent; one the system
+        refused is absent and its code put in ``refused``)."""
+        if not jobs:
+            return {}
+        if isinstance(system, BatchActions):
+            return system.swap_many(action, jobs)
+        swap = system.retry if action is OperatorAction.RETRY else system.cancel
+        after: dict[JobKey, str] = {}
+        for key, job in jobs.items():
+            try:
+                state = swap(key, job)
+            except SystemRefusal as refusal:
+                refused[key] = refusal.code
+                continue
+            if state is not None:
+                after[key] = state
+        return after
+
+
+def _allowed_for(job: ForeignJob, *, held: bool) -> frozenset[OperatorAction]:
+    """The actions the job's state allows now."""
+    if job.word is None:  # a status the actions cannot take: only a hold is lifted
+        return frozenset({OperatorAction.UNHOLD}) if held else frozenset()
+    return allowed_now(job.word, held)
+
+
+def _refusal(system: SystemActions, action: OperatorAction, job: ForeignJob, *,
+             held: bool) -> str | None:
+    """Why ``action`` cannot apply to the job as read (a code): a status the system's
+    actions cannot take, the system's own reason, or the operator state machine's."""
+    if job.word is None:
+        return UNMAPPED_STATUS
+    own = system.refuses(action, job)
+    if own is not None:
+        return own
+    change = operator_change(action, job.word, held)
+    return change.value if isinstance(change, Refusal) else None

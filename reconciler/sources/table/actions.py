@@ -17,7 +17,7 @@ lease, activity) in its WHERE clause: a job that moved meanwhile is refused, unc
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -72,17 +72,30 @@ class TableActions:
 
     def read(self, job_key: JobKey, *, lock: bool) -> ForeignJob | None:
         """The row's status and fenced columns, locked where the engine has row locks."""
+        return self._read(self._col("id_column") == job_key, lock=lock).get(str(job_key))
+
+    def read_many(self, job_keys: Sequence[JobKey], *, lock: bool
+                  ) -> dict[JobKey, ForeignJob]:
+        """The rows of these keys the table has, in one statement (``lock``: locked for
+        the swap)."""
+        if not job_keys:
+            return {}
+        found = self._read(self._col("id_column").in_(list(job_keys)), lock=lock)
+        return {key: found[str(key)] for key in job_keys if str(key) in found}
+
+    def _read(self, where: sa.ColumnElement[bool], *, lock: bool) -> dict[str, ForeignJob]:
+        """The rows ``where`` finds, by their key's text."""
         keys = [k for k in (*FENCED_KEYS, "plan_column", "steps_column") if self._has(k)]
-        query = sa.select(self._col("status_column").label("status"),
-                          *(self._col(k).label(k) for k in keys)).where(
-            self._col("id_column") == job_key)
-        row = self._conn.execute(for_update(self._conn.dialect.name, query,
-                                            lock=lock, skip_locked=False)).first()
-        if row is None:
-            return None
-        values = row._mapping
-        state = "" if values["status"] is None else str(values["status"])
-        return ForeignJob(state, self._words.get(state), dict(values))
+        query = sa.select(self._col("id_column").label("job_key"),
+                          self._col("status_column").label("status"),
+                          *(self._col(k).label(k) for k in keys)).where(where)
+        found: dict[str, ForeignJob] = {}
+        for row in self._conn.execute(for_update(self._conn.dialect.name, query, lock=lock,
+                                                 skip_locked=False)):
+            values = {k: v for k, v in row._mapping.items() if k != "job_key"}
+            state = "" if values["status"] is None else str(values["status"])
+            found[str(row.job_key)] = ForeignJob(state, self._words.get(state), values)
+        return found
 
     def refuses(self, action: OperatorAction, job: ForeignJob) -> str | None:
         """Nothing of the table's own: its mapped statuses say it all."""
@@ -104,19 +117,42 @@ class TableActions:
                                   .values(values))
         return status if done.rowcount == 1 else None
 
-    def retry(self, job_key: JobKey, job: ForeignJob) -> str | None:
-        """Back to the queued status at its first unfinished step, a fresh budget."""
+    def swap_many(self, action: OperatorAction, jobs: Mapping[JobKey, ForeignJob]
+                  ) -> dict[JobKey, str]:
+        """A chunk's retry or cancel in one UPDATE, each row repeating its own fence (its
+        status and fenced columns as read), each retried row its own resume step; the
+        rows it changed. Read locked in this transaction, every row is still as read: a
+        count that differs is a row that moved, and the chunk is then swapped row by
+        row (inside a savepoint, so the one statement leaves nothing behind)."""
+        status, values = (self._retried() if action is OperatorAction.RETRY
+                          else self._cancelled())
+        if action is OperatorAction.RETRY and self._has("resume_column"):
+            id_column = self._col("id_column")
+            values[self._columns["resume_column"]] = sa.case(
+                *((id_column == key, self._resume_at(job.fence)) for key, job in jobs.items()),
+                else_=self._col("resume_column"))
+        values[self._columns["status_column"]] = constant(status)
+        if self._has("generation_column"):
+            values[self._columns["generation_column"]] = self._col("generation_column") + 1
+        fenced = sa.or_(*(sa.and_(*self._fenced(key, job)) for key, job in jobs.items()))
+        with self._conn.begin_nested() as savepoint:
+            done = self._conn.execute(self._table.update().where(fenced).values(values))
+            if done.rowcount == len(jobs):
+                return dict.fromkeys(jobs, status)
+            savepoint.rollback()
+        swap = self.retry if action is OperatorAction.RETRY else self.cancel
+        return {key: after for key, job in jobs.items()
+                if (after := swap(key, job)) is not None}
+
+    def _retried(self) -> tuple[str, dict[str, Any]]:
         values: dict[str, Any] = {}
-        if self._has("resume_column"):
-            values[self._columns["resume_column"]] = self._resume_at(job.fence)
         if self._has("attempts_column"):
             values[self._columns["attempts_column"]] = 0
         if self._has("reason_column"):
             values[self._columns["reason_column"]] = None
-        return self._swap(job_key, job, self._config.queued, values)
+        return self._config.queued, values
 
-    def cancel(self, job_key: JobKey, job: ForeignJob) -> str | None:
-        """The mapped cancelled status, else failed with ``operator_cancel``."""
+    def _cancelled(self) -> tuple[str, dict[str, Any]]:
         values: dict[str, Any] = {}
         status = self._config.cancelled
         if status is None:
@@ -124,6 +160,18 @@ class TableActions:
             if self._has("reason_column"):
                 values[self._columns["reason_column"]] = \
                     OperatorStatusReason.OPERATOR_CANCEL.value
+        return status, values
+
+    def retry(self, job_key: JobKey, job: ForeignJob) -> str | None:
+        """Back to the queued status at its first unfinished step, a fresh budget."""
+        status, values = self._retried()
+        if self._has("resume_column"):
+            values[self._columns["resume_column"]] = self._resume_at(job.fence)
+        return self._swap(job_key, job, status, values)
+
+    def cancel(self, job_key: JobKey, job: ForeignJob) -> str | None:
+        """The mapped cancelled status, else failed with ``operator_cancel``."""
+        status, values = self._cancelled()
         return self._swap(job_key, job, status, values)
 
     def _resume_at(self, read: dict[str, Any]) -> int:
