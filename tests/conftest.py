@@ -59,6 +59,9 @@ EVERY_ENGINE_MODULES = frozenset({
     "integration/test_native_brake.py", "integration/test_stuck_work.py",
     "integration/test_job_retention.py", "integration/test_operator_actions.py",
     "integration/test_pass_cost.py", "integration/test_config_wiring.py",
+    # The operators' chunked bulk actions (one UPDATE over a chunk's JSON rows) and the
+    # read model every view of a job goes through (the audit's newest moves per job).
+    "integration/test_bulk_chunks.py", "conformance/test_views_agree.py",
     # The foreign sources MySQL carries, with their real workers, and every source's
     # conformance cases.
     "sources/test_table_source.py", "sources/test_table_actions.py",
