@@ -22,15 +22,13 @@ import sys
 from datetime import UTC, datetime, timedelta
 from typing import TextIO
 
-from reconciler.core.operator_desk import ActionReport, OperatorDesk
+from reconciler.core.operator_desk import BULK_CHUNK, ActionReport, OperatorDesk
 from reconciler.core.vocabulary import OperatorAction
 from reconciler.errors import ActionRefusedError
 from reconciler.views import printable
 
 PAST = {OperatorAction.RETRY: "retried", OperatorAction.CANCEL: "cancelled"}
 """The bulk form's actions, as its count line says them."""
-BULK_CHUNK = 500
-"""Jobs per chunk of a bulk action: about a pass's batch."""
 BAR_WIDTH = 30
 
 

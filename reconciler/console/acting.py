@@ -10,24 +10,28 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from datetime import datetime
 
 from reconciler.console.pages import MAX_JOB_ID_TEXT, NotFoundPageError, Page
 from reconciler.console.params import (
     APPLIED,
     BadRequestError,
+    DecisionQuery,
     Outcome,
     job_address,
     job_path,
     parse_decision_query,
 )
 from reconciler.console.port import ConsoleReads
-from reconciler.core.operator_desk import OperatorDesk
+from reconciler.core.operator_desk import BULK_CHUNK, OperatorDesk
 from reconciler.core.vocabulary import OperatorAction
 
 log = logging.getLogger("reconciler.console")
 
-BULK_LIMIT = 100
-"""The most jobs one bulk form acts on (the command line's ``--limit`` default)."""
+BULK_LIMIT = 1_000_000
+"""The most jobs one bulk form acts on: every match of its filters, short of a runaway."""
+BULK_SAMPLE = 20
+"""The jobs a bulk form's preview lists, beside the count it acts on."""
 MAX_NOTE = 1000
 NOTE_REQUIRED = frozenset({OperatorAction.RETRY, OperatorAction.CANCEL})
 BULK_ACTIONS = (OperatorAction.RETRY, OperatorAction.CANCEL)
@@ -77,24 +81,54 @@ class Acting:
         note = _note(form, action)
         if _field(form, "confirm") != "1":
             now, _ = self.reads.now()
-            targets = self.desk.bulk_targets(
-                action, reason=query.reason, kind=query.kind, since=query.since_time(now),
-                limit=BULK_LIMIT)
+            targets = self._matching(action, query, now)
             return Page("bulk.html", {"query": query, "action": action.value, "note": note,
-                                      "targets": targets, "limit": BULK_LIMIT,
+                                      "count": len(targets), "sample": targets[:BULK_SAMPLE],
+                                      "as_of": now.isoformat(), "limit": BULK_LIMIT,
                                       "source": self.desk.source})
-        # Acts on the jobs the preview listed, each fenced on its state now: a job that
-        # moved since is refused and counted, never overwritten.
-        chosen = list(dict.fromkeys(j for j in form.get("job", [])
-                                    if 0 < len(j) <= MAX_JOB_ID_TEXT))
-        if len(chosen) > BULK_LIMIT:
-            raise BadRequestError(f"a bulk form acts on at most {BULK_LIMIT} jobs")
-        applied = 0
-        for report in self.desk.act_on_chunk(action, chosen, actor=actor, note=note):
-            _log(actor, action, self.desk.source, report.job_id, report.refusal)
-            applied += report.applied
-        outcome = Outcome(action.value, applied=applied, refused=len(chosen) - applied)
+        # What the filters matched as the preview counted it (decided no later than its
+        # instant), in a state to act on now; a job that moved since no longer matches and
+        # is not acted on, and a match the preview did not count is left for the next.
+        confirmed, as_of = _count(form), _instant(form)
+        targets = self._matching(action, query, as_of)[:confirmed]
+        applied = refused = 0
+        for start in range(0, len(targets), BULK_CHUNK):
+            for report in self.desk.act_on_chunk(action, targets[start:start + BULK_CHUNK],
+                                                 actor=actor, note=note):
+                applied += report.applied
+                refused += not report.applied
+        refused += confirmed - len(targets)
+        log.info("event=console_bulk actor=%s action=%s source=%s confirmed=%d applied=%d "
+                 "refused=%d", actor, action, self.desk.source, confirmed, applied, refused)
+        outcome = Outcome(action.value, applied=applied, refused=refused)
         return Redirect(outcome.on(query.link()))
+
+    def _matching(self, action: OperatorAction, query: DecisionQuery, as_of: datetime
+                  ) -> list[str]:
+        """Every job whose latest decision the filters match as of ``as_of`` (the window
+        ``since`` counted back from it) and whose state allows ``action`` now."""
+        return self.desk.bulk_targets(
+            action, reason=query.reason, kind=query.kind, since=query.since_time(as_of),
+            until=as_of, limit=BULK_LIMIT)
+
+
+def _count(form: Form) -> int:
+    """The count the operator confirmed."""
+    text = _field(form, "count")
+    if not (text.isascii() and text.isdigit()) or int(text) > BULK_LIMIT:
+        raise BadRequestError("the confirmation carries no count of jobs")
+    return int(text)
+
+
+def _instant(form: Form) -> datetime:
+    """The instant the preview counted at."""
+    try:
+        moment = datetime.fromisoformat(_field(form, "as_of"))
+    except ValueError:
+        raise BadRequestError("the confirmation carries no time of its count") from None
+    if moment.tzinfo is None:
+        raise BadRequestError("the confirmation carries no time of its count")
+    return moment
 
 
 def _field(form: Form, name: str) -> str:

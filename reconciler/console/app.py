@@ -36,7 +36,7 @@ from reconciler.views import printable
 
 log = logging.getLogger("reconciler.console")
 
-# A bulk form's confirmation carries up to BULK_LIMIT job ids (a UUID each) and a note.
+# A form carries a note of at most 1,000 characters and a few fields beside it.
 MAX_FORM_BYTES = 16384
 # No script at all, styles and images only from this origin, forms only to it, never
 # framed: an injected tag can neither run nor load anything.

@@ -12,6 +12,9 @@ from typing import Protocol
 
 from reconciler.core.vocabulary import ActionOutcome, OperatorAction
 
+BULK_CHUNK = 500
+"""Jobs per chunk of a bulk action (``act_on_chunk``): about a pass's batch."""
+
 ActionCounter = Callable[[OperatorAction, str, ActionOutcome], None]
 """Counts one action by (action, source, outcome): the operator actions metric."""
 
@@ -55,6 +58,8 @@ class OperatorDesk(Protocol):
         inside them; the chunk applied and recorded whole, or not at all."""
 
     def bulk_targets(self, action: OperatorAction, *, reason: str | None, kind: str | None,
-                     since: datetime | None, limit: int) -> list[str]:
-        """The jobs whose latest decision matches the filters and whose state allows
-        ``action`` now, newest decision first, at most ``limit``."""
+                     since: datetime | None, limit: int, until: datetime | None = None
+                     ) -> list[str]:
+        """The jobs whose latest decision matches the filters (made since ``since`` and no
+        later than ``until``) and whose state allows ``action`` now, newest decision
+        first, at most ``limit``."""

@@ -71,10 +71,11 @@ class RecordedDesk:
         return [self.act(action, job_id, actor=actor, note=note) for job_id in job_ids]
 
     def bulk_targets(self, action: OperatorAction, *, reason: str | None, kind: str | None,
-                     since: datetime | None, limit: int) -> list[str]:
+                     since: datetime | None, limit: int, until: datetime | None = None
+                     ) -> list[str]:
         """The jobs whose latest decision matches the filters and whose state allows
         ``action`` now, newest decision first, at most ``limit``."""
-        keys = self._matching(reason=reason, kind=kind, since=since)
+        keys = self._matching(reason=reason, kind=kind, since=since, until=until)
         targets: list[str] = []
         for key in keys:
             if len(targets) >= limit:
@@ -83,12 +84,12 @@ class RecordedDesk:
                 targets.append(key)
         return targets
 
-    def _matching(self, *, reason: str | None, kind: str | None, since: datetime | None
-                  ) -> list[str]:
+    def _matching(self, *, reason: str | None, kind: str | None, since: datetime | None,
+                  until: datetime | None) -> list[str]:
         """The jobs whose latest decision matches the filters, newest decision first."""
         with self._engine.connect() as conn:
             found = latest_decisions(read_only(conn), self.source, reason=reason,
-                                     since=since)
+                                     since=since, until=until)
             keys = [key for key, recorded_kind in found
                     if kind is None or fnmatch.fnmatchcase(recorded_kind or "", kind)]
             conn.rollback()
@@ -134,9 +135,10 @@ class NativeDesk(RecordedDesk):
         return frozenset() if state is None else allowed_now(*state)
 
     def bulk_targets(self, action: OperatorAction, *, reason: str | None, kind: str | None,
-                     since: datetime | None, limit: int) -> list[str]:
+                     since: datetime | None, limit: int, until: datetime | None = None
+                     ) -> list[str]:
         """As every desk's, the jobs' states read a chunk at a time, not one by one."""
-        keys = [k for k in self._matching(reason=reason, kind=kind, since=since)
+        keys = [k for k in self._matching(reason=reason, kind=kind, since=since, until=until)
                 if k.isascii() and k.isdigit()]
         targets: list[str] = []
         for start in range(0, len(keys), STATE_READ_CHUNK):

@@ -170,10 +170,12 @@ def lift_hold(conn: Connection, source: str, job_key: JobKey) -> bool:
 
 
 def latest_decisions(conn: Connection, source: str, *, reason: str | None,
-                     since: datetime | None) -> Iterator[tuple[str, str | None]]:
+                     since: datetime | None, until: datetime | None = None
+                     ) -> Iterator[tuple[str, str | None]]:
     """(job key, recorded kind) of every job of ``source`` whose latest real decision has
-    ``reason`` (None: any) and was made since ``since``, newest decision first. The bulk
-    form's candidates: the caller filters by kind and by what each job's state allows."""
+    ``reason`` (None: any) and was made since ``since`` and no later than ``until``,
+    newest decision first. The bulk form's candidates: the caller filters by kind and by
+    what each job's state allows."""
     later = decisions.alias("later")
     query = (sa.select(decisions.c.job_id, decisions.c.job_kind)
              .where(decisions.c.job_source == source, decisions.c.shadow_mode == sa.false(),
@@ -186,5 +188,7 @@ def latest_decisions(conn: Connection, source: str, *, reason: str | None,
         query = query.where(decisions.c.decision_reason == reason)
     if since is not None:
         query = query.where(decisions.c.decided_at >= since)
+    if until is not None:
+        query = query.where(decisions.c.decided_at <= until)
     for row in conn.execute(query):
         yield str(row.job_id), row.job_kind

@@ -1,10 +1,12 @@
 """The console's actions in a real browser (headless chromium, no script of ours: plain
 forms under the strict CSP): an operator retries a terminalized job and sees the outcome
 and the record; the read-only token sees no form and a forged one is 403; bulk retry is
-previewed, then confirmed; a hostile note runs nothing."""
+previewed, then confirmed; a hostile note runs nothing; and at incident scale, 2,500 jobs
+retried on one count and one confirmation, their export and a job's timeline."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +16,12 @@ from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import Select, WebDriverWait
 from sqlalchemy.engine import Engine
 
+from reconciler.exports import DECISION_COLUMNS
 from reconciler.worker import JobClient
-from tests.console_support import Seeded, seed, served
+from tests.console_support import Seeded, fetch, seed, served
 from tests.helpers import job_row
+from tests.integration.test_bulk_chunks import DIED, died_in_bulk, recorded, statuses
+from tests.integration.test_exports import as_cells, rows_of
 
 READER = "browser-reader-0123456789"
 ALICE = "browser-alice-0123456789"
@@ -121,8 +126,8 @@ def test_bulk_retry_is_previewed_then_confirmed(
         form.find_element(By.NAME, "note").send_keys(HOSTILE_NOTE)
         form.find_element(By.TAG_NAME, "button").click()
         _wait_for(browser, expected_conditions.title_contains("Retry these"))
-        assert browser.find_element(By.ID, "bulk-count").text == \
-            "2 jobs are in a state to retry now."
+        assert browser.find_element(By.ID, "bulk-count").text.startswith(
+            "2 jobs are in a state to retry now: every job these filters match, counted at ")
         assert browser.find_element(By.CSS_SELECTOR, "q.operator-note").text == HOSTILE_NOTE
         assert browser.execute_script("return window.__pwned === undefined")
         listed = {a.get_attribute("pathname")
@@ -134,3 +139,45 @@ def test_bulk_retry_is_previewed_then_confirmed(
         assert browser.find_element(By.ID, "outcome").text == \
             "retry these: 2 applied, 0 refused (each job's page says why)."
     assert {job_row(engine, j)["job_status"] for j in died} == {"queued"}
+
+
+def test_at_incident_scale_one_filter_one_count_one_confirmation(
+    browser: Any, db_url: str, engine: Engine, client: JobClient, tokens: dict[str, str]
+) -> None:
+    """2,500 jobs a pass ended: the filtered list's "Retry these" counts all 2,500 (a
+    sample listed), one confirmation retries and records every one; the list's CSV export
+    link, followed with the browser's session, matches its JSON export row for row; a
+    job's page shows its timeline, the retry last."""
+    ids = died_in_bulk(client, engine, 2500)
+    with served(db_url, **tokens) as base:
+        sign_in(browser, base, ALICE)
+        browser.get(base + f"/decisions?reason={DIED}")
+        # The page's own export links, followed with the browser's session (the console's
+        # CSP lets no script of the page fetch them; a click would save a download).
+        cookie = "; ".join(f"{c['name']}={c['value']}" for c in browser.get_cookies())
+        exports = [fetch(browser.find_element(By.ID, link).get_attribute("href"),
+                         headers={"Cookie": cookie}).body
+                   for link in ("export-csv", "export-json")]
+        form = browser.find_element(By.CSS_SELECTOR, "#bulk form.action.retry")
+        form.find_element(By.NAME, "note").send_keys("charges checked: none made")
+        form.find_element(By.TAG_NAME, "button").click()
+        _wait_for(browser, expected_conditions.title_contains("Retry these"))
+        assert browser.find_element(By.ID, "bulk-count").text.startswith(
+            "2500 jobs are in a state to retry now")
+        assert len(browser.find_elements(By.CSS_SELECTOR, "ul.targets a.job")) == 20
+        assert {job_row(engine, j)["job_status"] for j in ids[:3]} == {"failed"}
+        browser.find_element(By.CSS_SELECTOR, "form.confirm button").click()
+        _wait_for(browser, expected_conditions.url_contains("applied=2500"))
+        assert browser.find_element(By.ID, "outcome").text == \
+            "retry these: 2500 applied, 0 refused (each job's page says why)."
+        browser.get(base + f"/jobs/native/{ids[0]}")
+        timeline = [li.get_attribute("class") for li in
+                    browser.find_elements(By.CSS_SELECTOR, "#timeline li")]
+    assert statuses(engine) == {"queued": 2500}
+    assert recorded(engine) == {("retry", "applied"): 2500}
+    csv_text, json_text = exports
+    records = json.loads(json_text)
+    assert len(records) == 2500
+    assert rows_of(csv_text) == as_cells(records, DECISION_COLUMNS)
+    assert timeline[0] == "claimed"
+    assert timeline[-3:] == ["decision", "attempt_ended", "action"]

@@ -16,14 +16,15 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from reconciler.cli.bulk import BULK_CHUNK
 from reconciler.config.loader import Config, parse_kinds
 from reconciler.config.settings import Settings
 from reconciler.core.decisions import Thresholds
+from reconciler.core.operator_desk import BULK_CHUNK
 from reconciler.core.passes import PassConfig, run_pass
 from reconciler.core.vocabulary import OperatorAction
 from reconciler.root.desk import open_desk
-from reconciler.storage.sql import actions, jobs
+from reconciler.storage.clock import now_plus
+from reconciler.storage.sql import actions, attempts, jobs, steps
 from reconciler.storage.sql_store import SqlStore
 from reconciler.worker import JobClient, Step
 from tests.cli_runner import settings_env
@@ -51,6 +52,37 @@ def ended_by_a_pass(client: JobClient, engine: Engine, count: int, *,
             claim.start_step(0)
             claim.finish_step(0)
         claim.start_step(len(plan) - 1)
+    report = run_pass(SqlStore(engine), PassConfig(batch_size=count,
+                                                   thresholds=Thresholds(0.0, 3600.0),
+                                                   instance="bulk-test"))
+    assert Counter(d.reason.value for d in report.decisions) == {DIED: count}
+    return ids
+
+
+def died_in_bulk(client: JobClient, engine: Engine, count: int) -> list[int]:
+    """``count`` jobs enqueued through the client, then left as a claim whose worker died
+    inside its one effectful step leaves them (processing, generation 1, the lease gone
+    five minutes ago, the step started after the claim, the attempt open), in three
+    statements, not a claim each; ended ``worker_died_mid_step`` by one real pass."""
+    with engine.begin() as conn:
+        ids = [client.enqueue("billing.charge", steps=PLAN[1:], connection=conn)
+               for _ in range(count)]
+        mine = jobs.c.job_id.in_(ids)
+        conn.execute(jobs.update().where(mine).values(
+            job_status="processing", attempt_count=1, claim_generation=1,
+            lease_token=sa.literal("dead-") + sa.cast(jobs.c.job_id, sa.String()),
+            lease_owner="w-dead", lease_expires_at=now_plus(-300), claimed_at=now_plus(-600),
+            last_activity_at=now_plus(-600)))
+        conn.execute(steps.insert().from_select(
+            ["job_id", "step_index", "step_name", "effect_kind", "step_state",
+             "claim_generation", "started_at"],
+            sa.select(jobs.c.job_id, sa.literal(0), sa.literal("charge"),
+                      sa.literal("effectful"), sa.literal("started"), sa.literal(1),
+                      now_plus(-590)).where(mine)))
+        conn.execute(attempts.insert().from_select(
+            ["job_id", "claim_generation", "attempt_number", "lease_owner", "claimed_at"],
+            sa.select(jobs.c.job_id, sa.literal(1), sa.literal(1), sa.literal("w-dead"),
+                      now_plus(-600)).where(mine)))
     report = run_pass(SqlStore(engine), PassConfig(batch_size=count,
                                                    thresholds=Thresholds(0.0, 3600.0),
                                                    instance="bulk-test"))
@@ -114,7 +146,7 @@ def test_an_interrupted_bulk_leaves_each_job_retried_and_recorded_or_untouched(
         client: JobClient, engine: Engine, db_url: str) -> None:
     """SIGINT once the first chunk is in: each job queued exactly when its retry is
     recorded; the same command again retries the rest."""
-    ids = ended_by_a_pass(client, engine, 3 * BULK_CHUNK)
+    ids = died_in_bulk(client, engine, 3 * BULK_CHUNK)
     argv = [sys.executable, "-m", "reconciler.cli", "jobs", "retry", "--reason", DIED,
             "--limit", "5000", "--note", "checked", "--yes", "--as", "alice"]
     bulk = subprocess.Popen(argv, env=settings_env(db_url), cwd=REPO_ROOT,

@@ -259,7 +259,8 @@ def test_bulk_retry_previews_then_acts_on_confirmation(
         assert preview.status == 200
         assert recorded(engine, seeded) == []
         assert "<strong>2</strong> jobs are in a state to retry now" in preview.body
-        listed = sorted(int(j) for j in re.findall(r'name="job" value="(\d+)"', preview.body))
+        listed = sorted(int(j) for j in re.findall(r'class="job" href="/jobs/native/(\d+)"',
+                                                   preview.body))
         assert listed == died
         confirm = re.search(r'<form method="post" action="/decisions/bulk" class="confirm">'
                             r"(.*?)</form>", preview.body, re.DOTALL)

@@ -241,10 +241,11 @@ class ForeignDesk(RecordedDesk):
         return None, after, held
 
     def bulk_targets(self, action: OperatorAction, *, reason: str | None, kind: str | None,
-                     since: datetime | None, limit: int) -> list[str]:
+                     since: datetime | None, limit: int, until: datetime | None = None
+                     ) -> list[str]:
         """As every desk's; where the system reads a batch, the candidates' states a
         thousand at a time, unlocked, not one by one."""
-        keys = self._matching(reason=reason, kind=kind, since=since)
+        keys = self._matching(reason=reason, kind=kind, since=since, until=until)
         targets: list[str] = []
         for start in range(0, len(keys), STATE_READ_CHUNK):
             chunk = keys[start:start + STATE_READ_CHUNK]
@@ -255,7 +256,7 @@ class ForeignDesk(RecordedDesk):
                 if not isinstance(system, BatchActions):
                     conn.rollback()
                     return super().bulk_targets(action, reason=reason, kind=kind,
-                                                since=since, limit=limit)
+                                                since=since, limit=limit, until=until)
                 found = system.read_many(list(parsed.values()), lock=False)
                 held = held_among(reading, self.source, list(found))
                 conn.rollback()
