@@ -1,15 +1,19 @@
 """The operator's bulk retry of N terminalized jobs, beside the pass that terminalized them.
 
-    python -m benchmarks.bulk_retry [--source native|table|all] [--jobs N] [--smoke] [--json]
+    python -m benchmarks.bulk_retry [--source native|table|all]
+        [--engine sqlite|postgresql|mariadb|all] [--jobs N] [--smoke] [--json]
 
-On a throwaway PostgreSQL 15 (tests/pg_server.py), for each source, one database holds N
-jobs whose workers died mid-step, each a claim with its lease expired five minutes ago:
+On a throwaway database of each engine (``--engine``, PostgreSQL 15 by default; SQLite in
+a temporary file, PostgreSQL and MariaDB servers from tests/pg_server.py and
+tests/mariadb_server.py), for each source, one database holds N jobs whose workers died
+mid-step, each a claim with its lease expired five minutes ago:
 
-- ``native``: this project's ``job_runs``, built in bulk SQL as a claim leaves a job (the
+- ``native``: this project's ``job_runs``, built in bulk as a claim leaves a job (the
   claim's generation, lease and attempt row, a one-step effectful plan whose step is
-  ``started``);
+  ``started``), on every engine;
 - ``table``: the mapped table of benchmarks/foreign_systems.py (``HomeGrownTable``, every
-  row claimed by a dead host), its ``[kinds."*"]`` effectful.
+  row claimed by a dead host), its ``[kinds."*"]`` effectful; on PostgreSQL only (the
+  table's builder is PostgreSQL's).
 
 In one run:
 
@@ -39,6 +43,7 @@ import time
 import tomllib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
@@ -46,16 +51,17 @@ from sqlalchemy.engine import Engine
 
 from benchmarks.foreign_base import Size
 from benchmarks.foreign_systems import HomeGrownTable
-from benchmarks.harness import counting_statements, row_printer
+from benchmarks.harness import Databases, counting_statements, row_printer
 from reconciler.cli.bulk import bulk_action
 from reconciler.config.loader import config_from
 from reconciler.core.operator_desk import OperatorDesk
 from reconciler.core.passes import PassConfig, run_pass
 from reconciler.core.vocabulary import OperatorAction, Reason
 from reconciler.root.cli import CliParts, assemble_cli
-from reconciler.storage.engines import UNLIMITED_TIMEOUTS, create_engine
-from reconciler.storage.schema import upgrade
+from reconciler.storage.sql import attempts, steps
+from reconciler.storage.sql import jobs as job_runs
 
+ENGINES = ("sqlite", "postgresql", "mariadb")
 BATCH_SIZE = 500
 FULL_JOBS = 10_000
 SMOKE_JOBS = 300
@@ -75,8 +81,10 @@ class Source:
     name: str
     config: dict[str, Any]
     """The config file's content (``[source]``, ``[kinds]``)."""
-    build: Callable[[str, str, int], None]
-    """Fill the database (conninfo, URL, jobs) with the claims of dead workers."""
+    build: Callable[[Engine, int], None]
+    """Fill the database (its engine, jobs) with the claims of dead workers."""
+    engines: tuple[str, ...]
+    """The engines its builder runs on."""
     count: str
     """A query of one number per status: ``SELECT status, count(*) ... GROUP BY``."""
     failed: str
@@ -84,41 +92,34 @@ class Source:
     """The statuses a terminalized and a retried job have, as the source spells them."""
 
 
-def _build_native(conninfo: str, url: str, jobs: int) -> None:
-    """N claimed jobs whose worker died in their effectful step, as a claim leaves them."""
-    engine = create_engine(url, timeouts=UNLIMITED_TIMEOUTS)
-    expired = "statement_timestamp() - interval '5 minutes'"
-    quiet = "statement_timestamp() - interval '10 minutes'"
-    try:
-        with engine.begin() as conn:
-            conn.execute(sa.text(f"""
-                INSERT INTO job_runs (job_id, job_kind, job_status, step_plan,
-                    resume_step_index, attempt_count, max_attempts, claim_generation,
-                    lease_token, lease_owner, lease_expires_at, claimed_at,
-                    last_activity_at, available_at, operator_hold, created_at, updated_at)
-                SELECT n, 'report', 'processing', '{PLAN}', 0, 1, 3, 1,
-                    'bench-token-' || n, 'bench-worker', {expired}, {quiet}, {quiet},
-                    {quiet}, false, {quiet}, {quiet}
-                FROM generate_series(1, {jobs}) AS s(n)"""))
-            conn.execute(sa.text(f"""
-                INSERT INTO step_runs (job_id, step_index, step_name, effect_kind,
-                    step_state, claim_generation, started_at)
-                SELECT job_id, 0, 'publish', 'effectful', 'started', 1, {quiet}
-                FROM job_runs"""))
-            conn.execute(sa.text(f"""
-                INSERT INTO job_attempts (job_id, claim_generation, attempt_number,
-                    lease_owner, claimed_at)
-                SELECT job_id, 1, 1, 'bench-worker', {quiet} FROM job_runs"""))
-            conn.execute(sa.text("SELECT setval(pg_get_serial_sequence('job_runs', "
-                                 f"'job_id'), {jobs})"))
-        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-            conn.execute(sa.text("VACUUM ANALYZE"))
-    finally:
-        engine.dispose()
+def _build_native(engine: Engine, jobs: int) -> None:
+    """N claimed jobs whose worker died in their effectful step, as a claim leaves them,
+    inserted in three statements of many rows (any engine)."""
+    now = datetime.now(UTC)
+    expired, quiet = now - timedelta(minutes=5), now - timedelta(minutes=10)
+    ids = range(1, jobs + 1)
+    with engine.begin() as conn:
+        conn.execute(job_runs.insert(), [{
+            "job_id": n, "job_kind": "report", "job_status": "processing",
+            "step_plan": json.loads(PLAN), "resume_step_index": 0, "attempt_count": 1,
+            "max_attempts": 3, "claim_generation": 1, "lease_token": f"bench-token-{n}",
+            "lease_owner": "bench-worker", "lease_expires_at": expired, "claimed_at": quiet,
+            "last_activity_at": quiet, "available_at": quiet, "operator_hold": False,
+            "created_at": quiet, "updated_at": quiet} for n in ids])
+        conn.execute(steps.insert(), [{
+            "job_id": n, "step_index": 0, "step_name": "publish", "effect_kind": "effectful",
+            "step_state": "started", "claim_generation": 1, "started_at": quiet}
+            for n in ids])
+        conn.execute(attempts.insert(), [{
+            "job_id": n, "claim_generation": 1, "attempt_number": 1,
+            "lease_owner": "bench-worker", "claimed_at": quiet} for n in ids])
 
 
-def _build_table(conninfo: str, url: str, jobs: int) -> None:
+def _build_table(engine: Engine, jobs: int) -> None:
     """The home-grown table with every row claimed by a host that died an hour ago."""
+    url = engine.url
+    conninfo = (f"host={url.host} port={url.port} user={url.username} "
+                f"dbname={url.database}")
     system = HomeGrownTable()
     size = Size(jobs=jobs, running=jobs, orphans=jobs)
     system.build(conninfo, size)
@@ -134,11 +135,11 @@ def _table_config() -> dict[str, Any]:
 
 
 SOURCES = {
-    "native": Source("native", {}, _build_native,
-                     "SELECT job_status, count(*) FROM job_runs GROUP BY 1",
+    "native": Source("native", {}, _build_native, ENGINES,
+                     "SELECT job_status, count(*) FROM job_runs GROUP BY job_status",
                      failed="failed", queued="queued"),
-    "table": Source("table", _table_config(), _build_table,
-                    "SELECT status, count(*) FROM app.jobs GROUP BY 1",
+    "table": Source("table", _table_config(), _build_table, ("postgresql",),
+                    "SELECT status, count(*) FROM app.jobs GROUP BY status",
                     failed="failed", queued="pending"),
 }
 
@@ -214,42 +215,35 @@ def _recorded(engine: Engine, source: str) -> int:
             {"source": source}).scalar_one())
 
 
-def measure(source: Source, jobs: int, emit: Callable[[dict[str, Any]], None]) -> None:
+def measure(source: Source, jobs: int, databases: Databases,
+            emit: Callable[[dict[str, Any]], None]) -> None:
     """Build, terminalize through real passes (timed: the baseline), bulk-retry (timed),
     and check every job queued again and every retry recorded."""
-    from tests.pg_server import ThrowawayPostgres  # noqa: PLC0415 - the benchmark's server
-
-    with ThrowawayPostgres() as server:
-        server.create_database("bench")
-        url, conninfo = server.url("bench"), f"{server.dsn} dbname=bench"
-        engine = create_engine(url, timeouts=UNLIMITED_TIMEOUTS)
-        try:
-            upgrade(engine)
-            source.build(conninfo, url, jobs)
-            config = config_from({**source.config, **NO_BRAKE}, database_url=url,
-                                 batch_size=BATCH_SIZE)
-            with assemble_cli(config, engine=engine) as parts:
-                pass_seconds, passes = _terminalize(parts, config.pass_config("bench"), jobs)
-                after_pass = _statuses(engine, source.count)
-                if after_pass.get(source.failed) != jobs:
-                    raise RuntimeError(f"after the passes: {after_pass}, not {jobs} failed")
-                if parts.desk is None:
-                    raise RuntimeError(f"the {source.name} source has no operator desk")
-                targets_seconds, chosen = _timed_targets(parts.desk, jobs)
-                if chosen != jobs:
-                    raise RuntimeError(f"the bulk form chose {chosen} of {jobs} jobs")
-                seconds, sent, result = _retry(engine, parts.desk, jobs)
-            after_retry = _statuses(engine, source.count)
-            recorded = _recorded(engine, parts.desk.source)
-            if len(result["applied"]) != jobs or after_retry.get(source.queued) != jobs \
-                    or recorded != jobs:
-                raise RuntimeError(f"after the bulk retry: {len(result['applied'])} applied, "
-                                   f"statuses {after_retry}, {recorded} recorded; "
-                                   f"expected {jobs} each")
-        finally:
-            engine.dispose()
+    with databases.fresh() as engine:
+        url = engine.url.render_as_string(hide_password=False)
+        source.build(engine, jobs)
+        config = config_from({**source.config, **NO_BRAKE}, database_url=url,
+                             batch_size=BATCH_SIZE)
+        with assemble_cli(config, engine=engine) as parts:
+            pass_seconds, passes = _terminalize(parts, config.pass_config("bench"), jobs)
+            after_pass = _statuses(engine, source.count)
+            if after_pass.get(source.failed) != jobs:
+                raise RuntimeError(f"after the passes: {after_pass}, not {jobs} failed")
+            if parts.desk is None:
+                raise RuntimeError(f"the {source.name} source has no operator desk")
+            targets_seconds, chosen = _timed_targets(parts.desk, jobs)
+            if chosen != jobs:
+                raise RuntimeError(f"the bulk form chose {chosen} of {jobs} jobs")
+            seconds, sent, result = _retry(engine, parts.desk, jobs)
+        after_retry = _statuses(engine, source.count)
+        recorded = _recorded(engine, parts.desk.source)
+        if len(result["applied"]) != jobs or after_retry.get(source.queued) != jobs \
+                or recorded != jobs:
+            raise RuntimeError(f"after the bulk retry: {len(result['applied'])} applied, "
+                               f"statuses {after_retry}, {recorded} recorded; "
+                               f"expected {jobs} each")
     pass_rate, retry_rate = jobs / pass_seconds, jobs / seconds
-    base = {"source": source.name, "jobs": jobs}
+    base = {"source": source.name, "engine": databases.engine_name, "jobs": jobs}
     emit({**base, "measurement": "terminalize", "value": round(pass_rate), "unit": "jobs/s",
           "seconds": round(pass_seconds, 3), "passes": passes, "batch_size": BATCH_SIZE})
     emit({**base, "measurement": "bulk_retry", "value": round(retry_rate), "unit": "jobs/s",
@@ -265,6 +259,9 @@ def main(argv: list[str] | None = None) -> int:
                                      description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--source", choices=(*SOURCES, "all"), default="all")
+    parser.add_argument("--engine", choices=(*ENGINES, "all"), default="postgresql",
+                        help="where the jobs live (a source runs on the engines its "
+                             "builder supports)")
     parser.add_argument("--jobs", type=int, default=FULL_JOBS)
     parser.add_argument("--smoke", action="store_true",
                         help=f"{SMOKE_JOBS} jobs: checks it runs, not how fast")
@@ -276,8 +273,14 @@ def main(argv: list[str] | None = None) -> int:
 
     emit = row_printer(args.json, 8)
 
-    for name in SOURCES if args.source == "all" else (args.source,):
-        measure(SOURCES[name], jobs, emit)
+    for engine_name in ENGINES if args.engine == "all" else (args.engine,):
+        databases = Databases(engine_name, None)
+        try:
+            for name in SOURCES if args.source == "all" else (args.source,):
+                if engine_name in SOURCES[name].engines:
+                    measure(SOURCES[name], jobs, databases, emit)
+        finally:
+            databases.close()
     return 0
 
 
