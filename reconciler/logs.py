@@ -44,8 +44,10 @@ def configure_logging(verbose: bool = False, level: int = logging.INFO) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.DEBUG if verbose else level)
-    # Library chatter stays quiet: alembic's migration notes, and APScheduler's per-run and
-    # skipped-run lines (the service logs its own event=pass_overrun for the latter).
+    # Library chatter stays quiet: alembic's migration notes, APScheduler's per-run and
+    # skipped-run lines (the service logs its own event=pass_overrun for the latter), and
+    # psycopg's warning that a pipeline could not end on a lost connection (the command or
+    # the pass says the database failed, with its code, in its own one line).
     for noisy, quiet_level in (("alembic", logging.WARNING), ("sqlalchemy", logging.WARNING),
-                               ("apscheduler", logging.ERROR)):
+                               ("apscheduler", logging.ERROR), ("psycopg", logging.ERROR)):
         logging.getLogger(noisy).setLevel(logging.DEBUG if verbose else quiet_level)

@@ -1,8 +1,9 @@
 """The bulk form over this project's own jobs, a chunk at a time, on SQLite and PostgreSQL:
 700 jobs a pass ended retried in two chunks, each job fenced and recorded, resuming
 where its steps left it; jobs that moved between the count and the act refused, the rest
-applied; and a bulk interrupted by SIGINT mid-way that leaves every job either retried
-and recorded or untouched, finished by the same command run again."""
+applied; and a bulk interrupted mid-way, by SIGINT and by its PostgreSQL restarting under
+it, that leaves every job either retried and recorded or untouched, finished by the same
+command run again."""
 
 from __future__ import annotations
 
@@ -24,12 +25,15 @@ from reconciler.core.passes import PassConfig, run_pass
 from reconciler.core.vocabulary import OperatorAction
 from reconciler.root.desk import open_desk
 from reconciler.storage.clock import now_plus
+from reconciler.storage.engines import create_engine
+from reconciler.storage.schema import upgrade
 from reconciler.storage.sql import actions, attempts, jobs, steps
 from reconciler.storage.sql_store import SqlStore
 from reconciler.worker import JobClient, Step
 from tests.cli_runner import settings_env
 from tests.conftest import REPO_ROOT, run_cli
 from tests.helpers import wait_for
+from tests.pg_server import ThrowawayPostgres
 
 pytestmark = pytest.mark.integration
 
@@ -173,3 +177,47 @@ def test_an_interrupted_bulk_leaves_each_job_retried_and_recorded_or_untouched(
     assert again.returncode == 0, again.stderr
     assert statuses(engine) == {"queued": len(ids)}
     assert recorded(engine) == {("retry", "applied"): len(ids)}
+
+
+def test_a_bulk_whose_database_restarts_under_it_leaves_no_job_half_done(
+        own_postgres: ThrowawayPostgres) -> None:
+    """PostgreSQL restarted (crash-like) once the first chunk is in: the command ends
+    with one line and exit 3, every job is queued exactly when its retry is recorded, and
+    the same command, run again, retries the rest."""
+    own_postgres.create_database("bulk")
+    url = own_postgres.url("bulk")
+    engine = create_engine(url)
+    try:
+        upgrade(engine)
+        with JobClient(engine, settings=Settings(database_url=url)) as client:
+            ids = died_in_bulk(client, engine, 4 * BULK_CHUNK)
+        argv = [sys.executable, "-m", "reconciler.cli", "jobs", "retry", "--reason", DIED,
+                "--limit", "5000", "--note", "checked", "--yes", "--as", "alice"]
+        bulk = subprocess.Popen(argv, env=settings_env(url), cwd=REPO_ROOT,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            wait_for(lambda: recorded(engine) or bulk.poll() is not None,
+                     "the first chunk to commit")
+            engine.dispose()  # the test's own connections go with the server
+            own_postgres.restart()
+            _, err = bulk.communicate(timeout=120)
+        finally:
+            if bulk.poll() is None:
+                bulk.kill()
+        assert "Traceback" not in err, err
+        with engine.connect() as conn:
+            queued = set(conn.execute(sa.select(jobs.c.job_id)
+                                      .where(jobs.c.job_status == "queued")).scalars())
+            retried = set(conn.execute(sa.select(actions.c.job_id).where(
+                actions.c.operator_action == "retry",
+                actions.c.action_outcome == "applied")).scalars())
+        assert queued == retried
+        if len(queued) < len(ids):  # the restart cut it short, as meant
+            assert bulk.returncode == 3, err
+            assert len(err.strip().splitlines()) == 1, err
+        again = run_cli(url, *argv[3:])
+        assert again.returncode == 0, again.stderr
+        assert statuses(engine) == {"queued": len(ids)}
+        assert recorded(engine) == {("retry", "applied"): len(ids)}
+    finally:
+        engine.dispose()
