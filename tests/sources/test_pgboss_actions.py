@@ -126,3 +126,31 @@ def test_an_id_that_is_no_uuid_names_no_job(boss: NodeSystem) -> None:
     """``no_such_job``, nothing recorded."""
     assert desk_of(boss).act(OperatorAction.RETRY, "job-7", actor="f", note="n").refusal \
         == "no_such_job"
+
+
+def test_a_chunk_is_retried_in_one_statement_and_a_real_worker_runs_them(
+        boss: NodeSystem, processes: Processes) -> None:
+    """Three jobs a pass failed, one retried meanwhile by another operator, one cancelled
+    by an operator, an id no job has: the chunk's retry puts the failed ones in ``retry``
+    and the cancelled one in ``created`` (pg-boss's resume), refuses the queued one, names
+    no job for the unknown id; a real pg-boss worker then runs all four to the end."""
+    engine = boss.factory.db.engine
+    failed = [died(boss, "effect.work") for _ in range(3)]
+    moved = died(boss, "effect.work")
+    decided = by_job(reconcile_once(engine, boss.factory.config, KINDS))
+    assert {decided[j].reason for j in (*failed, moved)} == {Reason.WORKER_DIED_MID_STEP}
+    waiting = factory_of(boss).send("idem.work", {"hang": []}, expire_seconds=3600)
+    desk = desk_of(boss)
+    assert desk.act(OperatorAction.RETRY, moved, actor="bob", note="mine").applied
+    assert desk.act(OperatorAction.CANCEL, waiting, actor="bob", note="later").applied
+    unknown = "00000000-0000-0000-0000-000000000000"
+    reports = desk.act_on_chunk(OperatorAction.RETRY, [*failed, moved, waiting, unknown],
+                                actor="alice", note="bulk")
+    assert [(r.job_id, r.refusal) for r in reports] == [
+        *((j, None) for j in failed), (moved, "job_not_failed_or_cancelled"),
+        (waiting, None), (unknown, "no_such_job")]
+    states = {j: (row := boss.row(j)) and row["state"] for j in (*failed, waiting)}
+    assert states == {**dict.fromkeys(failed, "retry"), waiting: "created"}
+    worker = boss.start(processes, "worker")
+    for job in (*failed, moved, waiting):
+        wait_until(lambda job=job: boss.done(job), f"job {job} to finish", process=worker)

@@ -291,7 +291,7 @@ def test_a_chunk_with_a_job_that_moved_inside_it_is_swapped_job_by_job(
         read = system.read_many([first, second], lock=True)
         conn.execute(table_home.jobs.update().where(table_home.jobs.c.id == second)
                      .values(generation=9))
-        after = system.swap_many(OperatorAction.RETRY, read)
+        after = system.swap_many(OperatorAction.RETRY, read, {})
     assert after == {first: "pending"}
     assert (row(table_home, first)["status"], row(table_home, second)["status"]) == (
         "pending", "failed")

@@ -101,10 +101,11 @@ class BatchActions(Protocol):
         """The jobs the system has of these, in one read (``lock``: locked for the swap,
         as ``SystemActions.read``)."""
 
-    def swap_many(self, action: OperatorAction, jobs: Mapping[JobKey, ForeignJob]
-                  ) -> dict[JobKey, str]:
+    def swap_many(self, action: OperatorAction, jobs: Mapping[JobKey, ForeignJob],
+                  refused: dict[JobKey, str]) -> dict[JobKey, str]:
         """``retry`` or ``cancel`` of each job, fenced on it as read; the state after of
-        each job changed (one that moved meanwhile is absent: nothing changed)."""
+        each job changed (one that moved meanwhile is absent: nothing changed; one the
+        system's own rules refused is absent and its code put in ``refused``)."""
 
 
 @runtime_checkable
@@ -319,7 +320,7 @@ class ForeignDesk(RecordedDesk):
         if not jobs:
             return {}
         if isinstance(system, BatchActions):
-            return system.swap_many(action, jobs)
+            return system.swap_many(action, jobs, refused)
         swap = system.retry if action is OperatorAction.RETRY else system.cancel
         after: dict[JobKey, str] = {}
         for key, job in jobs.items():

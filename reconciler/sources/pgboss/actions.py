@@ -16,7 +16,8 @@ retry that would give the queue a second job of the same state and key is refuse
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import uuid
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -26,7 +27,7 @@ from sqlalchemy.exc import IntegrityError
 
 from reconciler.core.kinds import KindRules
 from reconciler.core.vocabulary import JobKey, JobStatus, OperatorAction
-from reconciler.sources.kit.actions import ForeignJob, SystemRefusal, read_locked
+from reconciler.sources.kit.actions import ForeignJob, SystemRefusal, locked, read_locked
 from reconciler.sources.kit.shapes import constant
 from reconciler.sources.pgboss.source import HOLD_PUSHBACK, PgBossConfig
 from reconciler.storage.clock import db_now
@@ -75,19 +76,86 @@ class PgBossActions:
         except sa.exc.DataError:  # not a UUID: no job of pg-boss's
             return None
 
+    def read_many(self, job_keys: Sequence[JobKey], *, lock: bool
+                  ) -> dict[JobKey, ForeignJob]:
+        """The jobs of these ids pg-boss has (an id that is no UUID names none), in one
+        statement, locked with ``lock``."""
+        ids = {str(key): key for key in job_keys if _is_uuid(str(key))}
+        if not ids:
+            return {}
+        jobs = self._jobs
+        query = sa.select(sa.cast(jobs.c.id, sa.Text()).label("id"), jobs.c.name,
+                          sa.cast(jobs.c.state, sa.Text()).label("state"), jobs.c.started_on,
+                          jobs.c.retry_count).where(
+            jobs.c.id.in_([sa.cast(sa.literal(i), UUID(as_uuid=False)) for i in ids]))
+        found = {}
+        for row in self._conn.execute(locked(query, lock)):
+            fence = {k: v for k, v in row._mapping.items() if k != "id"}
+            found[ids[str(row.id)]] = ForeignJob(str(row.state), WORDS.get(str(row.state)),
+                                                 fence)
+        return found
+
+    def swap_many(self, action: OperatorAction, jobs: Mapping[JobKey, ForeignJob],
+                  refused: dict[JobKey, str]) -> dict[JobKey, str]:
+        """A chunk's retry or cancel: one UPDATE per state it writes (``retry`` from
+        failed, ``created`` from cancelled, or ``cancelled``), each row repeating its own
+        fence. A stately queue's unique index refusing one row, or a count that differs
+        (a row that moved), swaps that statement's jobs one by one instead, inside a
+        savepoint, so that each refusal is its job's own."""
+        after: dict[JobKey, str] = {}
+        for state, group in self._by_target(action, jobs).items():
+            values = ({"completed_on": db_now()} if action is OperatorAction.CANCEL else
+                      {"retry_count": 0, "started_on": None, "start_after": db_now(),
+                       "completed_on": None})
+            fenced = sa.or_(*(sa.and_(*self._fenced(key, job)) for key, job in group.items()))
+            try:
+                with self._conn.begin_nested() as savepoint:
+                    done = self._conn.execute(self._jobs.update().where(fenced)
+                                              .values(state=constant(state), **values))
+                    if done.rowcount == len(group):
+                        after.update(dict.fromkeys(group, state))
+                        continue
+                    savepoint.rollback()
+            except IntegrityError:
+                pass  # the savepoint rolled the statement back: one by one below
+            swap = self.retry if action is OperatorAction.RETRY else self.cancel
+            for key, job in group.items():
+                try:
+                    one = swap(key, job)
+                except SystemRefusal as refusal:
+                    refused[key] = refusal.code
+                    continue
+                if one is not None:
+                    after[key] = one
+        return after
+
+    @staticmethod
+    def _by_target(action: OperatorAction, jobs: Mapping[JobKey, ForeignJob]
+                   ) -> dict[str, dict[JobKey, ForeignJob]]:
+        """The jobs by the state the action writes."""
+        groups: dict[str, dict[JobKey, ForeignJob]] = {}
+        for key, job in jobs.items():
+            state = ("cancelled" if action is OperatorAction.CANCEL
+                     else "created" if job.fence["state"] == "cancelled" else "retry")
+            groups.setdefault(state, {})[key] = job
+        return groups
+
     def refuses(self, action: OperatorAction, job: ForeignJob) -> str | None:
         """Nothing of pg-boss's own beyond its states."""
         return None
 
+    def _fenced(self, job_key: JobKey, job: ForeignJob) -> list[sa.ColumnElement[bool]]:
+        """The job as read: its queue (the partition), id, state, start and retries."""
+        jobs, read = self._jobs, job.fence
+        return [jobs.c.name == read["name"], self._by_id(job_key),
+                sa.cast(jobs.c.state, sa.Text()) == read["state"],
+                jobs.c.started_on.is_not_distinct_from(read["started_on"]),
+                jobs.c.retry_count == read["retry_count"]]
+
     def _swap(self, job_key: JobKey, job: ForeignJob, state: str,
               values: dict[str, Any]) -> str | None:
-        jobs, read = self._jobs, job.fence
-        statement = (jobs.update().where(
-            jobs.c.name == read["name"], self._by_id(job_key),
-            sa.cast(jobs.c.state, sa.Text()) == read["state"],
-            jobs.c.started_on.is_not_distinct_from(read["started_on"]),
-            jobs.c.retry_count == read["retry_count"])
-            .values(state=constant(state), **values))
+        statement = (self._jobs.update().where(*self._fenced(job_key, job))
+                     .values(state=constant(state), **values))
         with self._conn.begin_nested():
             done = self._conn.execute(statement)
         return state if done.rowcount == 1 else None
@@ -119,6 +187,14 @@ class PgBossActions:
             jobs.update().where(jobs.c.name == job.fence["name"], self._by_id(job_key),
                                 sa.not_(pushed) if held else pushed)
             .values(expire_in=jobs.c.expire_in + push if held else jobs.c.expire_in - push))
+
+
+def _is_uuid(text: str) -> bool:
+    try:
+        uuid.UUID(text)
+    except ValueError:
+        return False
+    return True
 
 
 def open_actions(connection: Connection, config: PgBossConfig,

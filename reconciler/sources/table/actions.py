@@ -117,13 +117,14 @@ class TableActions:
                                   .values(values))
         return status if done.rowcount == 1 else None
 
-    def swap_many(self, action: OperatorAction, jobs: Mapping[JobKey, ForeignJob]
-                  ) -> dict[JobKey, str]:
+    def swap_many(self, action: OperatorAction, jobs: Mapping[JobKey, ForeignJob],
+                  refused: dict[JobKey, str]) -> dict[JobKey, str]:
         """A chunk's retry or cancel in one UPDATE, each row repeating its own fence (its
         status and fenced columns as read), each retried row its own resume step; the
         rows it changed. Read locked in this transaction, every row is still as read: a
         count that differs is a row that moved, and the chunk is then swapped row by
-        row (inside a savepoint, so the one statement leaves nothing behind)."""
+        row (inside a savepoint, so the one statement leaves nothing behind). The table
+        has no rule of its own to refuse by (``refused`` stays as it is)."""
         status, values = (self._retried() if action is OperatorAction.RETRY
                           else self._cancelled())
         if action is OperatorAction.RETRY and self._has("resume_column"):
