@@ -123,3 +123,24 @@ def test_an_action_on_a_job_that_moved_meanwhile_is_refused(graphile: NodeSystem
     report = desk.act(OperatorAction.CANCEL, str(job), actor="e", note="n")
     assert (report.applied, report.refusal) == (False, "fence_lost")
     assert graphile.row(job) == {**before, "attempts": before["attempts"] + 1}
+
+
+def test_a_chunk_is_retried_by_one_call_and_a_real_worker_runs_them(
+        graphile: NodeSystem, processes: Processes) -> None:
+    """Three jobs a pass failed, one of them retried meanwhile by another operator, an id
+    no job has: one ``reschedule_jobs`` call retries the two still failed, the queued one
+    is refused, the unknown id names no job; a real graphile-worker runs all three."""
+    engine = graphile.factory.db.engine
+    jobs = [died(graphile, "effect.work") for _ in range(3)]
+    decided = by_job(reconcile_once(engine, graphile.factory.config, KINDS))
+    assert {decided[j].reason for j in jobs} == {Reason.WORKER_DIED_MID_STEP}
+    desk = desk_of(graphile)
+    assert desk.act(OperatorAction.RETRY, str(jobs[0]), actor="bob", note="mine").applied
+    reports = desk.act_on_chunk(OperatorAction.RETRY, [*map(str, jobs), "999999"],
+                                actor="alice", note="bulk")
+    assert [(r.job_id, r.refusal) for r in reports] == [
+        (str(jobs[0]), "job_not_failed_or_cancelled"), (str(jobs[1]), None),
+        (str(jobs[2]), None), ("999999", "no_such_job")]
+    worker = graphile.start(processes, "worker")
+    for job in jobs:
+        wait_until(lambda job=job: graphile.done(job), f"job {job} to finish", process=worker)

@@ -18,7 +18,7 @@ meanwhile is refused and the function is not called.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -62,15 +62,47 @@ class GraphileWorkerActions:
 
     def read(self, job_key: JobKey, *, lock: bool) -> ForeignJob | None:
         """The job's lock and attempts, its row locked with ``lock``."""
+        return self.read_many([job_key], lock=lock).get(job_key)
+
+    def read_many(self, job_keys: Sequence[JobKey], *, lock: bool
+                  ) -> dict[JobKey, ForeignJob]:
+        """The jobs of these ids graphile-worker still holds, in one statement, their
+        rows locked with ``lock``."""
+        ids = {int(key): key for key in job_keys}
+        if not ids:
+            return {}
         jobs = self._jobs
-        row = self._conn.execute(locked(
-            sa.select(jobs.c.locked_at, jobs.c.locked_by, jobs.c.attempts, jobs.c.max_attempts)
-            .where(jobs.c.id == job_key), lock)).first()
-        if row is None:
-            return None
-        state = ("locked" if row.locked_at is not None
-                 else "failed" if row.attempts >= row.max_attempts else "queued")
-        return ForeignJob(state, WORDS[state], dict(row._mapping))
+        found = {}
+        for row in self._conn.execute(locked(
+                sa.select(jobs.c.id, jobs.c.locked_at, jobs.c.locked_by, jobs.c.attempts,
+                          jobs.c.max_attempts).where(jobs.c.id.in_(sorted(ids))), lock)):
+            state = ("locked" if row.locked_at is not None
+                     else "failed" if row.attempts >= row.max_attempts else "queued")
+            fence = {k: v for k, v in row._mapping.items() if k != "id"}
+            found[ids[int(row.id)]] = ForeignJob(state, WORDS[state], fence)
+        return found
+
+    def swap_many(self, action: OperatorAction, jobs: Mapping[JobKey, ForeignJob],
+                  refused: dict[JobKey, str]) -> dict[JobKey, str]:
+        """A chunk's retry (``reschedule_jobs``) or cancel (``permanently_fail_jobs``):
+        the jobs still as read found in one statement, the function called once with all
+        their ids, one nudge; the jobs it changed. (Its own rules refuse nothing here: a
+        locked job's cancel was refused before.)"""
+        ids = self._still_many(jobs)
+        if not ids:
+            return {}
+        array = sa.literal(sorted(ids), sa.ARRAY(sa.BigInteger()))
+        if action is OperatorAction.RETRY:
+            changed = self._changed("reschedule_jobs", array, sa.func.now(), sa.null(),
+                                    sa.literal(0, sa.Integer()), sa.null())
+            if changed:
+                self._nudge(len(changed))
+            state = "queued"
+        else:
+            changed = self._changed("permanently_fail_jobs", array, sa.literal(
+                OperatorStatusReason.OPERATOR_CANCEL.value, sa.Text()))
+            state = "failed"
+        return {key: state for key in jobs if int(key) in changed}
 
     def refuses(self, action: OperatorAction, job: ForeignJob) -> str | None:
         """A locked job is not cancelled: graphile-worker's functions skip it."""
@@ -78,43 +110,35 @@ class GraphileWorkerActions:
             return LOCKED
         return None
 
-    def _still(self, job_key: JobKey, job: ForeignJob) -> bool:
-        jobs, read = self._jobs, job.fence
-        return self._conn.execute(sa.select(jobs.c.id).where(
-            jobs.c.id == job_key, jobs.c.locked_at.is_not_distinct_from(read["locked_at"]),
-            jobs.c.locked_by.is_not_distinct_from(read["locked_by"]),
-            jobs.c.attempts == read["attempts"],
-            jobs.c.max_attempts == read["max_attempts"])).first() is not None
+    def _still_many(self, jobs: Mapping[JobKey, ForeignJob]) -> set[int]:
+        """The ids of the jobs still as read (lock, attempts, budget), in one read."""
+        table = self._jobs
+        return {int(i) for i in self._conn.execute(sa.select(table.c.id).where(sa.or_(*(
+            sa.and_(table.c.id == key,
+                    table.c.locked_at.is_not_distinct_from(job.fence["locked_at"]),
+                    table.c.locked_by.is_not_distinct_from(job.fence["locked_by"]),
+                    table.c.attempts == job.fence["attempts"],
+                    table.c.max_attempts == job.fence["max_attempts"])
+            for key, job in jobs.items())))).scalars()}
 
-    def _call(self, name: str, *arguments: Any) -> int:
-        """How many jobs graphile-worker's function ``name`` changed."""
-        function: sa.Function[Any] = sa.Function(name, *arguments,
-                                                 packagenames=(self._schema,))
-        return int(self._conn.execute(
-            sa.select(sa.func.count()).select_from(function)).scalar_one())
+    def _changed(self, name: str, *arguments: Any) -> set[int]:
+        """The ids of the jobs graphile-worker's function ``name`` changed."""
+        function = sa.Function(name, *arguments, packagenames=(self._schema,)) \
+            .table_valued("id")
+        return {int(i) for i in self._conn.execute(sa.select(function.c.id)).scalars()}
+
+    def _nudge(self, count: int) -> None:
+        """Its workers listen on ``jobs:insert``: a nudge saves them a poll interval."""
+        self._conn.execute(sa.select(sa.func.pg_notify(
+            "jobs:insert", json.dumps({"r": 0, "count": count}))))
 
     def retry(self, job_key: JobKey, job: ForeignJob) -> str | None:
         """``reschedule_jobs``: runnable now, attempts from 0."""
-        if not self._still(job_key, job):
-            return None
-        ids = sa.literal([int(job_key)], sa.ARRAY(sa.BigInteger()))
-        if self._call("reschedule_jobs", ids, sa.func.now(), sa.null(),
-                      sa.literal(0, sa.Integer()), sa.null()) != 1:
-            return None
-        # Its workers listen on jobs:insert; a nudge saves them a poll interval.
-        self._conn.execute(sa.select(sa.func.pg_notify(
-            "jobs:insert", json.dumps({"r": 0, "count": 1}))))
-        return "queued"
+        return self.swap_many(OperatorAction.RETRY, {job_key: job}, {}).get(job_key)
 
     def cancel(self, job_key: JobKey, job: ForeignJob) -> str | None:
         """``permanently_fail_jobs`` with reason ``operator_cancel``."""
-        if not self._still(job_key, job):
-            return None
-        ids = sa.literal([int(job_key)], sa.ARRAY(sa.BigInteger()))
-        reason = sa.literal(OperatorStatusReason.OPERATOR_CANCEL.value, sa.Text())
-        if self._call("permanently_fail_jobs", ids, reason) != 1:
-            return None
-        return "failed"
+        return self.swap_many(OperatorAction.CANCEL, {job_key: job}, {}).get(job_key)
 
 
 def open_actions(connection: Connection, config: GraphileWorkerConfig,
