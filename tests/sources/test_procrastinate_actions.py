@@ -155,3 +155,35 @@ def test_an_action_on_a_job_that_moved_meanwhile_is_refused(
     report = desk.act(OperatorAction.CANCEL, str(job), actor="e", note="n")
     assert (report.applied, report.refusal) == (False, "fence_lost")
     assert procrastinate.row(job) == {**before, "attempts": before["attempts"] + 1}
+
+
+def test_a_chunk_is_retried_and_cancelled_through_its_functions_in_a_few_statements(
+        procrastinate: ProcrastinateFactory, processes: Processes, markers: Markers) -> None:
+    """A chunk cancel of two queued jobs (and an id no job has): both ``cancelled``; three
+    jobs a pass failed, retried as a chunk: ``todo`` with their ``retried`` events and
+    attempts from 0; a real worker runs the three and neither cancelled one."""
+    engine = procrastinate.db.engine
+    jobs = [died(procrastinate, "effect.work") for _ in range(3)]
+    decided = by_job(reconcile_once(engine, procrastinate.config, KINDS))
+    assert {decided[j].reason for j in jobs} == {Reason.WORKER_DIED_MID_STEP}
+    queued = [procrastinate.defer("pure.work", {"hang": []}) for _ in range(2)]
+    desk = desk_of(procrastinate)
+    cancelled = desk.act_on_chunk(OperatorAction.CANCEL, [*map(str, queued), "999999"],
+                                  actor="bob", note="duplicates")
+    assert [(r.job_id, r.refusal) for r in cancelled] == [
+        (str(queued[0]), None), (str(queued[1]), None), ("999999", "no_such_job")]
+    retried = desk.act_on_chunk(OperatorAction.RETRY, list(map(str, jobs)), actor="alice",
+                                note="checked")
+    assert [(r.job_id, r.applied) for r in retried] == [(str(j), True) for j in jobs]
+    assert retried[0].line.endswith("failed -> todo")
+    for job in jobs:
+        row = procrastinate.row(job)
+        assert row is not None
+        assert (row["status"], row["attempts"]) == ("todo", 0)
+        assert procrastinate.events(job)[-1] == "retried"
+    assert {procrastinate.status(j) for j in queued} == {"cancelled"}
+    running = worker(processes, procrastinate, markers)
+    for job in jobs:
+        wait_until(lambda job=job: procrastinate.status(job) == "completed",
+                   f"job {job} to finish", process=running)
+    assert all(markers.of(job) == set() for job in queued)

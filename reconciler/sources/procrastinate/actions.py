@@ -17,9 +17,8 @@ that moved meanwhile is refused and the function is not called.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -71,17 +70,54 @@ class ProcrastinateActions:
     def read(self, job_key: JobKey, *, lock: bool) -> ForeignJob | None:
         """The job's status, attempts, worker and abort flag, its row locked with
         ``lock``."""
+        return self.read_many([job_key], lock=lock).get(job_key)
+
+    def read_many(self, job_keys: Sequence[JobKey], *, lock: bool
+                  ) -> dict[JobKey, ForeignJob]:
+        """The jobs of these ids Procrastinate has, in one statement, their rows locked
+        with ``lock``."""
+        ids = {int(key): key for key in job_keys}
+        if not ids:
+            return {}
         jobs = self._jobs
-        row = self._conn.execute(locked(
-            sa.select(sa.cast(jobs.c.status, sa.Text()).label("status"), jobs.c.attempts,
-                      jobs.c.worker_id, jobs.c.abort_requested)
-            .where(jobs.c.id == job_key), lock)).first()
-        if row is None:
-            return None
-        state = str(row.status)
-        if state == "doing" and row.abort_requested:
-            state = "doing (abort requested)"
-        return ForeignJob(state, WORDS.get(str(row.status)), dict(row._mapping))
+        found = {}
+        for row in self._conn.execute(locked(
+                sa.select(jobs.c.id, sa.cast(jobs.c.status, sa.Text()).label("status"),
+                          jobs.c.attempts, jobs.c.worker_id, jobs.c.abort_requested)
+                .where(jobs.c.id.in_(sorted(ids))), lock)):
+            state = str(row.status)
+            if state == "doing" and row.abort_requested:
+                state = "doing (abort requested)"
+            fence = {k: v for k, v in row._mapping.items() if k != "id"}
+            found[ids[int(row.id)]] = ForeignJob(state, WORDS.get(str(row.status)), fence)
+        return found
+
+    def swap_many(self, action: OperatorAction, jobs: Mapping[JobKey, ForeignJob],
+                  refused: dict[JobKey, str]) -> dict[JobKey, str]:
+        """A chunk's retry or cancel: the jobs still as read found in one statement,
+        Procrastinate's function called for each of them in one more (over ``unnest``),
+        a retry's fresh attempt count in a third, their statuses read back in a fourth;
+        the jobs it changed, with their status after. (Its own rules were asked before,
+        in ``refuses``.)"""
+        ids = self._still_many(jobs)
+        if not ids:
+            return {}
+        over = "FROM unnest(CAST(:ids AS bigint[])) AS id"
+        with self._search_path():
+            if action is OperatorAction.RETRY:
+                # No retry_at: runnable now, as the source's own resume writes it.
+                self._conn.execute(sa.text(
+                    f"SELECT {self._function('procrastinate_retry_job_v2')}"
+                    f"(id, NULL, NULL, NULL, NULL) {over}"), {"ids": sorted(ids)})
+                self._conn.execute(self._jobs.update().where(self._jobs.c.id.in_(sorted(ids)))
+                                   .values(attempts=0))
+                changed = ids
+            else:
+                changed = {int(i) for i, done in self._conn.execute(sa.text(
+                    f"SELECT id, {self._function('procrastinate_cancel_job_v1')}"
+                    f"(id, true, false) {over}"), {"ids": sorted(ids)}) if done is not None}
+        keys = [key for key in jobs if int(key) in changed]
+        return {key: job.state for key, job in self.read_many(keys, lock=False).items()}
 
     def refuses(self, action: OperatorAction, job: ForeignJob) -> str | None:
         """A cancelled or aborted job: Procrastinate's retry takes back failed jobs only;
@@ -92,13 +128,15 @@ class ProcrastinateActions:
             return ABORT_REQUESTED
         return None
 
-    def _still(self, job_key: JobKey, job: ForeignJob) -> bool:
-        """The job is as read (status, attempts, worker)."""
-        jobs, read = self._jobs, job.fence
-        return self._conn.execute(sa.select(jobs.c.id).where(
-            jobs.c.id == job_key, sa.cast(jobs.c.status, sa.Text()) == read["status"],
-            jobs.c.attempts == read["attempts"],
-            jobs.c.worker_id.is_not_distinct_from(read["worker_id"]))).first() is not None
+    def _still_many(self, jobs: Mapping[JobKey, ForeignJob]) -> set[int]:
+        """The ids of the jobs still as read (status, attempts, worker), in one read."""
+        table = self._jobs
+        return {int(i) for i in self._conn.execute(sa.select(table.c.id).where(sa.or_(*(
+            sa.and_(table.c.id == key,
+                    sa.cast(table.c.status, sa.Text()) == job.fence["status"],
+                    table.c.attempts == job.fence["attempts"],
+                    table.c.worker_id.is_not_distinct_from(job.fence["worker_id"]))
+            for key, job in jobs.items())))).scalars()}
 
     @contextmanager
     def _search_path(self) -> Iterator[None]:
@@ -119,31 +157,12 @@ class ProcrastinateActions:
 
     def retry(self, job_key: JobKey, job: ForeignJob) -> str | None:
         """Procrastinate's retry, runnable now, then a fresh attempt count."""
-        if not self._still(job_key, job):
-            return None
-        with self._search_path():
-            # No retry_at: runnable now, as the source's own resume writes it.
-            self._conn.execute(sa.text(
-                f"SELECT {self._function('procrastinate_retry_job_v2')}"
-                "(:job_id, NULL, NULL, NULL, NULL)"), {"job_id": job_key})
-            self._conn.execute(self._jobs.update().where(self._jobs.c.id == job_key)
-                               .values(attempts=0))
-        return self._status(job_key)
+        return self.swap_many(OperatorAction.RETRY, {job_key: job}, {}).get(job_key)
 
     def cancel(self, job_key: JobKey, job: ForeignJob) -> str | None:
         """Procrastinate's cancel with abort: cancelled if queued, abort requested if
         running."""
-        if not self._still(job_key, job):
-            return None
-        with self._search_path():
-            done = self._conn.execute(sa.text(
-                f"SELECT {self._function('procrastinate_cancel_job_v1')}"
-                "(:job_id, true, false)"), {"job_id": job_key}).scalar_one()
-        return None if done is None else self._status(job_key)
-
-    def _status(self, job_key: JobKey) -> str:
-        read: Any = self.read(job_key, lock=False)
-        return str(read.state)
+        return self.swap_many(OperatorAction.CANCEL, {job_key: job}, {}).get(job_key)
 
 
 def open_actions(connection: Connection, config: ProcrastinateConfig,
