@@ -212,3 +212,28 @@ def test_a_kind_without_max_run_seconds_is_explained_as_never_reclaimed(
         if never:
             assert (view["disposition"], view["reason"]) == ("skip", "lease_live")
     assert project.status(job) == "running"
+
+
+def test_a_chunk_is_retried_in_one_statement_and_a_db_worker_runs_them(
+        project: DjangoTasksFactory, processes: Processes, markers: Markers) -> None:
+    """Three tasks a pass failed, one retried meanwhile by another operator, an id no task
+    has: the chunk's retry puts the two still failed ``READY`` in one statement, refuses
+    the third (ready now), names no task for the unknown id; a real ``db_worker`` runs all
+    three and Django reads each SUCCESSFUL on its first attempt."""
+    tasks = [died(project, "effect_work", markers) for _ in range(3)]
+    decided = by_job(reconcile_once(project.engine, CONFIG, KINDS))
+    assert {decided[t].reason for t in tasks} == {Reason.WORKER_DIED_MID_STEP}
+    desk = desk_of(project)
+    assert desk.act(OperatorAction.RETRY, tasks[0], actor="bob", note="mine").applied
+    unknown = str(uuid.UUID(int=7))
+    reports = desk.act_on_chunk(OperatorAction.RETRY, [*tasks, unknown], actor="alice",
+                                note="bulk")
+    assert [(r.job_id, r.refusal) for r in reports] == [
+        (tasks[0], "job_not_failed_or_cancelled"), (tasks[1], None), (tasks[2], None),
+        (unknown, "no_such_job")]
+    worker = start_worker(processes, project, markers, "worker")
+    for task in tasks:
+        wait_until(lambda task=task: project.status(task) == "completed",
+                   f"task {task} to finish", process=worker)
+        result = django_result(project, task)
+        assert (result["status"], result["attempts"]) == ("SUCCESSFUL", 1)

@@ -15,7 +15,7 @@ Fenced on the task as read (status, ``started_at``, ``worker_ids``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -30,9 +30,10 @@ from reconciler.sources.django_tasks.source import (
     failure_traceback,
     task_key,
 )
-from reconciler.sources.kit.actions import ForeignJob, read_locked
+from reconciler.sources.kit.actions import ForeignJob
 from reconciler.sources.kit.shapes import constant
 from reconciler.storage.clock import db_now
+from reconciler.storage.sql import for_update
 
 WORDS = {"READY": JobStatus.QUEUED, "RUNNING": JobStatus.PROCESSING,
          "SUCCESSFUL": JobStatus.COMPLETED, "FAILED": JobStatus.FAILED}
@@ -57,50 +58,96 @@ class DjangoTasksActions:
             "id", "status", "backend_name", "started_at", "finished_at", "worker_ids",
             "return_value", "exception_class_path", "traceback")))
 
-    def _by_key(self, job_key: JobKey) -> list[sa.ColumnElement[bool]]:
+    def _by_keys(self, job_keys: Sequence[JobKey]) -> list[sa.ColumnElement[bool]]:
         tasks = self._tasks
-        where = [task_key(tasks.c.id) == str(job_key)]
+        where: list[sa.ColumnElement[bool]] = [
+            task_key(tasks.c.id).in_([str(key) for key in job_keys])]
         if self._config.backend_name is not None:
             where.append(tasks.c.backend_name == self._config.backend_name)
         return where
 
     def read(self, job_key: JobKey, *, lock: bool) -> ForeignJob | None:
         """The task's status and claim as read, its row locked where the engine can."""
-        tasks = self._tasks
-        query = sa.select(tasks.c.status, tasks.c.started_at,
+        return self.read_many([job_key], lock=lock).get(job_key)
+
+    def read_many(self, job_keys: Sequence[JobKey], *, lock: bool
+                  ) -> dict[JobKey, ForeignJob]:
+        """The tasks of these ids the backend has, in one statement, their rows locked
+        with ``lock`` where the engine can."""
+        if not job_keys:
+            return {}
+        tasks, keys = self._tasks, {str(key): key for key in job_keys}
+        query = sa.select(task_key(tasks.c.id).label("key"), tasks.c.status,
+                          tasks.c.started_at,
                           sa.cast(tasks.c.worker_ids, sa.Text()).label("worker_ids")
-                          ).where(*self._by_key(job_key))
-        return read_locked(self._conn, query, "status", WORDS, lock=lock)
+                          ).where(*self._by_keys(list(job_keys)))
+        found = {}
+        for row in self._conn.execute(for_update(self._conn.dialect.name, query, lock=lock,
+                                                 skip_locked=False)):
+            fence = {k: v for k, v in row._mapping.items() if k != "key"}
+            status = str(row.status)
+            found[keys[str(row.key)]] = ForeignJob(status, WORDS.get(status), fence)
+        return found
+
+    def swap_many(self, action: OperatorAction, jobs: Mapping[JobKey, ForeignJob],
+                  refused: dict[JobKey, str]) -> dict[JobKey, str]:
+        """A chunk's retry or cancel in one UPDATE, each row repeating its own fence; read
+        locked in this transaction, every row is still as read, so a count that differs
+        is a row that moved, and the chunk is then swapped row by row (inside a
+        savepoint). Django has no rule of its own to refuse by."""
+        status, values = self._retried() if action is OperatorAction.RETRY else self._cancelled()
+        fenced = sa.or_(*(sa.and_(*self._fenced(key, job)) for key, job in jobs.items()))
+        with self._conn.begin_nested() as savepoint:
+            done = self._conn.execute(self._tasks.update().where(fenced)
+                                      .values(status=constant(status), **values))
+            if done.rowcount == len(jobs):
+                return dict.fromkeys(jobs, status)
+            savepoint.rollback()
+        return {key: status for key, job in jobs.items()
+                if self._swap(key, job, status, dict(values)) is not None}
 
     def refuses(self, action: OperatorAction, job: ForeignJob) -> str | None:
         """Nothing of Django's own beyond its statuses."""
         return None
 
+    def _fenced(self, job_key: JobKey, job: ForeignJob) -> list[sa.ColumnElement[bool]]:
+        """The task as read: its id, status and claim."""
+        tasks, read = self._tasks, job.fence
+        return [*self._by_keys([job_key]), tasks.c.status == constant(read["status"]),
+                tasks.c.started_at.is_not_distinct_from(read["started_at"]),
+                sa.cast(tasks.c.worker_ids, sa.Text()).is_not_distinct_from(
+                    read["worker_ids"])]
+
     def _swap(self, job_key: JobKey, job: ForeignJob, status: str,
               values: dict[str, Any]) -> str | None:
-        tasks, read = self._tasks, job.fence
-        done = self._conn.execute(tasks.update().where(
-            *self._by_key(job_key), tasks.c.status == constant(read["status"]),
-            tasks.c.started_at.is_not_distinct_from(read["started_at"]),
-            sa.cast(tasks.c.worker_ids, sa.Text()).is_not_distinct_from(read["worker_ids"]))
-            .values(status=constant(status), **values))
+        done = self._conn.execute(self._tasks.update().where(*self._fenced(job_key, job))
+                                  .values(status=constant(status), **values))
         return status if done.rowcount == 1 else None
+
+    def _retried(self) -> tuple[str, dict[str, Any]]:
+        """``READY`` as enqueued, its attempts from none (``run_after`` left as it is: a
+        claim of the task proved it due)."""
+        empty: Any = (sa.cast(sa.literal("[]"), JSONB)
+                      if self._conn.dialect.name == "postgresql" else "[]")
+        return "READY", {"started_at": None, "finished_at": None, "return_value": None,
+                         "exception_class_path": "", "traceback": "", "worker_ids": empty}
+
+    def _cancelled(self) -> tuple[str, dict[str, Any]]:
+        """``FAILED`` with ``operator_cancel``, as a terminalization writes it."""
+        return "FAILED", {
+            "finished_at": db_now(), "return_value": None,
+            "exception_class_path": EXCEPTION_CLASS_PATH,
+            "traceback": failure_traceback(OperatorStatusReason.OPERATOR_CANCEL.value)}
 
     def retry(self, job_key: JobKey, job: ForeignJob) -> str | None:
         """``READY`` as enqueued, runnable now, its attempts from none."""
-        empty: Any = (sa.cast(sa.literal("[]"), JSONB)
-                      if self._conn.dialect.name == "postgresql" else "[]")
-        # ``run_after`` is left as it is: a claim of the task proved it due.
-        return self._swap(job_key, job, "READY", {
-            "started_at": None, "finished_at": None, "return_value": None,
-            "exception_class_path": "", "traceback": "", "worker_ids": empty})
+        status, values = self._retried()
+        return self._swap(job_key, job, status, values)
 
     def cancel(self, job_key: JobKey, job: ForeignJob) -> str | None:
         """``FAILED`` with ``operator_cancel``, as a terminalization writes it."""
-        return self._swap(job_key, job, "FAILED", {
-            "finished_at": db_now(), "return_value": None,
-            "exception_class_path": EXCEPTION_CLASS_PATH,
-            "traceback": failure_traceback(OperatorStatusReason.OPERATOR_CANCEL.value)})
+        status, values = self._cancelled()
+        return self._swap(job_key, job, status, values)
 
 
 def open_actions(connection: Connection, config: DjangoTasksConfig,
