@@ -26,7 +26,11 @@ from tests.mariadb_server import find_binaries as find_mariadb_binaries
 from tests.pg_server import INSTALL_HINT, find_pg_bin
 
 JOBS = JobRun.__table__
-DEADLINE_SECONDS = 15.0
+DEADLINE_SECONDS = 60.0
+"""How long ``wait_for`` waits for an event before it fails: a generous bound on events
+that otherwise come in well under a second (a worker process starting, a step starting),
+so that a machine running the suite twice at once still sees them; a test that fails
+waits this long, a test that passes never does."""
 
 
 def wait_for(condition: Callable[[], Any], what: str,

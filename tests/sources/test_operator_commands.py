@@ -120,7 +120,9 @@ class TestRealSystems:
         assert decision["disposition"] == "resume"
         code, out, _ = cli(capsys, path, "jobs", "show", str(job))
         assert code == 0
-        assert f"resume ({decision['reason']})" in out
+        # The decision with the step it resumed at, as every line that shows one says it.
+        step = decision["resume_step_index"]
+        assert f"decided: resume at step {step} ({decision['reason']})" in out
 
     def test_a_job_the_source_lacks_is_named_with_the_source(
             self, system: SystemFactory, tmp_path: Path,

@@ -329,10 +329,16 @@ class TestUndecidable:
         assert down.liveness.code is LivenessDoubt.BROKER_UNREACHABLE
         assert f"127.0.0.1:{port}" in down.liveness.where
         assert "secret" not in down.liveness.where
-        empty = a_pass(rq_project, rq_project.config(
-            redis_url=rq_project.redis_url.rsplit("/", 1)[0] + "/5"))
-        assert empty.liveness is not None
-        assert empty.liveness.code is LivenessDoubt.QUEUES_MISSING
+        # Another database number: holding another app's keys, not the app's Redis; empty,
+        # an app that has not run yet there, with nothing to decide and nothing in doubt.
+        other = replace(rq_project, redis_url=rq_project.redis_url.rsplit("/", 1)[0] + "/5")
+        other.redis().set("session:someone-else", "1")
+        wrong = a_pass(rq_project, other.config())
+        assert wrong.liveness is not None
+        assert wrong.liveness.code is LivenessDoubt.QUEUES_MISSING
+        other.redis().flushdb()
+        empty = a_pass(rq_project, other.config())
+        assert (empty.liveness, empty.decisions) == (None, ())
         assert rq_project.status(job_id) == "started"
         # The next pass, on the app's Redis, carries on.
         back = a_pass(rq_project)
