@@ -62,7 +62,7 @@ def pass_fenced(engine: Engine, job: str, next_attempt: int) -> None:
 def operator_retried(engine: Engine, job: str) -> None:
     """What an operator's retry writes to the ledger (the desk's ``restart_attempts``)."""
     with engine.begin() as conn:
-        restart_attempts(conn, SOURCE, job)
+        restart_attempts(conn, SOURCE, [job])
 
 
 class TestEffectInDoubt:
