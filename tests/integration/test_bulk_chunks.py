@@ -41,48 +41,33 @@ DIED = "worker_died_mid_step"
 PLAN = [Step("fetch", "idempotent"), Step("charge", "effectful")]
 
 
-def ended_by_a_pass(client: JobClient, engine: Engine, count: int, *,
-                    fetched: bool = False) -> list[int]:
-    """``count`` jobs whose workers died inside the effectful ``charge`` (``fetched``:
-    after ``fetch`` succeeded), ended ``worker_died_mid_step`` by one pass."""
+def died_in_bulk(client: JobClient, engine: Engine, count: int, *,
+                 fetched: bool = False) -> list[int]:
+    """``count`` jobs enqueued through the client, then left as a claim whose worker died
+    inside the effectful ``charge`` leaves them (``fetched``: after ``fetch`` succeeded)
+    (processing, generation 1, the lease gone five minutes ago, the steps after the claim,
+    the attempt open), in a few statements, not a claim each; ended
+    ``worker_died_mid_step`` by one real pass."""
     plan = PLAN if fetched else PLAN[1:]
     with engine.begin() as conn:
         ids = [client.enqueue("billing.charge", steps=plan, connection=conn)
-               for _ in range(count)]
-    for _ in ids:
-        claim = client.claim("w-dead", lease_seconds=0.001)
-        assert claim is not None
-        if fetched:
-            claim.start_step(0)
-            claim.finish_step(0)
-        claim.start_step(len(plan) - 1)
-    report = run_pass(SqlStore(engine), PassConfig(batch_size=count,
-                                                   thresholds=Thresholds(0.0, 3600.0),
-                                                   instance="bulk-test"))
-    assert Counter(d.reason.value for d in report.decisions) == {DIED: count}
-    return ids
-
-
-def died_in_bulk(client: JobClient, engine: Engine, count: int) -> list[int]:
-    """``count`` jobs enqueued through the client, then left as a claim whose worker died
-    inside its one effectful step leaves them (processing, generation 1, the lease gone
-    five minutes ago, the step started after the claim, the attempt open), in three
-    statements, not a claim each; ended ``worker_died_mid_step`` by one real pass."""
-    with engine.begin() as conn:
-        ids = [client.enqueue("billing.charge", steps=PLAN[1:], connection=conn)
                for _ in range(count)]
         mine = jobs.c.job_id.in_(ids)
         conn.execute(jobs.update().where(mine).values(
             job_status="processing", attempt_count=1, claim_generation=1,
             lease_token=sa.literal("dead-") + sa.cast(jobs.c.job_id, sa.String()),
             lease_owner="w-dead", lease_expires_at=now_plus(-300), claimed_at=now_plus(-600),
-            last_activity_at=now_plus(-600)))
-        conn.execute(steps.insert().from_select(
-            ["job_id", "step_index", "step_name", "effect_kind", "step_state",
-             "claim_generation", "started_at"],
-            sa.select(jobs.c.job_id, sa.literal(0), sa.literal("charge"),
-                      sa.literal("effectful"), sa.literal("started"), sa.literal(1),
-                      now_plus(-590)).where(mine)))
+            last_activity_at=now_plus(-580)))
+        for index, step in enumerate(plan):
+            done = fetched and index == 0
+            conn.execute(steps.insert().from_select(
+                ["job_id", "step_index", "step_name", "effect_kind", "step_state",
+                 "claim_generation", "started_at", "finished_at"],
+                sa.select(jobs.c.job_id, sa.literal(index), sa.literal(step.step_name),
+                          sa.literal(str(step.effect_kind)), sa.literal("succeeded" if done
+                                                              else "started"),
+                          sa.literal(1), now_plus(-590 + index),
+                          now_plus(-589) if done else sa.null()).where(mine)))
         conn.execute(attempts.insert().from_select(
             ["job_id", "claim_generation", "attempt_number", "lease_owner", "claimed_at"],
             sa.select(jobs.c.job_id, sa.literal(1), sa.literal(1), sa.literal("w-dead"),
@@ -107,7 +92,7 @@ def recorded(engine: Engine) -> Counter[tuple[str, str]]:
 
 def test_a_bulk_retry_of_700_jobs_runs_in_chunks_each_job_fenced_and_recorded(
         client: JobClient, engine: Engine, db_url: str) -> None:
-    ids = ended_by_a_pass(client, engine, BULK_CHUNK + 200, fetched=True)
+    ids = died_in_bulk(client, engine, BULK_CHUNK + 200, fetched=True)
     done = run_cli(db_url, "jobs", "retry", "--reason", DIED, "--limit", "5000",
                    "--note", "charges checked", "--yes", "--json", "--as", "alice")
     assert done.returncode == 0, done.stderr
@@ -126,7 +111,7 @@ def test_jobs_that_moved_between_the_count_and_the_act_are_refused_the_rest_appl
         client: JobClient, engine: Engine, db_url: str) -> None:
     """Chosen, then one retried by a second operator and claimed by a worker at once: it is
     refused (it runs now), the rest applied, every one recorded."""
-    ids = ended_by_a_pass(client, engine, 6)
+    ids = died_in_bulk(client, engine, 6)
     settings = Settings(database_url=db_url)
     desk = open_desk(engine, Config(settings=settings, kinds=parse_kinds(None, settings)),
                      SqlStore(engine))
