@@ -176,13 +176,14 @@ def latest_decisions(conn: Connection, source: str, *, reason: str | None,
     ``reason`` (None: any) and was made since ``since`` and no later than ``until``,
     newest decision first. The bulk form's candidates: the caller filters by kind and by
     what each job's state allows."""
-    later = decisions.alias("later")
+    # Each job's newest real decision by grouping on the (source, job) index: a NOT EXISTS
+    # of a later decision took SQLite through the shadow index once per row (10 s for
+    # 10,000 jobs, where this takes a fraction of one).
+    newest = (sa.select(sa.func.max(decisions.c.decision_id).label("decision_id"))
+              .where(decisions.c.job_source == source, decisions.c.shadow_mode == sa.false())
+              .group_by(decisions.c.job_id).subquery())
     query = (sa.select(decisions.c.job_id, decisions.c.job_kind)
-             .where(decisions.c.job_source == source, decisions.c.shadow_mode == sa.false(),
-                    ~sa.exists().where(later.c.job_source == decisions.c.job_source,
-                                       later.c.job_id == decisions.c.job_id,
-                                       later.c.shadow_mode == sa.false(),
-                                       later.c.decision_id > decisions.c.decision_id))
+             .join(newest, newest.c.decision_id == decisions.c.decision_id)
              .order_by(decisions.c.decision_id.desc()))
     if reason is not None:
         query = query.where(decisions.c.decision_reason == reason)
