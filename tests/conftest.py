@@ -226,6 +226,8 @@ LONG_TESTS = (
     "unit/test_plan_batch.py::test_a_batch_plans_as_each_row_alone",
     "sources/test_celery_liveness.py::test_redis_stopped_and_started_under_a_running_sidecar",
     "sources/test_celery_liveness.py::TestDoubtedBroker::test_no_worker_answering_at_all",
+    "integration/test_replicas.py::test_four_reconciler_run_replicas",
+    "sources/test_one_pass_cli.py::test_a_django_project",
 )
 
 
