@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Callable
 
 import pytest
 import sqlalchemy as sa
@@ -79,6 +80,28 @@ def died_in_bulk(client: JobClient, engine: Engine, count: int, *,
     return ids
 
 
+BULK_RETRY = ("jobs", "retry", "--reason", DIED, "--limit", "5000", "--note", "checked",
+              "--yes", "--as", "alice")
+
+
+def interrupted_bulk(url: str, engine: Engine,
+                     interrupt: Callable[[subprocess.Popen[str]], None]) -> tuple[int, str]:
+    """``BULK_RETRY`` as a process of its own on ``url``, ``interrupt``ed once its first
+    chunk is recorded: its exit status and its stderr."""
+    bulk = subprocess.Popen([sys.executable, "-m", "reconciler.cli", *BULK_RETRY],
+                            env=settings_env(url), cwd=REPO_ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: recorded(engine) or bulk.poll() is not None,
+                 "the first chunk to commit")
+        interrupt(bulk)
+        _, err = bulk.communicate(timeout=120)
+    finally:
+        if bulk.poll() is None:
+            bulk.kill()
+    return bulk.returncode, err
+
+
 def statuses(engine: Engine) -> Counter[str]:
     with engine.connect() as conn:
         return Counter(conn.execute(sa.select(jobs.c.job_status)).scalars())
@@ -136,18 +159,7 @@ def test_an_interrupted_bulk_leaves_each_job_retried_and_recorded_or_untouched(
     """SIGINT once the first chunk is in: each job queued exactly when its retry is
     recorded; the same command again retries the rest."""
     ids = died_in_bulk(client, engine, 3 * BULK_CHUNK)
-    argv = [sys.executable, "-m", "reconciler.cli", "jobs", "retry", "--reason", DIED,
-            "--limit", "5000", "--note", "checked", "--yes", "--as", "alice"]
-    bulk = subprocess.Popen(argv, env=settings_env(db_url), cwd=REPO_ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        wait_for(lambda: recorded(engine) or bulk.poll() is not None,
-                 "the first chunk to commit")
-        bulk.send_signal(signal.SIGINT)
-        _, err = bulk.communicate(timeout=60)
-    finally:
-        if bulk.poll() is None:
-            bulk.kill()
+    _, err = interrupted_bulk(db_url, engine, lambda bulk: bulk.send_signal(signal.SIGINT))
     assert "Traceback" not in err, err
     with engine.connect() as conn:
         queued = set(conn.execute(sa.select(jobs.c.job_id)
@@ -158,7 +170,7 @@ def test_an_interrupted_bulk_leaves_each_job_retried_and_recorded_or_untouched(
     assert queued == retried
     assert len(queued) % BULK_CHUNK == 0 or len(queued) == len(ids)
 
-    again = run_cli(db_url, *argv[3:])
+    again = run_cli(db_url, *BULK_RETRY)
     assert again.returncode == 0, again.stderr
     assert statuses(engine) == {"queued": len(ids)}
     assert recorded(engine) == {("retry", "applied"): len(ids)}
@@ -176,19 +188,12 @@ def test_a_bulk_whose_database_restarts_under_it_leaves_no_job_half_done(
         upgrade(engine)
         with JobClient(engine, settings=Settings(database_url=url)) as client:
             ids = died_in_bulk(client, engine, 4 * BULK_CHUNK)
-        argv = [sys.executable, "-m", "reconciler.cli", "jobs", "retry", "--reason", DIED,
-                "--limit", "5000", "--note", "checked", "--yes", "--as", "alice"]
-        bulk = subprocess.Popen(argv, env=settings_env(url), cwd=REPO_ROOT,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
-            wait_for(lambda: recorded(engine) or bulk.poll() is not None,
-                     "the first chunk to commit")
+
+        def restart(_: subprocess.Popen[str]) -> None:
             engine.dispose()  # the test's own connections go with the server
             own_postgres.restart()
-            _, err = bulk.communicate(timeout=120)
-        finally:
-            if bulk.poll() is None:
-                bulk.kill()
+
+        code, err = interrupted_bulk(url, engine, restart)
         assert "Traceback" not in err, err
         with engine.connect() as conn:
             queued = set(conn.execute(sa.select(jobs.c.job_id)
@@ -198,9 +203,9 @@ def test_a_bulk_whose_database_restarts_under_it_leaves_no_job_half_done(
                 actions.c.action_outcome == "applied")).scalars())
         assert queued == retried
         if len(queued) < len(ids):  # the restart cut it short, as meant
-            assert bulk.returncode == 3, err
+            assert code == 3, err
             assert len(err.strip().splitlines()) == 1, err
-        again = run_cli(url, *argv[3:])
+        again = run_cli(url, *BULK_RETRY)
         assert again.returncode == 0, again.stderr
         assert statuses(engine) == {"queued": len(ids)}
         assert recorded(engine) == {("retry", "applied"): len(ids)}

@@ -321,17 +321,26 @@ class ForeignDesk(RecordedDesk):
             return {}
         if isinstance(system, BatchActions):
             return system.swap_many(action, jobs, refused)
-        swap = system.retry if action is OperatorAction.RETRY else system.cancel
-        after: dict[JobKey, str] = {}
-        for key, job in jobs.items():
-            try:
-                state = swap(key, job)
-            except SystemRefusal as refusal:
-                refused[key] = refusal.code
-                continue
-            if state is not None:
-                after[key] = state
-        return after
+        return one_by_one(system, action, jobs, refused)
+
+
+def one_by_one(system: SystemActions, action: OperatorAction,
+               jobs: Mapping[JobKey, ForeignJob], refused: dict[JobKey, str]
+               ) -> dict[JobKey, str]:
+    """Each job's retry or cancel on its own swap (a system that takes no batch, or a
+    batch that must fall back): the state after of each job changed; one the system
+    refused is absent and its code put in ``refused``."""
+    swap = system.retry if action is OperatorAction.RETRY else system.cancel
+    after: dict[JobKey, str] = {}
+    for key, job in jobs.items():
+        try:
+            state = swap(key, job)
+        except SystemRefusal as refusal:
+            refused[key] = refusal.code
+            continue
+        if state is not None:
+            after[key] = state
+    return after
 
 
 def _allowed_for(job: ForeignJob, *, held: bool) -> frozenset[OperatorAction]:

@@ -27,7 +27,13 @@ from sqlalchemy.exc import IntegrityError
 
 from reconciler.core.kinds import KindRules
 from reconciler.core.vocabulary import JobKey, JobStatus, OperatorAction
-from reconciler.sources.kit.actions import ForeignJob, SystemRefusal, locked, read_locked
+from reconciler.sources.kit.actions import (
+    ForeignJob,
+    SystemRefusal,
+    locked,
+    one_by_one,
+    read_locked,
+)
 from reconciler.sources.kit.shapes import constant
 from reconciler.sources.pgboss.source import HOLD_PUSHBACK, PgBossConfig
 from reconciler.storage.clock import db_now
@@ -118,15 +124,7 @@ class PgBossActions:
                     savepoint.rollback()
             except IntegrityError:
                 pass  # the savepoint rolled the statement back: one by one below
-            swap = self.retry if action is OperatorAction.RETRY else self.cancel
-            for key, job in group.items():
-                try:
-                    one = swap(key, job)
-                except SystemRefusal as refusal:
-                    refused[key] = refusal.code
-                    continue
-                if one is not None:
-                    after[key] = one
+            after.update(one_by_one(self, action, group, refused))
         return after
 
     @staticmethod
