@@ -128,8 +128,8 @@ def _operator_arguments(acting: argparse.ArgumentParser, *, bulk: bool) -> None:
     acting.add_argument("--kind", metavar="GLOB", help="bulk: only kinds matching this glob")
     acting.add_argument("--since", type=parse_duration, metavar="DURATION",
                         help="bulk: only decisions younger than this (90s, 15m, 2h, 7d)")
-    acting.add_argument("--limit", type=positive_int, default=100,
-                        help="bulk: act on at most this many jobs (default 100)")
+    acting.add_argument("--limit", type=positive_int,
+                        help="bulk: act on at most this many jobs (default: every match)")
     acting.add_argument("--dry-run", action="store_true",
                         help="bulk: list the jobs it would act on, change nothing")
     acting.add_argument("--yes", action="store_true",

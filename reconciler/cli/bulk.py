@@ -3,8 +3,8 @@ the jobs whose latest decision matches the filters (the console's; each stands a
 each fenced and recorded on its own.
 
 It first says how many match, acts only with ``--yes`` or after a yes typed on a terminal,
-caps at ``--limit``, and ends with the counts applied and refused (exit 6 when any was
-refused). ``--dry-run`` lists them and changes nothing.
+on every match or at most ``--limit`` where one is given, and ends with the counts applied
+and refused (exit 6 when any was refused). ``--dry-run`` lists them and changes nothing.
 
 It acts a chunk at a time (``BULK_CHUNK`` jobs, a pass's batch), each chunk through the
 desk's ``act_on_chunk``: on a source that takes a batch, one transaction whose few
@@ -83,13 +83,14 @@ def bulk_action(args: argparse.Namespace, desk: OperatorDesk, action: OperatorAc
     """Run the bulk form (see the module's docstring); the exit code."""
     since = None if args.since is None else datetime.now(UTC) - timedelta(seconds=args.since)
     targets = desk.bulk_targets(action, reason=args.reason, kind=args.kind, since=since,
-                                limit=args.limit)
+                                limit=sys.maxsize if args.limit is None else args.limit)
     filters = ", ".join(
         ([f"latest decision {args.reason}"] if args.reason else [])
         + ([f"kind {args.kind}"] if args.kind else [])
-        + ([f"decided in the last {args.since:g} s"] if args.since is not None else []))
-    _say(args, f"{len(targets)} {desk.source} jobs match ({filters}; at most "
-               f"{args.limit}) and can be {PAST[action]} now")
+        + ([f"decided in the last {args.since:g} s"] if args.since is not None else [])
+        + ([f"at most {args.limit}"] if args.limit is not None else []))
+    _say(args, f"{len(targets)} {desk.source} jobs match ({filters}) and can be "
+               f"{PAST[action]} now")
     if args.dry_run or not targets or not _confirmed(args, action, len(targets)):
         if args.dry_run:
             for job_id in targets:

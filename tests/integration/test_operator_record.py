@@ -258,8 +258,7 @@ def test_a_job_changed_between_the_bulk_preview_and_the_act_is_refused_exit_6(
             bulk.wait()
     assert bulk.returncode == 6, err
     lines = out.splitlines()
-    assert lines[0] == f"3 native jobs match (latest decision {DIED}; at most 100) and can " \
-        "be retried now"
+    assert lines[0] == f"3 native jobs match (latest decision {DIED}) and can be retried now"
     assert f"job {jobs[1]}: retry refused (job_not_failed_or_cancelled)" in out
     assert lines[-1] == "retry: applied 2, refused 1"
     assert {job_row(engine, job)["job_status"] for job in jobs} == {"queued"}
