@@ -89,10 +89,15 @@ def make_orphans(client: JobClient, engine: Engine, count: int) -> dict[int, str
     session = client.store.register_session("doomed", socket.gethostname(), os.getpid())
     expected: dict[int, str] = {}
     for i in range(count):
-        # As a worker polls: on MariaDB a replica's pass that is reading the jobs can hold
-        # every queued row's lock for a moment, and the claim (SKIP LOCKED) finds none.
-        claim = wait_for(lambda: client.claim("doomed", lease_seconds=120, session_id=session),
-                         "a queued job to claim")
+        # As a worker does: its session heartbeats while it claims (a loaded machine can take
+        # longer than the replicas' session timeout over these claims, and a session they
+        # declared gone claims nothing), and it polls again when a replica's pass holds the
+        # queued rows' locks for a moment (MariaDB; the claim skips locked rows).
+        def claimed() -> Any:
+            assert client.store.heartbeat_session(session), "the doomed session ended early"
+            return client.claim("doomed", lease_seconds=120, session_id=session)
+
+        claim = wait_for(claimed, "a queued job to claim")
         if i % 3 == 0:
             claim.start_step(0)
             claim.finish_step(0)
