@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from reconciler.config.registry import integer_keyed
 from reconciler.core.evidence import parse_plan
-from reconciler.core.job_story import aware
+from reconciler.core.job_story import WILL_RUN, aware
 from reconciler.core.vocabulary import Disposition, Reason
 from reconciler.redaction import redact
 
@@ -164,8 +164,6 @@ LIST_ID_WIDTH = (3, 36)
 pg-boss UUID is 36 characters; a longer id overflows its column rather than being cut)."""
 LIST_KIND_WIDTH = (4, 40)
 """The KIND column's width, likewise; a longer kind is cut to fit."""
-_RESUMABLE = ("queued", "processing")
-"""Only a job that will run again has a step it resumes at."""
 
 
 def _width(values: list[str], header: str, bounds: tuple[int, int]) -> int:
@@ -212,7 +210,8 @@ def _budget_from(view: dict[str, Any]) -> str:
 
 
 def _resumes(view: dict[str, Any]) -> bool:
-    return view["resume_step_index"] is not None and view["status"] in _RESUMABLE
+    # Only a job that will run again has a step it resumes at.
+    return view["resume_step_index"] is not None and view["status"] in WILL_RUN
 
 
 def job_lines(view: dict[str, Any], source_kind: str) -> list[str]:

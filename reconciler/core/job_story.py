@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from reconciler.core.evidence import PlanStep
+from reconciler.core.policy import first_unfinished_step
 from reconciler.core.vocabulary import JobKey, JobStatus, StepState
 
 ENDED = frozenset({JobStatus.COMPLETED.value, JobStatus.FAILED.value,
@@ -103,10 +104,8 @@ def resume_step(status: str, plan: tuple[PlanStep, ...] | None,
         return None
     if own is not None:
         return own
-    if not plan:
-        return 0
-    return next((i for i in range(len(plan)) if states.get(i) != StepState.SUCCEEDED.value),
-                len(plan))
+    return first_unfinished_step(len(plan or ()), {
+        i for i, state in states.items() if state == StepState.SUCCEEDED.value})
 
 
 def aware(moment: datetime | None) -> datetime | None:
