@@ -22,7 +22,12 @@ import sys
 from datetime import UTC, datetime, timedelta
 from typing import TextIO
 
-from reconciler.core.operator_desk import BULK_CHUNK, ActionReport, OperatorDesk
+from reconciler.core.operator_desk import (
+    BULK_CHUNK,
+    ActionReport,
+    OperatorDesk,
+    act_in_chunks,
+)
 from reconciler.core.vocabulary import OperatorAction
 from reconciler.errors import ActionRefusedError
 from reconciler.views import printable
@@ -101,9 +106,7 @@ def bulk_action(args: argparse.Namespace, desk: OperatorDesk, action: OperatorAc
         return 0
     reports: list[ActionReport] = []
     progress = Progress(len(targets), sys.stderr)
-    for start in range(0, len(targets), BULK_CHUNK):
-        chunk = desk.act_on_chunk(action, targets[start:start + BULK_CHUNK], actor=actor,
-                                  note=args.note)
+    for chunk in act_in_chunks(desk, action, targets, actor=actor, note=args.note):
         reports += chunk
         progress.clear()
         for report in chunk:

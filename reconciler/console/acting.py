@@ -23,7 +23,7 @@ from reconciler.console.params import (
     parse_decision_query,
 )
 from reconciler.console.port import ConsoleReads
-from reconciler.core.operator_desk import BULK_CHUNK, OperatorDesk
+from reconciler.core.operator_desk import OperatorDesk, act_in_chunks
 from reconciler.core.vocabulary import OperatorAction
 
 log = logging.getLogger("reconciler.console")
@@ -92,11 +92,9 @@ class Acting:
         confirmed, as_of = _count(form), _instant(form)
         targets = self._matching(action, query, as_of)[:confirmed]
         applied = refused = 0
-        for start in range(0, len(targets), BULK_CHUNK):
-            for report in self.desk.act_on_chunk(action, targets[start:start + BULK_CHUNK],
-                                                 actor=actor, note=note):
-                applied += report.applied
-                refused += not report.applied
+        for chunk in act_in_chunks(self.desk, action, targets, actor=actor, note=note):
+            applied += sum(report.applied for report in chunk)
+            refused += sum(not report.applied for report in chunk)
         refused += confirmed - len(targets)
         log.info("event=console_bulk actor=%s action=%s source=%s confirmed=%d applied=%d "
                  "refused=%d", actor, action, self.desk.source, confirmed, applied, refused)

@@ -5,7 +5,7 @@ port; the composition root builds it over the configured source."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
@@ -63,3 +63,12 @@ class OperatorDesk(Protocol):
         """The jobs whose latest decision matches the filters (made since ``since`` and no
         later than ``until``) and whose state allows ``action`` now, newest decision
         first, at most ``limit``."""
+
+
+def act_in_chunks(desk: OperatorDesk, action: OperatorAction, job_ids: Sequence[str], *,
+                  actor: str, note: str | None) -> Iterator[list[ActionReport]]:
+    """``action`` on every one of ``job_ids``, a chunk (``BULK_CHUNK``) at a time through
+    the desk's ``act_on_chunk``; each chunk's reports as it is done (a bulk's progress)."""
+    for start in range(0, len(job_ids), BULK_CHUNK):
+        yield desk.act_on_chunk(action, job_ids[start:start + BULK_CHUNK], actor=actor,
+                                note=note)

@@ -9,7 +9,7 @@ records the action (applied or refused) beside it.
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 
 import sqlalchemy as sa
@@ -77,12 +77,20 @@ class RecordedDesk:
         ``action`` now, newest decision first, at most ``limit``."""
         keys = self._matching(reason=reason, kind=kind, since=since, until=until)
         targets: list[str] = []
-        for key in keys:
-            if len(targets) >= limit:
-                break
-            if action in self.allowed(key):
-                targets.append(key)
+        for start in range(0, len(keys), STATE_READ_CHUNK):
+            for key, allowed in self._allowed_among(keys[start:start + STATE_READ_CHUNK]):
+                if len(targets) >= limit:
+                    return targets
+                if action in allowed:
+                    targets.append(key)
         return targets
+
+    def _allowed_among(self, keys: Sequence[str]
+                       ) -> Iterable[tuple[str, frozenset[OperatorAction]]]:
+        """What each of these jobs' states allows now (a job that no longer exists is left
+        out): here each job read on its own, lazily, so a bulk capped by its limit reads
+        no more than it needs; a desk that reads many jobs at once says so."""
+        return ((key, self.allowed(key)) for key in keys)
 
     def _matching(self, *, reason: str | None, kind: str | None, since: datetime | None,
                   until: datetime | None) -> list[str]:
@@ -134,25 +142,17 @@ class NativeDesk(RecordedDesk):
         state = self._state(job_id)
         return frozenset() if state is None else allowed_now(*state)
 
-    def bulk_targets(self, action: OperatorAction, *, reason: str | None, kind: str | None,
-                     since: datetime | None, limit: int, until: datetime | None = None
-                     ) -> list[str]:
-        """As every desk's, the jobs' states read a chunk at a time, not one by one."""
-        keys = [k for k in self._matching(reason=reason, kind=kind, since=since, until=until)
-                if k.isascii() and k.isdigit()]
-        targets: list[str] = []
-        for start in range(0, len(keys), STATE_READ_CHUNK):
-            chunk = keys[start:start + STATE_READ_CHUNK]
-            with self._engine.connect() as conn:
-                states = {str(r.job_id): (JobStatus(r.job_status), bool(r.operator_hold))
-                          for r in read_only(conn).execute(
-                              sa.select(jobs.c.job_id, jobs.c.job_status, jobs.c.operator_hold)
-                              .where(jobs.c.job_id.in_([int(k) for k in chunk])))}
-                conn.rollback()
-            targets += [k for k in chunk if k in states and action in allowed_now(*states[k])]
-            if len(targets) >= limit:
-                return targets[:limit]
-        return targets
+    def _allowed_among(self, keys: Sequence[str]
+                       ) -> Iterable[tuple[str, frozenset[OperatorAction]]]:
+        """The chunk's job states in one read."""
+        numeric = [int(k) for k in keys if k.isascii() and k.isdigit()]
+        with self._engine.connect() as conn:
+            states = {str(r.job_id): (JobStatus(r.job_status), bool(r.operator_hold))
+                      for r in read_only(conn).execute(
+                          sa.select(jobs.c.job_id, jobs.c.job_status, jobs.c.operator_hold)
+                          .where(jobs.c.job_id.in_(numeric)))}
+            conn.rollback()
+        return [(k, allowed_now(*states[k])) for k in keys if k in states]
 
     def act_on_chunk(self, action: OperatorAction, job_ids: Sequence[str], *, actor: str,
                      note: str | None) -> list[ActionReport]:

@@ -10,9 +10,8 @@ a pass leaves the job undecided), the record, and the count.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
 import sqlalchemy as sa
@@ -22,7 +21,7 @@ from reconciler.core.kinds import KindRules
 from reconciler.core.operator_desk import ActionCounter, ActionReport, not_counted
 from reconciler.core.policy import Refusal, operator_change
 from reconciler.core.vocabulary import JobKey, JobStatus, OperatorAction
-from reconciler.storage.desks import STATE_READ_CHUNK, RecordedDesk, allowed_now, refused_line
+from reconciler.storage.desks import RecordedDesk, allowed_now, refused_line
 from reconciler.storage.engines import read_only
 from reconciler.storage.operator_record import (
     ActionRecord,
@@ -241,31 +240,22 @@ class ForeignDesk(RecordedDesk):
             restart_attempts(conn, self.source, [key])
         return None, after, held
 
-    def bulk_targets(self, action: OperatorAction, *, reason: str | None, kind: str | None,
-                     since: datetime | None, limit: int, until: datetime | None = None
-                     ) -> list[str]:
-        """As every desk's; where the system reads a batch, the candidates' states a
-        thousand at a time, unlocked, not one by one."""
-        keys = self._matching(reason=reason, kind=kind, since=since, until=until)
-        targets: list[str] = []
-        for start in range(0, len(keys), STATE_READ_CHUNK):
-            chunk = keys[start:start + STATE_READ_CHUNK]
-            parsed = {job_id: key for job_id in chunk if (key := self._key(job_id)) is not None}
-            with self._engine.connect() as conn:
-                reading = read_only(conn)
-                system = self._open(reading, self._config, self._kinds)
-                if not isinstance(system, BatchActions):
-                    conn.rollback()
-                    return super().bulk_targets(action, reason=reason, kind=kind,
-                                                since=since, limit=limit, until=until)
-                found = system.read_many(list(parsed.values()), lock=False)
-                held = held_among(reading, self.source, list(found))
+    def _allowed_among(self, keys: Sequence[str]
+                       ) -> Iterable[tuple[str, frozenset[OperatorAction]]]:
+        """Where the system reads a batch, the chunk's jobs and holds in one read each,
+        unlocked; else each job on its own."""
+        parsed = {job_id: key for job_id in keys if (key := self._key(job_id)) is not None}
+        with self._engine.connect() as conn:
+            reading = read_only(conn)
+            system = self._open(reading, self._config, self._kinds)
+            if not isinstance(system, BatchActions):
                 conn.rollback()
-            targets += [job_id for job_id, key in parsed.items() if key in found
-                        and action in _allowed_for(found[key], held=str(key) in held)]
-            if len(targets) >= limit:
-                return targets[:limit]
-        return targets
+                return super()._allowed_among(keys)
+            found = system.read_many(list(parsed.values()), lock=False)
+            held = held_among(reading, self.source, list(found))
+            conn.rollback()
+        return [(job_id, _allowed_for(found[key], held=str(key) in held))
+                for job_id, key in parsed.items() if key in found]
 
     def act_on_chunk(self, action: OperatorAction, job_ids: Sequence[str], *, actor: str,
                      note: str | None) -> list[ActionReport]:
