@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from reconciler.core.job_story import JobDetail
+from reconciler.core.job_story import JobDetail, budget_from
 from reconciler.core.kinds import KIND_KEYS, KindRules
 from reconciler.core.passes import Explained
 from reconciler.views import verdict_view
@@ -38,7 +38,7 @@ def explain_view(explained: Explained, kinds: KindRules, job: JobDetail | None =
         "crash_loop_after": change.thresholds.crash_loop_after,
         "reconcile": policy.reconcile,
     }
-    budget_from = kinds.set_by(kind)["max_attempts"]
+    set_by = kinds.set_by(kind)
     return {
         "job_id": change.decision.job_id,
         "kind": kind,
@@ -48,9 +48,8 @@ def explain_view(explained: Explained, kinds: KindRules, job: JobDetail | None =
         "never_reclaimed": reconciled and verdict["never_reclaimed"],
         "max_attempts": verdict["evidence"].get("max_attempts", policy.max_attempts),
         "max_attempts_from": job.max_attempts_from if job is not None
-        else "default" if budget_from is None else f'[kinds."{budget_from}"]',
-        "kind_rules": {"matched": kinds.matching(kind), **values,
-                       "set_by": kinds.set_by(kind)},
+        else budget_from(None, set_by["max_attempts"]),
+        "kind_rules": {"matched": kinds.matching(kind), **values, "set_by": set_by},
         "liveness_unknown": verdict["liveness_unknown"],
         "evidence": verdict["evidence"],
     }
