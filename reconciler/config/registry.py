@@ -278,6 +278,15 @@ REGISTRY: tuple[SourceEntry, ...] = (
                 capabilities=Capabilities(heartbeat=True, error_field=True,
                                           actions=frozenset(OperatorAction)),
                 extra="rq", imports=("rq", "redis")),
+    # Liveness is each worker process's heartbeat in Redis, timed on Redis's clock; which
+    # fetched message started is the app's middleware's mark; our reason is the dead
+    # letter's options and the failed result. The reconciler's tables stay on any engine.
+    SourceEntry(kind="dramatiq", config="reconciler.sources.dramatiq:DramatiqConfig",
+                source="reconciler.sources.dramatiq:DECLARATION", job_key="text",
+                engines=EVERY_ENGINE,
+                capabilities=Capabilities(heartbeat=True, error_field=True,
+                                          actions=frozenset()),
+                extra="dramatiq", imports=("redis",)),
 )
 
 SOURCES: dict[str, SourceEntry] = {entry.kind: entry for entry in REGISTRY}

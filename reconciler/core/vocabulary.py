@@ -131,6 +131,9 @@ class LivenessDoubt(StrEnum):
     QUEUES_MISSING = "queues_missing"
     """The broker holds none of the app's queues: not the app's broker (a wrong URL or
     database number)."""
+    MIDDLEWARE_MISSING = "middleware_missing"
+    """A gone worker held messages, and its app runs without the reconciler's middleware
+    (Dramatiq): a message it started cannot be told from one it only prefetched."""
 
 
 class StuckReason(StrEnum):

@@ -37,12 +37,15 @@ ADAPTERS = ("reconciler.storage", "reconciler.sources", "models")
 COMPOSITION_ROOT = ("reconciler.root",)
 # The demos run real systems' workers and assemble their process as the root does.
 DEMOS = ("reconciler.demos",)
+# What an app adds to its own workers (Dramatiq's middleware): it writes in its source's
+# layout, which it imports from the source's keys.
+INTEGRATIONS = ("reconciler.integrations",)
 # Who may import an adapter: the adapters themselves, the demos and the root. The source
 # registry (``reconciler.config.registry``) is no exception: it names each source by where
 # it lives and imports none.
-MAY_IMPORT_ADAPTERS = (*ADAPTERS, *DEMOS, *COMPOSITION_ROOT)
+MAY_IMPORT_ADAPTERS = (*ADAPTERS, *DEMOS, *COMPOSITION_ROOT, *INTEGRATIONS)
 # Database drivers, the ORM and the brokers' clients: only where adapters may be imported.
-DRIVERS = ("sqlalchemy", "psycopg", "redis", "kombu", "celery", "django")
+DRIVERS = ("sqlalchemy", "psycopg", "redis", "kombu", "celery", "django", "dramatiq")
 # The entry points, the only importers of the root besides the root itself:
 # - the command line's commands (``cli.main`` imports them once the arguments parse; the
 #   ``kinds`` command is a module of its own);

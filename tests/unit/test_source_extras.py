@@ -27,7 +27,8 @@ SYSTEM_PACKAGES = ("celery", "kombu", "billiard", "redis", "rq", "django", "djan
                    "django_tasks_db", "django_celery_results", "procrastinate")
 # A config of each such source, as a team writes it (the keys it requires).
 CONFIGS = {"celery": 'broker_url = "redis://127.0.0.1:6379/0"\n',
-           "rq": 'redis_url = "redis://127.0.0.1:6379/0"\n'}
+           "rq": 'redis_url = "redis://127.0.0.1:6379/0"\n',
+           "dramatiq": 'redis_url = "redis://127.0.0.1:6379/0"\n'}
 # Hides the packages named by the first argument, then runs ``reconciler`` on the rest.
 HIDING = ("import sys\n"
           "for name in sys.argv[1].split(','):\n"

@@ -23,6 +23,7 @@ REQUIRED = {
              'processing = "running"\nqueued = "queued"\nfailed = "failed"\n',
     "celery": 'broker_url = "redis://r:6379/0"\n',
     "rq": 'redis_url = "redis://r:6379/0"\n',
+    "dramatiq": 'redis_url = "redis://r:6379/0"\n',
 }
 HEAVY = ("sqlalchemy", "psycopg", "pydantic", "pydantic_settings", "alembic", "models",
          "reconciler.storage", "reconciler.sources", "reconciler.root")

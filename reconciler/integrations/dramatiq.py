@@ -1,0 +1,164 @@
+"""``ReconcilerMiddleware``: what a Dramatiq app adds to its broker so that the
+reconciler's ``dramatiq`` source can tell a message its dead worker started from one it
+only prefetched (Redis alone cannot: both sit in the worker's acks set)::
+
+    from reconciler.integrations.dramatiq import ReconcilerMiddleware
+    broker.add_middleware(ReconcilerMiddleware())
+
+It writes only to the app's own Redis, through the broker's own client (no connection of
+its own), under the broker's namespace (``reconciler.sources.dramatiq.keys``): as a worker
+process boots, its broker id and Dramatiq version; as a message runs, a mark (started, then
+finished), removed once the message is acknowledged. A mark that cannot be written fails
+the message's run before its actor starts (Dramatiq then retries it as any failure): a run
+the reconciler cannot see is never let through. Add it last, so that its mark is written
+after every other middleware has let the message through.
+
+Imports only Dramatiq and the standard library, with ``reconciler.sources.dramatiq.keys``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import dramatiq
+from dramatiq.middleware import Middleware, MiddlewareError, Retries
+from dramatiq.results import Results
+
+from reconciler.sources.dramatiq.keys import MIDDLEWARE_VERSION, Keys, Mark
+
+log = logging.getLogger("reconciler.integrations.dramatiq")
+
+__all__ = ["MarkNotWrittenError", "ReconcilerMiddleware"]
+
+
+class MarkNotWrittenError(MiddlewareError):
+    """The started mark could not be written: the message fails this run unstarted."""
+
+
+class ReconcilerMiddleware(Middleware):
+    """Marks each message a worker runs (started, finished) in the broker's Redis."""
+
+    def before_worker_boot(self, broker: Any, worker: Any) -> None:
+        """The worker process's broker id, as one that marks its messages (again with
+        each started mark, which a message may reach before its worker finished booting)."""
+        found = _redis(broker)
+        if found is None:
+            log.warning("ReconcilerMiddleware needs a RedisBroker; it marks nothing")
+            return
+        client, keys = found
+        client.hset(keys.workers, broker.broker_id, _registration())
+
+    def before_process_message(self, broker: Any, message: Any) -> None:
+        """Started: from here the actor may have had effects."""
+        self._mark(broker, message, finished=False)
+
+    def after_process_message(self, broker: Any, message: Any, *, result: Any = None,
+                              exception: BaseException | None = None) -> None:
+        """Finished (succeeded or failed: Dramatiq's own middleware handles which)."""
+        self._mark(broker, message, finished=True)
+
+    def after_skip_message(self, broker: Any, message: Any) -> None:
+        """Skipped counts as finished: the actor did not run past this point."""
+        self._mark(broker, message, finished=True)
+
+    def after_ack(self, broker: Any, message: Any) -> None:
+        self._forget(broker, message)
+
+    def after_nack(self, broker: Any, message: Any) -> None:
+        self._forget(broker, message)
+
+    def _mark(self, broker: Any, message: Any, *, finished: bool) -> None:
+        found = _redis(broker)
+        redis_id = message.options.get("redis_message_id")
+        if found is None or redis_id is None:
+            return
+        client, keys = found
+        result_key, ttl = _result_target(broker, message)
+        mark = Mark(broker.broker_id, finished, _max_retries(broker, message), result_key, ttl)
+        try:
+            with client.pipeline(transaction=False) as pipe:
+                if not finished:
+                    pipe.hsetnx(keys.workers, broker.broker_id, _registration())
+                pipe.hset(keys.marks, redis_id, mark.encode())
+                pipe.execute()
+        except Exception as error:
+            if finished:
+                # Its effects are done: the started mark stays, and a worker dying before
+                # its acknowledgement is then judged as one that died while running it.
+                log.warning("could not mark message %s finished: %s", message.message_id,
+                            type(error).__name__)
+                return
+            raise MarkNotWrittenError(f"could not mark message {message.message_id} started: "
+                                 f"{type(error).__name__}") from error
+
+    def _forget(self, broker: Any, message: Any) -> None:
+        found = _redis(broker)
+        redis_id = message.options.get("redis_message_id")
+        if found is None or redis_id is None:
+            return
+        client, keys = found
+        try:
+            client.hdel(keys.marks, redis_id)
+        except Exception as error:  # a leftover mark of an acknowledged message is inert
+            log.warning("could not clear the mark of message %s: %s", message.message_id,
+                        type(error).__name__)
+
+
+def _registration() -> str:
+    return json.dumps({"v": MIDDLEWARE_VERSION, "version": dramatiq.__version__})
+
+
+def _redis(broker: Any) -> tuple[Any, Keys] | None:
+    """The broker's Redis client and keys (None: not a RedisBroker)."""
+    client, namespace = getattr(broker, "client", None), getattr(broker, "namespace", None)
+    if client is None or not isinstance(namespace, str) or not hasattr(broker, "broker_id"):
+        return None
+    return client, Keys(namespace)
+
+
+def _option(broker: Any, message: Any, name: str, default: Any) -> Any:
+    """A message option, else its actor's, else ``default`` (as Dramatiq reads them)."""
+    if name in message.options:
+        return message.options[name]
+    actor = broker.get_actor(message.actor_name)
+    return actor.options.get(name, default)
+
+
+def _max_retries(broker: Any, message: Any) -> int | None:
+    """The retries the message is allowed, as the Retries middleware reads them (None:
+    no Retries, or a ``retry_when`` that decides by itself)."""
+    for middleware in broker.middleware:
+        if isinstance(middleware, Retries):
+            if _option(broker, message, "retry_when", middleware.retry_when) is not None:
+                return None
+            found = _option(broker, message, "max_retries", middleware.max_retries)
+            return found if isinstance(found, int) and found >= 0 else None
+    return None
+
+
+def _result_target(broker: Any, message: Any) -> tuple[str | None, int | None]:
+    """Where the Results middleware stores this message's result, when it does and on the
+    broker's own Redis in JSON (so the reconciler can store a failure there); else None."""
+    for middleware in broker.middleware:
+        if not isinstance(middleware, Results):
+            continue
+        if not _option(broker, message, "store_results", middleware.store_results):
+            return None, None
+        backend = middleware.backend
+        if not _same_redis(getattr(backend, "client", None), broker.client) or not isinstance(
+                backend.encoder, dramatiq.JSONEncoder):
+            return None, None
+        ttl = _option(broker, message, "result_ttl", middleware.result_ttl)
+        return backend.build_message_key(message), int(ttl)
+    return None, None
+
+
+def _same_redis(one: Any, other: Any) -> bool:
+    try:
+        a, b = (c.connection_pool.connection_kwargs for c in (one, other))
+    except AttributeError:
+        return False
+    fields = ("host", "port", "db", "path")
+    return all(a.get(f) == b.get(f) for f in fields)

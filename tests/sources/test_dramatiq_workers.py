@@ -1,0 +1,195 @@
+"""Real ``dramatiq`` worker processes over a real Redis, SIGKILLed mid-message, recovered
+by the dramatiq source with the reconciler's own tables on SQLite and PostgreSQL.
+
+A killed worker's heartbeat stands still from its death, and each pass times it on
+Redis's clock: the source decides once it has seen it still for the session timeout (2 s
+here), so every test passes until the decision it waits for is recorded
+(``reconcile_until``). Dramatiq's own maintenance would put the message back 60 s after the
+worker's last heartbeat (its default ``heartbeat_timeout``), later than any of these.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from reconciler.core.kinds import KindRule, KindRules
+from reconciler.core.vocabulary import Disposition, EffectKind, LivenessDoubt, Reason
+from reconciler.root.cli import assemble_cli
+from tests.sources.dramatiq_support import (
+    DramatiqProject,
+    dramatiq_project,
+    reconcile_until,
+    sigkill,
+    start_worker,
+    wait_started,
+)
+from tests.sources.support import (
+    Markers,
+    Outcome,
+    Processes,
+    by_job,
+    config_for,
+    reconcile_once,
+    wait_until,
+)
+
+__all__ = ["dramatiq_project"]
+
+KINDS = KindRules([KindRule("idem_*", effect=EffectKind.IDEMPOTENT)],
+                  stale_after_seconds=0.5, wedged_after_seconds=3600.0, max_attempts=3,
+                  crash_loop_after=2)
+
+
+@pytest.fixture
+def markers(tmp_path: Path) -> Markers:
+    return Markers(tmp_path / "markers")
+
+
+def decided(message_id: str) -> object:
+    """A ``reconcile_until`` condition: the message decided (not skipped)."""
+    def check(outcomes: Sequence[Outcome]) -> bool:
+        found = by_job(outcomes).get(message_id)
+        return found is not None and found.disposition is not Disposition.SKIP
+    return check
+
+
+class TestKilledWorker:
+    def test_idempotent_message_is_resumed_and_finished_by_a_new_worker(
+            self, dramatiq_project: DramatiqProject, processes: Processes,
+            markers: Markers) -> None:
+        message = dramatiq_project.send("idem_work", hang=[3600, 0])
+        first = start_worker(processes, dramatiq_project, markers, "worker-a")
+        wait_started(markers, message.message_id, first)
+        sigkill(first)
+        outcomes = reconcile_until(dramatiq_project, KINDS, decided(message.message_id),
+                                   "the killed worker's message to be decided")
+        outcome = by_job(outcomes)[message.message_id]
+        assert (outcome.disposition, outcome.reason) == (Disposition.RESUME,
+                                                         Reason.RESUMED_IDEMPOTENT_STEP)
+        [stored] = dramatiq_project.messages().values()
+        assert stored["options"]["retries"] == 1  # a resume counts, as a failure would
+        second = start_worker(processes, dramatiq_project, markers, "worker-b")
+        assert message.get_result(block=True, timeout=60_000) == "done on attempt 2"
+        assert markers.of(message.message_id) == {"started-1", "started-2", "done-2"}
+        del second
+
+    def test_effectful_message_is_dead_lettered_with_our_reason_and_its_result_raises(
+            self, dramatiq_project: DramatiqProject, processes: Processes,
+            markers: Markers) -> None:
+        from dramatiq.results import ResultFailure  # noqa: PLC0415
+
+        message = dramatiq_project.send("effect_work")
+        first = start_worker(processes, dramatiq_project, markers, "worker-a")
+        wait_started(markers, message.message_id, first)
+        sigkill(first)
+        outcomes = reconcile_until(dramatiq_project, KINDS, decided(message.message_id),
+                                   "the killed worker's message to be decided")
+        outcome = by_job(outcomes)[message.message_id]
+        assert (outcome.disposition, outcome.reason) == (Disposition.TERMINALIZE,
+                                                         Reason.WORKER_DIED_MID_STEP)
+        [dead] = dramatiq_project.dead_lettered().values()
+        assert dead["message_id"] == message.message_id
+        assert dead["options"]["reconciler_reason"] == "worker_died_mid_step"
+        assert dramatiq_project.messages() == {}
+        with pytest.raises(ResultFailure, match="worker_died_mid_step"):
+            message.get_result(block=True, timeout=1_000)
+        # A new worker runs what comes after it, never it again.
+        start_worker(processes, dramatiq_project, markers, "worker-b")
+        after = dramatiq_project.send("idem_work", hang=[0])
+        assert after.get_result(block=True, timeout=60_000) == "done on attempt 1"
+        assert markers.of(message.message_id) == {"started-1"}
+
+    def test_a_prefetched_message_that_never_started_is_put_back_and_runs_once(
+            self, dramatiq_project: DramatiqProject, processes: Processes,
+            markers: Markers) -> None:
+        """One thread, a prefetch of two: the second message waits in the worker's acks
+        set, fetched and never started, when the worker dies; effectful, it still goes
+        back as it was and runs once."""
+        running = dramatiq_project.send("effect_work")
+        waiting = dramatiq_project.send("effect_work", hang=[0])
+        first = start_worker(processes, dramatiq_project, markers, "worker-a", threads=1,
+                             prefetch=2)
+        wait_started(markers, running.message_id, first)
+        wait_until(lambda: dramatiq_project.queued() == [], "the second to be prefetched")
+        sigkill(first)
+        outcomes = reconcile_until(dramatiq_project, KINDS, decided(waiting.message_id),
+                                   "the prefetched message to be decided")
+        put_back = by_job(outcomes)[waiting.message_id]
+        assert (put_back.disposition, put_back.reason) == (
+            Disposition.RESUME, Reason.RESUMED_FROM_UNSTARTED_STEP)
+        assert by_job(outcomes)[running.message_id].reason is Reason.WORKER_DIED_MID_STEP
+        [stored] = dramatiq_project.messages().values()
+        assert stored["options"].get("retries", 0) == 0  # it never ran: nothing counted
+        start_worker(processes, dramatiq_project, markers, "worker-b")
+        assert waiting.get_result(block=True, timeout=60_000) == "done on attempt 1"
+        assert markers.of(waiting.message_id) == {"started-1", "done-1"}
+
+    def test_a_poison_message_ends_crash_loop_after_killing_two_workers(
+            self, dramatiq_project: DramatiqProject, processes: Processes,
+            markers: Markers) -> None:
+        message = dramatiq_project.send("idem_poison")
+        for attempt, name in ((1, "worker-a"), (2, "worker-b")):
+            worker = start_worker(processes, dramatiq_project, markers, name)
+            wait_started(markers, message.message_id, worker, attempt=attempt)
+            sigkill(worker)  # what is left of it: the message killed its worker process
+            outcomes = reconcile_until(dramatiq_project, KINDS, decided(message.message_id),
+                                       f"the message to be decided after kill {attempt}")
+        outcome = by_job(outcomes)[message.message_id]
+        assert (outcome.disposition, outcome.reason) == (Disposition.TERMINALIZE,
+                                                         Reason.CRASH_LOOP)
+        [dead] = dramatiq_project.dead_lettered().values()
+        assert dead["options"]["reconciler_reason"] == "crash_loop"
+        assert markers.of(message.message_id) == {"started-1", "started-2"}
+
+
+class TestLiveWorker:
+    def test_a_long_message_with_its_prefetch_full_is_left_alone(
+            self, dramatiq_project: DramatiqProject, processes: Processes,
+            markers: Markers) -> None:
+        """One thread on a long message and its prefetch full: the worker still sends
+        commands (its delay queue's polls), so passes over many session timeouts decide
+        nothing."""
+        running = dramatiq_project.send("effect_work", hang=[3600])
+        dramatiq_project.send("effect_work", hang=[0])
+        worker = start_worker(processes, dramatiq_project, markers, "worker-a", threads=1,
+                              prefetch=2)
+        wait_started(markers, running.message_id, worker)
+        wait_until(lambda: dramatiq_project.queued() == [], "the second to be prefetched")
+        redis = dramatiq_project.redis()
+        start = float(redis.time()[0])
+        passes = 0
+        while float(redis.time()[0]) - start < 5 * 2.0:  # five session timeouts, on Redis
+            assert [o for o in reconcile_once(dramatiq_project.engine,
+                                          dramatiq_project.config(), KINDS)
+                if o.disposition is not Disposition.SKIP] == []
+            passes += 1
+        assert passes >= 2
+        assert worker.alive()
+
+
+class TestWithoutTheMiddleware:
+    def test_nothing_is_decided_and_the_pass_says_why_in_one_line(
+            self, dramatiq_project: DramatiqProject, processes: Processes,
+            markers: Markers) -> None:
+        message = dramatiq_project.send("effect_work")
+        worker = start_worker(processes, dramatiq_project, markers, "worker-a",
+                              middleware=False)
+        wait_started(markers, message.message_id, worker)
+        sigkill(worker)
+        config = config_for(dramatiq_project.engine, dramatiq_project.config(), KINDS)
+        passes = assemble_cli(config, engine=dramatiq_project.engine).passes
+
+        def doubted() -> bool:
+            from reconciler.config.loader import pass_config  # noqa: PLC0415
+            from reconciler.core.passes import run_pass  # noqa: PLC0415
+
+            report = run_pass(passes, pass_config(config.settings, "t", KINDS))
+            assert report.decisions == ()
+            unknown = report.liveness
+            return unknown is not None and unknown.code is LivenessDoubt.MIDDLEWARE_MISSING
+
+        wait_until(doubted, "the pass to doubt the gone worker's messages")
+        assert len(dramatiq_project.messages()) == 1  # left where Dramatiq keeps it
