@@ -18,6 +18,7 @@ import pytest
 from reconciler.config.registry import entry_for
 from tests.conformance.celery import CELERY, CELERY_DJANGO
 from tests.conformance.django_tasks import DJANGO_TASKS
+from tests.conformance.dramatiq import DRAMATIQ
 from tests.conformance.fixtures import RegisteredSource, SourceFixture
 from tests.conformance.native import NATIVE
 from tests.conformance.rq import RQ
@@ -54,7 +55,8 @@ from tests.sources.django_tasks_support import (  # noqa: F401 - fixtures, found
 )
 
 SOURCES: tuple[RegisteredSource, ...] = (NATIVE, TABLE, PROCRASTINATE, GRAPHILE_WORKER,
-                                         PG_BOSS, DJANGO_TASKS, CELERY, CELERY_DJANGO, RQ)
+                                         PG_BOSS, DJANGO_TASKS, CELERY, CELERY_DJANGO, RQ,
+                                         DRAMATIQ)
 
 
 DIALECTS = {"mariadb": "mysql"}

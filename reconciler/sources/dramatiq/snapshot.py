@@ -62,6 +62,7 @@ FETCHED = sa.Table(
     sa.Column("finished", sa.Boolean(), nullable=False),
     sa.Column("retries", sa.Integer(), nullable=False),
     sa.Column("max_retries", sa.Integer()),
+    sa.Column("heartbeat", sa.Double(), nullable=False),
     sa.Column("silent_over", sa.Double(), nullable=False),
     sa.Column("enqueued_ms", sa.BigInteger()),
     prefixes=["TEMPORARY"], postgresql_on_commit="DELETE ROWS",
@@ -69,7 +70,8 @@ FETCHED = sa.Table(
 """One row per fetched message loaded this transaction: ``job_id`` is Dramatiq's
 ``message_id`` (the same across its retries), ``redis_id`` its id in Redis, ``queue`` the
 queue of the acks set holding it, ``mark`` the middleware's mark as read ('' none),
-``silent_over`` the seconds its worker's heartbeat has been still past
+``heartbeat`` its worker's heartbeat as read (the fence repeats it: a worker that was only
+slow moves it), ``silent_over`` the seconds that heartbeat has been still past
 ``session_timeout_seconds`` (negative before)."""
 
 _COLUMNS = [c.name for c in FETCHED.columns]
@@ -175,8 +177,10 @@ class DramatiqLiveness:
 
     def judge(self, conn: Connection, kinds: KindRules, *, every: bool,
               silent: Silent | None) -> Snapshot:
-        """Redis read once and loaded into ``FETCHED`` (``load``)."""
-        return self.load(conn, every=every)
+        """Redis read once and loaded into ``FETCHED`` (``load``): every worker's messages
+        where the wedged scan runs (``silent``: live ones may be wedged), else the gone
+        workers' only."""
+        return self.load(conn, every=every or silent is not None)
 
     def loaded(self, verdict: Snapshot) -> Loaded:
         return verdict.loaded
@@ -187,9 +191,9 @@ class DramatiqLiveness:
         import redis  # noqa: PLC0415 - only the dramatiq source needs it
 
         try:
-            rows, doubt = self._read(every=every)
+            rows, live, doubt = self._read(every=every)
         except redis.RedisError:
-            rows, doubt = [], LivenessDoubt.BROKER_UNREACHABLE
+            rows, live, doubt = [], 0, LivenessDoubt.BROKER_UNREACHABLE
         if rows or every:
             _create(conn)
             conn.execute(FETCHED.delete())
@@ -197,9 +201,18 @@ class DramatiqLiveness:
             conn.exec_driver_sql(_SQLITE_LOAD, [tuple(r[c] for c in _COLUMNS) for r in rows])
         elif rows:
             conn.execute(_LOAD[conn.dialect.name], {"fetched_rows": encode_rows(rows)})
-        return Snapshot(doubt, Loaded(len(rows), every=every))
+        return Snapshot(doubt, Loaded(len(rows), live, every=every))
 
-    def _read(self, *, every: bool) -> tuple[list[dict[str, Any]], LivenessDoubt | None]:
+    def _read(self, *, every: bool) -> tuple[list[dict[str, Any]], int, LivenessDoubt | None]:
+        """The rows to load; the started messages of live workers, counted for the brake
+        (every mark, less those loaded); why Redis is not trusted."""
+        rows, doubt = self._rows(every=every)
+        if doubt is not None:
+            return [], 0, doubt
+        marked = sum(1 for row in rows if row["mark"])
+        return rows, 0 if every else max(self.client().hlen(self.keys.marks) - marked, 0), None
+
+    def _rows(self, *, every: bool) -> tuple[list[dict[str, Any]], LivenessDoubt | None]:
         client, keys = self.client(), self.keys
         beats = Beats.read(client, keys)
         if not beats.values:
@@ -249,6 +262,7 @@ class DramatiqLiveness:
                 "retries": message.retries,
                 "max_retries": (mark.max_retries if mark is not None
                                 and mark.max_retries is not None else message.max_retries),
+                "heartbeat": beats.values.get(broker_id, 0.0),
                 "silent_over": beats.silence.get(broker_id, 0.0) - timeout,
                 "enqueued_ms": message.enqueued_ms,
             }

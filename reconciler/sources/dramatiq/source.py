@@ -28,9 +28,10 @@ from sqlalchemy.engine import Connection
 from reconciler.core.evidence import PlanStep, StepFacts
 from reconciler.core.kinds import KindPolicy
 from reconciler.core.ports import Candidate, Fence
-from reconciler.core.vocabulary import Disposition, JobStatus, StepState
+from reconciler.core.vocabulary import Disposition, StepState
 from reconciler.sources.dramatiq import writes
 from reconciler.sources.dramatiq.config import DramatiqConfig
+from reconciler.sources.dramatiq.listing import STATUS_WORDS, DramatiqListing
 from reconciler.sources.dramatiq.snapshot import (
     FETCHED,
     UNREADABLE_MESSAGE,
@@ -42,11 +43,6 @@ from reconciler.sources.kit.batches import Batch, fence_of
 from reconciler.sources.kit.declaration import Declaration
 from reconciler.sources.kit.shapes import Shape, candidate
 from reconciler.sources.kit.system import Changed, Policies, Scope, System
-
-STATUS_WORDS = {"started": JobStatus.PROCESSING, "finished": JobStatus.PROCESSING,
-                "fetched": JobStatus.QUEUED}
-"""A fetched message as the listing names it: started (marked), finished (marked, not yet
-acknowledged) or only fetched (prefetched, never started)."""
 
 
 def _judged(scope: Scope) -> Snapshot:
@@ -68,6 +64,7 @@ class DramatiqSql:
         return sa.select(
             t.job_id.label("job_id"), t.job_kind.label("job_kind"), t.unreadable, t.queue,
             t.redis_id, t.broker_id, t.data_sha1, t.mark, t.started, t.finished, t.retries,
+            t.heartbeat,
             t.max_retries, t.silent_over.label("lease_expired_seconds"))
 
     def expired(self, scope: Scope, policies: Policies) -> sa.ColumnElement[bool]:
@@ -81,7 +78,7 @@ class DramatiqSql:
         ran = bool(row.started) or bool(row.finished)
         attempt = int(row.retries) + (1 if ran else 0)
         fence = DramatiqFence(row.queue, row.redis_id, row.broker_id, row.data_sha1,
-                              row.mark, ran)
+                              row.mark, ran, float(row.heartbeat))
         budget = (policy.max_attempts if row.max_retries is None
                   else int(row.max_retries) + 1)
         found = candidate(
@@ -120,22 +117,6 @@ class DramatiqSql:
     def check_schema(self, conn: Connection) -> None:
         """Nothing in SQL: Dramatiq's keys are read from Redis by each pass."""
 
-    def listing(self, conn: Connection) -> sa.Select[Any]:
-        """Every fetched message of the watched queues, for operators."""
-        self.liveness.load(conn, every=True)
-        t = FETCHED.c
-        status = sa.case((t.finished, "finished"), (t.started, "started"), else_="fetched")
-        return sa.select(
-            t.job_id.label("job_id"), t.job_kind.label("job_kind"),
-            status.label("source_status"),
-            (t.retries + sa.case((sa.or_(t.started, t.finished), 1), else_=0))
-            .label("attempts"),
-            (sa.type_coerce(t.max_retries, sa.Integer()) + 1).label("max_attempts"),
-            sa.null().label("reason"),
-            sa.cast(sa.null(), sa.DateTime(timezone=True)).label("created_at"),
-            sa.cast(sa.null(), sa.DateTime(timezone=True)).label("updated_at"),
-            sa.cast(sa.null(), sa.DateTime(timezone=True)).label("finished_at"))
-
 
 def _own_steps(policy: KindPolicy, row: sa.Row[Any]) -> StepFacts:
     """One step of the kind's effect: started, succeeded or never started, as marked."""
@@ -150,12 +131,13 @@ def _own_steps(policy: KindPolicy, row: sa.Row[Any]) -> StepFacts:
 def declare(config: DramatiqConfig) -> System:
     """Dramatiq's fetched messages, judged on one snapshot of Redis per transaction."""
     sql = DramatiqSql(config)
+    shown = DramatiqListing(config, sql.liveness.client)
     return System(
         shape=Shape(key=FETCHED.c.job_id, kind=FETCHED.c.job_kind, locks=FETCHED,
                     scans_all_kinds=True, counts_attempts=True, judged_first=True),
         running=sql.running, expired=sql.expired, candidate=sql.candidate, swap=sql.swap,
-        check_schema=sql.check_schema, listing=sql.listing, status_words=STATUS_WORDS,
-        liveness=sql.liveness)
+        check_schema=sql.check_schema, listing=shown.every, listing_for=shown.narrowed,
+        status_words=STATUS_WORDS, liveness=sql.liveness)
 
 
 DECLARATION = Declaration(DramatiqConfig, declare)

@@ -1,8 +1,9 @@
 """Resume and terminalize in Dramatiq's own shapes, each message fenced on itself as read.
 
 Each move is one Lua script (atomic in Redis), as Dramatiq's own ``requeue`` and ``nack``
-are: it acts only while the message is still in the acks set it was read from, its
-encoded form unchanged (SHA-1 of the bytes read) and the middleware's mark as read. A
+are: it acts only while the message is still in the acks set it was read from, its worker's
+heartbeat where it was read (a worker that was only slow has moved it), its encoded form
+unchanged (SHA-1 of the bytes read) and the middleware's mark as read. A
 message that Dramatiq's maintenance put back, that its worker acknowledged or that another
 pass moved first is left alone, and the pass records ``fence_lost``. A batch is one
 pipeline of scripts: one round trip.
@@ -36,9 +37,14 @@ FAILED_RESULT_TYPE = "WorkerDied"
 _RESULT_CANARY = "dramatiq.results.Result"
 
 MOVE = """
--- KEYS: acks, msgs, queue, dead, dead msgs, marks, result (the marks again: none)
--- ARGV: action, redis id, sha1 as read, mark as read, new data, result, result ttl ms
+-- KEYS: acks, msgs, queue, dead, dead msgs, marks, result (the marks again: none),
+--       heartbeats
+-- ARGV: action, redis id, sha1 as read, mark as read, new data, result, result ttl ms,
+--       broker id, heartbeat as read
 if redis.call('sismember', KEYS[1], ARGV[2]) == 0 then return 0 end
+if tonumber(redis.call('zscore', KEYS[8], ARGV[8]) or '-1') ~= tonumber(ARGV[9]) then
+  return 0
+end
 local data = redis.call('hget', KEYS[2], ARGV[2])
 if (not data) or redis.sha1hex(data) ~= ARGV[3] then return 0 end
 if (redis.call('hget', KEYS[6], ARGV[2]) or '') ~= ARGV[4] then return 0 end
@@ -73,6 +79,7 @@ class DramatiqFence(ForeignFence):
     data_sha1: str
     mark: str
     started: bool
+    heartbeat: float
 
 
 def exc_text(reason: str) -> str:
@@ -121,9 +128,9 @@ def _moves(client: Any, keys: Keys, messages: Sequence[tuple[str, DramatiqFence]
             script(keys=[keys.acks(fence.broker_id, fence.queue), keys.messages(fence.queue),
                          keys.queue(fence.queue), keys.dead(fence.queue),
                          keys.dead_messages(fence.queue), keys.marks,
-                         result_key or keys.marks],
+                         result_key or keys.marks, keys.heartbeats],
                    args=[action, fence.redis_id, fence.data_sha1, fence.mark, new, result,
-                         ttl], client=pipe)
+                         ttl, fence.broker_id, repr(fence.heartbeat)], client=pipe)
             tried.append(job_id)
         done = pipe.execute()
     return [job_id for job_id, moved in zip(tried, done, strict=True) if moved == 1]

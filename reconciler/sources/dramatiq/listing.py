@@ -1,0 +1,175 @@
+"""Dramatiq's messages as operators read them (``reconciler jobs list|show|explain``, the
+console): every stored message of the watched queues, copied from Redis into a temporary
+table on the reconciler's own database for the one read that asked.
+
+Where Dramatiq keeps a message (``keys``): queued on its queue's list, delayed on its
+delay queue's, fetched in a worker's acks set (started or finished as the middleware marks
+it, else only prefetched), dead-lettered in its queue's ``.XQ``; each in the ``.msgs`` hash
+beside. A message acknowledged is deleted (its result, where kept, is the Results
+middleware's), so nothing completed is listed. The queues are found by their ``.msgs``
+hashes (Dramatiq keeps no list of queues); nothing is decoded but JSON, and no error
+message of a message's own is read (the reason listed is ours, from its options).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import mysql
+from sqlalchemy.engine import Connection
+from sqlalchemy.schema import CreateTable
+
+from reconciler.core.vocabulary import JobStatus, Reason
+from reconciler.errors import ConfigError, DatabaseUnavailableError
+from reconciler.redaction import redact
+from reconciler.sources.dramatiq.config import DramatiqConfig
+from reconciler.sources.dramatiq.keys import DELAY_SUFFIX, Keys, Mark
+from reconciler.sources.dramatiq.snapshot import JOB_ID, UNREADABLE_LABEL, read_message
+from reconciler.sources.kit.system import Wanted
+
+STATUS_WORDS: Mapping[str, JobStatus] = {
+    "queued": JobStatus.QUEUED, "delayed": JobStatus.QUEUED, "fetched": JobStatus.QUEUED,
+    "started": JobStatus.PROCESSING, "finished": JobStatus.PROCESSING,
+    "dead": JobStatus.FAILED,
+}
+"""Where a message is, in this project's words: only prefetched it is still waiting;
+finished but not yet acknowledged it is still its worker's."""
+DEAD_SUFFIX = ".XQ"
+_REASONS = frozenset(r.value for r in Reason)
+
+INSTANT = sa.DateTime(timezone=True).with_variant(mysql.DATETIME(fsp=6), "mysql")
+LISTED = sa.Table(
+    "reconciler_dramatiq_listed", sa.MetaData(),
+    sa.Column("job_id", JOB_ID, primary_key=True),
+    sa.Column("job_kind", sa.Text()),
+    sa.Column("source_status", sa.Text()),
+    sa.Column("attempts", sa.Integer()),
+    sa.Column("max_attempts", sa.Integer()),
+    sa.Column("reason", sa.Text()),
+    sa.Column("created_at", INSTANT),
+    sa.Column("updated_at", INSTANT),
+    sa.Column("finished_at", INSTANT),
+    prefixes=["TEMPORARY"], postgresql_on_commit="DELETE ROWS",
+)
+"""The messages one operator's read copied from Redis, on its own connection only."""
+
+
+@contextmanager
+def answering(url: str) -> Iterator[None]:
+    """One line naming the store when the app's Redis does not answer."""
+    import redis  # noqa: PLC0415 - only the dramatiq source needs it
+
+    try:
+        yield
+    except redis.RedisError as exc:
+        raise DatabaseUnavailableError(
+            f"source dramatiq: its Redis at {redact(url)} did not answer "
+            f"({type(exc).__name__}); no message of it can be listed") from None
+
+
+def _moment(ms: float | None) -> datetime | None:
+    return None if ms is None else datetime.fromtimestamp(ms / 1000, UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class DramatiqListing:
+    """The listing of the watched queues' messages, declared once per process."""
+
+    config: DramatiqConfig
+    client: Callable[[], Any]
+
+    def every(self, conn: Connection) -> sa.Select[Any]:
+        """Every message of the watched queues (``System.listing``)."""
+        return self.narrowed(conn, Wanted())
+
+    def narrowed(self, conn: Connection, wanted: Wanted) -> sa.Select[Any]:
+        """What ``wanted`` asks for (one message, or every one), copied into a temporary
+        table (``System.listing_for``)."""
+        keys = Keys(self.config.namespace)
+        with answering(self.config.url):
+            redis = self.client()
+            stored = self._stored(redis, keys)
+            if not stored and redis.dbsize() and not redis.exists(keys.heartbeats):
+                raise ConfigError(
+                    f"source dramatiq: the Redis at {redact(self.config.url)} holds keys, "
+                    f"but none of Dramatiq's under the namespace {self.config.namespace!r}: "
+                    "not the app's Redis? Check the database number in redis_url and the "
+                    "namespace; nothing was listed")
+            rows = self._rows(redis, keys, stored, wanted.job_id)
+        conn.execute(CreateTable(LISTED, if_not_exists=True))
+        conn.execute(LISTED.delete())
+        if rows:
+            conn.execute(LISTED.insert(), rows)
+        return sa.select(*LISTED.c)
+
+    def _stored(self, redis: Any, keys: Keys) -> list[tuple[str, bool]]:
+        """Each watched queue holding messages (a delay queue apart), and whether it is a
+        dead-letter set; from the ``.msgs`` hashes."""
+        found = []
+        prefix = f"{keys.namespace}:"
+        for raw in redis.scan_iter(match=f"{prefix}*.msgs", count=1000):
+            name = raw.decode().removeprefix(prefix).removesuffix(".msgs")
+            dead = name.endswith(DEAD_SUFFIX)
+            queue = name.removesuffix(DEAD_SUFFIX)
+            if self.config.watches(queue):
+                found.append((queue, dead))
+        return sorted(found)
+
+    def _rows(self, redis: Any, keys: Keys, stored: Sequence[tuple[str, bool]],
+              job_id: str | None) -> list[dict[str, Any]]:
+        fetched: dict[str, bytes] = {}
+        for raw in redis.scan_iter(match=keys.acks_pattern, count=1000):
+            for member in redis.smembers(raw):
+                fetched[member.decode()] = raw
+        marks = {k.decode(): Mark.decode(v) for k, v in redis.hgetall(keys.marks).items()}
+        rows: dict[str, dict[str, Any]] = {}
+        for queue, dead in stored:
+            hashed = keys.dead_messages(queue) if dead else keys.messages(queue)
+            died = ({m.decode(): s for m, s in redis.zrange(keys.dead(queue), 0, -1,
+                                                             withscores=True)}
+                    if dead else {})
+            for raw_id, data in redis.hscan_iter(hashed, count=1000):
+                redis_id = raw_id.decode()
+                message = read_message(data, redis_id)
+                if message is None or (job_id is not None and message.job_id != job_id):
+                    continue
+                status = self._status(redis_id, queue, dead, fetched, marks)
+                ran = status in ("started", "finished", "dead")
+                options = _options(data)
+                most = options.get("max_retries")
+                reason = options.get("reconciler_reason")
+                ended = _moment(died.get(redis_id))
+                rows[message.job_id] = {
+                    "job_id": message.job_id,
+                    "job_kind": message.kind or UNREADABLE_LABEL,
+                    "source_status": status,
+                    "attempts": message.retries + (1 if ran else 0),
+                    "max_attempts": most + 1 if isinstance(most, int) else None,
+                    "reason": reason if reason in _REASONS else None,
+                    "created_at": _moment(message.enqueued_ms),
+                    "updated_at": ended, "finished_at": ended}
+        return list(rows.values())
+
+    @staticmethod
+    def _status(redis_id: str, queue: str, dead: bool, fetched: Mapping[str, bytes],
+                marks: Mapping[str, Mark | None]) -> str:
+        if dead:
+            return "dead"
+        if redis_id in fetched:
+            mark = marks.get(redis_id)
+            return "fetched" if mark is None else ("finished" if mark.finished else "started")
+        return "delayed" if queue.endswith(DELAY_SUFFIX) else "queued"
+
+
+def _options(data: bytes) -> dict[str, Any]:
+    try:
+        found = json.loads(data).get("options", {})
+    except (ValueError, AttributeError, UnicodeDecodeError):
+        return {}
+    return found if isinstance(found, dict) else {}
