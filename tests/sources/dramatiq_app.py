@@ -26,6 +26,7 @@ from dramatiq.results import Results
 from dramatiq.results.backends import RedisBackend
 
 from reconciler.integrations.dramatiq import ReconcilerMiddleware
+from reconciler.ledger import Step, StepLedger
 
 PR_SET_PDEATHSIG = 1
 if os.environ.get("SOURCES_MARKERS"):
@@ -76,3 +77,29 @@ def idem_poison() -> None:
     folder = Path(os.environ["SOURCES_MARKERS"])
     (folder / f"{message.message_id}-started-{attempt}").write_text(str(os.getpid()))
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+PLAN = [Step("fetch", "idempotent"), Step("charge", "effectful"),
+        Step("notify", "idempotent")]
+
+
+@dramatiq.actor(max_retries=3, store_results=True)
+def ledger_charge(hang: str = "") -> str:
+    """Three steps recorded in the reconciler's step ledger (``RECONCILER_DATABASE_URL``);
+    the first attempt hangs where ``hang`` says (``between``: after ``fetch``)."""
+    message = CurrentMessage.get_current_message()
+    assert message is not None
+    attempt = int(message.options.get("retries", 0)) + 1
+    folder = Path(os.environ["SOURCES_MARKERS"])
+    with StepLedger(os.environ["RECONCILER_DATABASE_URL"]) as ledger:
+        run = ledger.run("dramatiq", message.message_id, attempt, PLAN)
+        for index in run.pending():
+            name = PLAN[index].step_name
+            with run.step(index):
+                (folder / f"{message.message_id}-step-{name}-{attempt}").write_text("")
+                if attempt == 1 and hang == name:
+                    time.sleep(3600)
+            if attempt == 1 and hang == "between" and name == "fetch":
+                (folder / f"{message.message_id}-between-{attempt}").write_text("")
+                time.sleep(3600)
+    return f"done on attempt {attempt}"

@@ -92,7 +92,9 @@ def start_worker(processes: Processes, project: DramatiqProject, markers: Marker
                  name: str, *, threads: int = 8, prefetch: int | None = None,
                  middleware: bool = True) -> Process:
     """One ``dramatiq`` worker of the app (one worker process, ``threads`` threads)."""
-    env = {"SOURCES_MARKERS": str(markers.folder), "DRAMATIQ_REDIS_URL": project.redis_url}
+    env = {"SOURCES_MARKERS": str(markers.folder), "DRAMATIQ_REDIS_URL": project.redis_url,
+           "RECONCILER_DATABASE_URL": project.engine.url.render_as_string(
+               hide_password=False)}
     if prefetch is not None:
         env["dramatiq_queue_prefetch"] = str(prefetch)
     if not middleware:
