@@ -1,7 +1,9 @@
 """RQ workers deployed as teams deploy them: each under a supervisor that starts it again
 under its fixed name (``rq worker -n NAME``, systemd ``Restart=always`` with
-``RestartSec=10``, a pod's container), every ten seconds while it is down. Real workers
-over a real Redis, on every engine for the reconciler's tables.
+``RestartSec=10``, ``RestartSteps=2``, ``RestartMaxDelaySec=40``; a pod's container under
+Kubernetes' CrashLoopBackOff), ten seconds after it exits, then twenty, then forty while
+its starts keep exiting. Real workers over a real Redis, on every engine for the
+reconciler's tables.
 
 RQ refuses a worker under a name whose key still exists, so after a SIGKILL the
 supervisor's starts fail until the dead worker's key expires (its last heartbeat plus
@@ -43,11 +45,18 @@ from tests.sources.test_rq_workers import KINDS, redis_now
 
 __all__ = ["rq_project"]
 
-RESTART_SECONDS = 10.0
-"""How often a supervisor starts its worker again while it is down: Kubernetes' first
-CrashLoopBackOff step, a sixth of the minute RQ refuses the name (the chaos run's
-fixed-name slot restarts every 1.5 s; here ten names refused half a dozen times each are
-enough, and each refused start is a whole Python interpreter)."""
+RESTART_DELAYS = (10.0, 20.0, 40.0)
+"""How long a supervisor waits after its worker's exit before it starts it again: the
+first delay after a start that ran, the next after each start that exited at once, the
+last from then on (systemd's ``RestartSteps``, Kubernetes' CrashLoopBackOff doubling from
+10 s, both capped here at 40 s). After a SIGKILL the starts at about 10 s and 30 s are
+refused (RQ refuses the name for about 61 s) and the one at about 70 s serves it: two
+refused starts per name, each a whole Python interpreter, where a start every 10 s made
+six (the chaos run's fixed-name slot restarts every 1.5 s and meets many more)."""
+WATCH_SECONDS = 0.5
+"""How often a supervisor looks whether its worker has exited (``Popen.poll``)."""
+RAN_SECONDS = 15.0
+"""A start alive this long counts as one that ran: the delays begin again from the first."""
 NAMES = 10
 """Supervised workers, each SIGKILLed once mid-job: ten kills in one minute of waiting."""
 
@@ -58,8 +67,8 @@ def markers(tmp_path: Path) -> Markers:
 
 
 class Supervisor:
-    """Keeps ``rq worker -n <name>`` running: starts it again, under the same name, every
-    ``RESTART_SECONDS`` while none of its starts is alive (each refused start exits)."""
+    """Keeps ``rq worker -n <name>`` running: starts it again, under the same name,
+    ``RESTART_DELAYS`` after each exit (each refused start exits)."""
 
     def __init__(self, processes: Processes, project: RqProject, markers: Markers,
                  name: str) -> None:
@@ -70,8 +79,8 @@ class Supervisor:
         self._thread = threading.Thread(target=self._run, name=f"supervise-{name}", daemon=True)
 
     def start(self) -> Supervisor:
-        """The worker's first start, then its restarts, every ``RESTART_SECONDS``."""
-        self._start_if_down()
+        """The worker's first start, then its restarts after each exit."""
+        self._start()
         self._thread.start()
         return self
 
@@ -80,16 +89,27 @@ class Supervisor:
         self._thread.join(timeout=30)
 
     def _run(self) -> None:
-        while not self._stop.wait(RESTART_SECONDS):
-            self._start_if_down()
+        step = 0  # the next delay's index in RESTART_DELAYS
+        started = time.monotonic()
+        while not self._stop.wait(WATCH_SECONDS):
+            current = self.current
+            assert current is not None
+            if current.alive():
+                continue
+            ran = time.monotonic() - started >= RAN_SECONDS
+            step = 0 if ran else step
+            if self._stop.wait(RESTART_DELAYS[step]):
+                return
+            step = min(step + 1, len(RESTART_DELAYS) - 1)
+            started = time.monotonic()
+            self._start()
 
-    def _start_if_down(self) -> None:
-        if self.current is None or not self.current.alive():
-            self.starts += 1
-            self.current = self.processes.start(
-                f"{self.name}-start-{self.starts}",
-                worker_argv(self.project, self.name, (self.name,)),
-                {"SOURCES_MARKERS": str(self.markers.folder)}, cwd=REPO)
+    def _start(self) -> None:
+        self.starts += 1
+        self.current = self.processes.start(
+            f"{self.name}-start-{self.starts}",
+            worker_argv(self.project, self.name, (self.name,)),
+            {"SOURCES_MARKERS": str(self.markers.folder)}, cwd=REPO)
 
     def running(self) -> Process:
         """The start that is up now (after a kill: the successor under the same name)."""
