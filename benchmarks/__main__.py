@@ -16,6 +16,9 @@
     python -m benchmarks --source rq [--engine sqlite|postgresql|both] [--smoke]
         # RQ at 100k jobs in Redis beside its StartedJobRegistry.cleanup:
         # benchmarks/foreign_rq.py (not in "all": it needs rq and redis-server)
+    python -m benchmarks --source dramatiq [--engine sqlite|postgresql|both] [--smoke]
+        # Dramatiq at 100k messages in Redis beside its own maintenance:
+        # benchmarks/foreign_dramatiq.py (not in "all": it needs dramatiq and redis-server)
 
 PostgreSQL and MariaDB: ``--database-url`` names an empty database of its engine to use,
 else a throwaway server is started (tests/pg_server.py, tests/mariadb_server.py; Debian's
@@ -37,7 +40,7 @@ from pathlib import Path
 
 from sqlalchemy.engine import Engine
 
-from benchmarks import foreign, foreign_rq, parked
+from benchmarks import foreign, foreign_dramatiq, foreign_rq, parked
 from benchmarks.dataset import Shape, build, floor_update, restore_stale, writes_floor
 from benchmarks.foreign_python import SYSTEMS
 from benchmarks.harness import (
@@ -267,11 +270,13 @@ def main(argv: list[str] | None = None) -> int:
     """``--source`` picks the job source: a foreign one is measured by benchmarks.foreign
     (with its options), the native one (the default) by everything else here."""
     chosen = argparse.ArgumentParser(prog="python -m benchmarks", add_help=False)
-    chosen.add_argument("--source", choices=("native", *SYSTEMS, "rq", "all"),
+    chosen.add_argument("--source", choices=("native", *SYSTEMS, "rq", "dramatiq", "all"),
                         default="native")
     picked, rest = chosen.parse_known_args(argv)
     if picked.source == "rq":
         return foreign_rq.main(rest)
+    if picked.source == "dramatiq":
+        return foreign_dramatiq.main(rest)
     if picked.source != "native":
         return foreign.main(["--source", picked.source, *rest])
     return native(rest)
