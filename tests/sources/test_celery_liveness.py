@@ -19,7 +19,6 @@ import json
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,6 +33,7 @@ from reconciler.core.vocabulary import Disposition, LivenessDoubt, PassOutcome, 
 from reconciler.root.cli import assemble_cli
 from reconciler.sources.celery import CeleryConfig
 from reconciler.sources.celery.broker import CeleryBroker
+from tests.cli_runner import run_main
 from tests.conftest import REPO_ROOT
 from tests.integration.test_service import Launcher, free_port
 from tests.sources.celery_support import CeleryProject, kill_worker, worker_argv
@@ -281,17 +281,13 @@ kind = "celery"
 broker_url = "redis://127.0.0.1:{free_port()}/0"
 result_table = "{celery_project.table}"
 """)
-    done = subprocess.run([sys.executable, "-m", "reconciler.cli", "jobs", "explain",
-                           result.id, "--config", str(settings)], capture_output=True,
-                          text=True, timeout=120, cwd=REPO_ROOT, check=False)
+    done = run_main(["jobs", "explain", result.id, "--config", str(settings)], timeout=120)
     assert done.returncode == 0, done.stderr
     assert "liveness unknown (broker_unreachable)" in done.stdout, done.stdout
     assert "lease_live" not in done.stdout.splitlines()[0]
     # The JSON agrees with the pass: no verdict that its worker is alive.
-    done = subprocess.run([sys.executable, "-m", "reconciler.cli", "jobs", "explain",
-                           result.id, "--json", "--config", str(settings)],
-                          capture_output=True, text=True, timeout=120, cwd=REPO_ROOT,
-                          check=False)
+    done = run_main(["jobs", "explain", result.id, "--json", "--config", str(settings)],
+                    timeout=120)
     assert done.returncode == 0, done.stderr
     view = json.loads(done.stdout)
     assert (view["disposition"], view["reason"], view["rule"]) == (

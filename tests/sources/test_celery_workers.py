@@ -12,8 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -25,7 +23,7 @@ from reconciler.core.vocabulary import Disposition, EffectKind, Reason, StuckRea
 from reconciler.root.cli import assemble_cli
 from reconciler.sources.celery import CeleryConfig
 from reconciler.sources.celery.broker import CeleryBroker
-from tests.conftest import REPO_ROOT
+from tests.cli_runner import run_main
 from tests.sources.celery_support import (
     CeleryProject,
     kill_worker,
@@ -417,9 +415,9 @@ effect = "idempotent"
         assert markers.of(effect) == {"started-1"}
         assert project.row(live) == before
         assert workers["q3"].alive()
-        listed = subprocess.run([sys.executable, "-m", "reconciler.cli", "jobs", "list",
-                                 "--config", str(toml), "--json"], capture_output=True,
-                                text=True, timeout=120, cwd=REPO_ROOT, check=True).stdout
+        done = run_main(["jobs", "list", "--config", str(toml), "--json"], timeout=120)
+        assert done.returncode == 0, done.stderr
+        listed = done.stdout
         assert {j["job_id"]: (j["status"], j["reason"]) for j in json.loads(listed)} == {
             idem: ("completed", None), effect: ("failed", "worker_died_mid_step"),
             live: ("processing", None)}

@@ -17,8 +17,6 @@ import json
 import os
 import signal
 import socket
-import subprocess
-import sys
 import time
 import zlib
 from dataclasses import replace
@@ -33,6 +31,7 @@ from reconciler.core.ports import RecordedDecision
 from reconciler.core.vocabulary import Disposition, EffectKind, LivenessDoubt, Reason
 from reconciler.root.cli import assemble_cli
 from reconciler.sources.rq import RqConfig
+from tests.cli_runner import run_main
 from tests.sources.celery_support import worker_tree
 from tests.sources.rq_support import (
     EFFECTFUL,
@@ -427,9 +426,7 @@ def test_the_command_line_reads_rq(rq_project: RqProject, processes: Processes,
         f'queues = ["default"]\n')
 
     def cli(*argv: str) -> str:
-        done = subprocess.run([sys.executable, "-m", "reconciler.cli", *argv, "--config",
-                               str(config)], capture_output=True, text=True, timeout=120,
-                              cwd=REPO, check=False)
+        done = run_main([*argv, "--config", str(config)], cwd=REPO, timeout=120)
         assert done.returncode in (0, 6), done.stderr
         return done.stdout
 
