@@ -70,6 +70,13 @@ def config_for(engine: Engine, source: SourceConfig, kinds: KindRules, *,
     return Config(settings=settings, source=source, kinds=kinds)
 
 
+PASS_GAP_SECONDS = 0.1
+"""Between the passes of a test that passes again and again over a window to show a job is
+left alone: each pass asks the system afresh (a broadcast, a query) and the silence it
+measures spans passes, so the window still holds dozens of them; back to back, they only
+burned a core (as a sidecar never would: its interval is seconds)."""
+
+
 def reconcile_once(engine: Engine, source: SourceConfig, kinds: KindRules, *,
                    limit: int = 100, dry_run: bool = False) -> list[Outcome]:
     """One real pass (``run_pass`` through the composition root) over the source; every

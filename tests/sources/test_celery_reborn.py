@@ -19,6 +19,7 @@ from reconciler.core.vocabulary import Disposition, Reason
 from reconciler.sources.celery.broker import CeleryBroker
 from tests.sources.celery_support import CeleryProject, kill_worker, worker_argv
 from tests.sources.support import (
+    PASS_GAP_SECONDS,
     Markers,
     Process,
     Processes,
@@ -140,6 +141,7 @@ def test_a_task_redelivered_to_the_new_incarnation_is_its_own(
     deadline = time.monotonic() + 3 * TIMEOUT_SECONDS
     while time.monotonic() < deadline:
         assert reconcile_once(project.engine, config(project), KINDS) == []
+        time.sleep(PASS_GAP_SECONDS)
     assert project.status(task.id) == "STARTED"
     assert task.id in CeleryBroker(project.broker_url).answers(
         (), (), {task.id: f"{NAME}@tests"}).held

@@ -31,6 +31,7 @@ from tests.sources.celery_support import (
     worker_tree,
 )
 from tests.sources.support import (
+    PASS_GAP_SECONDS,
     Markers,
     Outcome,
     Process,
@@ -250,6 +251,7 @@ class TestLiveWorkers:
         deadline = time.monotonic() + TIMEOUT_SECONDS + 1.5
         while time.monotonic() < deadline:
             assert reconcile_once(celery_project.engine, config(celery_project), KINDS) == []
+            time.sleep(PASS_GAP_SECONDS)
         assert celery_project.row(result.id) == before
         assert worker.alive()
 
@@ -269,6 +271,7 @@ class TestLiveWorkers:
         deadline = time.monotonic() + TIMEOUT_SECONDS + 1.5
         while time.monotonic() < deadline:
             assert reconcile_once(celery_project.engine, config(celery_project), kinds) == []
+            time.sleep(PASS_GAP_SECONDS)
         assert celery_project.status(result.id) == "STARTED"
         assert worker.alive()
 
@@ -285,6 +288,7 @@ class TestLiveWorkers:
         deadline = time.monotonic() + TIMEOUT_SECONDS + 1.5
         while time.monotonic() < deadline:
             assert reconcile_once(celery_project.engine, unreachable, KINDS) == []
+            time.sleep(PASS_GAP_SECONDS)
         assert celery_project.status(result.id) == "STARTED"
 
 
