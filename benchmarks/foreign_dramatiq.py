@@ -124,8 +124,10 @@ class DramatiqMessages:
         old_ms = (int(seconds) - 120) * 1000
         with self.client.pipeline(transaction=False) as pipe:
             pipe.zadd(KEYS.heartbeats, dict.fromkeys(self.dead, old_ms))
+            pipe.zadd(KEYS.beats_copy, dict.fromkeys(self.dead, old_ms))
             pipe.hset(KEYS.beats, mapping={b: f"{float(old_ms)!r} {float(seconds) - 120!r}"
                                            for b in self.dead})
+            pipe.set(KEYS.beats_at, repr(float(seconds)), nx=True)
             pipe.execute()
 
     def maintenance(self) -> None:

@@ -5,9 +5,9 @@ A message is Dramatiq's own ``Message`` (its actor named after its kind, never d
 stored and fetched as ``dispatch.lua`` stores and fetches one (``{ns}:{queue}.msgs``, the
 worker's acks set), marked started as the app's ``ReconcilerMiddleware`` marks it; steps
 go through the real step ledger. A live worker's heartbeat is one no pass has seen yet (a
-pass first sees it now: still for no time); a dead one's is recorded in the beats hash as
-still since ``session_timeout_seconds + TIMING.lease_expired_seconds`` ago, what a pass
-that had watched it since its death would have written.
+pass first sees it now: still for no time); a dead one's is recorded as passes watching it
+would have left it (in their last copy of the heartbeats, unchanged, and timed in the
+beats hash from ``session_timeout_seconds + TIMING.lease_expired_seconds`` ago).
 """
 
 from __future__ import annotations
@@ -88,7 +88,11 @@ class DramatiqFixture(ForeignFixture):
             pipe.zadd(KEYS.heartbeats, {broker_id: beat})
             pipe.hset(KEYS.workers, broker_id, json.dumps({"v": 1, "version": "2.2.1"}))
             if not live:
+                # What passes watching it since would have left: their last copy of the
+                # heartbeats holds it unchanged, timed from ``silent_for`` ago.
+                pipe.zadd(KEYS.beats_copy, {broker_id: beat})
                 pipe.hset(KEYS.beats, broker_id, f"{beat!r} {now - silent_for!r}")
+                pipe.set(KEYS.beats_at, repr(now), nx=True)
             pipe.execute()
         return broker_id
 

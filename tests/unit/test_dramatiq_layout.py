@@ -1,6 +1,6 @@
 """The dramatiq source's pure parts: Dramatiq's key layout, the middleware's marks, a
-message read without running anything, silence timed on Redis's clock, and the moves'
-new encodings."""
+message read without running anything, and the moves' new encodings (silence is timed in
+Redis, by a script the worker and conformance tests run)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from pydantic import ValidationError
 from reconciler.errors import ConfigError
 from reconciler.sources.dramatiq.config import DramatiqConfig
 from reconciler.sources.dramatiq.keys import Keys, Mark, canonical, require_supported, supported
-from reconciler.sources.dramatiq.silence import Beats
 from reconciler.sources.dramatiq.snapshot import read_message
 from reconciler.sources.dramatiq.writes import DramatiqFence, _args, exc_text
 
@@ -83,18 +82,6 @@ class TestMessages:
 
     def test_one_gone_since_is_none(self) -> None:
         assert read_message(None, "r1") is None
-
-
-class TestSilence:
-    def test_a_heartbeat_is_still_from_when_its_value_was_first_seen(self) -> None:
-        beats = Beats(now=100.0, values={"a": 5.0, "b": 7.0, "c": 9.0},
-                      seen={"a": (5.0, 40.0), "b": (6.0, 10.0)})
-        # a: the same value since 40; b: moved (a new value); c: never seen before.
-        assert beats.silence == {"a": 60.0, "b": 0.0, "c": 0.0}
-
-    def test_a_clock_that_went_back_counts_no_silence(self) -> None:
-        assert Beats(now=10.0, values={"a": 1.0}, seen={"a": (1.0, 50.0)}).silence == {
-            "a": 0.0}
 
 
 class TestConfig:

@@ -24,8 +24,9 @@ The middleware (``reconciler.integrations.dramatiq``) adds, in the same namespac
   messages without an entry ran without the middleware;
 - ``{ns}:__reconciler__.marks``: a hash, Redis message id -> what its worker said of it
   (``Mark``): started, then finished, removed once the message is acknowledged;
-- ``{ns}:__reconciler__.beats``: written by the reconciler, not the middleware: each
-  broker's last heartbeat value and when (Redis's clock) it was first seen, so silence is
+- ``{ns}:__reconciler__.beats`` (with ``.beats.last`` and ``.beats.at``): written by the
+  reconciler, not the middleware: the heartbeats as the last pass read them and when, and
+  each still broker's value and when (Redis's clock) it was first seen, so silence is
   measured on Redis's clock across passes, replicas and restarts (``silence``).
 
 Dramatiq 3 is outside the range: a version outside it is refused in one line.
@@ -78,6 +79,20 @@ class Keys:
     @property
     def beats(self) -> str:
         return f"{self.namespace}:__reconciler__.beats"
+
+    @property
+    def beats_copy(self) -> str:
+        """The heartbeats as the last pass read them."""
+        return f"{self.namespace}:__reconciler__.beats.last"
+
+    @property
+    def beats_at(self) -> str:
+        """When (Redis's clock) the last pass read them."""
+        return f"{self.namespace}:__reconciler__.beats.at"
+
+    @property
+    def beats_scratch(self) -> str:
+        return f"{self.namespace}:__reconciler__.beats.scratch"
 
     def queue(self, queue: str) -> str:
         """A queue's list (a delay queue's too: ``name.DQ``)."""

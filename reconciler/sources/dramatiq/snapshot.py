@@ -214,15 +214,14 @@ class DramatiqLiveness:
 
     def _rows(self, *, every: bool) -> tuple[list[dict[str, Any]], LivenessDoubt | None]:
         client, keys = self.client(), self.keys
-        beats = Beats.read(client, keys)
-        if not beats.values:
+        timeout = self.config.session_timeout_seconds
+        beats = Beats.read(client, keys, 0.0 if every else timeout, every=every)
+        if not beats.brokers:
             # No Dramatiq broker ever spoke here: an empty database is an app that has not
             # run yet; one holding other keys is not the app's (or not its namespace).
             return [], (LivenessDoubt.QUEUES_MISSING if client.dbsize() else None)
-        beats.remember(client, keys)
-        timeout = self.config.session_timeout_seconds
-        gone = {b for b, seconds in beats.silence.items() if seconds >= timeout}
-        watched = gone | (set(beats.values) if every else set())
+        gone = {b for b, (_, silence) in beats.still.items() if silence >= timeout}
+        watched = set(beats.still)
         acks = self._acks(client, keys, beats, watched, every=every)
         if not acks:
             return [], None
@@ -262,8 +261,8 @@ class DramatiqLiveness:
                 "retries": message.retries,
                 "max_retries": (mark.max_retries if mark is not None
                                 and mark.max_retries is not None else message.max_retries),
-                "heartbeat": beats.values.get(broker_id, 0.0),
-                "silent_over": beats.silence.get(broker_id, 0.0) - timeout,
+                "heartbeat": beats.still[broker_id][0],
+                "silent_over": beats.still[broker_id][1] - timeout,
                 "enqueued_ms": message.enqueued_ms,
             }
         return list(rows.values()), None
@@ -273,7 +272,7 @@ class DramatiqLiveness:
         """The watched acks keys of ``brokers``: by ``SCAN`` where one of them is new (or
         ``every``), else as found before at the same heartbeat."""
         self.found_acks = {b: found for b, found in self.found_acks.items()
-                           if b in brokers and beats.values.get(b) == found[0]}
+                           if b in brokers and beats.still[b][0] == found[0]}
         if every or any(b not in self.found_acks for b in brokers):
             scanned: dict[str, list[str]] = {b: [] for b in brokers}
             for raw in client.scan_iter(match=keys.acks_pattern, count=1000):
@@ -281,7 +280,7 @@ class DramatiqLiveness:
                 split = keys.split_acks(key)
                 if split is not None and split[0] in scanned:
                     scanned[split[0]].append(key)
-            self.found_acks = {b: (beats.values[b], tuple(sorted(found)))
+            self.found_acks = {b: (beats.still[b][0], tuple(sorted(found)))
                                for b, found in scanned.items()}
         found_keys: dict[str, tuple[str, str]] = {}
         for _, keys_of in self.found_acks.values():
