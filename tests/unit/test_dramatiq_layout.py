@@ -134,3 +134,13 @@ class TestMoves:
             BROKER, False, 3, None, None)), message(), "crash_loop")
         assert args is not None
         assert args[1:] == (None, "", 0)
+
+
+def test_a_moved_message_keeps_the_budget_its_worker_allowed() -> None:
+    mark = Mark(BROKER, False, 20, None, None)
+    fence = DramatiqFence("default", "r1", BROKER, "sha", mark.encode(), True, 1.0)
+    args = _args("resume", fence, message(), None)
+    assert args is not None
+    moved = read_message(args[0], "r1")
+    assert moved is not None
+    assert (moved.retries, moved.max_retries) == (1, 20)

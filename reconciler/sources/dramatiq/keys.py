@@ -47,6 +47,9 @@ EXTRA_HINT = "pip install 'stale-claim-reconciler[dramatiq]'"
 MIDDLEWARE_VERSION = 1
 """The layout of the middleware's marks; a sidecar refuses a worker that writes another."""
 DELAY_SUFFIX = ".DQ"
+BUDGET_OPTION = "reconciler_max_retries"
+"""The option a message the reconciler moved keeps its worker's ``max_retries`` in, so its
+budget stays readable once the mark is gone (Dramatiq reads only its own options)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,7 +29,7 @@ from reconciler.core.vocabulary import JobStatus, Reason
 from reconciler.errors import ConfigError, DatabaseUnavailableError
 from reconciler.redaction import redact
 from reconciler.sources.dramatiq.config import DramatiqConfig
-from reconciler.sources.dramatiq.keys import DELAY_SUFFIX, Keys, Mark
+from reconciler.sources.dramatiq.keys import BUDGET_OPTION, DELAY_SUFFIX, Keys, Mark
 from reconciler.sources.dramatiq.snapshot import JOB_ID, UNREADABLE_LABEL, read_message
 from reconciler.sources.kit.system import Wanted
 
@@ -142,7 +142,11 @@ class DramatiqListing:
                 status = self._status(redis_id, queue, dead, fetched, marks)
                 ran = status in ("started", "finished", "dead")
                 options = _options(data)
-                most = options.get("max_retries")
+                mark = marks.get(redis_id) if redis_id in fetched else None
+                # The budget as the pass counts it: the message's own, else its worker's
+                # Retries middleware's (the mark carries it while the message runs).
+                most = options.get("max_retries", options.get(
+                    BUDGET_OPTION, None if mark is None else mark.max_retries))
                 reason = options.get("reconciler_reason")
                 ended = _moment(died.get(redis_id))
                 rows[message.job_id] = {

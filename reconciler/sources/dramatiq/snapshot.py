@@ -134,7 +134,8 @@ def read_message(raw: bytes | None, redis_id: str) -> Message | None:
     actor, options = found.get("actor_name"), found.get("options")
     message_id = found.get("message_id")
     options = options if isinstance(options, dict) else {}
-    retries, most = options.get("retries", 0), options.get("max_retries")
+    retries = options.get("retries", 0)
+    most = options.get("max_retries", options.get(layout.BUDGET_OPTION))
     stamp = found.get("message_timestamp")
     readable = (isinstance(actor, str) and 0 < len(actor) <= 255 and actor.isprintable()
                 and isinstance(message_id, str) and bool(message_id)

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from reconciler.sources.dramatiq.keys import Keys, Mark
+from reconciler.sources.dramatiq.keys import BUDGET_OPTION, Keys, Mark
 from reconciler.sources.kit.fences import ForeignFence
 
 FAILED_RESULT_TYPE = "WorkerDied"
@@ -140,17 +140,20 @@ def _args(action: str, fence: DramatiqFence, raw: bytes, reason: str | None
           ) -> tuple[bytes, str | None, str, int] | None:
     """The new encoded message, and the result to store, for one move (None: the message
     as stored now cannot be re-encoded; its fence cannot hold either)."""
+    mark = Mark.decode(fence.mark)
+    # The budget the decision counted stays readable once the mark is gone.
+    budget = ({} if mark is None or mark.max_retries is None
+              else {BUDGET_OPTION: mark.max_retries})
     try:
         if action == "resume":
             if not fence.started:
                 return raw, None, "", 0
             retries = json.loads(raw).get("options", {}).get("retries", 0)
-            return _reencoded(raw, retries=int(retries) + 1), None, "", 0
+            return _reencoded(raw, retries=int(retries) + 1, **budget), None, "", 0
         text = exc_text(str(reason))
-        new = _reencoded(raw, reconciler_reason=str(reason), traceback=text)
+        new = _reencoded(raw, reconciler_reason=str(reason), traceback=text, **budget)
     except (ValueError, TypeError, AttributeError):
         return None
-    mark = Mark.decode(fence.mark)
     if mark is None or mark.result_key is None or mark.result_ttl_ms is None:
         return new, None, "", 0
     result = json.dumps({"__t": _RESULT_CANARY,
