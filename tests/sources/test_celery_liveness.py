@@ -37,7 +37,13 @@ from tests.cli_runner import run_main
 from tests.conftest import REPO_ROOT
 from tests.integration.test_service import Launcher, free_port
 from tests.sources.celery_support import CeleryProject, kill_worker, worker_argv
-from tests.sources.support import Markers, Processes, config_for, wait_until
+from tests.sources.support import (
+    PASS_GAP_SECONDS,
+    Markers,
+    Processes,
+    config_for,
+    wait_until,
+)
 from tests.sources.test_celery_workers import (
     KINDS,
     TIMEOUT_SECONDS,
@@ -77,6 +83,7 @@ def doubted_over_timeouts(project: CeleryProject, source: CeleryConfig,
         assert report.outcome is PassOutcome.LIVENESS_UNKNOWN
         assert report.liveness is not None
         assert report.liveness.code is code
+        time.sleep(PASS_GAP_SECONDS)
     return stuck
 
 
