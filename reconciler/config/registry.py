@@ -285,7 +285,7 @@ REGISTRY: tuple[SourceEntry, ...] = (
                 source="reconciler.sources.dramatiq:DECLARATION", job_key="text",
                 engines=EVERY_ENGINE,
                 capabilities=Capabilities(heartbeat=True, error_field=True,
-                                          actions=frozenset()),
+                                          actions=frozenset(OperatorAction)),
                 extra="dramatiq", imports=("redis",)),
 )
 

@@ -77,6 +77,71 @@ def _moment(ms: float | None) -> datetime | None:
     return None if ms is None else datetime.fromtimestamp(ms / 1000, UTC)
 
 
+def connect(url: str) -> Any:
+    """A client of the app's Redis at ``url`` (answers as bytes)."""
+    import redis  # noqa: PLC0415 - only the dramatiq source needs it
+
+    return redis.Redis.from_url(url, socket_timeout=5.0, socket_connect_timeout=5.0)
+
+
+def watched_stores(redis: Any, keys: Keys, config: DramatiqConfig) -> list[tuple[str, bool]]:
+    """Each watched queue holding messages (a delay queue apart), and whether it is a
+    dead-letter set; from the ``.msgs`` hashes."""
+    found = []
+    prefix = f"{keys.namespace}:"
+    for raw in redis.scan_iter(match=f"{prefix}*.msgs", count=1000):
+        name = raw.decode().removeprefix(prefix).removesuffix(".msgs")
+        dead = name.endswith(DEAD_SUFFIX)
+        queue = name.removesuffix(DEAD_SUFFIX)
+        if config.watches(queue):
+            found.append((queue, dead))
+    return sorted(found)
+
+
+Stored = tuple[str, str, str, bytes, float | None, Mark | None]
+"""A stored message: its status, the queue whose ``.msgs`` holds it, its Redis id, its
+bytes, when it was dead-lettered (ms) and the middleware's mark."""
+
+
+def stored_messages(redis: Any, keys: Keys, stored: Sequence[tuple[str, bool]]
+                    ) -> Iterator[Stored]:
+    """Every message of the stores given, where it is."""
+    fetched: set[str] = set()
+    for raw in redis.scan_iter(match=keys.acks_pattern, count=1000):
+        fetched.update(m.decode() for m in redis.smembers(raw))
+    marks = {k.decode(): Mark.decode(v) for k, v in redis.hgetall(keys.marks).items()}
+    for queue, dead in stored:
+        hashed = keys.dead_messages(queue) if dead else keys.messages(queue)
+        died = ({m.decode(): s for m, s in redis.zrange(keys.dead(queue), 0, -1,
+                                                         withscores=True)}
+                if dead else {})
+        for raw_id, data in redis.hscan_iter(hashed, count=1000):
+            redis_id = raw_id.decode()
+            mark = marks.get(redis_id) if redis_id in fetched else None
+            yield (_status(redis_id, queue, dead, fetched, mark), queue, redis_id, data,
+                   died.get(redis_id), mark)
+
+
+def _status(redis_id: str, queue: str, dead: bool, fetched: set[str],
+            mark: Mark | None) -> str:
+    if dead:
+        return "dead"
+    if redis_id in fetched:
+        return "fetched" if mark is None else ("finished" if mark.finished else "started")
+    return "delayed" if queue.endswith(DELAY_SUFFIX) else "queued"
+
+
+def located(redis: Any, keys: Keys, config: DramatiqConfig, message_id: str
+            ) -> tuple[str, str, str, bytes] | None:
+    """Where the message ``message_id`` is stored now: status, queue, Redis id, bytes."""
+    for status, queue, redis_id, data, _, _ in stored_messages(
+            redis, keys, watched_stores(redis, keys, config)):
+        message = read_message(data, redis_id)
+        if message is not None and message.job_id == message_id:
+            return status, queue, redis_id, data
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class DramatiqListing:
     """The listing of the watched queues' messages, declared once per process."""
@@ -94,7 +159,7 @@ class DramatiqListing:
         keys = Keys(self.config.namespace)
         with answering(self.config.url):
             redis = self.client()
-            stored = self._stored(redis, keys)
+            stored = watched_stores(redis, keys, self.config)
             if not stored and redis.dbsize() and not redis.exists(keys.heartbeats):
                 raise ConfigError(
                     f"source dramatiq: the Redis at {redact(self.config.url)} holds keys, "
@@ -108,67 +173,31 @@ class DramatiqListing:
             conn.execute(LISTED.insert(), rows)
         return sa.select(*LISTED.c)
 
-    def _stored(self, redis: Any, keys: Keys) -> list[tuple[str, bool]]:
-        """Each watched queue holding messages (a delay queue apart), and whether it is a
-        dead-letter set; from the ``.msgs`` hashes."""
-        found = []
-        prefix = f"{keys.namespace}:"
-        for raw in redis.scan_iter(match=f"{prefix}*.msgs", count=1000):
-            name = raw.decode().removeprefix(prefix).removesuffix(".msgs")
-            dead = name.endswith(DEAD_SUFFIX)
-            queue = name.removesuffix(DEAD_SUFFIX)
-            if self.config.watches(queue):
-                found.append((queue, dead))
-        return sorted(found)
-
     def _rows(self, redis: Any, keys: Keys, stored: Sequence[tuple[str, bool]],
               job_id: str | None) -> list[dict[str, Any]]:
-        fetched: dict[str, bytes] = {}
-        for raw in redis.scan_iter(match=keys.acks_pattern, count=1000):
-            for member in redis.smembers(raw):
-                fetched[member.decode()] = raw
-        marks = {k.decode(): Mark.decode(v) for k, v in redis.hgetall(keys.marks).items()}
         rows: dict[str, dict[str, Any]] = {}
-        for queue, dead in stored:
-            hashed = keys.dead_messages(queue) if dead else keys.messages(queue)
-            died = ({m.decode(): s for m, s in redis.zrange(keys.dead(queue), 0, -1,
-                                                             withscores=True)}
-                    if dead else {})
-            for raw_id, data in redis.hscan_iter(hashed, count=1000):
-                redis_id = raw_id.decode()
-                message = read_message(data, redis_id)
-                if message is None or (job_id is not None and message.job_id != job_id):
-                    continue
-                status = self._status(redis_id, queue, dead, fetched, marks)
-                ran = status in ("started", "finished", "dead")
-                options = _options(data)
-                mark = marks.get(redis_id) if redis_id in fetched else None
-                # The budget as the pass counts it: the message's own, else its worker's
-                # Retries middleware's (the mark carries it while the message runs).
-                most = options.get("max_retries", options.get(
-                    BUDGET_OPTION, None if mark is None else mark.max_retries))
-                reason = options.get("reconciler_reason")
-                ended = _moment(died.get(redis_id))
-                rows[message.job_id] = {
-                    "job_id": message.job_id,
-                    "job_kind": message.kind or UNREADABLE_LABEL,
-                    "source_status": status,
-                    "attempts": message.retries + (1 if ran else 0),
-                    "max_attempts": most + 1 if isinstance(most, int) else None,
-                    "reason": reason if reason in _REASONS else None,
-                    "created_at": _moment(message.enqueued_ms),
-                    "updated_at": ended, "finished_at": ended}
+        for status, _, redis_id, data, died, mark in stored_messages(redis, keys, stored):
+            message = read_message(data, redis_id)
+            if message is None or (job_id is not None and message.job_id != job_id):
+                continue
+            options = _options(data)
+            # The budget as the pass counts it: the message's own, else its worker's
+            # Retries middleware's (the mark carries it while the message runs, the
+            # message itself once the reconciler moved it).
+            most = options.get("max_retries", options.get(
+                BUDGET_OPTION, None if mark is None else mark.max_retries))
+            reason = options.get("reconciler_reason")
+            ended = _moment(died)
+            rows[message.job_id] = {
+                "job_id": message.job_id, "job_kind": message.kind or UNREADABLE_LABEL,
+                "source_status": status,
+                "attempts": message.retries + (1 if status in ("started", "finished",
+                                                               "dead") else 0),
+                "max_attempts": most + 1 if isinstance(most, int) else None,
+                "reason": reason if reason in _REASONS else None,
+                "created_at": _moment(message.enqueued_ms),
+                "updated_at": ended, "finished_at": ended}
         return list(rows.values())
-
-    @staticmethod
-    def _status(redis_id: str, queue: str, dead: bool, fetched: Mapping[str, bytes],
-                marks: Mapping[str, Mark | None]) -> str:
-        if dead:
-            return "dead"
-        if redis_id in fetched:
-            mark = marks.get(redis_id)
-            return "fetched" if mark is None else ("finished" if mark.finished else "started")
-        return "delayed" if queue.endswith(DELAY_SUFFIX) else "queued"
 
 
 def _options(data: bytes) -> dict[str, Any]:
