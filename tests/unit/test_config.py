@@ -347,13 +347,14 @@ class TestDocsExamples:
     """Every copy-paste reconciler.toml in docs/sources.md loads as written."""
 
     def test_each_toml_block_loads(self, tmp_path: Path) -> None:
-        """Seven sources, ten blocks (Celery's two result tables; Django's and Celery's on
-        MySQL); each is accepted and names its kind."""
+        """Eight sources, eleven blocks (Celery's two result tables; Django's and Celery's
+        on MySQL); each is accepted and names its kind."""
         text = (Path(__file__).resolve().parents[2] / "docs" / "sources.md").read_text()
         blocks = [b.split("```", 1)[0] for b in text.split("```toml\n")[1:]]
         kinds = [load_config(write(tmp_path, block)).source.kind for block in blocks]
         assert kinds == ["procrastinate", "graphile-worker", "pg-boss", "django-tasks",
-                         "django-tasks", "celery", "celery", "celery", "rq", "table"]
+                         "django-tasks", "celery", "celery", "celery", "rq", "dramatiq",
+                         "table"]
 
 
 class TestKindBounds:
