@@ -32,6 +32,7 @@ from tests.sources.support import (
     Processes,
     by_job,
     config_for,
+    explain,
     reconcile_once,
     wait_until,
 )
@@ -193,3 +194,41 @@ class TestWithoutTheMiddleware:
 
         wait_until(doubted, "the pass to doubt the gone worker's messages")
         assert len(dramatiq_project.messages()) == 1  # left where Dramatiq keeps it
+
+
+class TestDramatiqsOwnMaintenance:
+    def test_a_message_its_maintenance_put_back_first_is_left_alone_fence_lost(
+            self, dramatiq_project: DramatiqProject, processes: Processes,
+            markers: Markers) -> None:
+        """Decided, then Dramatiq's own maintenance (its real broker, every command
+        maintaining, the dead worker past its heartbeat_timeout) puts the message back
+        before the move: the move changes nothing and is recorded ``fence_lost``."""
+        from dramatiq.brokers.redis import MAINTENANCE_SCALE, RedisBroker  # noqa: PLC0415
+
+        from tests.conformance.foreign import ForeignFixture  # noqa: PLC0415
+
+        message = dramatiq_project.send("effect_work")
+        worker = start_worker(processes, dramatiq_project, markers, "worker-a")
+        wait_started(markers, message.message_id, worker)
+        sigkill(worker)
+        race = ForeignFixture(dramatiq_project.engine, dramatiq_project.config())
+        race.kinds = KINDS
+
+        def maintenance() -> None:
+            broker = RedisBroker(url=dramatiq_project.redis_url, heartbeat_timeout=1,
+                                 maintenance_chance=MAINTENANCE_SCALE)
+            broker.do_qsize("default")
+
+        def due() -> bool:
+            found = explain(dramatiq_project.engine, dramatiq_project.config(), KINDS,
+                            [message.message_id]).get(message.message_id)
+            return found is not None and found.disposition is not Disposition.SKIP
+
+        wait_until(due, "the killed worker's message to be due")
+        interrupted = race.run_interrupted_pass(maintenance)
+        assert [(str(d.job_id), d.reason) for d in interrupted.decided] == [
+            (message.message_id, Reason.WORKER_DIED_MID_STEP)]
+        assert [(str(d.job_id), d.reason) for d in interrupted.report.decisions] == [
+            (message.message_id, Reason.FENCE_LOST)]
+        assert dramatiq_project.dead_lettered() == {}
+        assert len(dramatiq_project.queued()) == 1  # where Dramatiq's maintenance put it

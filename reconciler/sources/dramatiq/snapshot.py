@@ -40,6 +40,7 @@ from reconciler.sources.dramatiq import keys as layout
 from reconciler.sources.dramatiq.config import DramatiqConfig
 from reconciler.sources.dramatiq.keys import Keys, Mark
 from reconciler.sources.dramatiq.silence import Beats
+from reconciler.sources.kit.shapes import AllKinds
 from reconciler.sources.kit.system import Loaded, Silent
 from reconciler.storage.sql import encode_rows, json_rows
 
@@ -179,9 +180,12 @@ class DramatiqLiveness:
     def judge(self, conn: Connection, kinds: KindRules, *, every: bool,
               silent: Silent | None) -> Snapshot:
         """Redis read once and loaded into ``FETCHED`` (``load``): every worker's messages
-        where the wedged scan runs (``silent``: live ones may be wedged), else the gone
-        workers' only."""
-        return self.load(conn, every=every or silent is not None)
+        where the wedged scan runs (``silent``: live ones may be wedged) or the kinds are
+        told apart (``[kinds]`` sets a scan's key for some kind but ``"*"``: the kit reads
+        the running kinds, and the brake counts the reconciled kinds' messages only), else
+        the gone workers' only."""
+        return self.load(conn, every=every or silent is not None
+                         or AllKinds.of(kinds) is None)
 
     def loaded(self, verdict: Snapshot) -> Loaded:
         return verdict.loaded
