@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 from typing import Any
 
 import pytest
@@ -117,7 +118,13 @@ def _comparable(change: PlannedChange) -> tuple[Any, ...]:
     return (change.decision, change.fence, change.thresholds, json.dumps(change.evidence))
 
 
-@settings(max_examples=400, deadline=None)
+EXAMPLES = int(os.environ.get("PLAN_BATCH_EXAMPLES", "150"))
+"""Batches drawn per run: 150 in the README's command (each batch is up to hundreds of
+rows, planned twice); ``PLAN_BATCH_EXAMPLES=2000`` for a deeper search after a change to
+the planner."""
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
 @given(batches(), configs())
 def test_a_batch_plans_as_each_row_alone(rows: list[Candidate], config: PassConfig) -> None:
     """Every row's decision, fence, thresholds and evidence equal plan_change's."""
