@@ -103,7 +103,8 @@ def run_checks(db: Database, system: System, specs: Mapping[str, JobSpec],
     lost: dict[str, list[str]] = {"after_acknowledgement": [], "in_delivery": []}
     for job, how in maybe_lost.items():
         (lost[how] if job in vanished else bad["jobs_not_terminal"]).append(job)
-    per_attempt = Counter((a.job, a.attempts_used) for a in acting)
+    per_attempt = Counter((a.job, a.attempts_used) for a in acting
+                          if not _put_back_unstarted(system, a, by_job[a.job]))
     bad["decisions_per_attempt_over_one"] = sorted({job for (job, _), n in per_attempt.items()
                                                     if n > 1})
 
@@ -171,11 +172,26 @@ def _effect_started_twice(system: System, spec: JobSpec, decisions: Sequence[Aud
     began, is one start: counted in ``late_starts``)."""
     if not spec.kind.startswith("effect."):
         return False
-    if any(d.disposition == "resume" for d in decisions):
+    if any(d.disposition == "resume" and not _put_back_unstarted(system, d, markers)
+           for d in decisions):
         return True
     return any(m.event == "started" and m.at > d.decided_at
                and (d.attempts_used is None or system.used_of(m.attempt) > d.attempts_used)
-               for d in decisions for m in markers)
+               for d in decisions if not _put_back_unstarted(system, d, markers)
+               for m in markers)
+
+
+def _put_back_unstarted(system: System, decision: AuditRow, markers: Sequence[Marker]
+                        ) -> bool:
+    """A message a worker had only prefetched, put back as it was (Dramatiq: its attempts
+    used stay, nothing of it ran): a resume from the unstarted step at the attempts used,
+    with no start of the run after them marked before the decision. It resumes no effect,
+    and a message prefetched by several workers that died is put back once by each."""
+    if decision.reason != "resumed_from_unstarted_step" or decision.attempts_used is None:
+        return False
+    following = decision.attempts_used + 1
+    return not any(m.event == "started" and m.at <= decision.decided_at
+                   and system.used_of(m.attempt) == following for m in markers)
 
 
 def _late_starts(system: System, decided: Mapping[str, Sequence[AuditRow]],

@@ -1,7 +1,7 @@
 """One adapter per real job system: how the chaos run sets it up, enqueues, starts a worker
 and reads its jobs. Adding a system is one more class here (the Python ones whose workers
-are Django's ``db_worker`` and ``celery worker``: python_systems.py; RQ, whose store is
-Redis: rq_system.py).
+are Django's ``db_worker`` and ``celery worker``: python_systems.py; RQ and Dramatiq,
+whose store is Redis: rq_system.py, dramatiq_system.py).
 
 Every adapter enqueues through the system's own functions (Procrastinate's
 ``procrastinate_defer_jobs_v1``, graphile-worker's ``add_job``, pg-boss's ``createQueue``
@@ -390,7 +390,14 @@ def make_system(name: str, *, hang_max_seconds: float) -> System:
         from tests.chaos.foreign.rq_system import Rq  # noqa: PLC0415 - it imports this module
 
         return Rq()
+    if name == "dramatiq":
+        from tests.chaos.foreign.dramatiq_system import (  # noqa: PLC0415 - imports this
+            Dramatiq,
+        )
+
+        return Dramatiq()
     return GraphileWorker(max_run) if name == "graphile-worker" else PgBoss(max_run)
 
 
-SYSTEMS = ("procrastinate", "graphile-worker", "pg-boss", "django-tasks", "celery", "rq")
+SYSTEMS = ("procrastinate", "graphile-worker", "pg-boss", "django-tasks", "celery", "rq",
+           "dramatiq")
