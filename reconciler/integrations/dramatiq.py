@@ -8,9 +8,12 @@ only prefetched (Redis alone cannot: both sit in the worker's acks set)::
 It writes only to the app's own Redis, through the broker's own client (no connection of
 its own), under the broker's namespace (``reconciler.sources.dramatiq.keys``): as a worker
 process boots, its broker id and Dramatiq version; as a message runs, a mark (started, then
-finished), removed once the message is acknowledged. A mark that cannot be written fails
-the message's run before its actor starts (Dramatiq then retries it as any failure): a run
-the reconciler cannot see is never let through. Add it last, so that its mark is written
+finished), removed once the message is acknowledged. A message is marked, and started,
+only while it is still in its worker's acks set (one Lua script): a message put back from
+a worker that looked dead but was only paused is skipped by that worker when it wakes, so
+only the copy put back runs. A mark that cannot be written fails the message's run before
+its actor starts (Dramatiq then retries it as any failure): a run the reconciler cannot
+see is never let through. Add it last, so that its mark is written
 after every other middleware has let the message through.
 
 Imports only Dramatiq and the standard library, with ``reconciler.sources.dramatiq.keys``.
@@ -23,18 +26,34 @@ import logging
 from typing import Any
 
 import dramatiq
-from dramatiq.middleware import Middleware, MiddlewareError, Retries
+from dramatiq.middleware import Middleware, MiddlewareError, Retries, SkipMessage
 from dramatiq.results import Results
 
 from reconciler.sources.dramatiq.keys import MIDDLEWARE_VERSION, Keys, Mark
 
 log = logging.getLogger("reconciler.integrations.dramatiq")
 
-__all__ = ["MarkNotWrittenError", "ReconcilerMiddleware"]
+__all__ = ["MarkNotWrittenError", "ReconcilerMiddleware", "TakenBackError"]
 
 
 class MarkNotWrittenError(MiddlewareError):
     """The started mark could not be written: the message fails this run unstarted."""
+
+
+class TakenBackError(SkipMessage):
+    """The message left this worker's acks set before it started (the reconciler or
+    Dramatiq's maintenance put it back, its worker having looked dead): it is skipped, so
+    that only the copy put back runs."""
+
+
+MARK = """
+-- KEYS: the worker's acks set for the message's queue, the marks, the workers
+-- ARGV: redis id, mark, broker id, registration
+if redis.call('sismember', KEYS[1], ARGV[1]) == 0 then return 0 end
+redis.call('hsetnx', KEYS[3], ARGV[3], ARGV[4])
+redis.call('hset', KEYS[2], ARGV[1], ARGV[2])
+return 1
+"""
 
 
 class ReconcilerMiddleware(Middleware):
@@ -60,7 +79,8 @@ class ReconcilerMiddleware(Middleware):
         self._mark(broker, message, finished=True)
 
     def after_skip_message(self, broker: Any, message: Any) -> None:
-        """Skipped counts as finished: the actor did not run past this point."""
+        """Skipped counts as finished: the actor did not run past this point (a message
+        taken back is no longer this worker's, and is left unmarked)."""
         self._mark(broker, message, finished=True)
 
     def after_ack(self, broker: Any, message: Any) -> None:
@@ -78,11 +98,13 @@ class ReconcilerMiddleware(Middleware):
         result_key, ttl = _result_target(broker, message)
         mark = Mark(broker.broker_id, finished, _max_retries(broker, message), result_key, ttl)
         try:
-            with client.pipeline(transaction=False) as pipe:
-                if not finished:
-                    pipe.hsetnx(keys.workers, broker.broker_id, _registration())
-                pipe.hset(keys.marks, redis_id, mark.encode())
-                pipe.execute()
+            # Only while the message is still this worker's: one the reconciler or
+            # Dramatiq's maintenance took back from a worker that looked dead (paused
+            # past the timeout) is never started, nor marked, by that worker.
+            held = client.register_script(MARK)(
+                keys=[keys.acks(broker.broker_id, message.queue_name), keys.marks,
+                      keys.workers],
+                args=[redis_id, mark.encode(), broker.broker_id, _registration()])
         except Exception as error:
             if finished:
                 # Its effects are done: the started mark stays, and a worker dying before
@@ -92,6 +114,9 @@ class ReconcilerMiddleware(Middleware):
                 return
             raise MarkNotWrittenError(f"could not mark message {message.message_id} started: "
                                  f"{type(error).__name__}") from error
+        if not held and not finished:
+            raise TakenBackError(f"message {message.message_id} was taken back from this "
+                                 "worker before it started")
 
     def _forget(self, broker: Any, message: Any) -> None:
         found = _redis(broker)

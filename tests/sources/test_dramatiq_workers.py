@@ -10,6 +10,7 @@ worker's last heartbeat (its default ``heartbeat_timeout``), later than any of t
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -18,6 +19,7 @@ import pytest
 from reconciler.core.kinds import KindRule, KindRules
 from reconciler.core.vocabulary import Disposition, EffectKind, LivenessDoubt, Reason
 from reconciler.root.cli import assemble_cli
+from tests.sources.celery_support import worker_tree
 from tests.sources.dramatiq_support import (
     DramatiqProject,
     dramatiq_project,
@@ -232,3 +234,39 @@ class TestDramatiqsOwnMaintenance:
             (message.message_id, Reason.FENCE_LOST)]
         assert dramatiq_project.dead_lettered() == {}
         assert len(dramatiq_project.queued()) == 1  # where Dramatiq's maintenance put it
+
+
+class TestPausedWorker:
+    def test_a_prefetched_message_put_back_is_skipped_when_its_paused_worker_wakes(
+            self, dramatiq_project: DramatiqProject, processes: Processes,
+            markers: Markers) -> None:
+        """A worker SIGSTOPped (a frozen VM) past the timeout with one message running and
+        one prefetched: the running one is dead-lettered, the prefetched one put back and
+        run by another worker; the paused worker, woken, finishes its run (the late
+        writer) and skips the message taken back: it ran once."""
+        import signal  # noqa: PLC0415
+
+        running = dramatiq_project.send("effect_work", hang=[4.0])
+        waiting = dramatiq_project.send("effect_work", hang=[0])
+        paused = start_worker(processes, dramatiq_project, markers, "worker-a", threads=1,
+                              prefetch=2)
+        wait_started(markers, running.message_id, paused)
+        wait_until(lambda: dramatiq_project.queued() == [], "the second to be prefetched")
+        for pid in worker_tree(paused):
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            reconcile_until(dramatiq_project, KINDS, decided(waiting.message_id),
+                            "the paused worker's messages to be decided")
+            other = start_worker(processes, dramatiq_project, markers, "worker-b")
+            wait_until(lambda: markers.has(f"{waiting.message_id}-done-1"),
+                       "the put-back message to run", process=other)
+        finally:
+            for pid in worker_tree(paused):
+                os.kill(pid, signal.SIGCONT)
+        wait_until(lambda: markers.has(f"{running.message_id}-done-1"),
+                   "the woken worker to finish its run", process=paused)
+        wait_until(lambda: dramatiq_project.redis().hlen("dramatiq:__reconciler__.marks")
+                   == 0, "the woken worker to be done with both")
+        runs = [n for n in markers.names() if n.startswith(f"run-{waiting.message_id}-")]
+        assert len(runs) == 1, runs
+        assert "skipped" in paused.output() or "taken back" in paused.output()
