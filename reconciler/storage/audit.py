@@ -48,6 +48,10 @@ DECISION_COLUMNS: tuple[tuple[str, Any], ...] = (
     ("decision_evidence", sa.JSON()), ("shadow_mode", sa.Boolean()),
 )
 
+FETCHED_ONLY = "fetched_only"
+"""The evidence's ``owner`` fact of a job its owner had only fetched, never started (a
+source that puts such a job back, as Dramatiq's prefetch: ``True``)."""
+
 
 @dataclass(frozen=True, slots=True)
 class _Statements:
@@ -342,7 +346,10 @@ class AuditHistory:
 
     def applied_resumes(self, keys: Sequence[str]) -> dict[str, list[tuple[str, Any]]]:
         """Each job's applied (not shadow) resumes, newest first, as (reason, recorded
-        ``attempts_used``), in one indexed read for the batch; jobs with none absent."""
+        ``attempts_used``), in one indexed read for the batch; jobs with none absent. A
+        resume whose evidence says its owner had only fetched the job (``FETCHED_ONLY``:
+        a Dramatiq message prefetched, put back as it was) is left out: no attempt of it
+        ran, so none was lost."""
         if not keys:
             return {}
         history: dict[str, list[tuple[str, Any]]] = {}
@@ -354,8 +361,12 @@ class AuditHistory:
                        decisions.c.disposition == Disposition.RESUME.value,
                        decisions.c.shadow_mode.is_(False))
                 .order_by(decisions.c.job_id, decisions.c.decision_id.desc())):
-            used = evidence.get("attempts_used") if isinstance(evidence, dict) else None
-            history.setdefault(str(job_id), []).append((str(reason), used))
+            facts = evidence if isinstance(evidence, dict) else {}
+            owner = facts.get("owner")
+            if isinstance(owner, dict) and owner.get(FETCHED_ONLY) is True:
+                continue  # put back as it was: no attempt of it ran, none was lost
+            history.setdefault(str(job_id), []).append((str(reason),
+                                                        facts.get("attempts_used")))
         return history
 
     def resumes_counted(self, key: sa.ColumnElement[Any]) -> sa.ScalarSelect[Any]:

@@ -270,3 +270,31 @@ class TestPausedWorker:
         runs = [n for n in markers.names() if n.startswith(f"run-{waiting.message_id}-")]
         assert len(runs) == 1, runs
         assert "skipped" in paused.output() or "taken back" in paused.output()
+
+
+class TestPutBackThenLost:
+    def test_a_put_back_is_no_lost_attempt_for_the_crash_loop_count(
+            self, dramatiq_project: DramatiqProject, processes: Processes,
+            markers: Markers) -> None:
+        """A message prefetched by a worker that dies is put back; its first real run then
+        dies too: one lost attempt, resumed, not ``crash_loop`` (found by the chaos long
+        run: the put-back was read as the lost attempt before it)."""
+        running = dramatiq_project.send("effect_work", hang=[3600])
+        waiting = dramatiq_project.send("idem_work", hang=[3600, 0])
+        first = start_worker(processes, dramatiq_project, markers, "worker-a", threads=1,
+                             prefetch=2)
+        wait_started(markers, running.message_id, first)
+        wait_until(lambda: dramatiq_project.queued() == [], "the second to be prefetched")
+        sigkill(first)
+        put_back = by_job(reconcile_until(dramatiq_project, KINDS,
+                                          decided(waiting.message_id),
+                                          "the prefetched message to be put back"))
+        assert put_back[waiting.message_id].reason is Reason.RESUMED_FROM_UNSTARTED_STEP
+        second = start_worker(processes, dramatiq_project, markers, "worker-b")
+        wait_started(markers, waiting.message_id, second)
+        sigkill(second)
+        lost = by_job(reconcile_until(dramatiq_project, KINDS, decided(waiting.message_id),
+                                      "its first run's loss to be decided"))
+        assert lost[waiting.message_id].reason is Reason.RESUMED_IDEMPOTENT_STEP
+        start_worker(processes, dramatiq_project, markers, "worker-c")
+        assert waiting.get_result(block=True, timeout=60_000) == "done on attempt 2"

@@ -43,6 +43,7 @@ from reconciler.sources.kit.batches import Batch, fence_of
 from reconciler.sources.kit.declaration import Declaration
 from reconciler.sources.kit.shapes import Shape, candidate
 from reconciler.sources.kit.system import Changed, Policies, Scope, System
+from reconciler.storage.audit import FETCHED_ONLY
 
 
 def _judged(scope: Scope) -> Snapshot:
@@ -86,7 +87,10 @@ class DramatiqSql:
             fence=Fence(attempt, fence), attempt_count=attempt, max_attempts=budget,
             lease_live=over < 0, lease_expired_seconds=over if over >= 0 else None,
             steps=steps if steps is not None else _own_steps(policy, row),
-            session_gone=over >= 0, position=position)
+            session_gone=over >= 0, position=position,
+            # Said in the evidence: a put-back uses no attempt, and the audit's history
+            # never counts it as one lost (``AuditHistory.applied_resumes``).
+            owner=() if ran else ((FETCHED_ONLY, True),))
         if row.unreadable:
             return dataclasses.replace(found, unreadable=(
                 ("error_code", UNREADABLE_MESSAGE), ("field", "message")))
