@@ -46,6 +46,12 @@ class TakenBackError(SkipMessage):
     that only the copy put back runs."""
 
 
+FORGET = """
+-- KEYS: the marks, the newest copies; ARGV: redis id, message id
+redis.call('hdel', KEYS[1], ARGV[1])
+if redis.call('hget', KEYS[2], ARGV[2]) == ARGV[1] then redis.call('hdel', KEYS[2], ARGV[2]) end
+return 1
+"""
 MARK = """
 -- KEYS: the worker's acks set for the message's queue, the marks, the workers
 -- ARGV: redis id, mark, broker id, registration
@@ -82,6 +88,21 @@ class ReconcilerMiddleware(Middleware):
         """Skipped counts as finished: the actor did not run past this point (a message
         taken back is no longer this worker's, and is left unmarked)."""
         self._mark(broker, message, finished=True)
+
+    def after_enqueue(self, broker: Any, message: Any, delay: int | None) -> None:
+        """The message id's newest copy: a worker that copies a due delayed message onto
+        its queue and dies before acknowledging the original leaves both, and the
+        reconciler then drops the original instead of putting it back."""
+        found = _redis(broker)
+        redis_id = message.options.get("redis_message_id")
+        if found is None or redis_id is None:
+            return
+        client, keys = found
+        try:
+            client.hset(keys.latest, message.message_id, redis_id)
+        except Exception as error:  # without it a put-back only risks Dramatiq's own copy
+            log.warning("could not record the newest copy of message %s: %s",
+                        message.message_id, type(error).__name__)
 
     def after_ack(self, broker: Any, message: Any) -> None:
         self._forget(broker, message)
@@ -125,7 +146,8 @@ class ReconcilerMiddleware(Middleware):
             return
         client, keys = found
         try:
-            client.hdel(keys.marks, redis_id)
+            client.register_script(FORGET)(keys=[keys.marks, keys.latest],
+                                           args=[redis_id, message.message_id])
         except Exception as error:  # a leftover mark of an acknowledged message is inert
             log.warning("could not clear the mark of message %s: %s", message.message_id,
                         type(error).__name__)

@@ -298,3 +298,42 @@ class TestPutBackThenLost:
         assert lost[waiting.message_id].reason is Reason.RESUMED_IDEMPOTENT_STEP
         start_worker(processes, dramatiq_project, markers, "worker-c")
         assert waiting.get_result(block=True, timeout=60_000) == "done on attempt 2"
+
+
+class TestDelayQueueCopy:
+    def test_an_original_whose_copy_was_enqueued_is_dropped_not_put_back(
+            self, dramatiq_project: DramatiqProject, processes: Processes,
+            markers: Markers) -> None:
+        """What a worker's delay-queue consumer does with a due message (Dramatiq's own
+        broker and consumer here, in the test's process): fetch it, enqueue its copy under
+        a new Redis id, then die before acknowledging the original. The reconciler drops
+        the original (its copy is queued): the message runs once."""
+        from dramatiq.brokers.redis import RedisBroker  # noqa: PLC0415
+
+        from reconciler.integrations.dramatiq import ReconcilerMiddleware  # noqa: PLC0415
+
+        app = dramatiq_project.app()
+        message = app.effect_work.send_with_options(kwargs={"hang": [0]}, delay=1)
+        dying = RedisBroker(url=dramatiq_project.redis_url)
+        middleware = ReconcilerMiddleware()
+        dying.add_middleware(middleware)
+        middleware.before_worker_boot(dying, None)
+        consumer = dying.consume("default.DQ", prefetch=10, timeout=100)
+        fetched = wait_until(lambda: next(consumer), "the delayed message to be fetched")
+        copy = fetched.copy(queue_name="default")
+        del copy.options["eta"]
+        dying.enqueue(copy)  # ... and the worker dies before acknowledging the original
+        redis = dramatiq_project.redis()
+        assert len(redis.hgetall("dramatiq:default.DQ.msgs")) == 1
+        outcomes = reconcile_until(dramatiq_project, KINDS, decided(message.message_id),
+                                   "the original to be decided")
+        assert by_job(outcomes)[message.message_id].reason is (
+            Reason.RESUMED_FROM_UNSTARTED_STEP)
+        assert redis.hgetall("dramatiq:default.DQ.msgs") == {}
+        assert redis.lrange("dramatiq:default.DQ", 0, -1) == []
+        start_worker(processes, dramatiq_project, markers, "worker-a")
+        assert message.get_result(block=True, timeout=60_000) == "done on attempt 1"
+        assert dramatiq_project.messages() == {}
+        runs = [n for n in markers.names() if n.startswith(f"run-{message.message_id}-")]
+        assert len(runs) == 1, runs
+        assert dramatiq_project.queued() == []

@@ -80,6 +80,12 @@ class Keys:
         return f"{self.namespace}:__reconciler__.marks"
 
     @property
+    def latest(self) -> str:
+        """Each message id's newest Redis id (a delay queue's move and a retry enqueue a
+        copy under a new one), written by the middleware as it enqueues."""
+        return f"{self.namespace}:__reconciler__.latest"
+
+    @property
     def beats(self) -> str:
         return f"{self.namespace}:__reconciler__.beats"
 

@@ -11,7 +11,9 @@ pipeline of scripts: one round trip.
 - **Resume** (Dramatiq's ``requeue``): out of the acks set, back at the end of its queue
   (a delay queue's message back on its delay queue, its ``eta`` kept), same Redis id; one
   that started counts a retry (``options.retries`` + 1, as Dramatiq's Retries middleware
-  counts a failure), one that never started is put back as it was.
+  counts a failure), one that never started is put back as it was, or dropped where a
+  newer copy of it exists (the middleware's ``latest``: its worker copied it off its
+  delay queue and died before acknowledging it).
 - **Terminalize** (Dramatiq's ``nack``): out of the acks set into its queue's dead-letter
   set, scored now (Redis's clock), the reason in its options (``reconciler_reason``, and
   ``traceback`` naming it, where Dramatiq's own dead letters carry theirs); where its
@@ -38,9 +40,9 @@ _RESULT_CANARY = "dramatiq.results.Result"
 
 MOVE = """
 -- KEYS: acks, msgs, queue, dead, dead msgs, marks, result (the marks again: none),
---       heartbeats
+--       heartbeats, the newest copies
 -- ARGV: action, redis id, sha1 as read, mark as read, new data, result, result ttl ms,
---       broker id, heartbeat as read
+--       broker id, heartbeat as read, message id, '1' when it only was fetched
 if redis.call('sismember', KEYS[1], ARGV[2]) == 0 then return 0 end
 if tonumber(redis.call('zscore', KEYS[8], ARGV[8]) or '-1') ~= tonumber(ARGV[9]) then
   return 0
@@ -50,6 +52,14 @@ if (not data) or redis.sha1hex(data) ~= ARGV[3] then return 0 end
 if (redis.call('hget', KEYS[6], ARGV[2]) or '') ~= ARGV[4] then return 0 end
 redis.call('srem', KEYS[1], ARGV[2])
 redis.call('hdel', KEYS[6], ARGV[2])
+local newest = redis.call('hget', KEYS[9], ARGV[10])
+if ARGV[1] == 'resume' and ARGV[11] == '1' and newest and newest ~= ARGV[2] then
+  -- Only fetched, and a newer copy of it exists (its worker copied it off its delay
+  -- queue, then died before acknowledging this one): dropped, as an acknowledgement.
+  redis.call('hdel', KEYS[2], ARGV[2])
+  return 1
+end
+if newest == ARGV[2] and ARGV[1] == 'terminalize' then redis.call('hdel', KEYS[9], ARGV[10]) end
 if ARGV[1] == 'terminalize' then
   local t = redis.call('time')
   redis.call('hdel', KEYS[2], ARGV[2])
@@ -128,9 +138,10 @@ def _moves(client: Any, keys: Keys, messages: Sequence[tuple[str, DramatiqFence]
             script(keys=[keys.acks(fence.broker_id, fence.queue), keys.messages(fence.queue),
                          keys.queue(fence.queue), keys.dead(fence.queue),
                          keys.dead_messages(fence.queue), keys.marks,
-                         result_key or keys.marks, keys.heartbeats],
+                         result_key or keys.marks, keys.heartbeats, keys.latest],
                    args=[action, fence.redis_id, fence.data_sha1, fence.mark, new, result,
-                         ttl, fence.broker_id, repr(fence.heartbeat)], client=pipe)
+                         ttl, fence.broker_id, repr(fence.heartbeat), job_id,
+                         "0" if fence.started else "1"], client=pipe)
             tried.append(job_id)
         done = pipe.execute()
     return [job_id for job_id, moved in zip(tried, done, strict=True) if moved == 1]
