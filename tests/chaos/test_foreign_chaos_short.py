@@ -35,8 +35,8 @@ def run_or_skip(params: ForeignParams) -> ForeignResult:
 SHORT_RUN_SYSTEMS = tuple(s for s in SYSTEMS if s != "dramatiq")
 """Dramatiq's run is left out of this command until the last finding of its long run is
 fixed (tests/chaos/README.md, Dramatiq): a delay queue's message copied by a worker killed
-before acknowledging it, put back, so two copies run. ``python -m tests.chaos.foreign
---system dramatiq`` runs it."""
+between Dramatiq's enqueue of the copy and the middleware's record of it, put back, so two
+copies run. ``python -m tests.chaos.foreign --system dramatiq`` runs it."""
 
 
 @pytest.mark.parametrize("system", SHORT_RUN_SYSTEMS)
