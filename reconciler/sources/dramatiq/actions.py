@@ -18,7 +18,6 @@ messages (``listing``): an operator's action, not a pass's.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -29,7 +28,7 @@ from sqlalchemy.engine import Connection
 from reconciler.core.kinds import KindRules
 from reconciler.core.vocabulary import JobKey, OperatorAction, OperatorStatusReason
 from reconciler.sources.dramatiq.config import DramatiqConfig
-from reconciler.sources.dramatiq.keys import BUDGET_OPTION, Keys, canonical
+from reconciler.sources.dramatiq.keys import BUDGET_OPTION, Keys, canonical, digest
 from reconciler.sources.dramatiq.listing import STATUS_WORDS, answering, located
 from reconciler.sources.dramatiq.writes import exc_text
 from reconciler.sources.kit.actions import ForeignJob
@@ -139,9 +138,9 @@ class DramatiqActions:
     def _move(self, action: str, found: Located, keys: list[str], new: bytes) -> bool:
         """``MOVE`` from the first two ``keys`` (where it was read) to the other two."""
         script = self.client.register_script(MOVE)
-        sha1 = hashlib.sha1(found.data, usedforsecurity=False).hexdigest()
         with answering(self.config.url):
-            return bool(script(keys=keys, args=[action, found.redis_id, sha1, new]))
+            return bool(script(keys=keys, args=[action, found.redis_id, digest(found.data),
+                                                new]))
 
 
 def _rewritten(data: bytes, *, queue_name: str | None = None,

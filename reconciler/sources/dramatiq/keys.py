@@ -34,6 +34,7 @@ Dramatiq 3 is outside the range: a version outside it is refused in one line.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import json
 import re
@@ -170,14 +171,20 @@ class Mark:
         broker_id, max_retries = found.get("b"), found.get("m")
         key, ttl = found.get("r"), found.get("t")
         if not isinstance(broker_id, str) or (
-                max_retries is not None and not _whole(max_retries)):
+                max_retries is not None and not whole(max_retries)):
             return None
         return cls(broker_id, found.get("f") is True, max_retries,
-                   key if isinstance(key, str) else None, ttl if _whole(ttl) else None)
+                   key if isinstance(key, str) else None, ttl if whole(ttl) else None)
 
 
-def _whole(value: object) -> bool:
+def whole(value: object) -> bool:
+    """Whether a value read from a message or a mark is a count (a non-negative int)."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def digest(data: bytes) -> str:
+    """A stored message's fingerprint, as the fences' Lua reads it (``redis.sha1hex``)."""
+    return hashlib.sha1(data, usedforsecurity=False).hexdigest()
 
 
 def supported(version: str) -> bool:

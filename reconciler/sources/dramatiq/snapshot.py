@@ -21,7 +21,6 @@ prefetched).
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -38,7 +37,7 @@ from reconciler.core.vocabulary import LivenessDoubt
 from reconciler.redaction import redact
 from reconciler.sources.dramatiq import keys as layout
 from reconciler.sources.dramatiq.config import DramatiqConfig
-from reconciler.sources.dramatiq.keys import Keys, Mark
+from reconciler.sources.dramatiq.keys import Keys, Mark, digest, whole
 from reconciler.sources.dramatiq.silence import Beats
 from reconciler.sources.kit.shapes import AllKinds
 from reconciler.sources.kit.system import Loaded, Silent
@@ -140,14 +139,10 @@ def read_message(raw: bytes | None, redis_id: str) -> Message | None:
     stamp = found.get("message_timestamp")
     readable = (isinstance(actor, str) and 0 < len(actor) <= 255 and actor.isprintable()
                 and isinstance(message_id, str) and bool(message_id)
-                and _whole(retries))
+                and whole(retries))
     return Message(str(message_id) if readable else redis_id, actor if readable else None,
-                   retries if readable else 0, most if _whole(most) else None,
-                   stamp if _whole(stamp) else None)
-
-
-def _whole(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+                   retries if readable else 0, most if whole(most) else None,
+                   stamp if whole(stamp) else None)
 
 
 @dataclass
@@ -259,7 +254,7 @@ class DramatiqLiveness:
                 "job_id": message.job_id, "job_kind": message.kind or UNREADABLE_LABEL,
                 "unreadable": message.kind is None, "queue": queue, "redis_id": redis_id,
                 "broker_id": broker_id,
-                "data_sha1": hashlib.sha1(raw, usedforsecurity=False).hexdigest(),
+                "data_sha1": digest(raw),
                 "mark": "" if mark_raw is None else mark_raw.decode(),
                 "started": mark is not None and not mark.finished,
                 "finished": mark is not None and mark.finished,
