@@ -296,8 +296,12 @@ class TestPutBackThenLost:
         lost = by_job(reconcile_until(dramatiq_project, KINDS, decided(waiting.message_id),
                                       "its first run's loss to be decided"))
         assert lost[waiting.message_id].reason is Reason.RESUMED_IDEMPOTENT_STEP
-        start_worker(processes, dramatiq_project, markers, "worker-c")
-        assert waiting.get_result(block=True, timeout=60_000) == "done on attempt 2"
+        third = start_worker(processes, dramatiq_project, markers, "worker-c")
+        # The run's own end first (a worker starting under load can outlast a socket's
+        # read), then its result, stored as the actor returns.
+        wait_until(lambda: markers.has(f"{waiting.message_id}-done-2"),
+                   "the resumed run to finish", timeout=60, process=third)
+        assert waiting.get_result(block=True, timeout=10_000) == "done on attempt 2"
 
 
 class TestDelayQueueCopy:
@@ -331,8 +335,10 @@ class TestDelayQueueCopy:
             Reason.RESUMED_FROM_UNSTARTED_STEP)
         assert redis.hgetall("dramatiq:default.DQ.msgs") == {}
         assert redis.lrange("dramatiq:default.DQ", 0, -1) == []
-        start_worker(processes, dramatiq_project, markers, "worker-a")
-        assert message.get_result(block=True, timeout=60_000) == "done on attempt 1"
+        worker = start_worker(processes, dramatiq_project, markers, "worker-a")
+        wait_until(lambda: markers.has(f"{message.message_id}-done-1"),
+                   "the copy to run", timeout=60, process=worker)
+        assert message.get_result(block=True, timeout=10_000) == "done on attempt 1"
         assert dramatiq_project.messages() == {}
         runs = [n for n in markers.names() if n.startswith(f"run-{message.message_id}-")]
         assert len(runs) == 1, runs
