@@ -112,6 +112,15 @@ def wait_started(markers: Markers, message_id: str, worker: Process, attempt: in
                process=worker)
 
 
+def result_after(markers: Markers, message: Any, attempt: int) -> Any:
+    """The message's result once its ``attempt`` ended (its end marker first: a worker
+    starting under load can outlast one blocking socket read), stored as the actor
+    returns."""
+    wait_until(lambda: markers.has(f"{message.message_id}-done-{attempt}"),
+               f"message {message.message_id} attempt {attempt} to end", timeout=60)
+    return message.get_result(block=True, timeout=10_000)
+
+
 def sigkill(worker: Process) -> None:
     """SIGKILL the whole worker (main and worker processes): a node lost, an OOM kill."""
     kill_worker(worker)

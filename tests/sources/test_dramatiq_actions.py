@@ -17,6 +17,7 @@ from tests.sources.dramatiq_support import (
     DramatiqProject,
     dramatiq_project,
     reconcile_until,
+    result_after,
     sigkill,
     start_worker,
     wait_started,
@@ -78,7 +79,7 @@ def test_a_queued_message_cancelled_is_dead_lettered_and_never_runs(
     assert dead["options"]["reconciler_reason"] == "operator_cancel"
     after = project.send("idem_work", hang=[0])
     start_worker(processes, project, markers, "worker-a")
-    assert after.get_result(block=True, timeout=60_000) == "done on attempt 1"
+    assert result_after(markers, after, 1) == "done on attempt 1"
     assert markers.of(cancelled.message_id) == set()
 
 

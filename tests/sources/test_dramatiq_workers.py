@@ -24,6 +24,7 @@ from tests.sources.dramatiq_support import (
     DramatiqProject,
     dramatiq_project,
     reconcile_until,
+    result_after,
     sigkill,
     start_worker,
     wait_started,
@@ -75,7 +76,7 @@ class TestKilledWorker:
         [stored] = dramatiq_project.messages().values()
         assert stored["options"]["retries"] == 1  # a resume counts, as a failure would
         second = start_worker(processes, dramatiq_project, markers, "worker-b")
-        assert message.get_result(block=True, timeout=60_000) == "done on attempt 2"
+        assert result_after(markers, message, 2) == "done on attempt 2"
         assert markers.of(message.message_id) == {"started-1", "started-2", "done-2"}
         del second
 
@@ -102,7 +103,7 @@ class TestKilledWorker:
         # A new worker runs what comes after it, never it again.
         start_worker(processes, dramatiq_project, markers, "worker-b")
         after = dramatiq_project.send("idem_work", hang=[0])
-        assert after.get_result(block=True, timeout=60_000) == "done on attempt 1"
+        assert result_after(markers, after, 1) == "done on attempt 1"
         assert markers.of(message.message_id) == {"started-1"}
 
     def test_a_prefetched_message_that_never_started_is_put_back_and_runs_once(
@@ -127,7 +128,7 @@ class TestKilledWorker:
         [stored] = dramatiq_project.messages().values()
         assert stored["options"].get("retries", 0) == 0  # it never ran: nothing counted
         start_worker(processes, dramatiq_project, markers, "worker-b")
-        assert waiting.get_result(block=True, timeout=60_000) == "done on attempt 1"
+        assert result_after(markers, waiting, 1) == "done on attempt 1"
         assert markers.of(waiting.message_id) == {"started-1", "done-1"}
 
     def test_a_poison_message_ends_crash_loop_after_killing_two_workers(
