@@ -10,12 +10,23 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from reconciler.cli.explain_view import explain_lines, explain_view
 from reconciler.core.operator_desk import OperatorDesk
+from reconciler.core.passes import explain_by_kind
 from reconciler.core.vocabulary import Disposition, OperatorAction, Reason
+from reconciler.root.cli import assemble_cli
 from reconciler.sources.pgboss.actions import PgBossActions
+from reconciler.views import job_list_lines, job_view
 from tests.sources.actions_support import desk_for, desk_moving_after_read, forget_source
 from tests.sources.factories import PgBossFactory
-from tests.sources.support import Markers, Processes, by_job, reconcile_once, wait_until
+from tests.sources.support import (
+    Markers,
+    Processes,
+    by_job,
+    config_for,
+    reconcile_once,
+    wait_until,
+)
 from tests.sources.test_node_workers import KINDS, NodeSystem
 
 SOURCE = "pg-boss"
@@ -154,3 +165,53 @@ def test_a_chunk_is_retried_in_one_statement_and_a_real_worker_runs_them(
     worker = boss.start(processes, "worker")
     for job in (*failed, moved, waiting):
         wait_until(lambda job=job: boss.done(job), f"job {job} to finish", process=worker)
+
+
+def test_every_view_reads_a_pgboss_jobs_own_budget_and_the_reason_that_applies_now(
+        boss: NodeSystem) -> None:
+    """Issue 41, findings 4 and 5, on pg-boss: ``jobs explain`` of a job sent with
+    ``retryLimit`` 0 counts its own budget (1, from the job), as its evidence and the
+    pass do, not the settings' default of 3. A job a pass failed and an operator retried
+    is shown queued for ``operator_retry`` (pg-boss keeps the old reason in ``output``),
+    with no finish time and an updated time no earlier than before the retry (pg-boss
+    clears ``completed_on``)."""
+    factory = factory_of(boss)
+    engine = factory.db.engine
+    parts = assemble_cli(config_for(engine, factory.config, KINDS), engine=engine)
+    own = factory.send("idem.work", {"hang": []}, retry_limit=0, expire_seconds=3600)
+    factory.claim(own, age=LONG_AGO)
+    [explained] = explain_by_kind(parts.passes, [own], parts.config.pass_config("test"))
+    view = explain_view(explained, parts.config.kinds, parts.jobs.get_job(own))
+    assert (view["disposition"], view["reason"]) == ("terminalize", "resume_exhausted")
+    assert (view["max_attempts"], view["max_attempts_from"],
+            view["evidence"]["max_attempts"]) == (1, "job", 1)
+    lines = explain_lines(view)
+    assert "  attempt budget: 1 (the job's own, set in its system)" in lines
+    assert "  max_attempts: 3 (the settings' default); the job's own budget applies " \
+        "instead" in lines
+    shown = parts.jobs.get_job(own)
+    assert shown is not None
+    assert (shown.max_attempts, shown.max_attempts_from) == (1, "job")
+
+    job = died(boss, "effect.work")
+    outcome = by_job(reconcile_once(engine, factory.config, KINDS))[job]
+    assert outcome.reason is Reason.WORKER_DIED_MID_STEP
+    ended = parts.jobs.get_job(job)
+    assert ended is not None
+    assert (ended.job_status, ended.status_reason) == ("failed", "worker_died_mid_step")
+    assert ended.finished_at is not None
+    assert ended.updated_at is not None
+    assert desk_of(boss).act(OperatorAction.RETRY, job, actor="alice", note="checked").applied
+    row = factory.row(job)
+    assert row is not None
+    assert row["output"]["reason"] == "worker_died_mid_step"  # pg-boss keeps it
+    retried = parts.jobs.get_job(job)
+    assert retried is not None
+    assert (retried.job_status, retried.status_reason, retried.finished_at) == (
+        "queued", "operator_retry", None)
+    assert retried.updated_at is not None
+    assert retried.updated_at >= ended.updated_at
+    [line] = [v for v in job_list_lines([job_view(j) for j in parts.jobs.list_jobs(None, 10)])
+              if job in v]
+    assert line.split()[-1] == "operator_retry"
+

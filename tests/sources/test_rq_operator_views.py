@@ -295,3 +295,60 @@ def test_a_redis_of_another_app_is_one_line_and_an_empty_one_is_waiting(
     assert code == 0, err
     assert (json.loads(out)["outcome"], err) == ("ok", "")
     assert cli(capsys, path, "jobs", "list") == (0, "no jobs\n", "")
+
+
+def test_readyz_tells_an_empty_redis_waiting_from_another_apps(
+        project: RqProject) -> None:
+    """The sidecar's own answer (issue 41, finding 8): on a Redis database that holds
+    others' keys but none of RQ's, a pass is ``liveness_unknown`` and ``/readyz`` 503
+    naming ``queues_missing``; the same database empty (an app that has not run yet), the
+    pass is ``ok`` and ``/readyz`` 200: a readiness probe does not hold back a sidecar
+    that is only waiting for its app."""
+    other = replace(project, redis_url=project.redis_url.rsplit("/", 1)[0] + "/5")
+    other.redis().set("session:someone-else", "1")
+    settings = Settings(
+        database_url=project.engine.url.render_as_string(hide_password=False),
+        metrics_port=0)
+    for keys in ("others'", "none"):
+        if keys == "none":
+            other.redis().flushdb()
+        service = Service(assemble_sidecar(Config(settings=settings, source=other.config(),
+                                                  kinds=KINDS)))
+        with serving(service) as base:
+            report = service.run_one_pass()
+            assert report is not None
+            ready = fetch(base + "/readyz")
+        if keys == "none":
+            assert (report.outcome.value, report.liveness) == ("ok", None)
+            assert (ready.status, ready.body) == (200, "ready\n")
+        else:
+            assert report.outcome.value == "liveness_unknown"
+            assert ready.status == 503
+            assert ready.body.startswith("liveness unknown (queues_missing) at "), ready.body
+
+
+def test_an_rq_jobs_times_carry_their_offsets_and_name_what_they_are(
+        project: RqProject, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``jobs show --json`` of jobs RQ failed (issue 41, finding 5), on every engine the
+    reconciler's tables are on (the listing's temporary table gives SQLite's times back
+    without an offset): every time with its UTC offset; a job RQ failed without writing
+    when it ended (as RQ's cleanup of an abandoned job leaves it) has no ``finished_at``,
+    never its ``started_at``; one with ``ended_at`` finished then, and was updated then."""
+    started = "2026-12-01T12:00:00.000000Z"
+    ended = "2026-12-01T12:00:07.500000Z"
+    unended, finished = project.enqueue(IDEMPOTENT), project.enqueue(IDEMPOTENT)
+    for job_id, fields in ((unended, {"started_at": started}),
+                           (finished, {"started_at": started, "ended_at": ended})):
+        failed(project, job_id)
+        project.redis().hset(f"rq:job:{job_id}", mapping=fields)
+    path = config_file(tmp_path, project)
+    shown = {job_id: cli_json(capsys, path, "jobs", "show", job_id)
+             for job_id in (unended, finished)}
+    for view in shown.values():
+        assert view["status"] == "failed"
+        assert view["created_at"].endswith("+00:00"), view
+        assert view["updated_at"].endswith("+00:00"), view
+    assert (shown[unended]["updated_at"], shown[unended]["finished_at"]) == (
+        "2026-12-01T12:00:00+00:00", None)
+    assert (shown[finished]["updated_at"], shown[finished]["finished_at"]) == (
+        "2026-12-01T12:00:07.500000+00:00", "2026-12-01T12:00:07.500000+00:00")
