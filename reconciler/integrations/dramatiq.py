@@ -11,10 +11,14 @@ process boots, its broker id and Dramatiq version; as a message runs, a mark (st
 finished), removed once the message is acknowledged. A message is marked, and started,
 only while it is still in its worker's acks set (one Lua script): a message put back from
 a worker that looked dead but was only paused is skipped by that worker when it wakes, so
-only the copy put back runs. A mark that cannot be written fails the message's run before
-its actor starts (Dramatiq then retries it as any failure): a run the reconciler cannot
-see is never let through. Add it last, so that its mark is written
-after every other middleware has let the message through.
+only the copy put back runs. A due delayed message is copied onto its queue under a new
+Redis id before its original is acknowledged; the copy carries the original's id
+(``reconciler_copy_of``) and at most one copy of an original starts: a worker that dies
+between the two leaves the original to be put back and copied again, and the second copy
+is skipped where the first started (``AnotherCopyStartedError``). A mark that cannot be
+written fails the message's run before its actor starts (Dramatiq then retries it as any
+failure): a run the reconciler cannot see is never let through. Add it last, so that its
+mark is written after every other middleware has let the message through.
 
 Imports only Dramatiq and the standard library, with ``reconciler.sources.dramatiq.keys``.
 """
@@ -29,11 +33,19 @@ import dramatiq
 from dramatiq.middleware import Middleware, MiddlewareError, Retries, SkipMessage
 from dramatiq.results import Results
 
-from reconciler.sources.dramatiq.keys import MIDDLEWARE_VERSION, Keys, Mark
+from reconciler.sources.dramatiq.keys import (
+    COPY_CLAIM_SECONDS,
+    COPY_OPTION,
+    DELAY_SUFFIX,
+    MIDDLEWARE_VERSION,
+    Keys,
+    Mark,
+)
 
 log = logging.getLogger("reconciler.integrations.dramatiq")
 
-__all__ = ["MarkNotWrittenError", "ReconcilerMiddleware", "TakenBackError"]
+__all__ = ["AnotherCopyStartedError", "MarkNotWrittenError", "ReconcilerMiddleware",
+           "TakenBackError"]
 
 
 class MarkNotWrittenError(MiddlewareError):
@@ -46,16 +58,27 @@ class TakenBackError(SkipMessage):
     that only the copy put back runs."""
 
 
-FORGET = """
--- KEYS: the marks, the newest copies; ARGV: redis id, message id
-redis.call('hdel', KEYS[1], ARGV[1])
-if redis.call('hget', KEYS[2], ARGV[2]) == ARGV[1] then redis.call('hdel', KEYS[2], ARGV[2]) end
-return 1
-"""
+class AnotherCopyStartedError(SkipMessage):
+    """Another copy of the same delayed original started first (its worker copied it
+    onto the queue, then died before acknowledging the original, which was put back and
+    copied again): this copy is skipped, so that the message runs once."""
+
+
 MARK = """
--- KEYS: the worker's acks set for the message's queue, the marks, the workers
--- ARGV: redis id, mark, broker id, registration
+-- KEYS: the worker's acks set for the message's queue, the marks, the workers,
+--       the original's copy claim and its delay queue's messages (the marks twice: none)
+-- ARGV: redis id, mark, broker id, registration, original's redis id ('' none),
+--       claim seconds, '1' when started
 if redis.call('sismember', KEYS[1], ARGV[1]) == 0 then return 0 end
+if ARGV[7] == '1' and ARGV[5] ~= '' then
+  local claim = redis.call('get', KEYS[4])
+  if claim and claim ~= 'open' and claim ~= ARGV[1] then return 2 end
+  -- Claimed only while another copy could still be made: the original not yet
+  -- acknowledged (its worker about to, or dead) or put back by the reconciler ('open').
+  if claim or redis.call('hexists', KEYS[5], ARGV[5]) == 1 then
+    redis.call('set', KEYS[4], ARGV[1], 'EX', ARGV[6])
+  end
+end
 redis.call('hsetnx', KEYS[3], ARGV[3], ARGV[4])
 redis.call('hset', KEYS[2], ARGV[1], ARGV[2])
 return 1
@@ -89,20 +112,18 @@ class ReconcilerMiddleware(Middleware):
         taken back is no longer this worker's, and is left unmarked)."""
         self._mark(broker, message, finished=True)
 
-    def after_enqueue(self, broker: Any, message: Any, delay: int | None) -> None:
-        """The message id's newest copy: a worker that copies a due delayed message onto
-        its queue and dies before acknowledging the original leaves both, and the
-        reconciler then drops the original instead of putting it back."""
-        found = _redis(broker)
+    def before_delay_message(self, broker: Any, message: Any) -> None:
+        """A due delayed message is copied onto its queue (Dramatiq's own ``copy`` keeps
+        its options): the copy names its original, in memory only, never in Redis."""
         redis_id = message.options.get("redis_message_id")
-        if found is None or redis_id is None:
-            return
-        client, keys = found
-        try:
-            client.hset(keys.latest, message.message_id, redis_id)
-        except Exception as error:  # without it a put-back only risks Dramatiq's own copy
-            log.warning("could not record the newest copy of message %s: %s",
-                        message.message_id, type(error).__name__)
+        if redis_id is not None:
+            message.options[COPY_OPTION] = redis_id
+
+    def before_enqueue(self, broker: Any, message: Any, delay: int | None) -> None:
+        """A message enqueued with a delay (a retry's backoff, a delayed send) is an
+        original of its own, not a copy of the one it was made from."""
+        if delay is not None:
+            message.options.pop(COPY_OPTION, None)
 
     def after_ack(self, broker: Any, message: Any) -> None:
         self._forget(broker, message)
@@ -118,14 +139,19 @@ class ReconcilerMiddleware(Middleware):
         client, keys = found
         result_key, ttl = _result_target(broker, message)
         mark = Mark(broker.broker_id, finished, _max_retries(broker, message), result_key, ttl)
+        original = message.options.get(COPY_OPTION)
+        original = original if isinstance(original, str) else ""
         try:
             # Only while the message is still this worker's: one the reconciler or
             # Dramatiq's maintenance took back from a worker that looked dead (paused
             # past the timeout) is never started, nor marked, by that worker.
             held = client.register_script(MARK)(
                 keys=[keys.acks(broker.broker_id, message.queue_name), keys.marks,
-                      keys.workers],
-                args=[redis_id, mark.encode(), broker.broker_id, _registration()])
+                      keys.workers,
+                      keys.copy_claim(original) if original else keys.marks,
+                      keys.messages(message.queue_name + DELAY_SUFFIX)],
+                args=[redis_id, mark.encode(), broker.broker_id, _registration(), original,
+                      COPY_CLAIM_SECONDS, "0" if finished else "1"])
         except Exception as error:
             if finished:
                 # Its effects are done: the started mark stays, and a worker dying before
@@ -135,9 +161,16 @@ class ReconcilerMiddleware(Middleware):
                 return
             raise MarkNotWrittenError(f"could not mark message {message.message_id} started: "
                                  f"{type(error).__name__}") from error
-        if not held and not finished:
-            raise TakenBackError(f"message {message.message_id} was taken back from this "
-                                 "worker before it started")
+        if finished or held == 1:
+            return
+        # Not this message's run: the Results middleware would store None for a skipped
+        # message under the message's id, over (or under) the result of the run that counts.
+        message.options["store_results"] = False
+        if held == 2:
+            raise AnotherCopyStartedError(f"another copy of message {message.message_id} "
+                                          "started first")
+        raise TakenBackError(f"message {message.message_id} was taken back from this "
+                             "worker before it started")
 
     def _forget(self, broker: Any, message: Any) -> None:
         found = _redis(broker)
@@ -146,8 +179,7 @@ class ReconcilerMiddleware(Middleware):
             return
         client, keys = found
         try:
-            client.register_script(FORGET)(keys=[keys.marks, keys.latest],
-                                           args=[redis_id, message.message_id])
+            client.hdel(keys.marks, redis_id)
         except Exception as error:  # a leftover mark of an acknowledged message is inert
             log.warning("could not clear the mark of message %s: %s", message.message_id,
                         type(error).__name__)

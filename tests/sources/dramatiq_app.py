@@ -6,7 +6,7 @@ app that has not added it).
 
 Each actor writes marker files as it goes (``<message id>-started-<attempt>``, then
 ``<message id>-done-<attempt>``; the attempt is Dramatiq's ``retries`` + 1; and
-``run-<message id>-<pid>`` for each run) into
+``run-<message id>-<pid>-<ns>`` for each run, two runs in one process included) into
 ``SOURCES_MARKERS`` and sleeps ``hang[attempt - 1]`` seconds between (default: the first
 attempt, an hour). ``poison`` SIGKILLs its own worker process, as an input that runs it
 out of memory would.
@@ -51,7 +51,7 @@ def _work(hang: list[float] | None) -> str:
     folder = Path(os.environ["SOURCES_MARKERS"])
     (folder / f"{message.message_id}-started-{attempt}").write_text(str(os.getpid()))
     # One more per run, whatever its attempt (an operator's retry starts the count again).
-    (folder / f"run-{message.message_id}-{os.getpid()}").write_text("")
+    (folder / f"run-{message.message_id}-{os.getpid()}-{time.monotonic_ns()}").write_text("")
     seconds = [3600.0] if hang is None else hang
     if attempt - 1 < len(seconds):
         time.sleep(seconds[attempt - 1])

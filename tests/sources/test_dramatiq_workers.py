@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -306,41 +307,68 @@ class TestPutBackThenLost:
 
 
 class TestDelayQueueCopy:
-    def test_an_original_whose_copy_was_enqueued_is_dropped_not_put_back(
-            self, dramatiq_project: DramatiqProject, processes: Processes,
-            markers: Markers) -> None:
-        """What a worker's delay-queue consumer does with a due message (Dramatiq's own
-        broker and consumer here, in the test's process): fetch it, enqueue its copy under
-        a new Redis id, then die before acknowledging the original. The reconciler drops
-        the original (its copy is queued): the message runs once."""
+    """What a worker's delay-queue consumer does with a due message, done here with
+    Dramatiq's own broker and consumer and the middleware's hooks as the worker calls them:
+    fetch it, copy it onto its queue under a new Redis id, then die before acknowledging
+    the original. Whichever comes first, the copy's start or the reconciler's decision on
+    the original, the message runs once."""
+
+    @staticmethod
+    def copied_by_a_dying_worker(project: DramatiqProject) -> Any:
         from dramatiq.brokers.redis import RedisBroker  # noqa: PLC0415
 
         from reconciler.integrations.dramatiq import ReconcilerMiddleware  # noqa: PLC0415
 
-        app = dramatiq_project.app()
-        message = app.effect_work.send_with_options(kwargs={"hang": [0]}, delay=1)
-        dying = RedisBroker(url=dramatiq_project.redis_url)
-        middleware = ReconcilerMiddleware()
-        dying.add_middleware(middleware)
-        middleware.before_worker_boot(dying, None)
+        message = project.app().effect_work.send_with_options(kwargs={"hang": [0]},
+                                                              delay=1)
+        dying = RedisBroker(url=project.redis_url)
+        dying.add_middleware(ReconcilerMiddleware())
+        dying.emit_before("worker_boot", None)
         consumer = dying.consume("default.DQ", prefetch=10, timeout=100)
         fetched = wait_until(lambda: next(consumer), "the delayed message to be fetched")
-        copy = fetched.copy(queue_name="default")
+        dying.emit_before("delay_message", fetched)  # the worker's handle_message
+        copy = fetched.copy(queue_name="default")  # the worker's handle_delayed_messages
         del copy.options["eta"]
         dying.enqueue(copy)  # ... and the worker dies before acknowledging the original
-        redis = dramatiq_project.redis()
-        assert len(redis.hgetall("dramatiq:default.DQ.msgs")) == 1
+        assert len(project.redis().hgetall("dramatiq:default.DQ.msgs")) == 1
+        assert len(project.queued()) == 1
+        return message
+
+    def test_an_original_whose_copy_started_is_dropped_not_put_back(
+            self, dramatiq_project: DramatiqProject, processes: Processes,
+            markers: Markers) -> None:
+        message = self.copied_by_a_dying_worker(dramatiq_project)
+        worker = start_worker(processes, dramatiq_project, markers, "worker-a")
+        assert result_after(markers, message, 1) == "done on attempt 1"
         outcomes = reconcile_until(dramatiq_project, KINDS, decided(message.message_id),
                                    "the original to be decided")
         assert by_job(outcomes)[message.message_id].reason is (
             Reason.RESUMED_FROM_UNSTARTED_STEP)
+        redis = dramatiq_project.redis()
         assert redis.hgetall("dramatiq:default.DQ.msgs") == {}
         assert redis.lrange("dramatiq:default.DQ", 0, -1) == []
-        worker = start_worker(processes, dramatiq_project, markers, "worker-a")
-        wait_until(lambda: markers.has(f"{message.message_id}-done-1"),
-                   "the copy to run", timeout=60, process=worker)
-        assert message.get_result(block=True, timeout=10_000) == "done on attempt 1"
-        assert dramatiq_project.messages() == {}
+        assert worker.alive()
         runs = [n for n in markers.names() if n.startswith(f"run-{message.message_id}-")]
         assert len(runs) == 1, runs
-        assert dramatiq_project.queued() == []
+
+    def test_an_original_put_back_before_its_copy_started_runs_once(
+            self, dramatiq_project: DramatiqProject, processes: Processes,
+            markers: Markers) -> None:
+        """The original put back (its copy's start not seen yet) is copied again by the next
+        worker: of the two copies, the first to start runs, the other is skipped, and the
+        message's result is the run's."""
+        message = self.copied_by_a_dying_worker(dramatiq_project)
+        outcomes = reconcile_until(dramatiq_project, KINDS, decided(message.message_id),
+                                   "the original to be decided")
+        assert by_job(outcomes)[message.message_id].reason is (
+            Reason.RESUMED_FROM_UNSTARTED_STEP)
+        assert len(dramatiq_project.queued("default.DQ")) == 1  # put back on its delay queue
+        worker = start_worker(processes, dramatiq_project, markers, "worker-a")
+        assert result_after(markers, message, 1) == "done on attempt 1"
+        wait_until(lambda: dramatiq_project.messages() == {} and not
+                   dramatiq_project.messages("default.DQ"),
+                   "both copies and the original to be acknowledged", timeout=60,
+                   process=worker)
+        runs = [n for n in markers.names() if n.startswith(f"run-{message.message_id}-")]
+        assert len(runs) == 1, runs
+        assert message.get_result() == "done on attempt 1"  # not the skipped copy's None

@@ -28,13 +28,13 @@ from sqlalchemy.engine import Connection
 from reconciler.core.kinds import KindRules
 from reconciler.core.vocabulary import JobKey, OperatorAction, OperatorStatusReason
 from reconciler.sources.dramatiq.config import DramatiqConfig
-from reconciler.sources.dramatiq.keys import BUDGET_OPTION, Keys, canonical, digest
+from reconciler.sources.dramatiq.keys import BUDGET_OPTION, COPY_OPTION, Keys, canonical, digest
 from reconciler.sources.dramatiq.listing import STATUS_WORDS, answering, located
 from reconciler.sources.dramatiq.writes import exc_text
 from reconciler.sources.kit.actions import ForeignJob
 
 FETCHED_REFUSAL = "dramatiq_fetched"
-_DROPPED = ("reconciler_reason", "traceback", "eta", BUDGET_OPTION)
+_DROPPED = ("reconciler_reason", "traceback", "eta", BUDGET_OPTION, COPY_OPTION)
 
 MOVE = """
 -- KEYS: from (a list, or the dead-letter set), its msgs, to (a list, or the dead-letter

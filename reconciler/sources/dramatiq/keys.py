@@ -24,6 +24,12 @@ The middleware (``reconciler.integrations.dramatiq``) adds, in the same namespac
   messages without an entry ran without the middleware;
 - ``{ns}:__reconciler__.marks``: a hash, Redis message id -> what its worker said of it
   (``Mark``): started, then finished, removed once the message is acknowledged;
+- ``{ns}:__reconciler__.copy.{redis id}``: a delayed original's claim, the Redis id of
+  the one copy of it that started (a copy names its original in its ``reconciler_copy_of``
+  option), or ``open`` where the reconciler put the original back; kept
+  ``COPY_CLAIM_SECONDS``, and written only while another copy could still be made (the
+  original not yet acknowledged, or put back), so an app's ordinary delayed messages leave
+  none behind;
 - ``{ns}:__reconciler__.beats`` (with ``.beats.last`` and ``.beats.at``): written by the
   reconciler, not the middleware: the heartbeats as the last pass read them and when, and
   each still broker's value and when (Redis's clock) it was first seen, so silence is
@@ -48,6 +54,11 @@ EXTRA_HINT = "pip install 'stale-claim-reconciler[dramatiq]'"
 MIDDLEWARE_VERSION = 1
 """The layout of the middleware's marks; a sidecar refuses a worker that writes another."""
 DELAY_SUFFIX = ".DQ"
+COPY_OPTION = "reconciler_copy_of"
+"""The option a worker's copy of a due delayed message names its original's Redis id in."""
+COPY_CLAIM_SECONDS = 7 * 24 * 3600
+"""How long an original's copy claim is kept: Dramatiq's longest delay and its dead
+letters' time to live, both seven days."""
 BUDGET_OPTION = "reconciler_max_retries"
 """The option a message the reconciler moved keeps its worker's ``max_retries`` in, so its
 budget stays readable once the mark is gone (Dramatiq reads only its own options)."""
@@ -80,11 +91,9 @@ class Keys:
     def marks(self) -> str:
         return f"{self.namespace}:__reconciler__.marks"
 
-    @property
-    def latest(self) -> str:
-        """Each message id's newest Redis id (a delay queue's move and a retry enqueue a
-        copy under a new one), written by the middleware as it enqueues."""
-        return f"{self.namespace}:__reconciler__.latest"
+    def copy_claim(self, original: str) -> str:
+        """A delayed original's claim: which of its copies started (or ``open``)."""
+        return f"{self.namespace}:__reconciler__.copy.{original}"
 
     @property
     def beats(self) -> str:

@@ -12,8 +12,10 @@ pipeline of scripts: one round trip.
   (a delay queue's message back on its delay queue, its ``eta`` kept), same Redis id; one
   that started counts a retry (``options.retries`` + 1, as Dramatiq's Retries middleware
   counts a failure), one that never started is put back as it was, or dropped where a
-  newer copy of it exists (the middleware's ``latest``: its worker copied it off its
-  delay queue and died before acknowledging it).
+  copy of it started (the middleware's copy claim: its worker copied it off its delay
+  queue and died before acknowledging it); a delayed original put back opens its claim,
+  so that of the copies then made of it (the one its worker may have enqueued, the next
+  worker's) only the first to start runs.
 - **Terminalize** (Dramatiq's ``nack``): out of the acks set into its queue's dead-letter
   set, scored now (Redis's clock), the reason in its options (``reconciler_reason``, and
   ``traceback`` naming it, where Dramatiq's own dead letters carry theirs); where its
@@ -31,7 +33,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from reconciler.sources.dramatiq.keys import BUDGET_OPTION, Keys, Mark
+from reconciler.sources.dramatiq.keys import (
+    BUDGET_OPTION,
+    COPY_CLAIM_SECONDS,
+    DELAY_SUFFIX,
+    Keys,
+    Mark,
+)
 from reconciler.sources.kit.fences import ForeignFence
 
 FAILED_RESULT_TYPE = "WorkerDied"
@@ -40,9 +48,10 @@ _RESULT_CANARY = "dramatiq.results.Result"
 
 MOVE = """
 -- KEYS: acks, msgs, queue, dead, dead msgs, marks, result (the marks again: none),
---       heartbeats, the newest copies
+--       heartbeats, its copy claim
 -- ARGV: action, redis id, sha1 as read, mark as read, new data, result, result ttl ms,
---       broker id, heartbeat as read, message id, '1' when it only was fetched
+--       broker id, heartbeat as read, claim seconds, '1' when it only was fetched,
+--       '1' when it is a delayed original
 if redis.call('sismember', KEYS[1], ARGV[2]) == 0 then return 0 end
 if tonumber(redis.call('zscore', KEYS[8], ARGV[8]) or '-1') ~= tonumber(ARGV[9]) then
   return 0
@@ -52,14 +61,16 @@ if (not data) or redis.sha1hex(data) ~= ARGV[3] then return 0 end
 if (redis.call('hget', KEYS[6], ARGV[2]) or '') ~= ARGV[4] then return 0 end
 redis.call('srem', KEYS[1], ARGV[2])
 redis.call('hdel', KEYS[6], ARGV[2])
-local newest = redis.call('hget', KEYS[9], ARGV[10])
-if ARGV[1] == 'resume' and ARGV[11] == '1' and newest and newest ~= ARGV[2] then
-  -- Only fetched, and a newer copy of it exists (its worker copied it off its delay
-  -- queue, then died before acknowledging this one): dropped, as an acknowledgement.
-  redis.call('hdel', KEYS[2], ARGV[2])
-  return 1
+if ARGV[1] == 'resume' and ARGV[11] == '1' and ARGV[12] == '1' then
+  local claim = redis.call('get', KEYS[9])
+  if claim and claim ~= 'open' then
+    -- A copy of it started (its worker copied it off its delay queue, then died before
+    -- acknowledging this one): dropped, as an acknowledgement.
+    redis.call('hdel', KEYS[2], ARGV[2])
+    return 1
+  end
+  redis.call('set', KEYS[9], 'open', 'EX', ARGV[10])
 end
-if newest == ARGV[2] and ARGV[1] == 'terminalize' then redis.call('hdel', KEYS[9], ARGV[10]) end
 if ARGV[1] == 'terminalize' then
   local t = redis.call('time')
   redis.call('hdel', KEYS[2], ARGV[2])
@@ -138,10 +149,12 @@ def _moves(client: Any, keys: Keys, messages: Sequence[tuple[str, DramatiqFence]
             script(keys=[keys.acks(fence.broker_id, fence.queue), keys.messages(fence.queue),
                          keys.queue(fence.queue), keys.dead(fence.queue),
                          keys.dead_messages(fence.queue), keys.marks,
-                         result_key or keys.marks, keys.heartbeats, keys.latest],
+                         result_key or keys.marks, keys.heartbeats,
+                         keys.copy_claim(fence.redis_id)],
                    args=[action, fence.redis_id, fence.data_sha1, fence.mark, new, result,
-                         ttl, fence.broker_id, repr(fence.heartbeat), job_id,
-                         "0" if fence.started else "1"], client=pipe)
+                         ttl, fence.broker_id, repr(fence.heartbeat), COPY_CLAIM_SECONDS,
+                         "0" if fence.started else "1",
+                         "1" if fence.queue.endswith(DELAY_SUFFIX) else "0"], client=pipe)
             tried.append(job_id)
         done = pipe.execute()
     return [job_id for job_id, moved in zip(tried, done, strict=True) if moved == 1]
