@@ -6,7 +6,7 @@ the swap looks to the fence."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
 import sqlalchemy as sa
@@ -19,7 +19,12 @@ from reconciler.core.kinds import KindRules
 from reconciler.core.operator_desk import OperatorDesk
 from reconciler.core.vocabulary import JobKey, OperatorAction
 from reconciler.root.cli import assemble_cli
-from reconciler.sources.kit.actions import ForeignDesk, ForeignJob, SystemActions
+from reconciler.sources.kit.actions import (
+    BatchActions,
+    ForeignDesk,
+    ForeignJob,
+    SystemActions,
+)
 from tests.sources.support import config_for
 
 Move = Callable[[Connection, JobKey], object]
@@ -50,12 +55,37 @@ class MovedAfterRead:
         return self._actions.cancel(job_key, job)
 
 
+class MovedAfterReadMany(MovedAfterRead):
+    """A batch system's actions whose chunk read is followed by ``move`` of each job it
+    found (``move`` picks the ones it moves), between the chunk's read and its swap."""
+
+    def __init__(self, actions: SystemActions, batch: BatchActions, conn: Connection,
+                 move: Move) -> None:
+        super().__init__(actions, conn, move)
+        self._batch = batch
+
+    def read_many(self, job_keys: Sequence[JobKey], *, lock: bool
+                  ) -> dict[JobKey, ForeignJob]:
+        found = self._batch.read_many(job_keys, lock=lock)
+        for key in found:
+            self._move(self._conn, key)
+        return found
+
+    def swap_many(self, action: OperatorAction, jobs: Mapping[JobKey, ForeignJob],
+                  refused: dict[JobKey, str]) -> dict[JobKey, str]:
+        return self._batch.swap_many(action, jobs, refused)
+
+
 def desk_moving_after_read(engine: Engine, source: str, config: Any, kinds: KindRules, *,
                            actions: Callable[[Connection, Any, KindRules], SystemActions],
                            move: Move) -> ForeignDesk:
-    """The source's desk over ``actions``, with ``move`` landing after each read."""
+    """The source's desk over ``actions``, with ``move`` landing after each read (a
+    chunk's read too, where the system reads one: ``move`` then runs on each job read)."""
     def opener(conn: Connection, config: Any, kinds: KindRules) -> SystemActions:
-        return MovedAfterRead(actions(conn, config, kinds), conn, move)
+        system = actions(conn, config, kinds)
+        if isinstance(system, BatchActions):  # a chunk's read and swap stay set-based
+            return MovedAfterReadMany(system, system, conn, move)
+        return MovedAfterRead(system, conn, move)
 
     return ForeignDesk(engine, source, config, kinds, opener=opener,
                        parse_key=entry_for(source).parse_job_key)

@@ -187,3 +187,58 @@ def test_a_chunk_is_retried_and_cancelled_through_its_functions_in_a_few_stateme
         wait_until(lambda job=job: procrastinate.status(job) == "completed",
                    f"job {job} to finish", process=running)
     assert all(markers.of(job) == set() for job in queued)
+
+
+def test_a_chunk_retry_refuses_a_moved_a_cancelled_and_a_lock_taken_job_and_applies_the_rest(
+        procrastinate: ProcrastinateFactory, processes: Processes, markers: Markers) -> None:
+    """Five jobs a pass failed, retried as a chunk with a cancelled job and an id no job
+    has: one retried by Procrastinate meanwhile (after the chunk's read, before its swap)
+    is ``fence_lost``, one whose queueing lock a queued job holds is refused by its unique
+    index (``procrastinate_already_enqueued``), the cancelled one is
+    ``procrastinate_cannot_retry``; the two others are ``todo`` with attempts from 0. A real
+    worker runs those, the moved one and the lock's holder, never the cancelled one; the
+    lock free again, the refused one is retried and run too."""
+    engine = procrastinate.db.engine
+    failed = [died(procrastinate, "effect.work") for _ in range(2)]
+    moved, locked = died(procrastinate, "effect.work"), died(procrastinate, "effect.work")
+    decided = by_job(reconcile_once(engine, procrastinate.config, KINDS))
+    assert {decided[j].reason for j in (*failed, moved, locked)} == {
+        Reason.WORKER_DIED_MID_STEP}
+    holder = procrastinate.defer("pure.work", {"hang": []})
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE procrastinate.procrastinate_jobs SET queueing_lock = "
+                             "'nightly' WHERE id IN (:a, :b)"), {"a": locked, "b": holder})
+    cancelled = procrastinate.defer("pure.work", {"hang": []})
+    desk = desk_of(procrastinate)
+    assert desk.act(OperatorAction.CANCEL, str(cancelled), actor="bob", note="dup").applied
+
+    def retried_by_procrastinate(conn: sa.Connection, key: object) -> None:
+        if key == moved:  # its function and triggers name its tables unqualified
+            conn.execute(sa.text("SELECT set_config('search_path', 'procrastinate, ' || "
+                                 "current_setting('search_path'), true)"))
+            conn.execute(sa.text("SELECT procrastinate_retry_job_v2(:id, NULL, NULL, NULL, "
+                                 "NULL)"), {"id": key})
+
+    moving = desk_moving_after_read(engine, SOURCE, procrastinate.config, KINDS,
+                                    actions=ProcrastinateActions,
+                                    move=retried_by_procrastinate)
+    chunk = [*failed, moved, locked, cancelled]
+    reports = moving.act_on_chunk(OperatorAction.RETRY, [*map(str, chunk), "999999"],
+                                  actor="alice", note="bulk")
+    assert [(r.job_id, r.refusal) for r in reports] == [
+        *((str(j), None) for j in failed), (str(moved), "fence_lost"),
+        (str(locked), "procrastinate_already_enqueued"),
+        (str(cancelled), "procrastinate_cannot_retry"), ("999999", "no_such_job")]
+    rows = {j: procrastinate.row(j) for j in chunk}
+    assert {j: (r["status"], r["attempts"]) for j, r in rows.items() if r} == {
+        **dict.fromkeys(failed, ("todo", 0)), moved: ("todo", 2), locked: ("failed", 1),
+        cancelled: ("cancelled", 0)}
+    assert {procrastinate.events(j)[-1] for j in failed} == {"retried"}
+    running = worker(processes, procrastinate, markers)
+    for job in (*failed, moved, holder):
+        wait_until(lambda job=job: procrastinate.status(job) == "completed",
+                   f"job {job} to finish", process=running)
+    assert desk.act(OperatorAction.RETRY, str(locked), actor="alice", note="now").applied
+    wait_until(lambda: procrastinate.status(locked) == "completed", "the refused job to run",
+               process=running)
+    assert markers.of(cancelled) == set()

@@ -4,7 +4,8 @@
   ``JobManager.retry_job_by_id`` calls it (no ``retry_at``): ``todo``, runnable now, with a
   ``deferred_for_retry`` event; then ``attempts = 0``, a fresh budget for the task's retry
   strategy. A ``cancelled`` or ``aborted`` job is refused (``procrastinate_cannot_retry``):
-  Procrastinate's function takes back only failed jobs.
+  Procrastinate's function takes back only failed jobs; so is a job whose queueing lock a
+  ``todo`` job holds (``procrastinate_already_enqueued``: its unique index refuses it).
 - **cancel**: ``procrastinate_cancel_job_v1(id, abort => true, delete => false)``, as its
   ``cancel_job_by_id(abort=True)``: a ``todo`` job becomes ``cancelled`` (no worker will
   fetch it); a ``doing`` job gets ``abort_requested``, and its worker stops it only where
@@ -22,10 +23,11 @@ from contextlib import contextmanager
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import IntegrityError
 
 from reconciler.core.kinds import KindRules
 from reconciler.core.vocabulary import JobKey, JobStatus, OperatorAction
-from reconciler.sources.kit.actions import ForeignJob, locked
+from reconciler.sources.kit.actions import ForeignJob, SystemRefusal, locked
 from reconciler.sources.procrastinate.source import ProcrastinateConfig
 
 WORDS = {"todo": JobStatus.QUEUED, "doing": JobStatus.PROCESSING,
@@ -38,6 +40,10 @@ CANNOT_RETRY = "procrastinate_cannot_retry"
 """The refusal of a retry Procrastinate's own function does not take (a cancelled or
 aborted job)."""
 
+
+ALREADY_ENQUEUED = "procrastinate_already_enqueued"
+"""The refusal of a retry that would give the queue a second ``todo`` job of the same
+queueing lock (Procrastinate's unique index; its own defer says ``AlreadyEnqueued``)."""
 
 ABORT_REQUESTED = "abort_requested_already"
 """The refusal of a cancel of a job whose abort was requested already."""
@@ -97,27 +103,43 @@ class ProcrastinateActions:
         """A chunk's retry or cancel: the jobs still as read found in one statement,
         Procrastinate's function called for each of them in one more (over ``unnest``),
         a retry's fresh attempt count in a third, their statuses read back in a fourth;
-        the jobs it changed, with their status after. (Its own rules were asked before,
-        in ``refuses``.)"""
-        ids = self._still_many(jobs)
+        the jobs it changed, with their status after. A retry its queueing-lock index
+        refuses (a ``todo`` job of the same lock) rolls its savepoint back, and the jobs
+        are then called one by one, each in its own, so that the refusal
+        (``procrastinate_already_enqueued``) is that job's own."""
+        ids = {int(key): key for key in jobs if int(key) in self._still_many(jobs)}
         if not ids:
             return {}
-        over = "FROM unnest(CAST(:ids AS bigint[])) AS id"
         with self._search_path():
+            try:
+                changed = self._called(action, sorted(ids))
+            except IntegrityError:
+                changed = set()
+                for job_id in sorted(ids):
+                    try:
+                        changed |= self._called(action, [job_id])
+                    except IntegrityError:
+                        refused[ids[job_id]] = ALREADY_ENQUEUED
+        keys = [ids[job_id] for job_id in sorted(changed)]
+        return {key: job.state for key, job in self.read_many(keys, lock=False).items()}
+
+    def _called(self, action: OperatorAction, ids: list[int]) -> set[int]:
+        """Procrastinate's retry (then a fresh attempt count) or cancel of each job, in a
+        savepoint (an ``IntegrityError`` leaves the transaction as it was); the ids it
+        changed."""
+        over = "FROM unnest(CAST(:ids AS bigint[])) AS id"
+        with self._conn.begin_nested():
             if action is OperatorAction.RETRY:
                 # No retry_at: runnable now, as the source's own resume writes it.
                 self._conn.execute(sa.text(
                     f"SELECT {self._function('procrastinate_retry_job_v2')}"
-                    f"(id, NULL, NULL, NULL, NULL) {over}"), {"ids": sorted(ids)})
-                self._conn.execute(self._jobs.update().where(self._jobs.c.id.in_(sorted(ids)))
+                    f"(id, NULL, NULL, NULL, NULL) {over}"), {"ids": ids})
+                self._conn.execute(self._jobs.update().where(self._jobs.c.id.in_(ids))
                                    .values(attempts=0))
-                changed = ids
-            else:
-                changed = {int(i) for i, done in self._conn.execute(sa.text(
-                    f"SELECT id, {self._function('procrastinate_cancel_job_v1')}"
-                    f"(id, true, false) {over}"), {"ids": sorted(ids)}) if done is not None}
-        keys = [key for key in jobs if int(key) in changed]
-        return {key: job.state for key, job in self.read_many(keys, lock=False).items()}
+                return set(ids)
+            return {int(i) for i, done in self._conn.execute(sa.text(
+                f"SELECT id, {self._function('procrastinate_cancel_job_v1')}"
+                f"(id, true, false) {over}"), {"ids": ids}) if done is not None}
 
     def refuses(self, action: OperatorAction, job: ForeignJob) -> str | None:
         """A cancelled or aborted job: Procrastinate's retry takes back failed jobs only;
@@ -156,8 +178,13 @@ class ProcrastinateActions:
                 "search_path", str(path)[len(first):], True)))
 
     def retry(self, job_key: JobKey, job: ForeignJob) -> str | None:
-        """Procrastinate's retry, runnable now, then a fresh attempt count."""
-        return self.swap_many(OperatorAction.RETRY, {job_key: job}, {}).get(job_key)
+        """Procrastinate's retry, runnable now, then a fresh attempt count;
+        ``SystemRefusal`` where its queueing lock is taken by a ``todo`` job."""
+        refused: dict[JobKey, str] = {}
+        after = self.swap_many(OperatorAction.RETRY, {job_key: job}, refused)
+        if job_key in refused:
+            raise SystemRefusal(refused[job_key])
+        return after.get(job_key)
 
     def cancel(self, job_key: JobKey, job: ForeignJob) -> str | None:
         """Procrastinate's cancel with abort: cancelled if queued, abort requested if
