@@ -144,3 +144,37 @@ def test_a_chunk_is_retried_by_one_call_and_a_real_worker_runs_them(
     worker = graphile.start(processes, "worker")
     for job in jobs:
         wait_until(lambda job=job: graphile.done(job), f"job {job} to finish", process=worker)
+
+
+def test_a_chunk_retry_refuses_a_moved_and_a_running_job_and_applies_the_rest(
+        graphile: NodeSystem, processes: Processes) -> None:
+    """Four jobs a pass failed, retried as a chunk with a running job and an id no job has:
+    one rescheduled by graphile-worker's own function after the chunk's read (before its
+    swap) is ``fence_lost`` and keeps that reschedule, the running one is refused and stays
+    locked; the two others are waiting with attempts from 0, and a real graphile-worker
+    runs them and the moved one."""
+    factory = factory_of(graphile)
+    engine = factory.db.engine
+    failed = [died(graphile, "effect.work") for _ in range(3)]
+    moved = died(graphile, "effect.work")
+    decided = by_job(reconcile_once(engine, factory.config, KINDS))
+    assert {decided[j].reason for j in (*failed, moved)} == {Reason.WORKER_DIED_MID_STEP}
+    running = factory.live("idem.work")
+    desk = desk_moving_after_read(
+        engine, SOURCE, factory.config, KINDS, actions=GraphileWorkerActions,
+        move=lambda conn, key: key == moved and conn.execute(sa.text(
+            "SELECT id FROM graphile_worker.reschedule_jobs(ARRAY[CAST(:id AS bigint)], "
+            "now(), NULL, 1, NULL)"), {"id": key}))
+    before = graphile.row(running)
+    reports = desk.act_on_chunk(OperatorAction.RETRY, [
+        *map(str, (*failed, moved, running)), "999999"], actor="alice", note="bulk")
+    assert [(r.job_id, r.refusal) for r in reports] == [
+        *((str(j), None) for j in failed), (str(moved), "fence_lost"),
+        (str(running), "job_not_failed_or_cancelled"), ("999999", "no_such_job")]
+    rows = {j: graphile.row(j) for j in (*failed, moved)}
+    assert {j: (r["locked_at"], r["attempts"], r["runnable"]) for j, r in rows.items() if r
+            } == {**dict.fromkeys(failed, (None, 0, True)), moved: (None, 1, True)}
+    assert graphile.row(running) == before
+    worker = graphile.start(processes, "worker")
+    for job in (*failed, moved):
+        wait_until(lambda job=job: graphile.done(job), f"job {job} to finish", process=worker)
