@@ -237,3 +237,37 @@ def test_a_chunk_is_retried_in_one_statement_and_a_db_worker_runs_them(
                    f"task {task} to finish", process=worker)
         result = django_result(project, task)
         assert (result["status"], result["attempts"]) == ("SUCCESSFUL", 1)
+
+
+def test_a_chunk_retry_refuses_a_moved_and_a_running_task_and_applies_the_rest(
+        project: DjangoTasksFactory, processes: Processes, markers: Markers) -> None:
+    """Three tasks a pass failed, retried as a chunk with a running task and an id no task
+    has: one a late worker ended SUCCESSFUL after the chunk's read (by id only, as Django's
+    backend writes an end; before the swap) is ``fence_lost`` and stays SUCCESSFUL, the
+    running one is refused and unchanged; the two others are READY as enqueued, in the
+    one UPDATE, and a real ``db_worker`` runs them on their first attempt."""
+    failed = [died(project, "effect_work", markers) for _ in range(2)]
+    moved = died(project, "effect_work", markers)
+    decided = by_job(reconcile_once(project.engine, CONFIG, KINDS))
+    assert {decided[t].reason for t in (*failed, moved)} == {Reason.WORKER_DIED_MID_STEP}
+    running = project.live("pure_work")
+    before = project.row(running)
+    desk = desk_moving_after_read(
+        project.engine, SOURCE, CONFIG, KINDS, actions=DjangoTasksActions,
+        move=lambda conn, key: str(key) == moved and conn.execute(
+            project.table.update().where(project.table.c.id == _uuid(key))
+            .values(status="SUCCESSFUL")))
+    unknown = str(uuid.UUID(int=7))
+    reports = desk.act_on_chunk(OperatorAction.RETRY, [*failed, moved, running, unknown],
+                                actor="alice", note="bulk")
+    assert [(r.job_id, r.refusal) for r in reports] == [
+        *((t, None) for t in failed), (moved, "fence_lost"),
+        (running, "job_not_failed_or_cancelled"), (unknown, "no_such_job")]
+    assert [project.status(t) for t in (*failed, moved)] == ["queued", "queued", "completed"]
+    assert project.row(running) == before
+    worker = start_worker(processes, project, markers, "worker")
+    for task in failed:
+        wait_until(lambda task=task: project.status(task) == "completed",
+                   f"task {task} to finish", process=worker)
+        result = django_result(project, task)
+        assert (result["status"], result["attempts"]) == ("SUCCESSFUL", 1)
