@@ -88,9 +88,14 @@ def _emit(args: argparse.Namespace, data: Any, human: Callable[[], list[str]]) -
     each through ``printable``: a newline or an escape sequence stored in a job's kind or
     a step's name is shown escaped on its own line, never obeyed by the terminal."""
     if getattr(args, "json", False):
-        print(json.dumps(data, indent=2, default=str))
+        print(json_text(data))
     else:
         print("\n".join(printable(line) for line in human()))
+
+
+def json_text(data: Any) -> str:
+    """``data`` as a command's ``--json`` prints it (a value JSON has no type for: as text)."""
+    return json.dumps(data, indent=2, default=str)
 
 
 def _exported(args: argparse.Namespace, columns: tuple[str, ...],
@@ -164,15 +169,18 @@ def cmd_jobs_list(args: argparse.Namespace) -> int:
 def cmd_jobs_show(args: argparse.Namespace) -> int:
     config = _config(args)
     job_key = _job_key(config, args.job_id)  # a malformed id: one line, no database opened
-    cli = assemble_cli(config)
-    job = cli.jobs.get_job(job_key)
-    if job is None:
-        raise NotFoundError(_no_job(config, args.job_id))
-    # Our decisions about the job and the operators' actions on it, in time order.
-    view = _with_actions(cli, job.job_id, job_view(job))
-
+    view = show_view(assemble_cli(config), job_key, args.job_id)
     _emit(args, view, lambda: job_lines(view, config.source_entry.kind))
     return 0
+
+
+def show_view(cli: CliParts, job_key: JobKey, text: str) -> dict[str, Any]:
+    """What ``jobs show --json`` prints of the job ``text`` names (``job_key``)."""
+    job = cli.jobs.get_job(job_key)
+    if job is None:
+        raise NotFoundError(_no_job(cli.config, text))
+    # Our decisions about the job and the operators' actions on it, in time order.
+    return _with_actions(cli, job.job_id, job_view(job))
 
 
 def _no_job(config: Config, text: str) -> str:
@@ -188,22 +196,28 @@ def cmd_jobs_explain(args: argparse.Namespace) -> int:
         job_key = config.source_entry.parse_job_key(args.job_id)
     except ValueError:
         raise NotFoundError(_no_job(config, args.job_id)) from None
+    view = explained_view(cli, job_key, args.job_id)
+    _emit(args, view, lambda: explain_lines(view))
+    return 0
+
+
+def explained_view(cli: CliParts, job_key: JobKey, text: str) -> dict[str, Any]:
+    """What ``jobs explain --json`` prints of the job ``text`` names (``job_key``); a job
+    no pass judges now is refused with why (``ActionRefusedError``: exit 6)."""
     planned = explain_by_kind(cli.passes, [job_key], cli.pass_config("cli-explain"))
     if not planned:
         job = cli.jobs.get_job(job_key)
         if job is None:
-            raise NotFoundError(_no_job(config, args.job_id))
+            raise NotFoundError(_no_job(cli.config, text))
         unjudged = cli.jobs.unjudged(job_key) if job.job_status == "processing" else None
         if unjudged is not None:
             # Processing, yet no pass can judge it: say what its row lacks and what to set.
             raise ActionRefusedError(
-                f"job {args.job_id} is processing but cannot be judged: {unjudged.why}; "
+                f"job {text} is processing but cannot be judged: {unjudged.why}; "
                 f"no pass will decide it. To fix: {unjudged.fix}")
-        raise ActionRefusedError(f"job {args.job_id} is {job.job_status}, not processing: "
+        raise ActionRefusedError(f"job {text} is {job.job_status}, not processing: "
                                  "the reconciler only judges processing jobs")
-    view = explain_view(planned[0], config.kinds, cli.jobs.get_job(job_key))
-    _emit(args, view, lambda: explain_lines(view))
-    return 0
+    return explain_view(planned[0], cli.config.kinds, cli.jobs.get_job(job_key))
 
 
 def cmd_jobs_action(args: argparse.Namespace) -> int:

@@ -24,12 +24,13 @@ from sqlalchemy.engine import Connection, Engine
 
 from reconciler.config.registry import DEFAULT_SOURCE, is_native
 from reconciler.config.tables import SourceSettings
-from reconciler.core.evidence import StepFacts
+from reconciler.core.evidence import PlanStep, StepFacts, parse_plan
 from reconciler.core.job_story import JobDetail, LastMove, aware, read_job
 from reconciler.core.kinds import KindRules
 from reconciler.core.ports import OperatorStore, SourceJobs, Unjudged
 from reconciler.core.vocabulary import JobKey, JobStatus, OperatorStatusReason, Reason
 from reconciler.root.checks import open_foreign_source
+from reconciler.sources.kit.shapes import step_results
 from reconciler.sources.kit.source import DeclaredSource
 from reconciler.sources.kit.system import Wanted
 from reconciler.storage.audit import AuditHistory
@@ -184,8 +185,7 @@ class ForeignJobs:
         word = words.get(raw or "")
         status = word.value if word is not None else (raw or "unknown")
         kind = "" if row.job_kind is None else str(row.job_kind)
-        plan = steps.plan if steps is not None else None
-        states = {} if steps is None else {i: str(s) for i, s, _ in steps.step_rows}
+        plan, states = _plan_and_states(row, steps)
         reading = read_job(
             status, system_reason=row.reason if row.reason in _REASONS else None,
             system_budget=None if row.max_attempts is None else int(row.max_attempts),
@@ -202,6 +202,20 @@ class ForeignJobs:
             operator_hold=str(row.job_id) in held, last_error_code=None,
             created_at=aware(row.created_at), updated_at=reading.updated_at,
             finished_at=reading.finished_at, step_states=states, source_status=raw)
+
+
+def _plan_and_states(row: sa.Row[Any], steps: StepFacts | None
+                     ) -> tuple[tuple[PlanStep, ...] | None, dict[int, str]]:
+    """The job's plan and its steps' states as a pass reads them: the system's own where
+    it keeps them (``own_plan``, a mapped table's plan column: an unreadable plan is
+    None, its results still listed), else the step ledger's."""
+    values = row._mapping
+    if "own_plan" in values:
+        results = step_results(values["own_steps"]) or ()
+        return parse_plan(values["own_plan"]), {i: str(s) for i, s, _ in results}
+    if steps is None:
+        return None, {}
+    return steps.plan, {i: str(s) for i, s, _ in steps.step_rows}
 
 
 def _number(value: Any) -> int | None:

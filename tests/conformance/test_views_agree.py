@@ -2,8 +2,10 @@
 
 After one pass over a job in each situation the source can express, ``jobs show`` and
 ``jobs list`` read each job alike (one read model), with the status, the reason, the step
-it resumes at and the decision the pass made; a job the pass left alone is explained as
-the pass decided it, with the budget the pass counted; the console's job page says the
+it resumes at and the decision the pass made; ``jobs show --json`` lists the steps the
+pass's evidence recorded; ``jobs explain --json`` of a job the pass left alone gives the
+pass's verdict, rule and budget, and of a job it moved, refuses naming the status every
+view shows; the console's job page says the
 same status, reason, budget, step, hold and verdict. Then an operator's retry and cancel,
 where the source takes them, change the reason every view shows (in the same case: a
 database per source and engine, not two).
@@ -11,18 +13,21 @@ database per source and engine, not two).
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
 import pytest
 
+from reconciler.cli.commands import explained_view, json_text, show_view
 from reconciler.console import Console
 from reconciler.core.job_story import ENDED, JobDetail
-from reconciler.core.passes import explain_by_kind
 from reconciler.core.ports import RecordedDecision
 from reconciler.core.vocabulary import Disposition, OperatorAction, OperatorStatusReason
+from reconciler.errors import ActionRefusedError
+from reconciler.root.cli import CliParts
 from reconciler.root.console import assemble_console
-from reconciler.views import job_view, verdict_view
+from reconciler.views import job_view
 from tests.conformance.fixtures import Situation, SourceFixture, SourceJob
 from tests.conformance.test_source_conformance import (
     RESUMED,
@@ -47,6 +52,40 @@ def shown_and_listed(source: SourceFixture, job: SourceJob) -> JobDetail:
     [listed] = [j for j in jobs.list_jobs(None, 1000) if str(j.job_id) == str(job.key)]
     assert job_view(listed) == job_view(shown)
     return shown
+
+
+def printed(view: dict[str, Any]) -> dict[str, Any]:
+    """A view as its command's ``--json`` prints it, read back."""
+    loaded: dict[str, Any] = json.loads(json_text(view))
+    return loaded
+
+
+def shown_json(parts: CliParts, job: SourceJob) -> dict[str, Any]:
+    """``jobs show --json`` of the job."""
+    return printed(show_view(parts, job.key, str(job.key)))
+
+
+def explained_json(parts: CliParts, job: SourceJob) -> dict[str, Any] | str:
+    """``jobs explain --json`` of the job, or the line it refuses with (exit 6)."""
+    try:
+        return printed(explained_view(parts, job.key, str(job.key)))
+    except ActionRefusedError as refused:
+        return str(refused)
+
+
+def steps_as_recorded(shown: dict[str, Any], evidence: dict[str, Any]) -> None:
+    """``jobs show --json``'s steps are the ones the pass judged: each step's state and
+    effect kind as its evidence recorded them (the plan's length where the facts could
+    not be evaluated; none named where the plan could not be read)."""
+    steps = shown["steps"]
+    if evidence.get("step_states") is not None:
+        assert [s["state"] for s in steps] == evidence["step_states"], (steps, evidence)
+        assert [s.get("effect_kind") for s in steps] == evidence["effect_kinds"], steps
+    elif evidence.get("plan_readable") is False:
+        assert all(s["name"] is None and "effect_kind" not in s for s in steps), steps
+    else:
+        # Evidence the pass could not evaluate (reconcile_error) keeps the plan's length.
+        assert len(steps) == evidence["plan_length"], (steps, evidence)
 
 
 def on_its_page(console: Console, source: SourceFixture, job: SourceJob, shown: JobDetail,
@@ -107,9 +146,18 @@ def agree(source: SourceFixture, console: Console, situation: Situation, job: So
     decision = decided[str(job.key)]
     shown = shown_and_listed(source, job)
     assert shown.job_status == WORDS[expected.outcome], situation
-    history = parts.jobs.decisions_about(job.key, 5)[0]
-    assert (history["disposition"], history["reason"], history["resume_step_index"]) \
+    # ``jobs show --json``: the read model as printed, the pass's one decision in its
+    # timeline, and its steps as that decision's evidence recorded them.
+    printed_show = shown_json(parts, job)
+    assert {key: printed_show[key] for key in ("status", "reason", "resume_step_index",
+                                               "max_attempts", "max_attempts_from")} \
+        == {key: printed(job_view(shown))[key] for key in (
+            "status", "reason", "resume_step_index", "max_attempts", "max_attempts_from")}
+    [recorded] = [e for e in printed_show["timeline"] if e["type"] == "decision"]
+    assert (recorded["disposition"], recorded["reason"], recorded["resume_step_index"]) \
         == (decision.disposition.value, decision.reason.value, decision.resume_step_index)
+    steps_as_recorded(printed_show, recorded["evidence"])
+    explained = explained_json(parts, job)
     verdict = None
     if decision.disposition is Disposition.RESUME:
         # Queued again by the decision: its reason is the decision's, as it is queued.
@@ -121,18 +169,31 @@ def agree(source: SourceFixture, console: Console, situation: Situation, job: So
         assert shown.finished_at is not None
         assert shown.finished_at.tzinfo is not None
     else:
-        [explained] = explain_by_kind(parts.passes, [job.key],
-                                      parts.config.pass_config("conformance"))
-        verdict = verdict_view(explained, None)
-        assert (verdict["disposition"], verdict["reason"]) \
-            == (decision.disposition.value, decision.reason.value), situation
+        # Left alone: ``jobs explain --json`` gives the pass's verdict, its rule, the
+        # evidence it recorded, and the budget it counted, from where ``jobs show`` says.
+        assert isinstance(explained, dict), explained
+        assert (explained["disposition"], explained["reason"], explained["rule"],
+                explained["resume_step_index"], explained["liveness_unknown"]) == (
+            decision.disposition.value, decision.reason.value, recorded["rule"], None,
+            None), situation
+        assert explained["evidence"].get("step_states") \
+            == recorded["evidence"].get("step_states"), situation
         # The budget every view shows is the one the pass counted (where it read one:
         # unreadable evidence has none).
-        counted = verdict["evidence"].get("max_attempts", shown.max_attempts)
+        counted = recorded["evidence"].get("max_attempts", shown.max_attempts)
+        assert (explained["max_attempts"], explained["max_attempts_from"]) \
+            == (counted, shown.max_attempts_from), situation
         assert shown.max_attempts == counted, situation
         assert shown.status_reason is None
         assert shown.operator_hold == (decision.reason.value == "operator_hold")
+        verdict = explained
+    if decision.disposition is not Disposition.SKIP:
+        # Moved by the pass: no pass judges it now, and ``jobs explain`` says it is in
+        # the status every other view shows (exit 6), not a verdict of its own.
+        assert explained == (f"job {job.key} is {shown.job_status}, not processing: the "
+                             "reconciler only judges processing jobs"), situation
     on_its_page(console, source, job, shown, verdict)
+
 
 def retried_then_cancelled(source: SourceFixture, job: SourceJob) -> None:
     """A terminalized job retried: queued for ``operator_retry`` (the terminal reason is

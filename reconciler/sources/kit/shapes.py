@@ -15,6 +15,7 @@ no statement here names them.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -222,3 +223,26 @@ class Shape:
         if self.scan_order is not None:
             return self.scan_order
         return sa.func.coalesce(self.key, self.key) if postgres else self.key
+
+
+def step_results(raw: Any) -> StepRows | None:
+    """A system's own step results, ``{"<index>": "started" | ...}`` (JSON text or
+    the object), as step records; None for what cannot be read."""
+    if raw is None:
+        return ()
+    try:
+        data = json.loads(raw) if isinstance(raw, str | bytes) else raw
+    except ValueError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    rows = []
+    for key, state in data.items():
+        try:
+            index = int(key)
+        except (TypeError, ValueError):
+            return None
+        if not isinstance(state, str):
+            return None
+        rows.append((index, state, None))
+    return tuple(sorted(rows))

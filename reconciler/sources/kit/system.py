@@ -142,7 +142,8 @@ class System:
     ``finished_at`` (when an ended job ended, by the system's own record; NULL where it
     keeps none: the audit's time of the move that ended it stands in); and, where the
     system keeps its own, ``resume_step`` (else the step ledger's first unfinished step
-    stands in)."""
+    stands in), and ``own_plan`` and ``own_steps``: its plan and step results (``{"<index>":
+    state}``), read instead of the step ledger's."""
     status_words: Mapping[str, JobStatus]
     """The system's statuses (``source_status``) in this project's words."""
     wedge_guard: Predicate | None = None

@@ -50,7 +50,7 @@ from reconciler.sources.kit.batches import Batch, fence_of
 from reconciler.sources.kit.checks import require_columns
 from reconciler.sources.kit.declaration import Declaration
 from reconciler.sources.kit.fences import ForeignFence
-from reconciler.sources.kit.shapes import Shape, by_kind, candidate, constant
+from reconciler.sources.kit.shapes import Shape, by_kind, candidate, constant, step_results
 from reconciler.sources.kit.system import Changed, Policies, Scope, System
 from reconciler.sources.table.checks import (
     TIME_KEYS,
@@ -200,7 +200,7 @@ class TableSql:
         if self._has("plan_column"):
             # The table's own plan and results: a NULL plan is unresumable, not one step.
             raw = values["plan_column"]
-            results = _step_rows(values["steps_column"])
+            results = step_results(values["steps_column"])
             if results is None:
                 results = ()
                 unreadable = unreadable or (("error_code", UNREADABLE_STEPS),
@@ -246,7 +246,12 @@ class TableSql:
             attempts.label("attempts"), mapped("max_attempts_column").label("max_attempts"),
             mapped("reason_column").label("reason"), sa.null().label("created_at"),
             sa.null().label("updated_at"), sa.null().label("finished_at"),
-            mapped("resume_column").label("resume_step"))
+            mapped("resume_column").label("resume_step"),
+            # Its own plan and step results where mapped: what ``jobs show`` lists, as
+            # the pass reads them (the ledger holds none of this table's steps then).
+            *([self._col("plan_column").label("own_plan"),
+               self._col("steps_column").label("own_steps")]
+              if self._has("plan_column") else []))
 
     # -- applying ------------------------------------------------------------ #
 
@@ -384,25 +389,3 @@ def declare(config: TableConfig) -> System:
 
 
 DECLARATION = Declaration(TableConfig, declare)
-
-
-def _step_rows(raw: Any) -> StepRows | None:
-    """``{"<index>": "started" | ...}`` as step records; None for what cannot be read."""
-    if raw is None:
-        return ()
-    try:
-        data = json.loads(raw) if isinstance(raw, str | bytes) else raw
-    except ValueError:
-        return None
-    if not isinstance(data, dict):
-        return None
-    rows = []
-    for key, state in data.items():
-        try:
-            index = int(key)
-        except (TypeError, ValueError):
-            return None
-        if not isinstance(state, str):
-            return None
-        rows.append((index, state, None))
-    return tuple(sorted(rows))
