@@ -301,3 +301,37 @@ result_table = "{celery_project.table}"
         "skip", "liveness_unknown", None)
     assert (view["liveness_unknown"], view["evidence"]["lease_live"]) == (
         "broker_unreachable", None)
+
+
+def test_explain_on_another_database_number_says_the_queues_are_missing(
+        celery_project: CeleryProject, processes: Processes, markers: Markers,
+        tmp_path: Path) -> None:
+    """Issue 41, finding 1, as it was seen: the broker URL names the app's Redis but
+    another database number, which answers and holds keys (another app's), but none of
+    the app's queues. ``jobs explain`` of a task its live worker runs says liveness
+    unknown (``queues_missing``), as every pass does, never that its worker is alive
+    (``lease_live``, rule 3, ``evidence.lease_live: true``)."""
+    import redis  # noqa: PLC0415 - celery[redis] is installed with the tests
+
+    result, _ = started(celery_project, processes, markers, "idem.work")
+    wrong = on_database(celery_project.broker_url, 3)
+    redis.Redis.from_url(wrong).set("another-app:session", "x")
+    settings = tmp_path / "reconciler.toml"
+    settings.write_text(f"""
+database_url = "{celery_project.database_url}"
+[source]
+kind = "celery"
+broker_url = "{wrong}"
+result_table = "{celery_project.table}"
+""")
+    done = run_main(["jobs", "explain", result.id, "--json", "--config", str(settings)],
+                    timeout=120)
+    assert done.returncode == 0, done.stderr
+    view = json.loads(done.stdout)
+    assert (view["disposition"], view["reason"], view["rule"], view["liveness_unknown"]) \
+        == ("skip", "liveness_unknown", None, "queues_missing")
+    assert view["evidence"]["lease_live"] is None
+    done = run_main(["jobs", "explain", result.id, "--config", str(settings)], timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "liveness unknown (queues_missing)" in done.stdout, done.stdout
+    assert "lease_live" not in done.stdout.splitlines()[0], done.stdout

@@ -5,16 +5,20 @@ moved meanwhile is refused."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from prometheus_client import CollectorRegistry
 
 from reconciler.cli.explain_view import explain_lines, explain_view
 from reconciler.core.operator_desk import OperatorDesk
-from reconciler.core.passes import explain_by_kind
+from reconciler.core.passes import explain_by_kind, run_pass
 from reconciler.core.vocabulary import Disposition, OperatorAction, Reason
 from reconciler.root.cli import assemble_cli
+from reconciler.root.console import assemble_console
+from reconciler.sidecar.metrics import Metrics
 from reconciler.sources.pgboss.actions import PgBossActions
 from reconciler.views import job_list_lines, job_view
 from tests.sources.actions_support import desk_for, desk_moving_after_read, forget_source
@@ -215,3 +219,70 @@ def test_every_view_reads_a_pgboss_jobs_own_budget_and_the_reason_that_applies_n
               if job in v]
     assert line.split()[-1] == "operator_retry"
 
+
+
+def test_held_pgboss_jobs_are_listed_on_the_held_page_and_marked_held(
+        boss: NodeSystem) -> None:
+    """Issue 41, finding 6, on pg-boss: two jobs alice holds (one whose worker died, one
+    still waiting for a worker) are both on the console's held page with who held them,
+    where "none" was shown, and ``jobs list`` marks both held."""
+    factory = factory_of(boss)
+    stale, waiting = died(boss, "idem.work"), factory.send("idem.work", {"hang": []})
+    desk = desk_of(boss)
+    for job in (stale, waiting):
+        assert desk.act(OperatorAction.HOLD, job, actor="alice", note="looking").applied
+    config = config_for(factory.db.engine, factory.config, KINDS)
+    console = assemble_console(config, config.pass_config("held-page"))
+    try:
+        page = console.handle("GET", "/held", {})
+    finally:
+        console.close()
+    assert page.status == 200, page.body
+    body = page.body.decode()
+    section = body[body.index('id="foreign-holds"'):]
+    section = section[:section.index("</section>")]
+    # Each job's row names who held it (other tests' holds on other sources may share
+    # the session's database: only these two rows are read).
+    rows = {job: [r for r in section.split("<tr>") if f'href="/jobs/{SOURCE}/{job}"' in r]
+            for job in (stale, waiting)}
+    assert {job: len(found) for job, found in rows.items()} == {stale: 1, waiting: 1}, section
+    assert all("<td>alice</td>" in found[0] for found in rows.values()), section
+    assert 'class="empty">none<' not in section
+    parts = assemble_cli(config, engine=factory.db.engine)
+    lines = job_list_lines([job_view(j) for j in parts.jobs.list_jobs(None, 10)])
+    assert {job: any(job in line and "(held)" in line for line in lines)
+            for job in (stale, waiting)} == {stale: True, waiting: True}, lines
+
+
+def test_the_skip_counter_counts_what_the_audit_records_of_held_pgboss_jobs(
+        boss: NodeSystem) -> None:
+    """Issue 41, finding 7, on pg-boss: a held stale job is skipped by every pass but
+    recorded once, and ``reconciler_decisions_total{skip,operator_hold}`` as a scrape
+    reads it counts as the audit does (it reached 6 for one record): one for it over
+    three passes, one more for a second stale job held before the third."""
+    first = died(boss, "idem.work")
+    desk = desk_of(boss)
+    assert desk.act(OperatorAction.HOLD, first, actor="alice", note=None).applied
+    engine = factory_of(boss).db.engine
+    config = config_for(engine, boss.factory.config, KINDS)
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    held = [first]
+    for number in range(3):
+        if number == 2:
+            held.append(died(boss, "idem.work"))
+            assert desk.act(OperatorAction.HOLD, held[-1], actor="alice", note=None).applied
+        # A pass and its observation, as ``reconciler run`` makes them.
+        report = run_pass(assemble_cli(config, engine=engine).passes,
+                          replace(config.pass_config("counter-test"), brake=None))
+        metrics.observe_pass(report, 0.01, 0.0)
+        assert {str(d.job_id): d.reason for d in report.decisions} \
+            == dict.fromkeys(held, Reason.OPERATOR_HOLD)
+    with engine.connect() as conn:
+        audited = conn.execute(sa.text(
+            "SELECT job_id FROM reconciliation_decisions WHERE job_source = :source "
+            "AND decision_reason = 'operator_hold' ORDER BY decision_id"),
+            {"source": SOURCE}).scalars().all()
+    assert audited == held  # each held job's skip recorded once
+    assert registry.get_sample_value("reconciler_decisions_total", {
+        "disposition": "skip", "reason": "operator_hold"}) == len(audited)
