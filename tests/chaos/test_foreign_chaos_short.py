@@ -32,14 +32,7 @@ def run_or_skip(params: ForeignParams) -> ForeignResult:
     return result
 
 
-SHORT_RUN_SYSTEMS = tuple(s for s in SYSTEMS if s != "dramatiq")
-"""Dramatiq's run is left out of this command until the last finding of its long run is
-fixed (tests/chaos/README.md, Dramatiq): a delay queue's message copied by a worker killed
-between Dramatiq's enqueue of the copy and the middleware's record of it, put back, so two
-copies run. ``python -m tests.chaos.foreign --system dramatiq`` runs it."""
-
-
-@pytest.mark.parametrize("system", SHORT_RUN_SYSTEMS)
+@pytest.mark.parametrize("system", SYSTEMS)
 def test_short_foreign_chaos_run_keeps_every_invariant(system: str) -> None:
     """No effectful task started twice because of us, no job left running, no budget
     overrun, one decision per attempt; and the faults did happen."""

@@ -186,12 +186,18 @@ def _put_back_unstarted(system: System, decision: AuditRow, markers: Sequence[Ma
     """A message a worker had only prefetched, put back as it was (Dramatiq: its attempts
     used stay, nothing of it ran): a resume from the unstarted step at the attempts used,
     with no start of the run after them marked before the decision. It resumes no effect,
-    and a message prefetched by several workers that died is put back once by each."""
+    and a message prefetched by several workers that died is put back once by each.
+
+    Or a delayed original dropped because its copy had started (Dramatiq: recorded as the
+    same resume, the job going on as that copy): the run after them started before the
+    decision, and that was its only start."""
     if decision.reason != "resumed_from_unstarted_step" or decision.attempts_used is None:
         return False
     following = decision.attempts_used + 1
-    return not any(m.event == "started" and m.at <= decision.decided_at
-                   and system.used_of(m.attempt) == following for m in markers)
+    starts = [m for m in markers
+              if m.event == "started" and system.used_of(m.attempt) == following]
+    before = [m for m in starts if m.at <= decision.decided_at]
+    return not before or len(starts) == 1
 
 
 def _late_starts(system: System, decided: Mapping[str, Sequence[AuditRow]],
