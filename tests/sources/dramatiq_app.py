@@ -71,6 +71,16 @@ def effect_work(hang: list[float] | None = None) -> str:
     return _work(hang)
 
 
+@dramatiq.actor(max_retries=3, store_results=True)
+def effect_once(hang: list[float] | None = None) -> str:
+    """Effectful, and hangs (``hang``) on a message's first run only: a later run (an
+    operator's retry starts the attempts again, so ``effect_work`` would hang again) ends."""
+    message = CurrentMessage.get_current_message()
+    assert message is not None
+    ran = any(Path(os.environ["SOURCES_MARKERS"]).glob(f"run-{message.message_id}-*"))
+    return _work([] if ran else hang)
+
+
 @dramatiq.actor(max_retries=10)
 def idem_poison() -> None:
     """Idempotent, and kills whichever worker process runs it."""

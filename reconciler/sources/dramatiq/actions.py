@@ -13,13 +13,15 @@ them, each fenced on the message as read (one Lua script, atomic in Redis).
 A message found anywhere else than where it was read (a worker fetched it, Dramatiq's
 maintenance or another operator moved it) is refused ``fence_lost`` and nothing changes.
 Reading one message looks for its ``message_id`` through the watched queues' stored
-messages (``listing``): an operator's action, not a pass's.
+messages (``listing``): an operator's action, not a pass's. A bulk chunk
+(``BatchActions``) is read in two round trips (``located_many``) and moved in one: every
+message's own ``MOVE``, fenced as one job's is, in one pipelined MULTI/EXEC.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +31,7 @@ from reconciler.core.kinds import KindRules
 from reconciler.core.vocabulary import JobKey, OperatorAction, OperatorStatusReason
 from reconciler.sources.dramatiq.config import DramatiqConfig
 from reconciler.sources.dramatiq.keys import BUDGET_OPTION, COPY_OPTION, Keys, canonical, digest
-from reconciler.sources.dramatiq.listing import STATUS_WORDS, answering, located
+from reconciler.sources.dramatiq.listing import STATUS_WORDS, answering, located, located_many
 from reconciler.sources.dramatiq.writes import exc_text
 from reconciler.sources.kit.actions import ForeignJob
 
@@ -69,6 +71,9 @@ else
 end
 return 1
 """
+MOVE_SHA = digest(MOVE.encode())
+"""``MOVE``'s name in Redis's script cache (its SHA-1), computed once: every move is an
+``EVALSHA``, the script loaded only where Redis answers it has not got it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,8 +87,18 @@ class Located:
     data: bytes
 
 
+@dataclass(frozen=True, slots=True)
+class _Move:
+    """One message's ``MOVE``: its keys, its arguments, and its state once moved."""
+
+    keys: list[str]
+    args: list[str | bytes]
+    after: str
+
+
 class DramatiqActions:
-    """Retry and cancel of Dramatiq messages for one action's transaction."""
+    """Retry and cancel of Dramatiq messages for one action's transaction: one message
+    (``SystemActions``) or a bulk chunk (``BatchActions``), every move the same ``MOVE``."""
 
     limits: Mapping[OperatorAction, str] = {
         OperatorAction.HOLD: "Dramatiq's own maintenance still puts a gone worker's "
@@ -101,11 +116,16 @@ class DramatiqActions:
         """The message as it is now (Redis has no lock to take: the move is fenced)."""
         with answering(self.config.url):
             found = located(self.client, self.keys, self.config, str(job_key))
-        if found is None:
-            return None
-        status, queue, redis_id, data = found
-        return ForeignJob(status, STATUS_WORDS.get(status),
-                          Located(status, queue, redis_id, data))
+        return None if found is None else _job(found)
+
+    def read_many(self, job_keys: Sequence[JobKey], *, lock: bool
+                  ) -> dict[JobKey, ForeignJob]:
+        """The chunk's messages as they are now, located and read in two round trips
+        (``located_many``); no lock, as ``read``."""
+        with answering(self.config.url):
+            found = located_many(self.client, self.keys, self.config,
+                                 [str(key) for key in job_keys])
+        return {key: _job(found[str(key)]) for key in job_keys if str(key) in found}
 
     def refuses(self, action: OperatorAction, job: ForeignJob) -> str | None:
         """A fetched message cannot be cancelled (its worker holds it)."""
@@ -116,31 +136,77 @@ class DramatiqActions:
 
     def retry(self, job_key: JobKey, job: ForeignJob) -> str | None:
         """The dead letter back on its queue, a fresh budget."""
-        found: Located = job.fence
-        queue = canonical(json.loads(found.data).get("queue_name") or found.queue)
-        new = _rewritten(found.data, queue_name=queue, options={"retries": 0})
-        moved = self._move("retry", found, [
-            self.keys.dead(found.queue), self.keys.dead_messages(found.queue),
-            self.keys.queue(queue), self.keys.messages(queue)], new)
-        return "queued" if moved else None
+        return self._swap_one(OperatorAction.RETRY, job)
 
     def cancel(self, job_key: JobKey, job: ForeignJob) -> str | None:
         """The queued or delayed message dead-lettered, reason ``operator_cancel``."""
+        return self._swap_one(OperatorAction.CANCEL, job)
+
+    def swap_many(self, action: OperatorAction, jobs: Mapping[JobKey, ForeignJob],
+                  refused: dict[JobKey, str]) -> dict[JobKey, str]:
+        """Each message's retry or cancel, the moves of the chunk in one round trip; a
+        message that moved meanwhile is absent (Dramatiq's own rules refuse nothing here:
+        a fetched message was refused before, by ``refuses``)."""
+        moves = {key: self._planned(action, job) for key, job in jobs.items()}
+        done = self._run(list(moves.values()))
+        return {key: move.after for (key, move), moved in zip(moves.items(), done,
+                                                               strict=True) if moved}
+
+    def _swap_one(self, action: OperatorAction, job: ForeignJob) -> str | None:
+        """One message's retry or cancel: its state after, or None when it moved."""
+        move = self._planned(action, job)
+        [moved] = self._run([move])
+        return move.after if moved else None
+
+    def _planned(self, action: OperatorAction, job: ForeignJob) -> _Move:
+        """The ``MOVE`` of a message as read: a retry from its dead-letter set to the end
+        of its queue, a fresh budget; a cancel from its list into its dead-letter set."""
         found: Located = job.fence
+        if action is OperatorAction.RETRY:
+            queue = canonical(json.loads(found.data).get("queue_name") or found.queue)
+            new = _rewritten(found.data, queue_name=queue, options={"retries": 0})
+            return _Move([self.keys.dead(found.queue), self.keys.dead_messages(found.queue),
+                          self.keys.queue(queue), self.keys.messages(queue)],
+                         ["retry", found.redis_id, digest(found.data), new], "queued")
         reason = OperatorStatusReason.OPERATOR_CANCEL.value
         new = _rewritten(found.data, options={"reconciler_reason": reason,
                                               "traceback": exc_text(reason)})
-        moved = self._move("cancel", found, [
-            self.keys.queue(found.queue), self.keys.messages(found.queue),
-            self.keys.dead(found.queue), self.keys.dead_messages(found.queue)], new)
-        return "dead" if moved else None
+        return _Move([self.keys.queue(found.queue), self.keys.messages(found.queue),
+                      self.keys.dead(found.queue), self.keys.dead_messages(found.queue)],
+                     ["cancel", found.redis_id, digest(found.data), new], "dead")
 
-    def _move(self, action: str, found: Located, keys: list[str], new: bytes) -> bool:
-        """``MOVE`` from the first two ``keys`` (where it was read) to the other two."""
-        script = self.client.register_script(MOVE)
+    def _run(self, moves: Sequence[_Move]) -> list[bool]:
+        """Whether each move applied: every ``MOVE`` by its digest in one transaction's
+        pipeline, one round trip. Where Redis lost the script (restarted, flushed) those
+        moves ran nothing: the script is loaded and they are sent again."""
+        from redis.exceptions import NoScriptError  # noqa: PLC0415 - the source's extra
+
         with answering(self.config.url):
-            return bool(script(keys=keys, args=[action, found.redis_id, digest(found.data),
-                                                new]))
+            done = self._pipelined(moves)
+            missing = [i for i, answer in enumerate(done) if isinstance(answer, NoScriptError)]
+            if missing:
+                self.client.script_load(MOVE)
+                again = self._pipelined([moves[i] for i in missing])
+                for i, answer in zip(missing, again, strict=True):
+                    done[i] = answer
+            for answer in done:
+                if isinstance(answer, Exception):
+                    raise answer
+        return [bool(answer) for answer in done]
+
+    def _pipelined(self, moves: Sequence[_Move]) -> list[Any]:
+        """Each move's answer (an error in its place), in one MULTI/EXEC: a connection
+        lost before EXEC moves none of them."""
+        with self.client.pipeline(transaction=True) as pipe:
+            for move in moves:
+                pipe.evalsha(MOVE_SHA, len(move.keys), *move.keys, *move.args)
+            return list(pipe.execute(raise_on_error=False))
+
+
+def _job(found: tuple[str, str, str, bytes]) -> ForeignJob:
+    """A message where ``located`` found it, as the desk reads a job."""
+    status, queue, redis_id, data = found
+    return ForeignJob(status, STATUS_WORDS.get(status), Located(status, queue, redis_id, data))
 
 
 def _rewritten(data: bytes, *, queue_name: str | None = None,

@@ -14,7 +14,7 @@ message of a message's own is read (the reason listed is ours, from its options)
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -87,9 +87,21 @@ def connect(url: str) -> Any:
 def watched_stores(redis: Any, keys: Keys, config: DramatiqConfig) -> list[tuple[str, bool]]:
     """Each watched queue holding messages (a delay queue apart), and whether it is a
     dead-letter set; from the ``.msgs`` hashes."""
+    return _watched(redis.scan_iter(match=_stores_pattern(keys), count=1000), keys, config)
+
+
+def _stores_pattern(keys: Keys) -> str:
+    """The match for every ``.msgs`` hash of the namespace."""
+    return f"{keys.namespace}:*.msgs"
+
+
+def _watched(names: Iterable[bytes], keys: Keys, config: DramatiqConfig
+             ) -> list[tuple[str, bool]]:
+    """The watched stores among ``.msgs`` hash names, sorted (the order messages are
+    looked for in)."""
     found = []
     prefix = f"{keys.namespace}:"
-    for raw in redis.scan_iter(match=f"{prefix}*.msgs", count=1000):
+    for raw in names:
         name = raw.decode().removeprefix(prefix).removesuffix(".msgs")
         dead = name.endswith(DEAD_SUFFIX)
         queue = name.removesuffix(DEAD_SUFFIX)
@@ -140,6 +152,43 @@ def located(redis: Any, keys: Keys, config: DramatiqConfig, message_id: str
         if message is not None and message.job_id == message_id:
             return status, queue, redis_id, data
     return None
+
+
+def located_many(redis: Any, keys: Keys, config: DramatiqConfig,
+                 message_ids: Collection[str]) -> dict[str, tuple[str, str, str, bytes]]:
+    """Where each of ``message_ids`` is stored now, as ``located`` finds it (the first
+    watched store holding it), for those stored at all; in two round trips whatever their
+    number: the stores' and acks sets' names, then every one of them read."""
+    wanted = set(message_ids)
+    # KEYS, not SCAN: one round trip however many keys the Redis holds (the same pattern
+    # and the same server work as the listing's SCAN, in one call).
+    with redis.pipeline(transaction=False) as names:
+        names.keys(_stores_pattern(keys))
+        names.keys(keys.acks_pattern)
+        store_names, acks_names = names.execute()
+    stored = _watched(store_names, keys, config)
+    # One transaction: the acks sets, the marks and the messages as of one instant, so a
+    # message a worker fetches meanwhile is not read stored but not yet fetched.
+    with redis.pipeline(transaction=True) as reads:
+        for raw in acks_names:
+            reads.smembers(raw)
+        reads.hgetall(keys.marks)
+        for queue, dead in stored:
+            reads.hgetall(keys.dead_messages(queue) if dead else keys.messages(queue))
+        answers = reads.execute()
+    fetched = {m.decode() for members in answers[:len(acks_names)] for m in members}
+    marks = {k.decode(): Mark.decode(v) for k, v in answers[len(acks_names)].items()}
+    found: dict[str, tuple[str, str, str, bytes]] = {}
+    for (queue, dead), hashed in zip(stored, answers[len(acks_names) + 1:], strict=True):
+        for raw_id, data in hashed.items():
+            redis_id = raw_id.decode()
+            message = read_message(data, redis_id)
+            if message is None or message.job_id not in wanted or message.job_id in found:
+                continue
+            mark = marks.get(redis_id) if redis_id in fetched else None
+            found[message.job_id] = (_status(redis_id, queue, dead, fetched, mark), queue,
+                                     redis_id, data)
+    return found
 
 
 @dataclass(frozen=True, slots=True)
