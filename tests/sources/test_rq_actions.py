@@ -28,7 +28,14 @@ from tests.sources.rq_support import (
     wait_started,
     wait_status,
 )
-from tests.sources.support import Markers, Outcome, Processes, by_job, reconcile_once
+from tests.sources.support import (
+    Markers,
+    Outcome,
+    Processes,
+    by_job,
+    reconcile_once,
+    wait_until,
+)
 from tests.sources.test_operator_commands import cli
 from tests.sources.test_rq_workers import KINDS
 
@@ -160,6 +167,11 @@ def test_cancel_of_a_dead_workers_job_writes_rqs_canceled_shape(
     first = start_worker(processes, project, markers, "worker-a")
     wait_started(markers, job_id, first)
     sigkill(first)
+    # Redis drops the killed processes' subscription once it sees their sockets closed;
+    # a stop-job published before that would still count a listener.
+    channel = f"rq:pubsub:{first.name}"
+    wait_until(lambda: project.redis().pubsub_numsub(channel) == [(channel.encode(), 0)],
+               "the killed worker's subscription to be gone")
     report = desk_of(project).act(OperatorAction.CANCEL, job_id, actor="bob", note="gone")
     assert report.applied, report.line
     assert "started -> canceled" in report.line
@@ -252,3 +264,121 @@ def test_bulk_retry_by_reason_requeues_each_terminalized_job(
     worker = start_worker(processes, project, markers, "worker-new")
     for job_id in jobs:
         wait_status(project, job_id, "finished", worker=worker)
+
+
+def _counted_client(url: str) -> tuple[Any, list[int]]:
+    """A client of the app's Redis counting its round trips (a pipeline, however long,
+    is sent in one write and counts once), connected already so the count starts at 0."""
+    import redis  # noqa: PLC0415 - the tests of the rq source have it
+
+    sent: list[int] = []
+
+    class Counted(redis.Connection):
+        def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+            sent.append(1)
+            super().send_packed_command(command, check_health)  # type: ignore[no-untyped-call]
+
+    client = redis.Redis.from_url(url, connection_class=Counted)
+    client.ping()
+    sent.clear()
+    return client, sent
+
+
+def _chunk_desk(project: RqProject, client: Any, moves: dict[str, Any]) -> Any:
+    """The rq desk over ``client``, each job of ``moves`` moved by its own write between
+    the chunk's read and its swap."""
+    def actions(conn: Connection, config: Any, kinds: Any) -> RqActions:
+        return RqActions(client, config)
+
+    def move(conn: Connection, key: JobKey) -> None:
+        if str(key) in moves:
+            moves[str(key)](conn, key)
+
+    return desk_moving_after_read(project.engine, SOURCE, project.config(), KINDS,
+                                  actions=actions, move=move)
+
+
+CHUNK_ROUND_TRIPS = 2
+"""A chunk's round trips to the app's Redis, however many jobs it has: its read (the
+scripts registered and every job's hash, registry entry and executions) and its swap
+(every job's fenced move)."""
+
+
+def test_a_chunk_retry_is_two_round_trips_refuses_the_moved_and_a_worker_runs_the_rest(
+        project: RqProject, processes: Processes, markers: Markers) -> None:
+    """Four failed jobs, a queued one and an unknown id retried as one chunk: the one RQ's
+    own requeue took between the chunk's read and its swap is ``fence_lost`` (once on its
+    queue, as RQ left it), the queued one is refused and unchanged, the unknown id is no
+    job; the three others are requeued as RQ's requeue leaves a job (a fresh count, the
+    resumes' retries given back), in two round trips; a real worker then runs all four
+    on attempt 1."""
+    retried = [project.enqueue(IDEMPOTENT, hang=[0], retry=2) for _ in range(3)]
+    moved = project.enqueue(IDEMPOTENT, hang=[0])
+    for job_id in (*retried, moved):
+        failed(project, job_id)
+    redis = project.redis()
+    redis.hset(f"rq:job:{retried[0]}", "reconciler_attempt", 2)  # a resume's attempt
+    waiting = project.enqueue(IDEMPOTENT, hang=[0])
+    before = redis.hgetall(f"rq:job:{waiting}")
+    client, sent = _counted_client(project.redis_url)
+    desk = _chunk_desk(project, client, {moved: _requeued_by_rq(project)})
+    reports = desk.act_on_chunk(OperatorAction.RETRY, [*retried, moved, waiting, "no-such"],
+                                actor="alice", note="bulk")
+    assert [(r.job_id, r.refusal) for r in reports] == [
+        *((j, None) for j in retried), (moved, "fence_lost"),
+        (waiting, "job_not_failed_or_cancelled"), ("no-such", "no_such_job")]
+    assert len(sent) == CHUNK_ROUND_TRIPS
+    queue = project.queue()
+    assert queue.job_ids == [waiting, moved, *retried]
+    assert redis.hgetall(f"rq:job:{waiting}") == before
+    for job_id in retried:
+        job = project.job(job_id)
+        assert (job.get_status().value, job.started_at, job.ended_at) == ("queued", None,
+                                                                          None)
+        assert redis.hget(f"rq:job:{job_id}", "reconciler_attempt") is None
+        assert job_id not in queue.failed_job_registry.get_job_ids()
+    assert [project.job(j).retries_left for j in retried] == [3, 2, 2]
+    worker = start_worker(processes, project, markers, "worker-a")
+    for job_id in (*retried, moved):
+        wait_status(project, job_id, "finished", worker=worker)
+        assert project.job(job_id).return_value() == "done on attempt 1"
+
+
+def test_a_chunk_cancel_is_two_round_trips_refuses_the_moved_and_no_worker_runs_the_rest(
+        project: RqProject, processes: Processes, markers: Markers) -> None:
+    """A chunk cancel of a queued job a worker's dequeue took (its id off the queue, its
+    hash not yet written) and a deferred one RQ's own cancel ended, both between the
+    chunk's read and its swap, three queued jobs, another deferred one, a failed one and
+    an unknown id: the two moved are ``fence_lost`` (with the worker that took it;
+    canceled as RQ wrote it), the failed one is refused, the unknown id is no job; the
+    four others end as RQ's cancel leaves a job, in two round trips, and a real worker
+    never runs them."""
+    taken = project.enqueue(IDEMPOTENT, hang=[0])  # first on the queue: the one dequeued
+    waiting = [project.enqueue(IDEMPOTENT, hang=[0]) for _ in range(3)]
+    ended, deferred = (str(project.queue().enqueue(IDEMPOTENT, kwargs={"hang": [0]},
+                                                   depends_on=waiting[0]).id)
+                       for _ in range(2))
+    gone = project.enqueue(IDEMPOTENT, hang=[0])
+    failed(project, gone)
+    client, sent = _counted_client(project.redis_url)
+    desk = _chunk_desk(project, client, {taken: _taken_by_a_worker(project),
+                                         ended: _canceled_by_rq(project)})
+    chunk = [taken, ended, *waiting, deferred, gone, "no-such"]
+    reports = desk.act_on_chunk(OperatorAction.CANCEL, chunk, actor="bob", note="bulk")
+    assert [(r.job_id, r.refusal) for r in reports] == [
+        (taken, "fence_lost"), (ended, "fence_lost"), *((j, None) for j in waiting),
+        (deferred, None), (gone, "job_terminal"), ("no-such", "no_such_job")]
+    assert len(sent) == CHUNK_ROUND_TRIPS
+    queue = project.queue()
+    assert (project.status(taken), project.status(ended), project.status(gone)) == (
+        "queued", "canceled", "failed")
+    assert queue.job_ids == []
+    canceled = set(queue.canceled_job_registry.get_job_ids())
+    assert canceled == {ended, *waiting, deferred}
+    assert {project.status(j) for j in (*waiting, deferred)} == {"canceled"}
+    assert deferred not in queue.deferred_job_registry.get_job_ids()
+    worker = start_worker(processes, project, markers, "worker-a")
+    later = project.enqueue(IDEMPOTENT, hang=[0])
+    wait_status(project, later, "finished", worker=worker)
+    for job_id in (taken, ended, *waiting, deferred):
+        assert markers.of(job_id) == set()
