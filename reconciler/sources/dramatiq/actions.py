@@ -14,7 +14,8 @@ A message found anywhere else than where it was read (a worker fetched it, Drama
 maintenance or another operator moved it) is refused ``fence_lost`` and nothing changes.
 Reading one message looks for its ``message_id`` through the watched queues' stored
 messages (``listing``): an operator's action, not a pass's. A bulk chunk
-(``BatchActions``) is read in two round trips (``located_many``) and moved in one: every
+(``BatchActions``) is read in two round trips (``located_many``: one SCAN page per
+thousand keys of the namespace, then one transaction) and moved in one: every
 message's own ``MOVE``, fenced as one job's is, in one pipelined MULTI/EXEC.
 """
 
@@ -121,7 +122,7 @@ class DramatiqActions:
     def read_many(self, job_keys: Sequence[JobKey], *, lock: bool
                   ) -> dict[JobKey, ForeignJob]:
         """The chunk's messages as they are now, located and read in two round trips
-        (``located_many``); no lock, as ``read``."""
+        (``located_many``; a SCAN page more per thousand keys); no lock, as ``read``."""
         with answering(self.config.url):
             found = located_many(self.client, self.keys, self.config,
                                  [str(key) for key in job_keys])

@@ -80,6 +80,16 @@ class Keys:
         return f"{_glob_escape(self.namespace)}:__acks__.*"
 
     @property
+    def everything_pattern(self) -> str:
+        """``SCAN`` match for every key of the namespace."""
+        return f"{_glob_escape(self.namespace)}:*"
+
+    @property
+    def stores_pattern(self) -> str:
+        """``SCAN`` match for every ``.msgs`` hash of the namespace."""
+        return f"{_glob_escape(self.namespace)}:*.msgs"
+
+    @property
     def acks_prefix(self) -> str:
         return f"{self.namespace}:__acks__."
 

@@ -87,12 +87,7 @@ def connect(url: str) -> Any:
 def watched_stores(redis: Any, keys: Keys, config: DramatiqConfig) -> list[tuple[str, bool]]:
     """Each watched queue holding messages (a delay queue apart), and whether it is a
     dead-letter set; from the ``.msgs`` hashes."""
-    return _watched(redis.scan_iter(match=_stores_pattern(keys), count=1000), keys, config)
-
-
-def _stores_pattern(keys: Keys) -> str:
-    """The match for every ``.msgs`` hash of the namespace."""
-    return f"{keys.namespace}:*.msgs"
+    return _watched(redis.scan_iter(match=keys.stores_pattern, count=1000), keys, config)
 
 
 def _watched(names: Iterable[bytes], keys: Keys, config: DramatiqConfig
@@ -157,15 +152,18 @@ def located(redis: Any, keys: Keys, config: DramatiqConfig, message_id: str
 def located_many(redis: Any, keys: Keys, config: DramatiqConfig,
                  message_ids: Collection[str]) -> dict[str, tuple[str, str, str, bytes]]:
     """Where each of ``message_ids`` is stored now, as ``located`` finds it (the first
-    watched store holding it), for those stored at all; in two round trips whatever their
-    number: the stores' and acks sets' names, then every one of them read."""
+    watched store holding it), for those stored at all; whatever their number, one SCAN of
+    the namespace's names (a page per thousand keys), then every store and acks set read."""
     wanted = set(message_ids)
-    # KEYS, not SCAN: one round trip however many keys the Redis holds (the same pattern
-    # and the same server work as the listing's SCAN, in one call).
-    with redis.pipeline(transaction=False) as names:
-        names.keys(_stores_pattern(keys))
-        names.keys(keys.acks_pattern)
-        store_names, acks_names = names.execute()
+    # SCAN, never KEYS: an operator's bulk must not block the app's Redis while it walks
+    # every key; one walk finds both the stores and the acks sets.
+    store_names: list[bytes] = []
+    acks_names: list[bytes] = []
+    for raw in redis.scan_iter(match=keys.everything_pattern, count=1000):
+        if raw.startswith(keys.acks_prefix.encode()):
+            acks_names.append(raw)
+        elif raw.endswith(b".msgs"):
+            store_names.append(raw)
     stored = _watched(store_names, keys, config)
     # One transaction: the acks sets, the marks and the messages as of one instant, so a
     # message a worker fetches meanwhile is not read stored but not yet fetched.
