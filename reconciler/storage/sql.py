@@ -166,6 +166,7 @@ class JsonTable(sa.sql.expression.TableClause):
 _JSON_TABLE_TYPES: tuple[tuple[type[Any], str], ...] = (
     (sa.BigInteger, "BIGINT"), (sa.Integer, "INT"), (sa.Float, "DOUBLE"),
     (sa.Boolean, "BOOLEAN"), (sa.JSON, "JSON"), (sa.String, "VARCHAR(4000)"),
+    (sa.DateTime, "DATETIME(6)"),
 )
 
 

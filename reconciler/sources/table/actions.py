@@ -11,7 +11,8 @@
 - A status the mapping does not name is refused (``status_not_mapped``).
 
 Each swap repeats the status and every fenced column as read (owner, attempts, generation,
-lease, activity) in its WHERE clause: a job that moved meanwhile is refused, unchanged.
+lease, activity) in its WHERE clause: a job that moved meanwhile is refused, unchanged. A
+chunk's swap is one UPDATE joined to its rows as read, sent as one JSON parameter.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ from reconciler.core.vocabulary import (
 from reconciler.sources.kit.actions import ForeignJob
 from reconciler.sources.kit.shapes import constant
 from reconciler.sources.table.config import TableConfig
-from reconciler.storage.sql import for_update
+from reconciler.sources.table.source import rows_as_read
+from reconciler.storage.sql import for_update, unindexed
 
 FENCED_KEYS = ("owner_column", "attempts_column", "generation_column",
                "lease_expires_column", "activity_column")
@@ -119,25 +121,42 @@ class TableActions:
 
     def swap_many(self, action: OperatorAction, jobs: Mapping[JobKey, ForeignJob],
                   refused: dict[JobKey, str]) -> dict[JobKey, str]:
-        """A chunk's retry or cancel in one UPDATE, each row repeating its own fence (its
-        status and fenced columns as read), each retried row its own resume step; the
-        rows it changed. Read locked in this transaction, every row is still as read: a
-        count that differs is a row that moved, and the chunk is then swapped row by
+        """A chunk's retry or cancel in one UPDATE joined to the chunk's rows as read (one
+        JSON parameter, ``source.rows_as_read``): each row repeats its own fence (its
+        status and fenced columns as read), each retried row carries its own resume step;
+        the rows it changed. Read locked in this transaction, every row is still as read:
+        a count that differs is a row that moved, and the chunk is then swapped row by
         row (inside a savepoint, so the one statement leaves nothing behind). The table
         has no rule of its own to refuse by (``refused`` stays as it is)."""
         status, values = (self._retried() if action is OperatorAction.RETRY
                           else self._cancelled())
-        if action is OperatorAction.RETRY and self._has("resume_column"):
-            id_column = self._col("id_column")
-            values[self._columns["resume_column"]] = sa.case(
-                *((id_column == key, self._resume_at(job.fence)) for key, job in jobs.items()),
-                else_=self._col("resume_column"))
-        values[self._columns["status_column"]] = constant(status)
+        names = self._columns
+        fenced = [k for k in FENCED_KEYS if self._has(k)]
+        resume = action is OperatorAction.RETRY and self._has("resume_column")
+        rows = []
+        for key, job in jobs.items():
+            read: dict[str, Any] = job.fence
+            # The status as read, not its text: compared as the column holds it.
+            row = {names["id_column"]: key, names["status_column"]: read["status"],
+                   **{names[k]: read[k] for k in fenced}}
+            if resume:
+                row[names["resume_column"]] = self._resume_at(read)
+            rows.append(row)
+        seen, params = rows_as_read(self._conn, self._table, list(rows[0]), rows)
+        if resume:
+            values[names["resume_column"]] = seen.c[names["resume_column"]]
+        values[names["status_column"]] = constant(status)
         if self._has("generation_column"):
-            values[self._columns["generation_column"]] = self._col("generation_column") + 1
-        fenced = sa.or_(*(sa.and_(*self._fenced(key, job)) for key, job in jobs.items()))
+            values[names["generation_column"]] = self._col("generation_column") + 1
+        # The status kept off its index (``unindexed``), as the native chunk's: SQLite
+        # would otherwise walk every row of a status and probe the JSON rows for each, and
+        # InnoDB lock every row it walks; by the key each job is one row.
+        where = [self._col("id_column") == seen.c[names["id_column"]],
+                 unindexed(self._col("status_column")) == seen.c[names["status_column"]],
+                 *(self._col(k).is_not_distinct_from(seen.c[names[k]]) for k in fenced)]
         with self._conn.begin_nested() as savepoint:
-            done = self._conn.execute(self._table.update().where(fenced).values(values))
+            done = self._conn.execute(self._table.update().where(*where).values(values),
+                                      params)
             if done.rowcount == len(jobs):
                 return dict.fromkeys(jobs, status)
             savepoint.rollback()
