@@ -2,11 +2,15 @@
 forms under the strict CSP): an operator retries a terminalized job and sees the outcome
 and the record; the read-only token sees no form and a forged one is 403; bulk retry is
 previewed, then confirmed; a hostile note runs nothing; and at incident scale, 2,500 jobs
-retried on one count and one confirmation, their export and a job's timeline."""
+retried on one count and one confirmation, their export and a job's timeline; and a job's
+timeline after two crashes, a resume, a terminalization and an operator's retry, read
+entry by entry."""
 
 from __future__ import annotations
 
 import json
+import re
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +26,7 @@ from tests.console_support import Seeded, fetch, seed, served
 from tests.helpers import job_row
 from tests.integration.test_bulk_chunks import DIED, died_in_bulk, recorded, statuses
 from tests.integration.test_exports import as_cells, rows_of
+from tests.integration.test_timeline import crashed_retried_job
 
 READER = "browser-reader-0123456789"
 ALICE = "browser-alice-0123456789"
@@ -181,3 +186,61 @@ def test_at_incident_scale_one_filter_one_count_one_confirmation(
     assert rows_of(csv_text) == as_cells(records, DECISION_COLUMNS)
     assert timeline[0] == "claimed"
     assert timeline[-3:] == ["decision", "attempt_ended", "action"]
+
+
+# What a reader sees of the job ``crashed_retried_job`` builds, one pattern per timeline
+# entry (its time cut off), in the order the page lists them: pass ids are the database's,
+# so only their form is fixed.
+TIMELINE = [
+    ("claimed", r"attempt 1 claimed"),
+    ("step_started", r"step 0 fetch \[idempotent\] started \(attempt 1\)"),
+    ("step_finished", r"step 0 fetch succeeded \(attempt 1\)"),
+    ("lease_expired", r"lease ran out, as pass \d+ saw it"),
+    ("decision", r"decided resume at step 1 \(resumed_from_unstarted_step\), rule 14"),
+    ("attempt_ended", r"attempt 1 ended lost \(by reconciler\)"),
+    ("claimed", r"attempt 2 claimed"),
+    ("step_started", r"step 1 charge \[effectful\] started \(attempt 2\)"),
+    ("lease_expired", r"lease ran out, as pass \d+ saw it"),
+    ("decision", r"decided terminalize \(worker_died_mid_step\), rule 10"),
+    ("attempt_ended", r"attempt 2 ended lost \(by reconciler\)"),
+    ("action", r"operator retry applied by alice: not charged: checked"),
+]
+
+
+def test_a_jobs_timeline_after_two_crashes_a_resume_a_terminalization_and_a_retry(
+    browser: Any, db_url: str, engine: Engine, client: JobClient, tokens: dict[str, str]
+) -> None:
+    """The job ``jobs show``'s test builds (attempt 1 dies after ``fetch`` and is resumed,
+    attempt 2 dies inside ``charge`` and is ended, alice retries it with a note), on its
+    page as an operator reads it: every entry, in time order, each decision linking its
+    rule, and no trace of the worker that claimed it."""
+    job = crashed_retried_job(engine, client)
+    with served(db_url, **tokens) as base:
+        sign_in(browser, base, ALICE)
+        browser.get(base + f"/jobs/native/{job}")
+        _wait_for(browser, expected_conditions.title_contains(f"native job {job}"))
+        entries = browser.find_elements(By.CSS_SELECTOR, "#timeline li")
+        read = [(li.get_attribute("class"), li.find_element(By.TAG_NAME, "time").text,
+                 " ".join(li.text.split())) for li in entries]
+        rules = [a.get_attribute("pathname") + a.get_attribute("hash") for a in
+                 browser.find_elements(By.CSS_SELECTOR, "#timeline li.decision a")]
+        # The decisions recorded, newest first, each naming the pass that made it.
+        deciders = [re.findall(r"^Pass (\d+);", p.text)[0] for p in browser.find_elements(
+            By.CSS_SELECTOR, "article.decision p.note")]
+        page = browser.page_source
+    shown = [(kind, text.removeprefix(at).strip()) for kind, at, text in read]
+    assert len(shown) == len(TIMELINE), shown
+    for (kind, text), (want_kind, pattern) in zip(shown, TIMELINE, strict=True):
+        assert kind == want_kind, shown
+        assert re.fullmatch(pattern, text), (text, pattern)
+    # Each lease running out is credited to the pass that then decided about it.
+    passes = [text.split()[-3] for kind, text in shown if kind == "lease_expired"]
+    assert passes == deciders[::-1], (passes, deciders)
+    assert rules == ["/rules#rule-14", "/rules#rule-10"]
+    # Time order as the page prints it (to the second, UTC): an attempt a pass ended is
+    # listed right after the decision that ended it, whenever its row says it closed.
+    times = [datetime.strptime(at, "%Y-%m-%d %H:%M:%S")
+             for kind, at, _ in read if kind != "attempt_ended"]
+    assert times == sorted(times), read
+    # The name both claims gave as their worker: the console keeps worker identities out.
+    assert "worker-marker-7" not in page
