@@ -118,7 +118,25 @@ def result_after(markers: Markers, message: Any, attempt: int) -> Any:
     returns."""
     wait_until(lambda: markers.has(f"{message.message_id}-done-{attempt}"),
                f"message {message.message_id} attempt {attempt} to end", timeout=60)
-    return message.get_result(block=True, timeout=10_000)
+    return result_of(message)
+
+
+def result_of(message: Any, timeout: float = 60) -> Any:
+    """The message's result once stored, read every 0.1 s: a blocking ``get_result``
+    outlasts redis-py's default socket timeout (5 s) on a loaded machine."""
+    from dramatiq.results import ResultMissing  # noqa: PLC0415
+
+    found: list[Any] = []
+
+    def stored() -> bool:
+        try:
+            found.append(message.get_result())
+        except ResultMissing:
+            return False
+        return True
+
+    wait_until(stored, f"message {message.message_id}'s result", timeout=timeout)
+    return found[0]
 
 
 def sigkill(worker: Process) -> None:

@@ -15,6 +15,7 @@ from tests.sources.dramatiq_support import (
     DramatiqProject,
     dramatiq_project,
     reconcile_until,
+    result_of,
     sigkill,
     start_worker,
 )
@@ -44,7 +45,7 @@ def test_a_pass_resumes_at_the_first_step_that_never_started(
     assert (outcome.disposition, outcome.reason, outcome.resume_step_index) == (
         Disposition.RESUME, Reason.RESUMED_FROM_UNSTARTED_STEP, 1)
     start_worker(processes, dramatiq_project, markers, "worker-b")
-    assert message.get_result(block=True, timeout=60_000) == "done on attempt 2"
+    assert result_of(message) == "done on attempt 2"
     assert markers.of(message.message_id) == {
         "step-fetch-1", "between-1", "step-charge-2", "step-notify-2"}
 

@@ -26,6 +26,7 @@ from tests.sources.dramatiq_support import (
     dramatiq_project,
     reconcile_until,
     result_after,
+    result_of,
     sigkill,
     start_worker,
     wait_started,
@@ -303,7 +304,7 @@ class TestPutBackThenLost:
         # read), then its result, stored as the actor returns.
         wait_until(lambda: markers.has(f"{waiting.message_id}-done-2"),
                    "the resumed run to finish", timeout=60, process=third)
-        assert waiting.get_result(block=True, timeout=10_000) == "done on attempt 2"
+        assert result_of(waiting) == "done on attempt 2"
 
 
 class TestDelayQueueCopy:
