@@ -6,17 +6,22 @@ is refused."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, cast
 
 import pytest
 import sqlalchemy as sa
+from sqlalchemy.engine import Connection
 
+from models import OperatorAction as ActionRow
 from reconciler.core.operator_desk import OperatorDesk
-from reconciler.core.vocabulary import Disposition, OperatorAction, Reason
+from reconciler.core.vocabulary import Disposition, JobKey, OperatorAction, Reason
 from reconciler.sources.celery.actions import CeleryActions
 from tests.sources.actions_support import desk_for, desk_moving_after_read, forget_source
-from tests.sources.celery_support import CeleryProject, kill_worker
-from tests.sources.support import Markers, Processes, reconcile_once, wait_until
+from tests.sources.celery_support import CeleryProject, kill_worker, worker_argv
+from tests.sources.support import Markers, Process, Processes, reconcile_once, wait_until
 from tests.sources.test_celery_workers import (
     KINDS,
     config,
@@ -134,3 +139,146 @@ def test_an_action_on_a_task_that_moved_meanwhile_is_refused(
     report = desk.act(OperatorAction.CANCEL, result.id, actor="e", note="n")
     assert (report.applied, report.refusal) == (False, "fence_lost")
     assert project.status(result.id) == "SUCCESS"
+
+
+MOVING: list[bool] = []
+"""Not empty while the test's own write moves a task (its statement is not the chunk's)."""
+
+UPKEEP = {b"PING", b"HELLO", b"CLIENT", b"AUTH", b"SELECT"}
+"""The commands a Redis connection sends for itself."""
+
+CHUNK_ROUND_TRIPS = 1
+"""A chunk retry's round trips to Redis, however many tasks it has: its messages, pushed in
+one pipeline (the queue declared already, by the caller's sends through this process's
+kombu connection pool)."""
+
+CHUNK_STATEMENTS = 2
+"""A chunk's statements on the result table, however many tasks it has: its read (one
+SELECT ... WHERE task_id IN) and its swap (one UPDATE, every row fenced inside it)."""
+
+
+@contextmanager
+def counted(project: CeleryProject) -> Iterator[tuple[list[str], list[bytes]]]:
+    """The statements on the result table and the round trips to Redis (a pipeline,
+    however long, is sent in one write and counts once) made meanwhile, save those of a
+    ``MOVING`` write and a connection's upkeep (its handshake, redis-py's health check:
+    when they fall is the pool's, not the chunk's)."""
+    import redis  # noqa: PLC0415 - the Celery tests have it
+
+    statements: list[str] = []
+    sent: list[bytes] = []
+    send = redis.connection.AbstractConnection.send_packed_command
+
+    def statement(conn: object, cursor: object, text: str, *args: object) -> None:
+        if project.table in text and not MOVING:
+            statements.append(text)
+
+    def round_trip(self: Any, command: Any, check_health: bool = True) -> None:
+        packed = command if isinstance(command, bytes) else b"".join(command)
+        if packed.split(b"\r\n")[2].upper() not in UPKEEP:
+            sent.append(packed)
+        send(self, command, check_health)  # type: ignore[no-untyped-call]
+
+    sa.event.listen(project.engine, "before_cursor_execute", statement)
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(redis.connection.AbstractConnection, "send_packed_command",
+                          round_trip)
+            yield statements, sent
+    finally:
+        sa.event.remove(project.engine, "before_cursor_execute", statement)
+
+
+HANG = 5.0
+"""Seconds each effectful task of a chunk runs on its first attempt."""
+
+
+def threads_worker(processes: Processes, project: CeleryProject, markers: Markers, name: str,
+                   threads: int) -> Process:
+    """A worker running ``threads`` tasks at once, in one process."""
+    return processes.start(name, worker_argv(name, "threads", concurrency=threads),
+                           project.env(markers.folder), cwd=Path(__file__).parents[2])
+
+
+def failed_by_a_pass(project: CeleryProject, processes: Processes, markers: Markers,
+                     count: int) -> tuple[list[str], str]:
+    """``count`` effectful tasks started by one worker (a thread pool), which first ends
+    one more task ``SUCCESS`` and is then SIGKILLed; passes until each of the ``count``
+    is ``FAILURE`` (``worker_died_mid_step``). Their ids, and the succeeded one's."""
+    succeeded = send(project, "idem.work", hang=[0])
+    # A run of HANG seconds: killed in the first, run to the end in a retry's (attempt 1).
+    results = [send(project, "effect.work", hang=[HANG]) for _ in range(count)]
+    worker = threads_worker(processes, project, markers, "worker-a", count + 1)
+    tasks = [str(result.id) for result in results]
+    assert succeeded.get(timeout=60) == "done on attempt 1"
+    wait_until(lambda: all(markers.has(f"{t}-started-1") for t in tasks),
+               "the tasks to start", process=worker)
+    kill_worker(worker)
+    reasons: dict[str, Reason] = {}
+
+    def decided() -> bool:
+        reasons.update({str(o.job_id): o.reason
+                        for o in reconcile_once(project.engine, config(project), KINDS)
+                        if o.applied})
+        return set(tasks) <= set(reasons)
+
+    wait_until(decided, "a decision on every task", process=worker)
+    assert {reasons[t] for t in tasks} == {Reason.WORKER_DIED_MID_STEP}
+    assert {project.status(t) for t in tasks} == {"FAILURE"}
+    return tasks, str(succeeded.id)
+
+
+def test_a_chunk_retry_is_one_select_and_one_update_refuses_the_moved_and_runs_the_rest(
+        project: CeleryProject, processes: Processes, markers: Markers) -> None:
+    """Five tasks a pass failed, a task that succeeded and an unknown id. One retried alone
+    first; then the rest as one chunk, where one task a late write ended ``SUCCESS``
+    between the chunk's read and its swap is ``fence_lost`` (left ``SUCCESS``, never
+    re-published), the succeeded one is refused and unchanged, the unknown id is no job,
+    and the other three are ``RETRY`` with a fresh count: each recorded, the chunk in one
+    SELECT and one UPDATE of the result table and as many Redis round trips as the single
+    retry's (its messages pushed in one pipeline). A real worker then runs the four
+    retried tasks to the end, on attempt 1, and never the moved one."""
+    tasks, succeeded = failed_by_a_pass(project, processes, markers, 5)
+    alone, retried, moved = tasks[0], tasks[1:4], tasks[4]
+    done_before = project.row(succeeded)
+
+    def move(conn: Connection, key: JobKey) -> None:
+        if key == moved:
+            MOVING.append(True)
+            conn.execute(sa.text(f"UPDATE {project.table} SET status = 'SUCCESS' "
+                                 "WHERE task_id = :id"), {"id": key})
+            MOVING.clear()
+
+    desk = desk_moving_after_read(project.engine, SOURCE, config(project), KINDS,
+                                  actions=CeleryActions, move=move)
+    with counted(project) as (single_statements, single_trips):
+        report = desk.act(OperatorAction.RETRY, alone, actor="alice", note="first")
+    assert report.applied, report.line
+    chunk = [*retried, moved, succeeded, "no-such-task"]
+    with counted(project) as (statements, trips):
+        reports = desk.act_on_chunk(OperatorAction.RETRY, chunk, actor="alice", note="bulk")
+    assert [(r.job_id, r.refusal) for r in reports] == [
+        *((t, None) for t in retried), (moved, "fence_lost"),
+        (succeeded, "job_not_failed_or_cancelled"), ("no-such-task", "no_such_job")]
+    if project.engine.dialect.update_returning:  # MySQL swaps a moved row's chunk row by row
+        assert len(statements) == len(single_statements) == CHUNK_STATEMENTS, statements
+    assert len(trips) == len(single_trips) == CHUNK_ROUND_TRIPS, (trips, single_trips)
+    assert [project.status(t) for t in (*retried, moved)] == ["RETRY"] * 3 + ["SUCCESS"]
+    assert project.row(succeeded) == done_before
+    for task in retried:
+        row = project.row(task)
+        assert row is not None
+        assert (row["retries"], row["date_done"]) == (0, None)
+    actions = cast(sa.Table, ActionRow.__table__)
+    with project.engine.connect() as conn:
+        rows = conn.execute(sa.select(actions).where(actions.c.operator_note == "bulk"))
+        recorded = {row.job_key: (row.refusal_reason, row.state_before, row.state_after)
+                    for row in rows}
+    assert recorded == {**{t: (None, "FAILURE", "RETRY") for t in retried},
+                        moved: ("fence_lost", "FAILURE", "FAILURE"),
+                        succeeded: ("job_not_failed_or_cancelled", "SUCCESS", "SUCCESS")}
+    threads_worker(processes, project, markers, "worker-b", len(retried) + 1)
+    caller = project.caller()
+    for task in (alone, *retried):
+        assert caller.AsyncResult(task).get(timeout=60) == "done on attempt 1"
+    assert markers.of(moved) == {"started-1"}, "the moved task ran again"

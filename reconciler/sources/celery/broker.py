@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +55,18 @@ def _bound_queue(member: bytes | str) -> str:
     """The queue of one binding (``routing_key SEP pattern SEP queue``)."""
     text = member.decode() if isinstance(member, bytes) else str(member)
     return text.rsplit(BINDING_SEPARATOR, 1)[-1]
+
+
+@dataclass(frozen=True, slots=True)
+class Publication:
+    """A task as ``send_task`` publishes it again: the same id, name, call and queue."""
+
+    task_id: str
+    name: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+    queue: str | None
+    retries: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,12 +245,60 @@ class CeleryBroker:
     def publish(self, task_id: str, name: str, *, args: list[Any], kwargs: dict[str, Any],
                 queue: str | None, retries: int) -> None:
         """Celery's own ``send_task``: the same id, so the caller's AsyncResult completes."""
-        self.app().send_task(name, args=args, kwargs=kwargs, task_id=task_id, queue=queue,
-                             retries=retries)
+        self.publish_many([Publication(task_id, name, args=args, kwargs=kwargs, queue=queue,
+                                       retries=retries)])
 
-    def revoke(self, task_id: str) -> None:
-        """Celery's own revoke, to the live workers (a best effort: it reaches no one else)."""
+    def publish_many(self, tasks: Sequence[Publication]) -> None:
+        """Each task through Celery's own ``send_task`` (``publish``), their messages pushed
+        in one pipeline: kombu's producer batch (kombu 5.7), which sends ``max_size``
+        (1,000) pushes at a time; an older kombu has none and sends one message at a time.
+        A queue's first message on this app's connection declares it first, as any
+        ``send_task`` does."""
+        if not tasks:
+            return
+        app = self.app()
+        with app.producer_or_acquire() as producer:
+            batch = getattr(producer, "batch", None)
+            with batch() if batch is not None else contextlib.nullcontext():
+                for task in tasks:
+                    app.send_task(task.name, args=task.args, kwargs=task.kwargs,
+                                  task_id=task.task_id, queue=task.queue,
+                                  retries=task.retries, producer=producer)
+
+    def take_queued(self, queued: Mapping[str, Collection[str]]) -> None:
+        """Remove these tasks' messages from their Redis queues (queue -> task ids; kombu
+        keeps a queue as a list of JSON messages): the queues read in one round trip, the
+        messages found removed in another, each by its own text (a message pushed or
+        taken meanwhile is not another's)."""
+        if not queued:
+            return
+        client, queues = self._client(), sorted(queued)
+        reading = client.pipeline(transaction=False)
+        for queue in queues:
+            reading.lrange(queue, 0, -1)
+        found = [(queue, raw) for queue, messages in zip(queues, reading.execute(), strict=True)
+                 for raw in messages if _task_of(raw) in queued[queue]]
+        if found:
+            removing = client.pipeline(transaction=False)
+            for queue, raw in found:
+                removing.lrem(queue, 1, raw)
+            removing.execute()
+
+    def revoke(self, *task_ids: str) -> None:
+        """Celery's own revoke of these tasks, to the live workers in one broadcast (a best
+        effort: it reaches no one else)."""
+        if not task_ids:
+            return
         # Revoking only helps (the message is out of the broker already): a failure is not
         # a reason to undo the swap.
         with contextlib.suppress(Exception):
-            self.app().control.revoke(task_id)
+            self.app().control.revoke(list(task_ids))
+
+
+def _task_of(raw: bytes | str) -> str | None:
+    """The task id of a queued kombu message (None: not a Celery task's)."""
+    try:
+        task_id = json.loads(raw)["headers"]["id"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return task_id if isinstance(task_id, str) else None
