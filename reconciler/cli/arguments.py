@@ -10,7 +10,7 @@ from typing import NoReturn
 from reconciler import __version__
 from reconciler.config.fields import SETTING_FIELDS
 from reconciler.config.registry import DEFAULT_SOURCE
-from reconciler.core.vocabulary import JobStatus, Reason
+from reconciler.core.vocabulary import Disposition, JobStatus, Reason
 from reconciler.demos import DEMOS
 from reconciler.exports import FORMATS
 from reconciler.views import printable
@@ -99,14 +99,18 @@ OPERATOR_HELP = {
     "hold": "hold a job: the reconciler leaves it alone (native workers do not claim it)",
     "unhold": "release an operator hold",
     "retry": "requeue a failed or cancelled job, in its system's own terms, with a fresh "
-             "attempt budget (--note required); or, with --reason, the jobs of a filter",
+             "attempt budget (--note required); or, with --reason, --disposition, --kind "
+             "or --since, the jobs of a filter",
     "cancel": "cancel a queued or running job, in its system's own terms (--note "
-              "required); or, with --reason, the jobs of a filter",
+              "required); or, with --reason, --disposition, --kind or --since, the jobs of "
+              "a filter",
 }
 BULK_ACTIONS = frozenset({"retry", "cancel"})
-"""The actions the bulk form (``--reason``, ``--kind``, ``--since``) takes."""
-BULK_FILTERS = ("reason", "kind", "since")
-"""The bulk form's filters, on the jobs' latest decisions; any one of them makes it bulk."""
+"""The actions the bulk form takes."""
+BULK_FILTERS = ("reason", "disposition", "kind", "since")
+"""The bulk form's filters, on the jobs' latest decisions (the console's); any one of them
+makes it bulk."""
+_BULK_FLAGS = ", ".join(f"--{name}" for name in BULK_FILTERS)
 NEEDS_NOTE = BULK_ACTIONS
 """The actions that need ``--note``: a reason, kept in the record."""
 
@@ -125,6 +129,8 @@ def _operator_arguments(acting: argparse.ArgumentParser, *, bulk: bool) -> None:
         return
     acting.add_argument("--reason", choices=[r.value for r in Reason],
                         help="bulk: the jobs whose latest decision has this reason")
+    acting.add_argument("--disposition", choices=[d.value for d in Disposition],
+                        help="bulk: the jobs whose latest decision has this disposition")
     acting.add_argument("--kind", metavar="GLOB", help="bulk: only kinds matching this glob")
     acting.add_argument("--since", type=parse_duration, metavar="DURATION",
                         help="bulk: only decisions younger than this (90s, 15m, 2h, 7d)")
@@ -147,15 +153,14 @@ def check_operator_arguments(parser: argparse.ArgumentParser,
     if action in NEEDS_NOTE and not (args.note or "").strip():
         parser.error(f"jobs {action} needs --note TEXT (why: it is kept in the record)")
     if bulk and args.job_id is not None:
-        parser.error(f"jobs {action} takes a job id or filters (--reason, --kind, --since), "
-                     "not both")
+        parser.error(f"jobs {action} takes a job id or filters ({_BULK_FLAGS}), not both")
     if not bulk and args.job_id is None:
-        parser.error(f"jobs {action} needs a job id, or filters for the bulk form (--reason, "
-                     "--kind, --since)")
+        parser.error(f"jobs {action} needs a job id, or filters for the bulk form "
+                     f"({_BULK_FLAGS})")
     if not bulk and any(getattr(args, flag, None) not in (None, False)
                         for flag in ("dry_run", "yes")):
         parser.error(f"--dry-run and --yes go with the bulk form's filters (jobs {action} "
-                     "--reason R, --kind GLOB or --since DURATION)")
+                     f"with {_BULK_FLAGS})")
 
 
 def is_bulk(args: argparse.Namespace) -> bool:

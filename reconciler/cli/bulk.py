@@ -1,6 +1,6 @@
-"""``reconciler jobs retry|cancel --reason R | --kind GLOB | --since D ...``: one action on
-the jobs whose latest decision matches the filters (the console's; each stands alone),
-each fenced and recorded on its own.
+"""``reconciler jobs retry|cancel --reason R | --disposition D | --kind GLOB | --since D
+...``: one action on the jobs whose latest decision matches the filters (the console's, as
+one ``BulkFilter``; each stands alone), each fenced and recorded on its own.
 
 It first says how many match, acts only with ``--yes`` or after a yes typed on a terminal,
 on every match or at most ``--limit`` where one is given, and ends with the counts applied
@@ -11,7 +11,8 @@ desk's ``act_on_chunk``: on a source that takes a batch, one transaction whose f
 statements fence every job inside them and record every action in one insert, so an
 interrupted bulk (SIGINT, a lost connection) leaves each job acted on and recorded, or
 untouched, and the same command run again finishes the rest. A terminal shows a progress
-bar; each refusal is a line.
+bar; with ``--json``, each chunk's counts are a JSON object a line on stderr; each refusal
+is a line.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import TextIO
 from reconciler.core.operator_desk import (
     BULK_CHUNK,
     ActionReport,
+    BulkFilter,
     OperatorDesk,
     act_in_chunks,
 )
@@ -64,6 +66,15 @@ class Progress:
             self._drawn = False
 
 
+def json_progress(done: int, applied: int, refused: int, total: int,
+                  stream: TextIO) -> None:
+    """One chunk's progress for ``--json``: a JSON object on a line of its own, on stderr
+    (``stream``) because stdout is one JSON document, the bulk's result (docs/cli.md)."""
+    stream.write(json.dumps({"event": "progress", "done": done, "applied": applied,
+                             "refused": refused, "total": total}) + "\n")
+    stream.flush()
+
+
 def _say(args: argparse.Namespace, line: str) -> None:
     """A line for people; with ``--json`` on stderr, so stdout stays one JSON document."""
     print(printable(line), file=sys.stderr if args.json else sys.stdout, flush=True)
@@ -87,10 +98,15 @@ def bulk_action(args: argparse.Namespace, desk: OperatorDesk, action: OperatorAc
                 actor: str) -> int:
     """Run the bulk form (see the module's docstring); the exit code."""
     since = None if args.since is None else datetime.now(UTC) - timedelta(seconds=args.since)
-    targets = desk.bulk_targets(action, reason=args.reason, kind=args.kind, since=since,
-                                limit=sys.maxsize if args.limit is None else args.limit)
+    # A namespace built by hand (benchmarks.bulk_retry's) may predate --disposition.
+    disposition: str | None = getattr(args, "disposition", None)
+    chosen = BulkFilter(reason=args.reason, disposition=disposition, kind=args.kind,
+                        since=since)
+    targets = desk.bulk_targets(action, limit=sys.maxsize if args.limit is None
+                                else args.limit, **chosen)
     filters = ", ".join(
         ([f"latest decision {args.reason}"] if args.reason else [])
+        + ([f"disposition {disposition}"] if disposition else [])
         + ([f"kind {args.kind}"] if args.kind else [])
         + ([f"decided in the last {args.since:g} s"] if args.since is not None else [])
         + ([f"at most {args.limit}"] if args.limit is not None else []))
@@ -105,13 +121,18 @@ def bulk_action(args: argparse.Namespace, desk: OperatorDesk, action: OperatorAc
                               "dry_run": bool(args.dry_run)}, indent=2))
         return 0
     reports: list[ActionReport] = []
+    applied_so_far = 0
     progress = Progress(len(targets), sys.stderr)
     for chunk in act_in_chunks(desk, action, targets, actor=actor, note=args.note):
         reports += chunk
+        applied_so_far += sum(report.applied for report in chunk)
         progress.clear()
         for report in chunk:
             if not report.applied:
                 _say(args, report.line)
+        if args.json:
+            json_progress(len(reports), applied_so_far, len(reports) - applied_so_far,
+                          len(targets), sys.stderr)
         progress.show(len(reports))
     progress.clear()
     applied = [r.job_id for r in reports if r.applied]

@@ -106,8 +106,8 @@ class Acting:
         """Every job whose latest decision the filters match as of ``as_of`` (the window
         ``since`` counted back from it) and whose state allows ``action`` now."""
         return self.desk.bulk_targets(
-            action, reason=query.reason, kind=query.kind, since=query.since_time(as_of),
-            until=as_of, limit=BULK_LIMIT)
+            action, limit=BULK_LIMIT, reason=query.reason, disposition=query.disposition,
+            kind=query.kind, since=query.since_time(as_of), until=as_of)
 
 
 def _count(form: Form) -> int:

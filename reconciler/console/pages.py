@@ -130,7 +130,7 @@ class Pages:
             "reasons": [r.value for r in Reason], "sources": list(SOURCES),
             "since_choices": SINCE_CHOICES, "outcome": outcome,
             "bulk": acting and not query.shadow and query.source in (None, self.desk.source)
-            and any((query.reason, query.kind, query.since)),
+            and bool(query.bulk_filters()),
         })
 
     def job(self, source: str, job_id: str, *, acting: bool = False,

@@ -21,6 +21,9 @@ _COUNT = re.compile(r"^\d{1,6}$")
 APPLIED = "applied"
 # What the page's "since" menu offers; any duration in the same syntax is accepted.
 SINCE_CHOICES = ("15m", "1h", "24h", "7d", "30d")
+BULK_FILTERS = ("disposition", "reason", "kind", "since")
+"""The filters a bulk retry or cancel acts on (the command line's bulk form takes the same
+ones); any one of them given offers it."""
 
 
 class BadRequestError(ValueError):
@@ -51,6 +54,11 @@ class DecisionQuery:
         as ``fmt`` (``csv`` or ``json``)."""
         link = self.link(before=None)
         return link.replace("/decisions", f"/decisions.{fmt}", 1)
+
+    def bulk_filters(self) -> dict[str, str]:
+        """The ``BULK_FILTERS`` given, by name: what a bulk form's preview shows and its
+        hidden fields carry from the page to the preview and on to the confirmation."""
+        return {name: value for name in BULK_FILTERS if (value := getattr(self, name))}
 
     def since_time(self, now: datetime) -> datetime | None:
         """The oldest decision time this query shows, on the database's clock."""

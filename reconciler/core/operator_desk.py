@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol
+from typing import Protocol, TypedDict, Unpack
 
 from reconciler.core.vocabulary import ActionOutcome, OperatorAction
 
@@ -38,6 +38,19 @@ class ActionReport:
     system's workers are not stopped by a hold, say)."""
 
 
+class BulkFilter(TypedDict, total=False):
+    """What a bulk action acts on, the console's and the command line's alike: the jobs
+    whose latest real decision has this reason and this disposition, whose recorded kind
+    matches the glob, made since ``since`` and no later than ``until``. A filter left out
+    (or None) matches any."""
+
+    reason: str | None
+    disposition: str | None
+    kind: str | None
+    since: datetime | None
+    until: datetime | None
+
+
 class OperatorDesk(Protocol):
     """The operator actions on the configured source."""
 
@@ -57,12 +70,10 @@ class OperatorDesk(Protocol):
         where the source can, in one transaction and a few statements, each job fenced
         inside them; the chunk applied and recorded whole, or not at all."""
 
-    def bulk_targets(self, action: OperatorAction, *, reason: str | None, kind: str | None,
-                     since: datetime | None, limit: int, until: datetime | None = None
-                     ) -> list[str]:
-        """The jobs whose latest decision matches the filters (made since ``since`` and no
-        later than ``until``) and whose state allows ``action`` now, newest decision
-        first, at most ``limit``."""
+    def bulk_targets(self, action: OperatorAction, *, limit: int,
+                     **filters: Unpack[BulkFilter]) -> list[str]:
+        """The jobs whose latest decision matches ``filters`` and whose state allows
+        ``action`` now, newest decision first, at most ``limit``."""
 
 
 def act_in_chunks(desk: OperatorDesk, action: OperatorAction, job_ids: Sequence[str], *,

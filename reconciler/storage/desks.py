@@ -10,12 +10,17 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Iterable, Sequence
-from datetime import datetime
+from typing import Unpack
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from reconciler.core.operator_desk import ActionCounter, ActionReport, not_counted
+from reconciler.core.operator_desk import (
+    ActionCounter,
+    ActionReport,
+    BulkFilter,
+    not_counted,
+)
 from reconciler.core.policy import Refusal, operator_change
 from reconciler.core.vocabulary import ActionOutcome, JobStatus, OperatorAction
 from reconciler.storage.deadlocks import deadlock_retried
@@ -70,12 +75,11 @@ class RecordedDesk:
         """Each job's ``act``, one after the other (a source whose system takes no batch)."""
         return [self.act(action, job_id, actor=actor, note=note) for job_id in job_ids]
 
-    def bulk_targets(self, action: OperatorAction, *, reason: str | None, kind: str | None,
-                     since: datetime | None, limit: int, until: datetime | None = None
-                     ) -> list[str]:
-        """The jobs whose latest decision matches the filters and whose state allows
+    def bulk_targets(self, action: OperatorAction, *, limit: int,
+                     **filters: Unpack[BulkFilter]) -> list[str]:
+        """The jobs whose latest decision matches ``filters`` and whose state allows
         ``action`` now, newest decision first, at most ``limit``."""
-        keys = self._matching(reason=reason, kind=kind, since=since, until=until)
+        keys = self._matching(filters)
         targets: list[str] = []
         for start in range(0, len(keys), STATE_READ_CHUNK):
             for key, allowed in self._allowed_among(keys[start:start + STATE_READ_CHUNK]):
@@ -92,12 +96,14 @@ class RecordedDesk:
         no more than it needs; a desk that reads many jobs at once says so."""
         return ((key, self.allowed(key)) for key in keys)
 
-    def _matching(self, *, reason: str | None, kind: str | None, since: datetime | None,
-                  until: datetime | None) -> list[str]:
-        """The jobs whose latest decision matches the filters, newest decision first."""
+    def _matching(self, filters: BulkFilter) -> list[str]:
+        """The jobs whose latest decision matches ``filters``, newest decision first."""
+        kind = filters.get("kind")
         with self._engine.connect() as conn:
-            found = latest_decisions(read_only(conn), self.source, reason=reason,
-                                     since=since, until=until)
+            found = latest_decisions(
+                read_only(conn), self.source, reason=filters.get("reason"),
+                disposition=filters.get("disposition"), since=filters.get("since"),
+                until=filters.get("until"))
             keys = [key for key, recorded_kind in found
                     if kind is None or fnmatch.fnmatchcase(recorded_kind or "", kind)]
             conn.rollback()

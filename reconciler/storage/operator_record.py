@@ -170,12 +170,12 @@ def lift_hold(conn: Connection, source: str, job_key: JobKey) -> bool:
 
 
 def latest_decisions(conn: Connection, source: str, *, reason: str | None,
-                     since: datetime | None, until: datetime | None = None
-                     ) -> Iterator[tuple[str, str | None]]:
+                     disposition: str | None, since: datetime | None,
+                     until: datetime | None) -> Iterator[tuple[str, str | None]]:
     """(job key, recorded kind) of every job of ``source`` whose latest real decision has
-    ``reason`` (None: any) and was made since ``since`` and no later than ``until``,
-    newest decision first. The bulk form's candidates: the caller filters by kind and by
-    what each job's state allows."""
+    ``reason`` and ``disposition`` (None: any) and was made since ``since`` and no later
+    than ``until``, newest decision first. The bulk form's candidates: the caller filters
+    by kind and by what each job's state allows."""
     # Each job's newest real decision by grouping on the (source, job) index: a NOT EXISTS
     # of a later decision took SQLite through the shadow index once per row (10 s for
     # 10,000 jobs, where this takes a fraction of one).
@@ -187,6 +187,8 @@ def latest_decisions(conn: Connection, source: str, *, reason: str | None,
              .order_by(decisions.c.decision_id.desc()))
     if reason is not None:
         query = query.where(decisions.c.decision_reason == reason)
+    if disposition is not None:
+        query = query.where(decisions.c.disposition == disposition)
     if since is not None:
         query = query.where(decisions.c.decided_at >= since)
     if until is not None:
