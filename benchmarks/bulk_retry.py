@@ -211,7 +211,8 @@ def _terminalize(parts: CliParts, pass_config: PassConfig, jobs: int) -> tuple[f
 def _bulk_args(jobs: int) -> argparse.Namespace:
     """What ``reconciler jobs retry|cancel --reason worker_died_mid_step --limit N --yes
     --note ... --json`` parses to, for ``bulk_action``."""
-    return argparse.Namespace(reason=REASON, kind=None, since=None, limit=jobs,
+    return argparse.Namespace(reason=REASON, disposition=None, kind=None, since=None,
+                              limit=jobs,
                               dry_run=False, yes=True, note=NOTE, json=True)
 
 

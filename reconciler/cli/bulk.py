@@ -98,15 +98,13 @@ def bulk_action(args: argparse.Namespace, desk: OperatorDesk, action: OperatorAc
                 actor: str) -> int:
     """Run the bulk form (see the module's docstring); the exit code."""
     since = None if args.since is None else datetime.now(UTC) - timedelta(seconds=args.since)
-    # A namespace built by hand (benchmarks.bulk_retry's) may predate --disposition.
-    disposition: str | None = getattr(args, "disposition", None)
-    chosen = BulkFilter(reason=args.reason, disposition=disposition, kind=args.kind,
+    chosen = BulkFilter(reason=args.reason, disposition=args.disposition, kind=args.kind,
                         since=since)
     targets = desk.bulk_targets(action, limit=sys.maxsize if args.limit is None
                                 else args.limit, **chosen)
     filters = ", ".join(
         ([f"latest decision {args.reason}"] if args.reason else [])
-        + ([f"disposition {disposition}"] if disposition else [])
+        + ([f"disposition {args.disposition}"] if args.disposition else [])
         + ([f"kind {args.kind}"] if args.kind else [])
         + ([f"decided in the last {args.since:g} s"] if args.since is not None else [])
         + ([f"at most {args.limit}"] if args.limit is not None else []))
