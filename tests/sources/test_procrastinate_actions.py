@@ -242,3 +242,31 @@ def test_a_chunk_retry_refuses_a_moved_a_cancelled_and_a_lock_taken_job_and_appl
     wait_until(lambda: procrastinate.status(locked) == "completed", "the refused job to run",
                process=running)
     assert markers.of(cancelled) == set()
+
+
+def test_a_chunk_retry_costs_as_many_statements_for_six_jobs_as_for_two(
+        procrastinate: ProcrastinateFactory) -> None:
+    """A chunk's statements do not grow with its size: a fence read once per job made a
+    chunk of 500 cost 500 statements of 500 fences each (a minute per chunk)."""
+    chunks = ([died(procrastinate, "effect.work") for _ in range(2)],
+              [died(procrastinate, "effect.work") for _ in range(6)])
+    reconcile_once(procrastinate.db.engine, procrastinate.config, KINDS)
+    desk = desk_of(procrastinate)
+    counts = []
+    statements: list[str] = []
+
+    def statement(*args: object) -> None:
+        statements.append(str(args[2]))
+
+    for chunk in chunks:
+        statements.clear()
+        sa.event.listen(sa.engine.Engine, "before_cursor_execute", statement)
+        try:
+            reports = desk.act_on_chunk(OperatorAction.RETRY, [str(j) for j in chunk],
+                                        actor="alice", note="bulk")
+        finally:
+            sa.event.remove(sa.engine.Engine, "before_cursor_execute", statement)
+        assert [r.refusal for r in reports] == [None] * len(chunk)
+        assert {procrastinate.status(j) for j in chunk} == {"queued"}
+        counts.append(len(statements))
+    assert counts[0] == counts[1], counts

@@ -107,7 +107,8 @@ class ProcrastinateActions:
         refuses (a ``todo`` job of the same lock) rolls its savepoint back, and the jobs
         are then called one by one, each in its own, so that the refusal
         (``procrastinate_already_enqueued``) is that job's own."""
-        ids = {int(key): key for key in jobs if int(key) in self._still_many(jobs)}
+        still = self._still_many(jobs)  # one statement for the chunk, never one per job
+        ids = {int(key): key for key in jobs if int(key) in still}
         if not ids:
             return {}
         with self._search_path():
