@@ -7,12 +7,15 @@ real passes; "changes nothing" is checked against the whole row.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any, cast
 
 import pytest
 import sqlalchemy as sa
 from prometheus_client import CollectorRegistry
+from sqlalchemy.engine import Connection
 
 from models import OperatorAction as ActionRow
 from models import OperatorHold, ReconciliationDecision
@@ -20,11 +23,13 @@ from reconciler.config.loader import pass_config
 from reconciler.core.brake import BrakeLimits
 from reconciler.core.operator_desk import OperatorDesk
 from reconciler.core.passes import run_pass
-from reconciler.core.vocabulary import Disposition, OperatorAction, Reason
+from reconciler.core.vocabulary import Disposition, JobKey, OperatorAction, Reason
 from reconciler.root.cli import assemble_cli
 from reconciler.sidecar.metrics import Metrics
 from reconciler.sources.table.actions import TableActions
 from reconciler.sources.table.config import TableConfig
+from reconciler.storage.clock import now_plus
+from reconciler.storage.pass_store import SqlPassStore, SqlPassUnit
 from tests.sources.actions_support import desk_for, desk_moving_after_read
 from tests.sources.support import config_for
 from tests.sources.test_table_source import KINDS, Home, add, dead, home, row, run, steps
@@ -295,3 +300,71 @@ def test_a_chunk_with_a_job_that_moved_inside_it_is_swapped_job_by_job(
     assert after == {first: "pending"}
     assert (row(table_home, first)["status"], row(table_home, second)["status"]) == (
         "pending", "failed")
+
+
+class PassInTransaction(SqlPassStore):
+    """The composition root's pass store, its pass run in a savepoint of ``conn`` (an
+    action's transaction) instead of a transaction of its own: a pass that committed
+    just before the action's swap, as the swap's fence sees it. A pass of its own would
+    wait on the rows the chunk's read locked (SQLite: on its write lock) until the
+    action ends."""
+
+    def __init__(self, store: SqlPassStore, conn: Connection) -> None:
+        super().__init__(store.engine, store.source, timeouts=store.timeouts)
+        self._conn = conn
+
+    @contextmanager
+    def pass_transaction(self, *, dry_run: bool) -> Iterator[SqlPassUnit]:
+        with self._conn.begin_nested():
+            yield self._unit(self._conn, lock=not dry_run)
+
+
+def test_a_job_a_pass_decided_anew_inside_a_bulk_cancel_is_refused_the_rest_applied(
+        table_home: Home) -> None:
+    """Four dead workers' jobs a pass resumed; one claimed again and its worker dead
+    again. The bulk cancel counts the four; between the chunk's read and its swap a real
+    pass (the composition root's, over the mapping) resumes the dead one anew (pending,
+    its generation bumped): the chunk's swap refuses it ``fence_lost`` and leaves it as
+    the pass wrote it, cancels the other three, and records all four."""
+    jobs = [dead(table_home, job_type="mail.send", **steps("succeeded")) for _ in range(4)]
+    resumed = run(table_home)
+    assert {resumed[j].disposition for j in jobs} == {Disposition.RESUME}
+    reason = resumed[jobs[0]].reason
+    moved = jobs[1]
+    with table_home.engine.begin() as conn:  # claimed again; that worker dies too
+        conn.execute(table_home.jobs.update().where(table_home.jobs.c.id == moved).values(
+            status="processing", claimed_by="host-b:7", attempts=2,
+            lease_until=now_plus(-300), last_activity_at=now_plus(-600)))
+    targets = desk_of(table_home).bulk_targets(OperatorAction.CANCEL, reason=reason,
+                                               kind=None, since=None, limit=10)
+    assert sorted(targets) == sorted(map(str, jobs))
+    config = config_for(table_home.engine, table_home.full, KINDS)
+    passes = assemble_cli(config, engine=table_home.engine).passes
+    assert isinstance(passes, SqlPassStore)
+    decided: list[Any] = []
+
+    def a_pass(conn: Connection, key: JobKey) -> None:
+        if str(key) == str(moved):
+            report = run_pass(PassInTransaction(passes, conn), replace(
+                pass_config(config.settings, "between-read-and-swap", KINDS), brake=None))
+            decided.extend((d.job_id, d.disposition) for d in report.decisions)
+
+    before = row(table_home, moved)
+    desk = desk_moving_after_read(table_home.engine, SOURCE, table_home.full, KINDS,
+                                  actions=TableActions, move=a_pass)
+    reports = desk.act_on_chunk(OperatorAction.CANCEL, targets, actor="alice",
+                                note="bad deploy")
+    assert decided == [(moved, Disposition.RESUME)]
+    assert {r.job_id: r.refusal for r in reports} == {
+        t: "fence_lost" if t == str(moved) else None for t in targets}
+    after = row(table_home, moved)
+    assert (after["status"], after["resume_step"], after["generation"]) == (
+        "pending", 1, before["generation"] + 1)
+    for job in jobs:
+        if job != moved:
+            assert (row(table_home, job)["status"], row(table_home, job)["status_reason"]) \
+                == ("failed", "operator_cancel")
+    assert {job: [(a["operator_action"], a["action_outcome"], a["refusal_reason"])
+                  for a in recorded(table_home, job)] for job in jobs} == {
+        job: [("cancel", "refused" if job == moved else "applied",
+               "fence_lost" if job == moved else None)] for job in jobs}
