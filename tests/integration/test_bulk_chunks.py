@@ -158,6 +158,54 @@ def interrupted_bulk(url: str, engine: Engine, total: int,
     return bulk.returncode, err
 
 
+PAUSED_BULK = """
+import sys
+from reconciler.cli.main import main
+from reconciler.storage.desks import NativeDesk
+act, halfway, done = NativeDesk.act_on_chunk, int(sys.argv[1]), [0]
+def paced(self, *args, **kwargs):
+    reports = act(self, *args, **kwargs)
+    done[0] += 1
+    if done[0] == halfway:
+        print("reconciler-test: halfway", file=sys.stderr, flush=True)
+        sys.stdin.readline()
+    return reports
+NativeDesk.act_on_chunk = paced
+sys.argv[1:] = sys.argv[2:]
+sys.exit(main())
+"""
+"""The real command line, its native desk's chunk wrapped to wait on stdin once its
+``halfway``-th chunk has committed: the test's SIGINT lands there, however fast the bulk
+runs and however late the test is scheduled (on a loaded machine a bulk of twenty 40 ms
+chunks outran a test that watched the database for its halfway point)."""
+
+
+def bulk_interrupted_halfway(url: str, total: int) -> tuple[int, str]:
+    """``BULK_RETRY`` as a process of its own on ``url``, SIGINTed once about half of
+    ``total``'s chunks have committed, while it waits before the next: its exit status and
+    stderr."""
+    chunks = -(-total // BULK_CHUNK)
+    assert chunks >= 2, "cut mid-way needs a chunk after the halfway one"
+    bulk = subprocess.Popen([sys.executable, "-c", PAUSED_BULK, str(chunks // 2), *BULK_RETRY],
+                            env=settings_env(url), cwd=REPO_ROOT, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert bulk.stderr is not None
+        seen = []
+        for line in bulk.stderr:
+            seen.append(line)
+            if line.startswith("reconciler-test: halfway"):
+                break
+        else:
+            raise AssertionError(f"the bulk ended before its halfway chunk: {''.join(seen)}")
+        bulk.send_signal(signal.SIGINT)
+        _, err = bulk.communicate(timeout=120)
+    finally:
+        if bulk.poll() is None:
+            bulk.kill()
+    return bulk.returncode, "".join(seen) + err
+
+
 def ours_failed(err: str) -> bool:
     """Whether ``err`` holds a traceback through this project's code. A signal that lands
     once the command has returned, while the interpreter exits, can make Python report an
@@ -300,8 +348,7 @@ def test_an_interrupted_bulk_leaves_each_job_retried_and_recorded_or_untouched(
     the rest."""
     ids = died_in_bulk(client, engine, INTERRUPTED_JOBS)
     before = job_rows(engine)
-    code, err = interrupted_bulk(db_url, engine, len(ids),
-                                 lambda bulk: bulk.send_signal(signal.SIGINT))
+    code, err = bulk_interrupted_halfway(db_url, len(ids))
     assert not ours_failed(err), err
     retried, half_done = split_by_outcome(engine, before)
     assert half_done == set()
