@@ -36,7 +36,7 @@ from reconciler.core.vocabulary import (
 from reconciler.sources.kit.actions import ForeignJob
 from reconciler.sources.kit.shapes import constant
 from reconciler.sources.table.config import TableConfig
-from reconciler.sources.table.source import rows_as_read
+from reconciler.sources.table.rows import rows_as_read
 from reconciler.storage.sql import for_update, unindexed
 
 FENCED_KEYS = ("owner_column", "attempts_column", "generation_column",
@@ -122,7 +122,7 @@ class TableActions:
     def swap_many(self, action: OperatorAction, jobs: Mapping[JobKey, ForeignJob],
                   refused: dict[JobKey, str]) -> dict[JobKey, str]:
         """A chunk's retry or cancel in one UPDATE joined to the chunk's rows as read (one
-        JSON parameter, ``source.rows_as_read``): each row repeats its own fence (its
+        JSON parameter, ``rows.rows_as_read``): each row repeats its own fence (its
         status and fenced columns as read), each retried row carries its own resume step;
         the rows it changed. Read locked in this transaction, every row is still as read:
         a count that differs is a row that moved, and the chunk is then swapped row by

@@ -34,13 +34,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Connection
 
 from reconciler.core.evidence import StepFacts, StepRows
@@ -60,8 +58,8 @@ from reconciler.sources.table.checks import (
     unreadable_time,
 )
 from reconciler.sources.table.config import TableConfig
+from reconciler.sources.table.rows import rows_as_read
 from reconciler.storage.clock import db_now, now_plus, seconds_since
-from reconciler.storage.sql import POSTGRESQL, json_rows
 
 UNREADABLE_STEPS = "unreadable_step_results"
 """The ``error_code`` of step results that are not a JSON object of index -> state: the job
@@ -357,43 +355,6 @@ class TableSql:
         if done.rowcount != 1:
             return False, None
         return True, self._swapped(batch, change)
-
-
-
-
-def rows_as_read(conn: Connection, table: sa.TableClause, names: Sequence[str],
-                 rows: Sequence[Mapping[str, Any]]) -> tuple[Any, dict[str, Any]]:
-    """``rows`` of ``table``'s columns ``names``, each value as a read of the column gave
-    it, as one JSON parameter read back as a table ``seen`` to join a swap to; with the
-    parameter's value. A fence compares each with its column, so each must come back as
-    the column's own type, whatever the user's: on PostgreSQL rows of the table's own
-    type (``jsonb_populate_recordset``: an enum status, a timestamp with or without its
-    zone); elsewhere ``json_rows``, which on SQLite gives each value as stored (the read
-    gave it so) and on MySQL takes a type per column, here the type of the values read (a
-    datetime compared as DATETIME, not as text)."""
-    # Sent as text: datetimes (and decimals) by their text, parsed back by the type.
-    params = {"seen_rows": json.dumps(rows, default=str)}
-    dialect = conn.dialect.name
-    if dialect == POSTGRESQL:
-        row_type = conn.dialect.identifier_preparer.format_table(table)
-        payload = sa.cast(sa.bindparam("seen_rows", type_=sa.Text()), JSONB)
-        return (sa.func.jsonb_populate_recordset(sa.literal_column(f"NULL::{row_type}"),
-                                                 payload)
-                .table_valued(*names).alias("seen"), params)
-    return json_rows(dialect, "seen", [(name, _read_type(row.get(name) for row in rows))
-                                       for name in names]), params
-
-
-def _read_type(values: Iterable[Any]) -> sa.types.TypeEngine[Any]:
-    """The type a column's values read as (the first not NULL; none: any will do)."""
-    value = next((v for v in values if v is not None), None)
-    if isinstance(value, int):
-        return sa.BigInteger()
-    if isinstance(value, float):
-        return sa.Float()
-    if isinstance(value, datetime):
-        return sa.DateTime()
-    return sa.String()
 
 
 def declare(config: TableConfig) -> System:
