@@ -112,20 +112,33 @@ class ReconcilerMiddleware(Middleware):
         taken back is no longer this worker's, and is left unmarked)."""
         self._mark(broker, message, finished=True)
 
+    def __init__(self) -> None:
+        # The delayed originals this process holds, by (message id, Redis id): only a copy
+        # this process makes of one of them names its original.
+        self._delayed: set[tuple[str, str]] = set()
+
     def before_delay_message(self, broker: Any, message: Any) -> None:
-        """A due delayed message is copied onto its queue (Dramatiq's own ``copy`` keeps
-        its options): the copy names its original, in memory only, never in Redis."""
+        """A due delayed message is copied onto its queue by this worker (Dramatiq's own
+        ``copy`` keeps its options): the copy names its original (the original's stored
+        bytes are left as they are)."""
         redis_id = message.options.get("redis_message_id")
         if redis_id is not None:
             message.options[COPY_OPTION] = redis_id
+            self._delayed.add((message.message_id, redis_id))
 
     def before_enqueue(self, broker: Any, message: Any, delay: int | None) -> None:
-        """A message enqueued with a delay (a retry's backoff, a delayed send) is an
-        original of its own, not a copy of the one it was made from."""
-        if delay is not None:
-            message.options.pop(COPY_OPTION, None)
+        """Only this worker's copy of a delayed original it holds keeps the original's
+        id: a message enqueued with a delay (a retry's backoff, a delayed send), or one
+        enqueued again from storage (a dead-lettered copy requeued by hand carries the
+        option in its bytes), is an original of its own."""
+        original = message.options.pop(COPY_OPTION, None)
+        held = (message.message_id, original)
+        if delay is None and held in self._delayed:
+            self._delayed.discard(held)
+            message.options[COPY_OPTION] = original
 
     def after_ack(self, broker: Any, message: Any) -> None:
+        self._delayed.discard((message.message_id, message.options.get("redis_message_id")))
         self._forget(broker, message)
 
     def after_nack(self, broker: Any, message: Any) -> None:

@@ -335,6 +335,24 @@ class TestDelayQueueCopy:
         assert len(project.queued()) == 1
         return message
 
+    def test_a_copy_enqueued_again_from_storage_is_an_original_of_its_own(
+            self, dramatiq_project: DramatiqProject) -> None:
+        """A dead-lettered copy requeued by hand carries its original's id in its stored
+        bytes; enqueued again, it is an original of its own (never skipped as a second
+        copy of that original): only a worker's copy of a delayed message it holds names
+        one."""
+        from dramatiq import Message  # noqa: PLC0415
+        from dramatiq.brokers.redis import RedisBroker  # noqa: PLC0415
+
+        from reconciler.integrations.dramatiq import ReconcilerMiddleware  # noqa: PLC0415
+
+        broker = RedisBroker(url=dramatiq_project.redis_url)
+        broker.add_middleware(ReconcilerMiddleware())
+        broker.enqueue(Message(queue_name="default", actor_name="effect_work", args=(),
+                               kwargs={}, options={"reconciler_copy_of": "an-original"}))
+        [stored] = dramatiq_project.messages().values()
+        assert "reconciler_copy_of" not in stored["options"]
+
     def test_an_original_whose_copy_started_is_dropped_not_put_back(
             self, dramatiq_project: DramatiqProject, processes: Processes,
             markers: Markers) -> None:
