@@ -118,13 +118,17 @@ def result_after(markers: Markers, message: Any, attempt: int) -> Any:
     returns."""
     wait_until(lambda: markers.has(f"{message.message_id}-done-{attempt}"),
                f"message {message.message_id} attempt {attempt} to end", timeout=60)
-    return result_of(message)
+    # A failure stored before this run (the reconciler's, of a message an operator then
+    # retried) stays, as Dramatiq keeps one, until the run stores its own result.
+    return result_of(message, replacing_a_failure=True)
 
 
-def result_of(message: Any, timeout: float = 60) -> Any:
+def result_of(message: Any, timeout: float = 60, *, replacing_a_failure: bool = False
+              ) -> Any:
     """The message's result once stored, read every 0.1 s: a blocking ``get_result``
-    outlasts redis-py's default socket timeout (5 s) on a loaded machine."""
-    from dramatiq.results import ResultMissing  # noqa: PLC0415
+    outlasts redis-py's default socket timeout (5 s) on a loaded machine
+    (``replacing_a_failure``: a failed result read is an earlier run's, waited past)."""
+    from dramatiq.results import ResultFailure, ResultMissing  # noqa: PLC0415
 
     found: list[Any] = []
 
@@ -133,6 +137,10 @@ def result_of(message: Any, timeout: float = 60) -> Any:
             found.append(message.get_result())
         except ResultMissing:
             return False
+        except ResultFailure:
+            if replacing_a_failure:
+                return False
+            raise
         return True
 
     wait_until(stored, f"message {message.message_id}'s result", timeout=timeout)
