@@ -115,8 +115,11 @@ def bulk_action(args: argparse.Namespace, desk: OperatorDesk, action: OperatorAc
             for job_id in targets:
                 _say(args, f"  job {job_id}")
         if args.json:
+            # The same document whatever happens, counts included: a script reads one shape.
             print(json.dumps({"matched": targets, "applied": [], "refused": [],
-                              "dry_run": bool(args.dry_run)}, indent=2))
+                              "dry_run": bool(args.dry_run),
+                              "counts": {"matched": len(targets), "applied": 0,
+                                         "refused": 0}}, indent=2))
         return 0
     reports: list[ActionReport] = []
     applied_so_far = 0

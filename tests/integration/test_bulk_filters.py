@@ -82,6 +82,11 @@ def test_disposition_selects_only_the_jobs_whose_latest_decision_had_it(
     both = run_cli(db_url, "jobs", "retry", "--disposition", "resume", "--reason", DIED,
                    "--note", "n", "--dry-run", "--json")
     assert json.loads(both.stdout)["matched"] == []
+    # Nothing matched, nothing acted on: the same document, counts included.
+    none = run_cli(db_url, "jobs", "retry", "--disposition", "resume", "--reason", DIED,
+                   "--note", "n", "--yes", "--json")
+    assert none.returncode == 0, none.stderr
+    assert json.loads(none.stdout)["counts"] == {"matched": 0, "applied": 0, "refused": 0}
 
 
 def test_a_bad_disposition_is_one_line_and_exit_2(tmp_path: Path) -> None:
