@@ -63,6 +63,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks.processes import stop
+
 APP_ENV = "RECONCILER_RACE_APP"
 """Set in the worker processes: importing this module then builds the app's broker."""
 HANG_ENV = "RECONCILER_RACE_HANG"
@@ -273,12 +275,7 @@ def _follow(client: Any, held: Held, folder: Path, url: str, *, offset: float,
             time.sleep(POLL_SECONDS)
     finally:
         if sidecar is not None:
-            sidecar.send_signal(signal.SIGTERM)
-            try:
-                sidecar.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                sidecar.kill()
-                sidecar.wait()
+            stop(sidecar, 60)
     return moved_at, database
 
 

@@ -112,13 +112,19 @@ class Replica:
 
     def stop(self) -> None:
         """SIGTERM, as an orchestrator would; SIGKILL if it does not end in time."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(STOP_TIMEOUT_SECONDS)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop(self.process, STOP_TIMEOUT_SECONDS)
+
+
+def stop(process: subprocess.Popen[bytes], timeout_seconds: float) -> None:
+    """SIGTERM, as an orchestrator would; SIGKILL if it does not end in
+    ``timeout_seconds``."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout_seconds)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 def start_replicas(group: Children, url: str, settings: dict[str, float], count: int,
