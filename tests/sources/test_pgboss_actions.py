@@ -171,6 +171,39 @@ def test_a_chunk_is_retried_in_one_statement_and_a_real_worker_runs_them(
         wait_until(lambda job=job: boss.done(job), f"job {job} to finish", process=worker)
 
 
+@pytest.mark.parametrize("action", [OperatorAction.RETRY, OperatorAction.CANCEL])
+def test_a_chunk_costs_as_many_statements_for_six_jobs_as_for_two(
+        boss: NodeSystem, action: OperatorAction) -> None:
+    """A chunk's statements do not grow with its size: each job's fence travels as a row
+    of one parameter, not as a clause of its own (a chunk of 500 built 500 clauses)."""
+    def job() -> str:  # failed by the pass below to be retried, queued to be cancelled
+        if action is OperatorAction.RETRY:
+            return died(boss, "effect.work")
+        return factory_of(boss).send("idem.work", {"hang": []}, expire_seconds=3600)
+
+    chunks = [job() for _ in range(2)], [job() for _ in range(6)]
+    reconcile_once(boss.factory.db.engine, boss.factory.config, KINDS)
+    desk = desk_of(boss)
+    counts = []
+    statements: list[str] = []
+
+    def statement(*args: object) -> None:
+        statements.append(str(args[2]))
+
+    for chunk in chunks:
+        statements.clear()
+        sa.event.listen(sa.engine.Engine, "before_cursor_execute", statement)
+        try:
+            reports = desk.act_on_chunk(action, chunk, actor="alice", note="bulk")
+        finally:
+            sa.event.remove(sa.engine.Engine, "before_cursor_execute", statement)
+        assert [r.refusal for r in reports] == [None] * len(chunk)
+        expected = "retry" if action is OperatorAction.RETRY else "cancelled"
+        assert {(row := boss.row(j)) and row["state"] for j in chunk} == {expected}
+        counts.append((len(statements), max(len(s) for s in statements)))
+    assert counts[0] == counts[1], counts
+
+
 def test_every_view_reads_a_pgboss_jobs_own_budget_and_the_reason_that_applies_now(
         boss: NodeSystem) -> None:
     """Issue 41, findings 4 and 5, on pg-boss: ``jobs explain`` of a job sent with

@@ -34,6 +34,7 @@ from reconciler.sources.kit.actions import (
     one_by_one,
     read_locked,
 )
+from reconciler.sources.kit.rows import rows_as_read
 from reconciler.sources.kit.shapes import constant
 from reconciler.sources.pgboss.source import HOLD_PUSHBACK, PgBossConfig
 from reconciler.storage.clock import db_now
@@ -104,20 +105,32 @@ class PgBossActions:
     def swap_many(self, action: OperatorAction, jobs: Mapping[JobKey, ForeignJob],
                   refused: dict[JobKey, str]) -> dict[JobKey, str]:
         """A chunk's retry or cancel: one UPDATE per state it writes (``retry`` from
-        failed, ``created`` from cancelled, or ``cancelled``), each row repeating its own
-        fence. A stately queue's unique index refusing one row, or a count that differs
-        (a row that moved), swaps that statement's jobs one by one instead, inside a
-        savepoint, so that each refusal is its job's own."""
+        failed, ``created`` from cancelled, or ``cancelled``), joined to its jobs as read
+        (one JSON parameter, ``kit.rows.rows_as_read``), so each row repeats its own fence
+        at the cost of one. A stately queue's unique index refusing one row, or a count
+        that differs (a row that moved), swaps that statement's jobs one by one instead,
+        inside a savepoint, so that each refusal is its job's own."""
         after: dict[JobKey, str] = {}
+        jobs_table = self._jobs
         for state, group in self._by_target(action, jobs).items():
             values = ({"completed_on": db_now()} if action is OperatorAction.CANCEL else
                       {"retry_count": 0, "started_on": None, "start_after": db_now(),
                        "completed_on": None})
-            fenced = sa.or_(*(sa.and_(*self._fenced(key, job)) for key, job in group.items()))
+            rows = [{"name": job.fence["name"], "id": str(key), "state": job.fence["state"],
+                     "started_on": job.fence["started_on"],
+                     "retry_count": job.fence["retry_count"]}
+                    for key, job in group.items()]
+            seen, params = rows_as_read(self._conn, jobs_table, list(rows[0]), rows)
+            # The queue first: pg-boss partitions ``job`` by it.
+            fenced = [jobs_table.c.name == seen.c.name, jobs_table.c.id == seen.c.id,
+                      jobs_table.c.state == seen.c.state,
+                      jobs_table.c.started_on.is_not_distinct_from(seen.c.started_on),
+                      jobs_table.c.retry_count == seen.c.retry_count]
             try:
                 with self._conn.begin_nested() as savepoint:
-                    done = self._conn.execute(self._jobs.update().where(fenced)
-                                              .values(state=constant(state), **values))
+                    done = self._conn.execute(
+                        jobs_table.update().where(*fenced)
+                        .values(state=constant(state), **values), params)
                     if done.rowcount == len(group):
                         after.update(dict.fromkeys(group, state))
                         continue

@@ -34,9 +34,9 @@ from reconciler.core.vocabulary import (
     StepState,
 )
 from reconciler.sources.kit.actions import ForeignJob
+from reconciler.sources.kit.rows import rows_as_read
 from reconciler.sources.kit.shapes import constant
 from reconciler.sources.table.config import TableConfig
-from reconciler.sources.table.rows import rows_as_read
 from reconciler.storage.sql import for_update, unindexed
 
 FENCED_KEYS = ("owner_column", "attempts_column", "generation_column",

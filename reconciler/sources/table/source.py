@@ -49,6 +49,7 @@ from reconciler.sources.kit.batches import Batch, fence_of
 from reconciler.sources.kit.checks import require_columns
 from reconciler.sources.kit.declaration import Declaration
 from reconciler.sources.kit.fences import ForeignFence
+from reconciler.sources.kit.rows import rows_as_read
 from reconciler.sources.kit.shapes import Shape, by_kind, candidate, constant, step_results
 from reconciler.sources.kit.system import Changed, Policies, Scope, System
 from reconciler.sources.table.checks import (
@@ -58,7 +59,6 @@ from reconciler.sources.table.checks import (
     unreadable_time,
 )
 from reconciler.sources.table.config import TableConfig
-from reconciler.sources.table.rows import rows_as_read
 from reconciler.storage.clock import db_now, now_plus, seconds_since
 
 UNREADABLE_STEPS = "unreadable_step_results"

@@ -1,6 +1,6 @@
 """The rows a swap read, sent back to the database as one JSON parameter to join the swap
-to (the pass's batch swap and the operator's chunk swap of a mapped table), each value as
-its column's own type, so that a fence compares like with like."""
+to (the pass's batch swap and the operator's chunk swap of a mapped table, pg-boss's chunk
+swap), each value as its column's own type, so that a fence compares like with like."""
 
 from __future__ import annotations
 
