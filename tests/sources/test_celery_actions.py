@@ -6,7 +6,7 @@ is refused."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, cast
@@ -228,44 +228,51 @@ def failed_by_a_pass(project: CeleryProject, processes: Processes, markers: Mark
     return tasks, str(succeeded.id)
 
 
-def test_a_chunk_retry_is_one_select_and_one_update_refuses_the_moved_and_runs_the_rest(
+def test_a_chunk_retry_and_cancel_each_cost_a_single_actions_and_refuse_the_moved(
         project: CeleryProject, processes: Processes, markers: Markers) -> None:
-    """Five tasks a pass failed, a task that succeeded and an unknown id. One retried alone
+    """Eight tasks a pass failed, a task that succeeded and an unknown id. One retried alone
     first; then the rest as one chunk, where one task a late write ended ``SUCCESS``
     between the chunk's read and its swap is ``fence_lost`` (left ``SUCCESS``, never
     re-published), the succeeded one is refused and unchanged, the unknown id is no job,
-    and the other three are ``RETRY`` with a fresh count: each recorded, the chunk in one
+    and the other six are ``RETRY`` with a fresh count: each recorded, the chunk in one
     SELECT and one UPDATE of the result table and as many Redis round trips as the single
-    retry's (its messages pushed in one pipeline). A real worker then runs the four
-    retried tasks to the end, on attempt 1, and never the moved one."""
-    tasks, succeeded = failed_by_a_pass(project, processes, markers, 5)
-    alone, retried, moved = tasks[0], tasks[1:4], tasks[4]
+    retry's (its messages pushed in one pipeline). Three of those are then cancelled, one
+    alone and two in a chunk with a retried task a late write marked ``STARTED`` after
+    the chunk's read (``fence_lost``): the chunk's cancel costs the single cancel's
+    statements and round trips. A real worker then runs the four tasks still retried to
+    the end, on attempt 1, and never the moved one nor the three cancelled, whose callers
+    read them revoked."""
+    tasks, succeeded = failed_by_a_pass(project, processes, markers, 8)
+    alone, retried, moved, doomed = tasks[0], tasks[1:4], tasks[4], tasks[5:8]
     done_before = project.row(succeeded)
 
-    def move(conn: Connection, key: JobKey) -> None:
-        if key == moved:
-            MOVING.append(True)
-            conn.execute(sa.text(f"UPDATE {project.table} SET status = 'SUCCESS' "
-                                 "WHERE task_id = :id"), {"id": key})
-            MOVING.clear()
+    def moving(task: str, status: str) -> Callable[[Connection, JobKey], None]:
+        def move(conn: Connection, key: JobKey) -> None:
+            if key == task:
+                MOVING.append(True)
+                conn.execute(sa.text(f"UPDATE {project.table} SET status = :status "
+                                     "WHERE task_id = :id"), {"id": key, "status": status})
+                MOVING.clear()
+        return move
 
     desk = desk_moving_after_read(project.engine, SOURCE, config(project), KINDS,
-                                  actions=CeleryActions, move=move)
+                                  actions=CeleryActions, move=moving(moved, "SUCCESS"))
     with counted(project) as (single_statements, single_trips):
         report = desk.act(OperatorAction.RETRY, alone, actor="alice", note="first")
     assert report.applied, report.line
-    chunk = [*retried, moved, succeeded, "no-such-task"]
+    chunk = [*retried, *doomed, moved, succeeded, "no-such-task"]
     with counted(project) as (statements, trips):
         reports = desk.act_on_chunk(OperatorAction.RETRY, chunk, actor="alice", note="bulk")
     assert [(r.job_id, r.refusal) for r in reports] == [
-        *((t, None) for t in retried), (moved, "fence_lost"),
+        *((t, None) for t in (*retried, *doomed)), (moved, "fence_lost"),
         (succeeded, "job_not_failed_or_cancelled"), ("no-such-task", "no_such_job")]
     if project.engine.dialect.update_returning:  # MySQL swaps a moved row's chunk row by row
         assert len(statements) == len(single_statements) == CHUNK_STATEMENTS, statements
     assert len(trips) == len(single_trips) == CHUNK_ROUND_TRIPS, (trips, single_trips)
-    assert [project.status(t) for t in (*retried, moved)] == ["RETRY"] * 3 + ["SUCCESS"]
+    assert [project.status(t) for t in (*retried, *doomed, moved)] == \
+        ["RETRY"] * 6 + ["SUCCESS"]
     assert project.row(succeeded) == done_before
-    for task in retried:
+    for task in (*retried, *doomed):
         row = project.row(task)
         assert row is not None
         assert (row["retries"], row["date_done"]) == (0, None)
@@ -274,11 +281,34 @@ def test_a_chunk_retry_is_one_select_and_one_update_refuses_the_moved_and_runs_t
         rows = conn.execute(sa.select(actions).where(actions.c.operator_note == "bulk"))
         recorded = {row.job_key: (row.refusal_reason, row.state_before, row.state_after)
                     for row in rows}
-    assert recorded == {**{t: (None, "FAILURE", "RETRY") for t in retried},
+    assert recorded == {**{t: (None, "FAILURE", "RETRY") for t in (*retried, *doomed)},
                         moved: ("fence_lost", "FAILURE", "FAILURE"),
                         succeeded: ("job_not_failed_or_cancelled", "SUCCESS", "SUCCESS")}
-    threads_worker(processes, project, markers, "worker-b", len(retried) + 1)
+
+    started = retried[2]
+    canceller = desk_moving_after_read(project.engine, SOURCE, config(project), KINDS,
+                                       actions=CeleryActions,
+                                       move=moving(started, "STARTED"))
+    with counted(project) as (single_statements, single_trips):
+        report = canceller.act(OperatorAction.CANCEL, doomed[0], actor="bob", note="one")
+    assert report.applied, report.line
+    with counted(project) as (statements, trips):
+        reports = canceller.act_on_chunk(OperatorAction.CANCEL, [*doomed[1:], started],
+                                         actor="bob", note="stop")
+    assert [(r.job_id, r.refusal) for r in reports] == [
+        (doomed[1], None), (doomed[2], None), (started, "fence_lost")]
+    if project.engine.dialect.update_returning:
+        assert len(statements) == len(single_statements), (statements, single_statements)
+    assert len(trips) == len(single_trips), (trips, single_trips)
+    assert [project.status(t) for t in (*doomed, started)] == ["REVOKED"] * 3 + ["STARTED"]
+
+    threads_worker(processes, project, markers, "worker-b", len(retried) + 2)
     caller = project.caller()
     for task in (alone, *retried):
         assert caller.AsyncResult(task).get(timeout=60) == "done on attempt 1"
-    assert markers.of(moved) == {"started-1"}, "the moved task ran again"
+    for task in doomed:
+        with pytest.raises(Exception, match="revoked") as raised:
+            caller.AsyncResult(task).get(timeout=5)
+        assert type(raised.value).__name__ == "TaskRevokedError"
+    ran = {t: markers.of(t) for t in (moved, *doomed)}
+    assert ran == {t: {"started-1"} for t in ran}, "a moved or cancelled task ran again"
