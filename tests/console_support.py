@@ -73,19 +73,24 @@ def seed(engine: Engine, client: JobClient) -> Seeded:
     claim = client.claim(worker="worker-marker-42", lease_seconds=600, kinds=["reports.mail"])
     assert claim is not None
     claim.start_step(0)
+    decide(engine, died, resumed, hostile, gated)
+    return Seeded(died, resumed, hostile, held, running, gated)
+
+
+def decide(engine: Engine, *job_ids: int) -> None:
+    """Real passes until each of ``job_ids`` is decided."""
     store = SqlStore(engine)
     config = PassConfig(batch_size=100, thresholds=Thresholds(0.0, 3600.0),
                         instance="console-test")
+    keys = [str(job_id) for job_id in job_ids]
 
     def decided() -> bool:
         run_pass(store, config)
         with engine.connect() as conn:
-            return conn.execute(sa.select(sa.func.count()).select_from(decisions).where(
-                decisions.c.job_id.in_([str(died), str(resumed), str(hostile), str(gated)]))
-            ).scalar_one() == 4
+            return conn.execute(sa.select(sa.func.count(sa.distinct(decisions.c.job_id)))
+                                .where(decisions.c.job_id.in_(keys))).scalar_one() == len(keys)
 
-    wait_for(decided, "the dead jobs to be decided")
-    return Seeded(died, resumed, hostile, held, running, gated)
+    wait_for(decided, f"jobs {', '.join(keys)} to be decided")
 
 
 @contextmanager

@@ -17,7 +17,8 @@ from sqlalchemy.engine import Engine
 
 from reconciler.storage.sql import actions
 from reconciler.worker import JobClient
-from tests.console_support import Answer, Seeded, fetch, seed, served
+from tests.conftest import run_cli
+from tests.console_support import HOSTILE_KIND, Answer, Seeded, decide, die, fetch, seed, served
 from tests.helpers import job_row
 
 READER = "reader-token-0123456789"
@@ -282,6 +283,51 @@ def test_bulk_retry_previews_then_acts_on_confirmation(
     assert {job_row(engine, j)["job_status"] for j in died} == {"queued"}
     assert "<strong>0</strong> jobs are in a state to retry now" in again.body
     assert noteless.status == 400
+
+
+def test_jobs_moved_between_the_preview_and_the_confirmation_are_refused_the_rest_applied(
+    db_url: str, engine: Engine, client: JobClient, seeded: Seeded, operators: str
+) -> None:
+    """The preview counts three failed jobs. Before alice confirms, a second operator
+    retries two of them and a worker claims one of those; a pass fails a fourth job with
+    the same reason. Confirmed with the count of three: the one still failed is retried,
+    the two that moved are refused (no longer matching: left as the other operator and
+    the worker made them, alice records nothing on them), and the job decided after the
+    preview is not acted on: it waits for the next preview."""
+    third = die(client, "payments.charge", "effectful")
+    decide(engine, third)
+    with served(db_url, **_tokens(operators)) as base:
+        cookie = sign_in(base, ALICE)
+        listing = fetch(base + "/decisions?reason=worker_died_mid_step",
+                        headers={"Cookie": cookie})
+        filters = f"csrf={csrf_of(listing)}&reason=worker_died_mid_step"
+        preview = post(base, "/decisions/bulk", cookie, f"{filters}&action=retry&note=ok")
+        assert "<strong>3</strong> jobs are in a state to retry now" in preview.body
+        for job in (seeded.hostile, third):
+            other = run_cli(db_url, "jobs", "retry", str(job), "--note", "mine", "--as",
+                            "bob")
+            assert other.returncode == 0, other.stderr
+        claim = client.claim(worker="w", lease_seconds=600, kinds=[HOSTILE_KIND])
+        assert claim is not None
+        assert claim.job_id == seeded.hostile
+        late = die(client, "payments.capture", "effectful")
+        decide(engine, late)
+        confirm = re.search(r'<form method="post" action="/decisions/bulk" class="confirm">'
+                            r"(.*?)</form>", preview.body, re.DOTALL)
+        assert confirm is not None
+        form = urlencode([(k, unescape(v)) for k, v in
+                          re.findall(r'name="(\w+)" value="([^"]*)"', confirm[1])])
+        acted = post(base, "/decisions/bulk", cookie, form)
+    assert acted.status == 303
+    assert "acted=retry&applied=1&refused=2" in acted.headers["location"]
+    assert {j: job_row(engine, j)["job_status"] for j in
+            (seeded.died_mid_step, seeded.hostile, third, late)} == {
+        seeded.died_mid_step: "queued", seeded.hostile: "processing", third: "queued",
+        late: "failed"}
+    with engine.connect() as conn:
+        by_alice = conn.execute(sa.select(actions.c.job_id).where(
+            actions.c.acted_by == "alice")).scalars().all()
+    assert by_alice == [seeded.died_mid_step]
 
 
 def test_a_hostile_note_is_shown_as_text(
