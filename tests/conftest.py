@@ -41,6 +41,10 @@ from tests import system_packages
 from tests.cli_runner import run_main, settings_env
 from tests.helpers import fresh_database, require_mariadb_bin, require_pg_bin
 from tests.pg_server import DSN_ENV, INSTALL_HINT, ThrowawayPostgres, find_pg_bin
+from tests.statement_cache import share as share_compiled_statements
+
+# Before any test makes an engine: see tests/statement_cache.py.
+share_compiled_statements()
 
 ENGINES_CHOSEN = bool(os.environ.get("RECONCILER_TEST_ENGINES"))
 ENGINES: tuple[str, ...] = (tuple(os.environ["RECONCILER_TEST_ENGINES"].split(","))
