@@ -1,15 +1,19 @@
-"""One compiled-statement cache for every engine the suite makes of one kind of database.
+"""One compiled-statement cache for the SQLite engines the suite makes.
 
 SQLAlchemy caches a statement's compiled SQL per engine, keyed on the engine's dialect
 object. A long-lived reconciler has one engine and compiles each statement once; the suite
 makes an engine per test database (hundreds per pytest worker), so each test compiled
-every statement again: a sixth of the conformance suite's CPU, more under coverage's
-tracer. ``share()`` makes each new engine use the dialect and cache of the first engine
-made with the same driver and the same dialect-level arguments (pool and connection
-arguments aside: they do not reach the dialect), as many connections of one engine would.
-The engines still have their own pools, URLs and events. The servers are the same
-binaries throughout a run, so the dialect's first-connect facts (server version, default
-schema) hold for every engine that shares it.
+every statement again: half the state machine's CPU on SQLite under coverage's tracer.
+``share()`` makes each new SQLite engine use the dialect and cache of an earlier one made
+with the same dialect-level arguments (pool and connection arguments aside: they do not
+reach the dialect), as many connections of one engine would. The engines keep their own
+pools, files and pool events.
+
+Only SQLite, and only a dialect already initialized by its first connection: its facts
+are the SQLite library's, the same for every file. PostgreSQL's engines register a
+``do_connect`` listener, a dialect event, with each engine's own timeouts, so a shared
+dialect would connect every engine with the first one's; MySQL's dialect learns the
+server's character set and quoting at its first connection.
 """
 
 from __future__ import annotations
@@ -36,19 +40,25 @@ _create_engine = engine_creation.create_engine
 
 def _create_sharing(url: Any, **kwargs: Any) -> Engine:
     engine = _create_engine(url, **kwargs)
-    if engine._compiled_cache is None:  # query_cache_size=0: the caller wants none
-        return engine
+    if engine.dialect.name != "sqlite" or engine._compiled_cache is None:
+        return engine  # query_cache_size=0: the caller wants no cache
     key = (engine.url.drivername,
            tuple(sorted((k, repr(v)) for k, v in kwargs.items() if k not in _NOT_THE_DIALECTS)))
-    dialect, cache = _shared.setdefault(key, (engine.dialect, LRUCache(CACHE_SIZE)))
-    engine.dialect = dialect
-    engine.pool._dialect = dialect
-    engine._compiled_cache = cache
+    shared = _shared.get(key)
+    if shared is None or shared[0].server_version_info is None:
+        # None initialized yet (no engine of this kind has connected): this one's
+        # dialect is the candidate, and the cache is shared already (keyed on dialects).
+        cache = shared[1] if shared is not None else LRUCache(CACHE_SIZE)
+        _shared[key] = (engine.dialect, cache)
+        engine._compiled_cache = cache
+        return engine
+    engine.dialect, engine._compiled_cache = shared
+    engine.pool._dialect = shared[0]
     return engine
 
 
 def share() -> None:
-    """From now on, engines made in this process share as above (once per process)."""
+    """From now on, SQLite engines made in this process share as above."""
     if sa.create_engine is not _create_sharing:
         engine_creation.create_engine = _create_sharing
         sa.create_engine = _create_sharing
