@@ -1,23 +1,24 @@
-"""One compiled-statement cache for the SQLite engines the suite makes.
+"""One compiled-statement cache for every engine the suite makes.
 
 SQLAlchemy caches a statement's compiled SQL per engine, keyed on the engine's dialect
 object. A long-lived reconciler has one engine and compiles each statement once; the suite
 makes an engine per test database (hundreds per pytest worker), so each test compiled
 every statement again: half the state machine's CPU on SQLite under coverage's tracer.
-``share()`` makes each new SQLite engine use the dialect and cache of an earlier one made
-with the same dialect-level arguments (pool and connection arguments aside: they do not
-reach the dialect), as many connections of one engine would. The engines keep their own
-pools, files and pool events.
 
-Only SQLite, and only a dialect already initialized by its first connection: its facts
-are the SQLite library's, the same for every file. PostgreSQL's engines register a
-``do_connect`` listener, a dialect event, with each engine's own timeouts, so a shared
-dialect would connect every engine with the first one's; MySQL's dialect learns the
-server's character set and quoting at its first connection.
+``share()`` gives every engine made afterwards in this process one cache, in which the
+dialect's place in each key is taken by what the dialect compiles with: its class and
+every plain value it holds (the server's version and quoting as its first connection
+learnt them, the parameter style, the identifier limits...), and the identity of every
+function it was given (a JSON serializer). Two engines whose dialects agree on all of that
+compile a statement alike, so the second finds the first's; dialects that differ in any of
+it never meet. Each engine keeps its own dialect, pool and events: a PostgreSQL engine's
+``do_connect`` listener, which gives that engine's connections its own timeouts, is a
+dialect event, and a shared dialect would have given every engine the first one's.
 """
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from typing import Any
 
 import sqlalchemy as sa
@@ -25,40 +26,59 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.engine import create as engine_creation
 from sqlalchemy.util import LRUCache
 
-CACHE_SIZE = 5_000
-"""Compiled statements kept per kind of engine: every test's, where one engine keeps 500."""
+CACHE_SIZE = 20_000
+"""Compiled statements kept for the whole process, where one engine keeps 500."""
 
-_NOT_THE_DIALECTS = frozenset({
-    "connect_args", "creator", "echo", "echo_pool", "hide_parameters", "logging_name",
-    "max_overflow", "pool", "pool_logging_name", "pool_pre_ping", "pool_recycle",
-    "pool_reset_on_return", "pool_size", "pool_timeout", "pool_use_lifo", "poolclass"})
-"""``create_engine`` arguments that configure the pool or the connection, not the dialect."""
+_PLAIN = (bool, int, float, str, bytes, type(None))
 
-_shared: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[Any, LRUCache[Any, Any]]] = {}
+_GIVEN_FUNCTIONS = ("_json_serializer", "_json_deserializer")
+"""The functions ``create_engine`` hands a dialect that its compiled statements' bind and
+result processors call; its other callables are its own memoized methods."""
+
+
+def _compiles_with(dialect: Any) -> Hashable:
+    """What ``dialect`` compiles a statement with, as a key (read at every use: its first
+    connection changes it)."""
+    held = []
+    for name, value in sorted(vars(dialect).items()):
+        if isinstance(value, _PLAIN) or (
+                isinstance(value, tuple) and all(isinstance(v, _PLAIN) for v in value)):
+            held.append((name, value))
+        elif name in _GIVEN_FUNCTIONS:
+            held.append((name, id(value)))
+    return type(dialect), tuple(held)
+
+
+class _DialectKeyedCache(LRUCache[Any, Any]):
+    """SQLAlchemy's ``(dialect, statement key, ...)`` keys, the dialect replaced by what
+    it compiles with."""
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        return super().get(self._key(key), default)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        super().__setitem__(self._key(key), value)
+
+    @staticmethod
+    def _key(key: Any) -> Any:
+        if isinstance(key, tuple) and key and isinstance(key[0], sa.engine.Dialect):
+            return (_compiles_with(key[0]), *key[1:])
+        return key
+
+
+_cache = _DialectKeyedCache(CACHE_SIZE)
 _create_engine = engine_creation.create_engine
 
 
 def _create_sharing(url: Any, **kwargs: Any) -> Engine:
     engine = _create_engine(url, **kwargs)
-    if engine.dialect.name != "sqlite" or engine._compiled_cache is None:
-        return engine  # query_cache_size=0: the caller wants no cache
-    key = (engine.url.drivername,
-           tuple(sorted((k, repr(v)) for k, v in kwargs.items() if k not in _NOT_THE_DIALECTS)))
-    shared = _shared.get(key)
-    if shared is None or shared[0].server_version_info is None:
-        # None initialized yet (no engine of this kind has connected): this one's
-        # dialect is the candidate, and the cache is shared already (keyed on dialects).
-        cache = shared[1] if shared is not None else LRUCache(CACHE_SIZE)
-        _shared[key] = (engine.dialect, cache)
-        engine._compiled_cache = cache
-        return engine
-    engine.dialect, engine._compiled_cache = shared
-    engine.pool._dialect = shared[0]
+    if engine._compiled_cache is not None:  # query_cache_size=0: the caller wants none
+        engine._compiled_cache = _cache
     return engine
 
 
 def share() -> None:
-    """From now on, SQLite engines made in this process share as above."""
+    """From now on, engines made in this process share one cache as above."""
     if sa.create_engine is not _create_sharing:
         engine_creation.create_engine = _create_sharing
         sa.create_engine = _create_sharing
