@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 from typing import Any
+from weakref import WeakKeyDictionary
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
@@ -37,8 +38,7 @@ result processors call; its other callables are its own memoized methods."""
 
 
 def _compiles_with(dialect: Any) -> Hashable:
-    """What ``dialect`` compiles a statement with, as a key (read at every use: its first
-    connection changes it)."""
+    """What ``dialect`` compiles a statement with, as a key."""
     held = []
     for name, value in sorted(vars(dialect).items()):
         if isinstance(value, _PLAIN) or (
@@ -51,7 +51,8 @@ def _compiles_with(dialect: Any) -> Hashable:
 
 class _DialectKeyedCache(LRUCache[Any, Any]):
     """SQLAlchemy's ``(dialect, statement key, ...)`` keys, the dialect replaced by what
-    it compiles with."""
+    it compiles with once its first connection has run (before that, by itself, as
+    SQLAlchemy keys it)."""
 
     def get(self, key: Any, default: Any = None) -> Any:
         return super().get(self._key(key), default)
@@ -62,18 +63,33 @@ class _DialectKeyedCache(LRUCache[Any, Any]):
     @staticmethod
     def _key(key: Any) -> Any:
         if isinstance(key, tuple) and key and isinstance(key[0], sa.engine.Dialect):
-            return (_compiles_with(key[0]), *key[1:])
+            found = _fingerprints.get(key[0])
+            if found is not None:
+                return (found, *key[1:])
         return key
 
 
+_fingerprints: WeakKeyDictionary[Any, Hashable] = WeakKeyDictionary()
+"""Each initialized dialect's ``_compiles_with``, taken once: a dialect adds attributes
+lazily as it is used (a ping's setting), and a fingerprint that followed them would miss
+its own statements."""
 _cache = _DialectKeyedCache(CACHE_SIZE)
 _create_engine = engine_creation.create_engine
 
 
 def _create_sharing(url: Any, **kwargs: Any) -> Engine:
     engine = _create_engine(url, **kwargs)
-    if engine._compiled_cache is not None:  # query_cache_size=0: the caller wants none
-        engine._compiled_cache = _cache
+    if engine._compiled_cache is None:  # query_cache_size=0: the caller wants none
+        return engine
+    engine._compiled_cache = _cache
+    dialect = engine.dialect
+
+    # After the dialect's own first-connect listener (registered before this one), which
+    # initializes it from the server.
+    @sa.event.listens_for(engine.pool, "connect", once=True)
+    def _initialized(*_: Any) -> None:
+        _fingerprints.setdefault(dialect, _compiles_with(dialect))
+
     return engine
 
 
