@@ -16,7 +16,7 @@ from models import OperatorAction as ActionRow
 from models import OperatorHold, ReconciliationDecision
 from reconciler.config.registry import entry_for
 from reconciler.core.kinds import KindRules
-from reconciler.core.operator_desk import OperatorDesk
+from reconciler.core.operator_desk import ActionReport, OperatorDesk
 from reconciler.core.vocabulary import JobKey, OperatorAction
 from reconciler.root.cli import assemble_cli
 from reconciler.sources.kit.actions import (
@@ -105,3 +105,20 @@ def forget_source(engine: Engine, source: str) -> None:
         for model in (ActionRow, OperatorHold, ReconciliationDecision):
             table = cast(sa.Table, model.__table__)
             conn.execute(table.delete().where(table.c.job_source == source))
+
+
+def chunk_with_statements(desk: OperatorDesk, action: OperatorAction, job_ids: Sequence[str]
+                          ) -> tuple[list[ActionReport], list[str]]:
+    """``desk``'s chunk ``action`` on ``job_ids`` (as alice, note "bulk"), and the text of
+    every statement any engine sent meanwhile."""
+    statements: list[str] = []
+
+    def statement(*args: object) -> None:
+        statements.append(str(args[2]))
+
+    sa.event.listen(Engine, "before_cursor_execute", statement)
+    try:
+        reports = desk.act_on_chunk(action, job_ids, actor="alice", note="bulk")
+    finally:
+        sa.event.remove(Engine, "before_cursor_execute", statement)
+    return reports, statements

@@ -21,7 +21,12 @@ from reconciler.root.console import assemble_console
 from reconciler.sidecar.metrics import Metrics
 from reconciler.sources.pgboss.actions import PgBossActions
 from reconciler.views import job_list_lines, job_view
-from tests.sources.actions_support import desk_for, desk_moving_after_read, forget_source
+from tests.sources.actions_support import (
+    chunk_with_statements,
+    desk_for,
+    desk_moving_after_read,
+    forget_source,
+)
 from tests.sources.factories import PgBossFactory
 from tests.sources.support import (
     Markers,
@@ -185,18 +190,8 @@ def test_a_chunk_costs_as_many_statements_for_six_jobs_as_for_two(
     reconcile_once(boss.factory.db.engine, boss.factory.config, KINDS)
     desk = desk_of(boss)
     counts = []
-    statements: list[str] = []
-
-    def statement(*args: object) -> None:
-        statements.append(str(args[2]))
-
     for chunk in chunks:
-        statements.clear()
-        sa.event.listen(sa.engine.Engine, "before_cursor_execute", statement)
-        try:
-            reports = desk.act_on_chunk(action, chunk, actor="alice", note="bulk")
-        finally:
-            sa.event.remove(sa.engine.Engine, "before_cursor_execute", statement)
+        reports, statements = chunk_with_statements(desk, action, chunk)
         assert [r.refusal for r in reports] == [None] * len(chunk)
         expected = "retry" if action is OperatorAction.RETRY else "cancelled"
         assert {(row := boss.row(j)) and row["state"] for j in chunk} == {expected}

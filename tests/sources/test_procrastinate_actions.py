@@ -14,7 +14,12 @@ import sqlalchemy as sa
 from reconciler.core.operator_desk import OperatorDesk
 from reconciler.core.vocabulary import Disposition, OperatorAction, Reason
 from reconciler.sources.procrastinate.actions import ProcrastinateActions
-from tests.sources.actions_support import desk_for, desk_moving_after_read, forget_source
+from tests.sources.actions_support import (
+    chunk_with_statements,
+    desk_for,
+    desk_moving_after_read,
+    forget_source,
+)
 from tests.sources.conftest import SourcesDatabase
 from tests.sources.factories import ProcrastinateFactory
 from tests.sources.support import (
@@ -253,19 +258,9 @@ def test_a_chunk_retry_costs_as_many_statements_for_six_jobs_as_for_two(
     reconcile_once(procrastinate.db.engine, procrastinate.config, KINDS)
     desk = desk_of(procrastinate)
     counts = []
-    statements: list[str] = []
-
-    def statement(*args: object) -> None:
-        statements.append(str(args[2]))
-
     for chunk in chunks:
-        statements.clear()
-        sa.event.listen(sa.engine.Engine, "before_cursor_execute", statement)
-        try:
-            reports = desk.act_on_chunk(OperatorAction.RETRY, [str(j) for j in chunk],
-                                        actor="alice", note="bulk")
-        finally:
-            sa.event.remove(sa.engine.Engine, "before_cursor_execute", statement)
+        reports, statements = chunk_with_statements(desk, OperatorAction.RETRY,
+                                                    [str(j) for j in chunk])
         assert [r.refusal for r in reports] == [None] * len(chunk)
         assert {procrastinate.status(j) for j in chunk} == {"queued"}
         counts.append(len(statements))
