@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
+from typing import TextIO
 
 
 @dataclass(frozen=True)
@@ -71,12 +72,14 @@ def install(names: list[str]) -> None:
             raise RuntimeError(f"{' '.join(argv)} failed: {done.stderr.strip()[-800:]}")
 
 
-def ensure(packages: tuple[Package, ...], *, out: object = sys.stderr) -> list[str]:
+def ensure(packages: tuple[Package, ...], *, out: TextIO | None = None) -> list[str]:
     """Install what is missing when running as root; the packages still missing (none
-    once installed; else what a user must install)."""
+    once installed; else what a user must install). ``out`` defaults to ``sys.stderr`` as
+    it is at the call: pytest imports this module while it captures ``sys.stderr``, so a
+    default taken at import wrote the line into a capture nobody reads."""
     names = missing(packages)
     if names and os.geteuid() == 0 and shutil.which("apt-get"):
-        print(f"tests: installing {' '.join(names)}", file=out)  # type: ignore[call-overload]
+        print(f"tests: installing {' '.join(names)}", file=out or sys.stderr)
         install(names)
         names = missing(packages)
     return names
