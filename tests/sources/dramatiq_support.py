@@ -26,6 +26,7 @@ from reconciler.core.kinds import KindRules
 from reconciler.sources.dramatiq import DramatiqConfig
 from tests.sources.celery_support import kill_worker
 from tests.sources.support import (
+    RECOVERY_POLL_SECONDS,
     Markers,
     Outcome,
     Process,
@@ -165,7 +166,7 @@ def reconcile_until(project: DramatiqProject, kinds: KindRules,
         found = reconcile_once(project.engine, project.config(), kinds)
         return done(found)
 
-    wait_until(passed, what, timeout=timeout)
+    wait_until(passed, what, timeout=timeout, every=RECOVERY_POLL_SECONDS)
     return found
 
 

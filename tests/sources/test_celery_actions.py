@@ -21,7 +21,14 @@ from reconciler.core.vocabulary import Disposition, JobKey, OperatorAction, Reas
 from reconciler.sources.celery.actions import CeleryActions
 from tests.sources.actions_support import desk_for, desk_moving_after_read, forget_source
 from tests.sources.celery_support import CeleryProject, kill_worker, worker_argv
-from tests.sources.support import Markers, Process, Processes, reconcile_once, wait_until
+from tests.sources.support import (
+    RECOVERY_POLL_SECONDS,
+    Markers,
+    Process,
+    Processes,
+    reconcile_once,
+    wait_until,
+)
 from tests.sources.test_celery_workers import (
     KINDS,
     config,
@@ -120,7 +127,8 @@ def recover_any(project: CeleryProject, task_id: str, worker: Any) -> Any:
                 return outcome
         return None
 
-    return wait_until(decided, f"a decision on task {task_id}", timeout=30, process=worker)
+    return wait_until(decided, f"a decision on task {task_id}", timeout=30, process=worker,
+                      every=RECOVERY_POLL_SECONDS)
 
 
 def test_an_action_on_a_task_that_moved_meanwhile_is_refused(
@@ -222,7 +230,7 @@ def failed_by_a_pass(project: CeleryProject, processes: Processes, markers: Mark
                         if o.applied})
         return set(tasks) <= set(reasons)
 
-    wait_until(decided, "a decision on every task", process=worker)
+    wait_until(decided, "a decision on every task", process=worker, every=RECOVERY_POLL_SECONDS)
     assert {reasons[t] for t in tasks} == {Reason.WORKER_DIED_MID_STEP}
     assert {project.status(t) for t in tasks} == {"FAILURE"}
     return tasks, str(succeeded.id)

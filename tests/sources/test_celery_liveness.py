@@ -39,6 +39,7 @@ from tests.integration.test_service import Launcher, free_port
 from tests.sources.celery_support import CeleryProject, kill_worker, worker_argv
 from tests.sources.support import (
     PASS_GAP_SECONDS,
+    RECOVERY_POLL_SECONDS,
     Markers,
     Processes,
     config_for,
@@ -150,7 +151,8 @@ class TestDoubtedBroker:
             assert report.liveness is None
             return report if report.decisions else None
 
-        report = wait_until(decided, "the dead worker's task decided", process=second)
+        report = wait_until(decided, "the dead worker's task decided", process=second,
+                            every=RECOVERY_POLL_SECONDS)
         assert time.monotonic() - trusted_at >= TIMEOUT_SECONDS
         assert [d.disposition for d in report.decisions] == [Disposition.RESUME]
         assert result.get(timeout=30) == "done on attempt 2"

@@ -32,6 +32,7 @@ from tests.sources.celery_support import (
 )
 from tests.sources.support import (
     PASS_GAP_SECONDS,
+    RECOVERY_POLL_SECONDS,
     Markers,
     Outcome,
     Process,
@@ -83,7 +84,7 @@ def recover(project: CeleryProject, task_id: str, worker: Process,
         return None
 
     outcome: Outcome = wait_until(decided, f"a decision on task {task_id}", timeout=30,
-                                  process=worker)
+                                  process=worker, every=RECOVERY_POLL_SECONDS)
     return outcome
 
 

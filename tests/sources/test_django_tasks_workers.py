@@ -21,6 +21,7 @@ from reconciler.core.vocabulary import Disposition, EffectKind, Reason
 from reconciler.sources.django_tasks import DjangoTasksConfig
 from tests.sources.django_tasks_support import DjangoDatabase, DjangoTasksFactory, worker_argv
 from tests.sources.support import (
+    RECOVERY_POLL_SECONDS,
     Markers,
     Outcome,
     Process,
@@ -74,7 +75,7 @@ def recover(project: DjangoTasksFactory, job: str, worker: Process,
         return None
 
     outcome: Outcome = wait_until(decided, f"a decision on task {job}", timeout=20,
-                                  process=worker)
+                                  process=worker, every=RECOVERY_POLL_SECONDS)
     return outcome
 
 

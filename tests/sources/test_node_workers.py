@@ -22,6 +22,7 @@ from reconciler.core.vocabulary import Disposition, EffectKind, Reason
 from tests.sources.conftest import NODE_DIR, SourcesDatabase, node_env
 from tests.sources.factories import GraphileWorkerFactory, PgBossFactory
 from tests.sources.support import (
+    RECOVERY_POLL_SECONDS,
     Markers,
     Outcome,
     Process,
@@ -93,7 +94,7 @@ class NodeSystem:
             return None
 
         outcome: Outcome = wait_until(decided, f"a decision on job {job}", timeout=20,
-                                      process=worker)
+                                      process=worker, every=RECOVERY_POLL_SECONDS)
         return outcome
 
     def row(self, job: JobKey) -> dict[str, Any] | None:

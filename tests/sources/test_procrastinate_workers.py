@@ -20,6 +20,7 @@ from reconciler.core.vocabulary import Disposition, EffectKind, Reason
 from tests.sources.conftest import SourcesDatabase
 from tests.sources.factories import ProcrastinateFactory
 from tests.sources.support import (
+    RECOVERY_POLL_SECONDS,
     Markers,
     Outcome,
     Process,
@@ -67,7 +68,7 @@ def recover(factory: ProcrastinateFactory, job: int, worker: Process) -> Outcome
         return None
 
     outcome: Outcome = wait_until(decided, f"a decision on job {job}", timeout=20,
-                                  process=worker)
+                                  process=worker, every=RECOVERY_POLL_SECONDS)
     return outcome
 
 
