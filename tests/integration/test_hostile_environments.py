@@ -26,7 +26,7 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 from alembic.script import ScriptDirectory
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Engine, make_url
 
 from models import ReconciliationPass
 from reconciler.config.settings import Settings
@@ -387,7 +387,7 @@ def unwritable_url(db_url: str, request: pytest.FixtureRequest) -> Iterator[str]
         yield f"sqlite:///file:{db_url.removeprefix('sqlite:///')}?mode=ro&uri=true"
         return
     role = f"reader_{uuid.uuid4().hex[:8]}"
-    dbname = db_url.rsplit("/", 1)[1]
+    dbname = make_url(db_url).database
     if db_url.startswith("mysql"):
         server = request.getfixturevalue("mariadb").server
         server.admin(f"CREATE USER '{role}'@'%'")

@@ -26,7 +26,9 @@ elif _url.startswith(("mysql", "mariadb")):
                              "NAME": _parts.path.lstrip("/"), "USER": _parts.username or "",
                              "PASSWORD": _parts.password or "",
                              "HOST": _parts.hostname or "", "PORT": str(_parts.port or ""),
-                             "OPTIONS": {"charset": "utf8mb4"}}}
+                             # The tests' server has no TLS (tests/mariadb_server.py).
+                             "OPTIONS": {"charset": "utf8mb4",
+                                         "ssl_disabled": "ssl_disabled=true" in _parts.query}}}
 else:
     _parts = urlparse(_url)
     DATABASES = {"default": {"ENGINE": "django.db.backends.postgresql",
