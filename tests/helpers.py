@@ -91,10 +91,11 @@ def _sqlite_template() -> Path:
     return path
 
 
-def fresh_database(folder: Path) -> str:
-    """A URL of a freshly migrated SQLite database in ``folder``: a copy of a template
-    migrated once per process, so a test starts in milliseconds, not a migration run."""
-    target = folder / "jobs.db"
+def fresh_database(folder: Path, name: str = "jobs.db") -> str:
+    """A URL of a freshly migrated SQLite database ``name`` in ``folder``: a copy of a
+    template migrated once per process, so a test starts in milliseconds, not a migration
+    run."""
+    target = folder / name
     shutil.copyfile(_sqlite_template(), target)
     return f"sqlite:///{target}"
 

@@ -31,8 +31,8 @@ from sqlalchemy.engine import Engine
 
 from models import StepLedgerEntry
 from reconciler.storage.engines import create_engine
-from reconciler.storage.schema import upgrade
 from tests.conftest import ENGINES, REPO_ROOT, MariaDBForTests, PostgresForTests
+from tests.helpers import fresh_database
 from tests.pg_server import INSTALL_HINT
 from tests.sources.support import processes  # noqa: F401 - a fixture of this folder
 
@@ -288,8 +288,7 @@ def reconciler_engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterato
             mariadb.server.drop_database(name)
         return
     if request.param == "sqlite":
-        engine = create_engine(f"sqlite:///{tmp_path / 'reconciler.db'}")
-        upgrade(engine)
+        engine = create_engine(fresh_database(tmp_path, "reconciler.db"))
         try:
             yield engine
         finally:
