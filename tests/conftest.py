@@ -37,7 +37,7 @@ from reconciler.storage.engines import create_engine
 from reconciler.storage.schema import upgrade
 from reconciler.storage.sql_store import SqlStore
 from reconciler.worker import JobClient
-from tests import system_packages
+from tests import rewrite_cache, system_packages
 from tests.cli_runner import run_main, settings_env
 from tests.helpers import fresh_database, require_mariadb_bin, require_pg_bin
 from tests.pg_server import DSN_ENV, INSTALL_HINT, ThrowawayPostgres, find_pg_bin
@@ -250,10 +250,13 @@ def pytest_configure(config: pytest.Config) -> None:
     """Before any test runs, once (not in each xdist worker): the Debian packages the suite
     drives (tests/system_packages.py), installed where missing when running as root, else
     named in one line (under ``CI=true`` the run stops there: a missing package is never a
-    silent skip)."""
+    silent skip); with xdist, every test module's asserts rewritten once for the workers
+    (tests/rewrite_cache.py)."""
     cache_bytecode()
     if hasattr(config, "workerinput"):
         return
+    if getattr(config.option, "numprocesses", None):
+        rewrite_cache.warm(config)
     missing = system_packages.ensure(system_packages.SUITE)
     if not missing:
         return
