@@ -39,6 +39,7 @@ from reconciler.storage.sql_store import SqlStore
 from reconciler.worker import JobClient
 from tests import rewrite_cache, system_packages
 from tests.cli_runner import run_main, settings_env
+from tests.fork_server import run_script
 from tests.helpers import fresh_database, require_mariadb_bin, require_pg_bin
 from tests.pg_server import DSN_ENV, INSTALL_HINT, ThrowawayPostgres, find_pg_bin
 from tests.statement_cache import share as share_compiled_statements
@@ -401,12 +402,22 @@ def client(engine: Engine, settings: Settings) -> Iterator[JobClient]:
 
 def run_python(body: str, *args: str, timeout: float = 60,
                env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """Run a Python snippet in a fresh interpreter (a real, separate process)."""
+    """Run a Python snippet in a fresh interpreter (a real, separate process): for a test
+    of what an interpreter starts with (the modules it imports, its time zone)."""
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(body), *args], check=False, capture_output=True,
         text=True,
         timeout=timeout, cwd=REPO_ROOT, env={**os.environ, **(env or {})},
     )
+
+
+def run_forked(body: str, *args: str, timeout: float = 60,
+               env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run a Python snippet as ``run_python`` does, in a process forked by the suite's fork
+    server (tests/fork_server.py): a real, separate process without an interpreter's 0.6
+    CPU-s of imports, for the many workers and racers the tests start."""
+    return run_script(textwrap.dedent(body), *args, timeout=timeout, cwd=str(REPO_ROOT),
+                      env={**os.environ, **(env or {})})
 
 
 def run_cli(db: str, *args: str, timeout: float = 60, process: bool | None = None,

@@ -19,7 +19,7 @@ One run:
 4. the checks (tests/chaos/checks.py) over the database and the ledger.
 
 Children are started from the calling thread only and die with the harness (see
-tests/chaos/lifeline.py and spawner.py, which also removes the run's folder if the
+tests/chaos/lifeline.py and tests/fork_server.py, which also removes the run's folder if the
 harness is killed); everything started is killed and reaped before ``run`` returns.
 """
 
@@ -48,8 +48,8 @@ from reconciler.worker import JobClient
 from tests.chaos import chaos_worker
 from tests.chaos.checks import TERMINAL, CheckReport, jobs_table, run_checks
 from tests.chaos.lifeline import PARENT_ENV
-from tests.chaos.spawner import ForkServer
 from tests.coverage_scope import unmeasured
+from tests.fork_server import ForkServer
 from tests.mariadb_server import ThrowawayMariaDB
 from tests.pg_server import ThrowawayPostgres
 from tests.progress import Progress

@@ -12,7 +12,6 @@ import os
 import queue
 import signal
 import subprocess
-import sys
 import textwrap
 import threading
 import time
@@ -29,7 +28,8 @@ from models import JobAttempt, JobRun, ReconciliationDecision, ReconciliationPas
 from reconciler.storage.clock import db_now
 from reconciler.storage.engines import read_only
 from reconciler.worker import JobClient, Step
-from tests.conftest import REPO_ROOT, run_cli, run_python
+from tests.conftest import REPO_ROOT, run_cli, run_forked
+from tests.fork_server import ForkedProcess, start_script, suite_server
 
 jobs: sa.Table = cast(sa.Table, JobRun.__table__)
 attempts: sa.Table = cast(sa.Table, JobAttempt.__table__)
@@ -88,7 +88,7 @@ for round_number, gate in enumerate(gates):
 class Process:
     """A child interpreter whose stdout lines are JSON events, read without blocking."""
 
-    def __init__(self, popen: subprocess.Popen[str], stderr_path: Path) -> None:
+    def __init__(self, popen: ForkedProcess, stderr_path: Path) -> None:
         self.popen = popen
         self.stderr_path = stderr_path
         self._lines: queue.Queue[str | None] = queue.Queue()
@@ -116,7 +116,7 @@ class Process:
 
     def sigkill(self) -> None:
         """SIGKILL from outside, as the OOM killer or a node loss would."""
-        os.kill(self.popen.pid, signal.SIGKILL)
+        self.popen.send_signal(signal.SIGKILL)
         assert self.popen.wait(timeout=10) == -signal.SIGKILL
 
     def wait_exit(self) -> int:
@@ -125,16 +125,15 @@ class Process:
 
 @pytest.fixture
 def spawn(tmp_path: Path) -> Iterator[Callable[..., Process]]:
-    """Start child interpreters; any still running at teardown are killed."""
+    """Start child processes (`python -c` scripts, forked by tests/fork_server.py); any
+    still running at teardown are killed."""
     started: list[Process] = []
 
     def start(script: str, *args: str) -> Process:
         stderr_path = tmp_path / f"child-{len(started)}.stderr"
         with stderr_path.open("w") as stderr:
-            popen = subprocess.Popen(
-                [sys.executable, "-c", script, *args], stdout=subprocess.PIPE, stderr=stderr,
-                text=True, cwd=REPO_ROOT,
-            )
+            popen = start_script(suite_server(), script, list(args), os.environ,
+                                 stdout=subprocess.PIPE, stderr=stderr, cwd=str(REPO_ROOT))
         process = Process(popen, stderr_path)
         started.append(process)
         return process
@@ -151,8 +150,8 @@ def worker_script(body: str) -> str:
 
 
 def run_worker(db: str, body: str, *args: str) -> dict[str, Any]:
-    """Run a worker to its end in a fresh interpreter; its last stdout line is its report."""
-    proc = run_python(worker_script(body), db, *args)
+    """Run a worker to its end in a process of its own; its last stdout line is its report."""
+    proc = run_forked(worker_script(body), db, *args)
     assert proc.returncode == 0, proc.stderr
     report: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     return report

@@ -15,7 +15,7 @@ from reconciler.core.vocabulary import Disposition, Reason
 from reconciler.storage.audit import read_brake
 from reconciler.storage.sql_store import SqlStore
 from reconciler.worker import JobClient
-from tests.conftest import run_python
+from tests.conftest import run_forked
 from tests.helpers import job_row
 from tests.integration.test_pass import (
     EFFECTFUL,
@@ -140,7 +140,7 @@ def test_a_job_that_kills_every_worker_that_runs_it_is_quarantined_as_a_crash_lo
     looping = replace(config(), thresholds=replace(config().thresholds, crash_loop_after=2))
     reasons = []
     for _ in range(2):
-        died = run_python(POISON_WORKER, db_url)
+        died = run_forked(POISON_WORKER, db_url)
         assert died.returncode == -signal.SIGKILL, died.stderr
         wait_expired(engine, job_id)
         report = run_pass(store, looping)

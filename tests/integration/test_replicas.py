@@ -15,7 +15,6 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import textwrap
 import time
 from collections import Counter
@@ -31,6 +30,7 @@ from models import JobAttempt, JobRun, ReconciliationDecision, ReconciliationPas
 from reconciler.storage.clock import db_now
 from reconciler.worker import JobClient, Step
 from tests.conftest import REPO_ROOT
+from tests.fork_server import start_script, suite_server
 from tests.helpers import wait_for
 from tests.integration.test_service import Launcher
 
@@ -177,25 +177,30 @@ def test_four_pass_loops_racing_over_one_backlog_decide_each_orphan_exactly_once
     decided)."""
     expected = make_orphans(client, engine, ORPHANS)
     go = tmp_path / "go"
-    loops = [subprocess.Popen(
-        [sys.executable, "-c", PASS_LOOP, db_url, f"replica-{i}", str(go), str(BATCH_SIZE)],
-        cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for i in range(REPLICAS)]
+    errors = [tmp_path / f"replica-{i}.stderr" for i in range(REPLICAS)]
+    loops = []
+    for i, error in enumerate(errors):
+        with error.open("w") as stderr:
+            loops.append(start_script(
+                suite_server(), PASS_LOOP, [db_url, f"replica-{i}", str(go), str(BATCH_SIZE)],
+                os.environ, stdout=subprocess.PIPE, stderr=stderr, cwd=str(REPO_ROOT)))
     try:
-        for loop in loops:
+        for loop, error in zip(loops, errors, strict=True):
             assert loop.stdout is not None
-            assert loop.stdout.readline().strip() == "ready", loop.stderr
+            assert loop.stdout.readline().strip() == "ready", error.read_text()
         go.touch()
         results = []
-        for loop in loops:
-            out, err = loop.communicate(timeout=DRAIN_SECONDS)
-            assert loop.returncode == 0, err
-            results.append(json.loads(out.strip().splitlines()[-1]))
+        for loop, error in zip(loops, errors, strict=True):
+            assert loop.wait(DRAIN_SECONDS) == 0, error.read_text()
+            assert loop.stdout is not None
+            results.append(json.loads(loop.stdout.read().strip().splitlines()[-1]))
     finally:
         for loop in loops:
             if loop.poll() is None:
                 loop.kill()
-                loop.wait()
+                loop.wait(DRAIN_SECONDS)
+            if loop.stdout is not None:
+                loop.stdout.close()
 
     assert still_processing(engine) == 0
     deciders = assert_each_orphan_decided_once(engine, expected)

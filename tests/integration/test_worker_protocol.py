@@ -30,7 +30,7 @@ from reconciler.storage.clock import db_now, now_plus
 from reconciler.storage.sql_store import SqlStore
 from reconciler.views import job_view
 from reconciler.worker import Claim, JobClient, LeaseLost, Step
-from tests.conftest import run_cli, run_python
+from tests.conftest import run_cli, run_forked, run_python
 from tests.helpers import job_row, wait_for
 
 JOBS = cast(sa.Table, JobRun.__table__)
@@ -447,7 +447,7 @@ class TestAtomicClaim:
         gate.mkdir()
 
         def worker_process(index: int) -> list[int]:
-            done = run_python(CLAIM_LOOP, db_url, f"process-{index}", str(gate), timeout=60)
+            done = run_forked(CLAIM_LOOP, db_url, f"process-{index}", str(gate), timeout=60)
             assert done.returncode == 0, done.stderr
             return cast(list[int], json.loads(done.stdout))
 

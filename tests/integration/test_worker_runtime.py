@@ -15,7 +15,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -42,6 +41,7 @@ from reconciler.worker import runner as runner_module
 from reconciler.worker.artifacts import published_path, staging_path
 from reconciler.worker.runtime import StepContext, WorkerStats
 from tests.conftest import REPO_ROOT, run_cli
+from tests.fork_server import ForkedProcess, start_script, suite_server
 from tests.helpers import job_row, rows_of, wait_for
 
 JOBS = cast(sa.Table, JobRun.__table__)
@@ -265,9 +265,9 @@ print(json.dumps({"claimed": stats.claimed, "outcomes": stats.outcomes}), flush=
 
 @dataclass
 class WorkerProcess:
-    """A worker running WORKER_SCRIPT in its own interpreter."""
+    """A worker running WORKER_SCRIPT in a process of its own."""
 
-    process: subprocess.Popen[bytes]
+    process: ForkedProcess
     out_path: Path
     err_path: Path
 
@@ -289,15 +289,16 @@ class WorkerProcess:
 
 @pytest.fixture
 def worker_processes(tmp_path: Path) -> Iterator[Callable[[dict[str, Any]], WorkerProcess]]:
-    """Start worker processes; any still alive at teardown are killed."""
+    """Start worker processes (forked by tests/fork_server.py); any still alive at teardown
+    are killed."""
     started: list[WorkerProcess] = []
 
     def start(cfg: dict[str, Any]) -> WorkerProcess:
         n = len(started)
         out_path, err_path = tmp_path / f"worker-{n}.out", tmp_path / f"worker-{n}.err"
         with out_path.open("wb") as out, err_path.open("wb") as err:
-            process = subprocess.Popen([sys.executable, "-c", WORKER_SCRIPT, json.dumps(cfg)],
-                                       cwd=REPO_ROOT, stdout=out, stderr=err)
+            process = start_script(suite_server(), WORKER_SCRIPT, [json.dumps(cfg)],
+                                   os.environ, stdout=out, stderr=err, cwd=str(REPO_ROOT))
         started.append(WorkerProcess(process, out_path, err_path))
         return started[-1]
 
