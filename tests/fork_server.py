@@ -46,7 +46,7 @@ import threading
 import time
 import traceback
 import types
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
 PRELOAD = (
@@ -127,10 +127,11 @@ def _run_child(request: dict[str, Any], fds: list[int]) -> None:
         os._exit(code)
 
 
-def serve(cleanup: str | None, fd_socket: socket.socket | None) -> None:
+def serve(cleanup: str | None, fd_socket: socket.socket | None,
+          preload: Sequence[str] = PRELOAD) -> None:
     # No death signal here: the end of input says the caller is gone, and this server
     # outlives it just long enough to kill its children and remove the run's folder.
-    for name in PRELOAD:
+    for name in preload:
         importlib.import_module(name)
     live: set[int] = set()
     pending = b""
@@ -196,9 +197,10 @@ class ForkServer:
     from several threads."""
 
     def __init__(self, *, cwd: str, env: Mapping[str, str], log: str,
-                 cleanup: str | None = None) -> None:
+                 cleanup: str | None = None, preload: Sequence[str] = PRELOAD) -> None:
         self._fds, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        argv = [sys.executable, "-m", "tests.fork_server", "--fds", str(theirs.fileno())]
+        argv = [sys.executable, "-m", "tests.fork_server", "--fds", str(theirs.fileno()),
+                "--preload", ",".join(preload)]
         if cleanup:
             argv += ["--cleanup", cleanup]
         with open(log, "ab") as errors:
@@ -245,10 +247,12 @@ class ForkServer:
             raise RuntimeError(f"fork server answered {reply!r} to spawn request {number}")
         return int(reply["pid"])
 
-    def spawn(self, module: str, args: list[str], env: dict[str, str], log: str) -> int:
+    def spawn(self, module: str, args: list[str], env: Mapping[str, str], log: str,
+              cwd: str | None = None) -> int:
         """Fork a child running ``python -m module args...`` with exactly ``env``, both its
         output streams appended to ``log``; its pid."""
-        return self._spawn({"module": module, "args": args, "env": env, "log": log})
+        return self._spawn({"module": module, "args": args, "env": dict(env), "log": log,
+                            "cwd": cwd})
 
     def run_script(self, script: str, args: list[str], env: Mapping[str, str],
                    streams: tuple[int, int, int], cwd: str | None = None) -> int:
@@ -407,4 +411,4 @@ if __name__ == "__main__":
     fd_socket = (socket.socket(fileno=int(options[options.index("--fds") + 1]))
                  if "--fds" in options else None)
     serve(options[options.index("--cleanup") + 1] if "--cleanup" in options else None,
-          fd_socket)
+          fd_socket, [m for m in options[options.index("--preload") + 1].split(",") if m])

@@ -8,11 +8,14 @@ system spells it.
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import json
 import os
 import signal
 import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -33,6 +36,7 @@ from reconciler.core.ports import Candidate, JobKey, PlannedChange
 from reconciler.core.vocabulary import Disposition, Reason
 from reconciler.root.cli import assemble_cli
 from tests.coverage_scope import unmeasured
+from tests.fork_server import ForkedProcess, ForkServer
 
 DECISIONS = cast(sa.Table, ReconciliationDecision.__table__)
 
@@ -135,12 +139,39 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
+FORKED_SYSTEMS: dict[str, tuple[str, ...]] = {
+    # ``python -m <module>`` worker commands started as children of a fork server that
+    # imported these libraries ahead (tests/fork_server.py), never the test's app (it reads
+    # its settings from the environment): from the module's own main on, the child is the
+    # system's real worker command, at a third of the CPU (0.55 CPU-s a Celery start
+    # against 0.2).
+    "celery": ("celery", "celery.bin.celery", "celery.worker", "celery.apps.worker",
+               "celery.concurrency.prefork", "kombu.transport.redis", "redis",
+               "celery.backends.database", "sqlalchemy", "billiard", "click_repl"),
+    "rq.cli": ("rq", "rq.cli", "rq.worker", "redis", "click"),
+}
+_system_servers: dict[str, ForkServer] = {}
+
+
+def _system_server(module: str) -> ForkServer:
+    """This process's fork server for ``module``'s workers, started on first use; without
+    coverage (tests/coverage_scope.py), like every job system's process."""
+    server = _system_servers.get(module)
+    if server is None or server.popen.poll() is not None:
+        log = Path(tempfile.gettempdir()) / f"reconciler-forks-{module}-{os.getpid()}.log"
+        server = ForkServer(cwd=str(Path(__file__).parents[2]), env=unmeasured(dict(os.environ)),
+                            log=str(log), preload=FORKED_SYSTEMS[module])
+        atexit.register(server.close)
+        _system_servers[module] = server
+    return server
+
+
 @dataclass
 class Process:
     """A worker process of a real job system, started by a test."""
 
     name: str
-    popen: subprocess.Popen[bytes]
+    popen: subprocess.Popen[bytes] | ForkedProcess
     log: Path
 
     @property
@@ -149,8 +180,7 @@ class Process:
 
     def signal(self, sig: signal.Signals) -> None:
         """Send a signal (SIGKILL, SIGSTOP, SIGCONT) to the process itself."""
-        if self.popen.poll() is None:
-            os.kill(self.popen.pid, sig)
+        self.popen.send_signal(sig)
 
     def kill(self) -> None:
         """SIGKILL and reap."""
@@ -174,11 +204,19 @@ class Processes:
     def start(self, name: str, argv: Sequence[str], env: dict[str, str],
               cwd: Path | None = None) -> Process:
         log = self.folder / f"{name}.log"
-        handle = log.open("ab")
-        popen = subprocess.Popen(list(argv), stdout=handle, stderr=subprocess.STDOUT,
-                                 stdin=subprocess.DEVNULL, env=unmeasured({**os.environ, **env}),
-                                 cwd=cwd, preexec_fn=_die_with_parent)  # noqa: PLW1509
-        handle.close()
+        popen: subprocess.Popen[bytes] | ForkedProcess
+        environment = unmeasured({**os.environ, **env})
+        if list(argv[:2]) == [sys.executable, "-m"] and argv[2] in FORKED_SYSTEMS:
+            server = _system_server(argv[2])
+            log.touch()
+            pid = server.spawn(argv[2], list(argv[3:]), environment, str(log),
+                               cwd=None if cwd is None else str(cwd))
+            popen = ForkedProcess(server, pid, None, None)
+        else:
+            with log.open("ab") as handle:
+                popen = subprocess.Popen(list(argv), stdout=handle, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, env=environment, cwd=cwd,
+                                         preexec_fn=_die_with_parent)  # noqa: PLW1509
         process = Process(name, popen, log)
         self.started.append(process)
         return process
