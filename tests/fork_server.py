@@ -254,12 +254,13 @@ class ForkServer:
         return self._spawn({"module": module, "args": args, "env": dict(env), "log": log,
                             "cwd": cwd})
 
-    def run_script(self, script: str, args: list[str], env: Mapping[str, str],
-                   streams: tuple[int, int, int], cwd: str | None = None) -> int:
-        """Fork a child running ``python -c script args...`` with exactly ``env`` and these
+    def start(self, program: Mapping[str, str], args: list[str], env: Mapping[str, str],
+              streams: tuple[int, int, int], cwd: str | None = None) -> int:
+        """Fork a child running ``program`` (``{"code": script}``, as ``python -c``, or
+        ``{"module": name}``, as ``python -m``) with ``args``, exactly ``env``, and these
         three file descriptors as its stdin, stdout and stderr (the caller keeps its own
         copies); its pid."""
-        return self._spawn({"code": script, "args": args, "env": dict(env), "cwd": cwd},
+        return self._spawn({**program, "args": args, "env": dict(env), "cwd": cwd},
                            list(streams))
 
     def kill(self, pid: int, sig: int) -> None:
@@ -340,12 +341,21 @@ class ForkedProcess:
         self.send_signal(signal.SIGTERM)
 
 
+Stream = int | IO[Any] | None
+"""A child's output as ``Popen`` takes it: ``subprocess.PIPE`` (read back as text), an open
+file, or None (the caller's own)."""
+
+
 def start_script(server: ForkServer, script: str, args: list[str], env: Mapping[str, str], *,
-                 stdout: int | IO[Any] | None = None, stderr: int | IO[Any] | None = None,
+                 stdout: Stream = None, stderr: Stream = None,
                  cwd: str | None = None) -> ForkedProcess:
-    """``python -c script args...`` as a child of ``server``; ``stdout``/``stderr`` as
-    ``Popen`` takes them: ``subprocess.PIPE`` (read back as text), an open file, or None
-    (this process's own)."""
+    """``python -c script args...`` as a child of ``server``."""
+    return _start(server, {"code": script}, args, env, stdout=stdout, stderr=stderr, cwd=cwd)
+
+
+def _start(server: ForkServer, program: Mapping[str, str], args: list[str],
+           env: Mapping[str, str], *, stdout: Stream, stderr: Stream,
+           cwd: str | None) -> ForkedProcess:
     mine: list[IO[str] | None] = []
     theirs: list[int] = [os.open(os.devnull, os.O_RDONLY)]
     opened: list[int] = [theirs[0]]
@@ -360,7 +370,7 @@ def start_script(server: ForkServer, script: str, args: list[str], env: Mapping[
             theirs.append(own if target is None else
                           target if isinstance(target, int) else target.fileno())
     try:
-        pid = server.run_script(script, args, env, (theirs[0], theirs[1], theirs[2]), cwd)
+        pid = server.start(program, args, env, (theirs[0], theirs[1], theirs[2]), cwd)
     finally:
         for fd in opened:
             os.close(fd)
@@ -391,9 +401,17 @@ def run_script(script: str, *args: str, env: Mapping[str, str], timeout: float,
     """``subprocess.run([python, "-c", script, *args], capture_output=True, text=True)``
     through the suite's fork server: the finished process, or ``TimeoutExpired`` (it is
     killed first)."""
+    return run(suite_server(), {"code": script}, list(args), env=env, timeout=timeout, cwd=cwd)
+
+
+def run(server: ForkServer, program: Mapping[str, str], args: list[str], *,
+        env: Mapping[str, str], timeout: float,
+        cwd: str | None = None) -> subprocess.CompletedProcess[str]:
+    """``program`` (as ``ForkServer.start`` takes it) run to its end as ``subprocess.run``
+    with ``capture_output=True, text=True`` does, or ``TimeoutExpired`` (it is killed
+    first)."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        process = start_script(suite_server(), script, list(args), env, stdout=out,
-                               stderr=err, cwd=cwd)
+        process = _start(server, program, args, env, stdout=out, stderr=err, cwd=cwd)
         try:
             code = process.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -402,8 +420,8 @@ def run_script(script: str, *args: str, env: Mapping[str, str], timeout: float,
             raise
         out.seek(0)
         err.seek(0)
-        return subprocess.CompletedProcess(["-c", script, *args], code, out.read(),
-                                           err.read())
+        argv = ["-c" if "code" in program else "-m", *program.values(), *args]
+        return subprocess.CompletedProcess(argv, code, out.read(), err.read())
 
 
 if __name__ == "__main__":

@@ -41,7 +41,7 @@ from tests.sources.conftest import (
     sqlite_copy,
     unavailable,
 )
-from tests.sources.support import Process
+from tests.sources.support import Process, run_command
 
 REDIS_HINT = "redis-server is needed for the Celery tests: apt-get install -y redis-server"
 
@@ -137,10 +137,9 @@ class CeleryProject:
         """What ``AsyncResult(task_id).get(timeout)`` gives the caller through
         django-celery-results, in a process of the Django project: ``value`` or ``raised``."""
         assert self.django_url is not None
-        done = subprocess.run([*DJANGO_MANAGE, "result", task_id, str(timeout)],
-                              capture_output=True, text=True, timeout=timeout + 60,
-                              env={**os.environ, **self.env(Path("/nonexistent"))},
-                              cwd=Path(__file__).parents[2], check=False)
+        done = run_command([*DJANGO_MANAGE, "result", task_id, str(timeout)],
+                           {**os.environ, **self.env(Path("/nonexistent"))},
+                           Path(__file__).parents[2], timeout=timeout + 60)
         if done.returncode != 0:
             pytest.fail(f"result {task_id} failed: {done.stderr.strip()[-800:]}", pytrace=False)
         found: dict[str, Any] = json.loads(done.stdout)
@@ -148,9 +147,9 @@ class CeleryProject:
 
     def migrate(self) -> None:
         """django-celery-results' own migrations, into the project's database."""
-        done = subprocess.run([*DJANGO_MANAGE, "migrate", "-v0"], capture_output=True,
-                              text=True, timeout=120, cwd=Path(__file__).parents[2],
-                              env={**os.environ, **self.env(Path("/nonexistent"))}, check=False)
+        done = run_command([*DJANGO_MANAGE, "migrate", "-v0"],
+                           {**os.environ, **self.env(Path("/nonexistent"))},
+                           Path(__file__).parents[2], timeout=120)
         if done.returncode != 0:
             pytest.fail(f"migrate failed: {done.stderr.strip()[-800:]}", pytrace=False)
 

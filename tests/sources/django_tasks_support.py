@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import uuid
 from collections.abc import Iterator, Sequence
@@ -45,6 +44,7 @@ from tests.sources.conftest import (
     sqlite_copy,
     unavailable,
 )
+from tests.sources.support import run_command
 
 TABLE = "django_tasks_database_dbtaskresult"
 LONG_AGO_SECONDS = 6 * 3600  # beyond every lease these tests use, as in factories.py
@@ -93,9 +93,8 @@ class DjangoDatabase:
     def manage(self, *args: str, markers: Path | None = None) -> str:
         """Run one command of the test project to its end; its output."""
         env = {**os.environ, **self.env(markers or Path("/nonexistent"))}
-        done = subprocess.run([self.python, "-m", "tests.sources.django_app.manage", *args],
-                              capture_output=True, text=True, timeout=120, env=env,
-                              cwd=REPO_ROOT, check=False)
+        done = run_command([self.python, "-m", "tests.sources.django_app.manage", *args],
+                           env, REPO_ROOT, timeout=120)
         if done.returncode != 0:
             pytest.fail(f"django {' '.join(args)} failed: {done.stderr.strip()[-800:]}",
                         pytrace=False)

@@ -36,7 +36,7 @@ from reconciler.core.ports import Candidate, JobKey, PlannedChange
 from reconciler.core.vocabulary import Disposition, Reason
 from reconciler.root.cli import assemble_cli
 from tests.coverage_scope import unmeasured
-from tests.fork_server import ForkedProcess, ForkServer
+from tests.fork_server import ForkedProcess, ForkServer, run
 
 DECISIONS = cast(sa.Table, ReconciliationDecision.__table__)
 
@@ -139,16 +139,28 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
+_DATABASE_LIBRARIES = ("sqlalchemy", "sqlalchemy.orm", "psycopg", "pymysql", "pydantic")
+_DJANGO = ("django", "django.conf", "django.apps", "django.core.management",
+           "django.core.management.base", "django.db.models", "django.db.migrations",
+           "django.db.backends.sqlite3.base", "django.db.backends.postgresql.base",
+           "django.utils.timezone", *_DATABASE_LIBRARIES)
 FORKED_SYSTEMS: dict[str, tuple[str, ...]] = {
-    # ``python -m <module>`` worker commands started as children of a fork server that
-    # imported these libraries ahead (tests/fork_server.py), never the test's app (it reads
-    # its settings from the environment): from the module's own main on, the child is the
-    # system's real worker command, at a third of the CPU (0.55 CPU-s a Celery start
-    # against 0.2).
+    # ``python -m <module>`` commands started as children of a fork server that imported
+    # these libraries ahead (tests/fork_server.py), never a module that reads its settings
+    # from the environment when imported (the tests' apps; checked for each library):
+    # from the module's own main on, the child is the system's real command, at a third
+    # of the CPU (0.55 CPU-s a Celery worker's start against 0.2).
     "celery": ("celery", "celery.bin.celery", "celery.worker", "celery.apps.worker",
                "celery.concurrency.prefork", "kombu.transport.redis", "redis",
                "celery.backends.database", "sqlalchemy", "billiard", "click_repl"),
     "rq.cli": ("rq", "rq.cli", "rq.worker", "redis", "click"),
+    # Not Dramatiq's own modules: they read their settings from the environment at import
+    # (``dramatiq_queue_prefetch``), which each worker sets its own.
+    "dramatiq": ("redis", "asyncio", *_DATABASE_LIBRARIES),
+    "tests.sources.procrastinate_app": ("procrastinate", *_DATABASE_LIBRARIES),
+    "tests.sources.django_app.manage": _DJANGO,
+    "tests.sources.celery_django.manage": (*_DJANGO, "celery", "celery.backends.database",
+                                           "kombu.transport.redis", "redis"),
 }
 _system_servers: dict[str, ForkServer] = {}
 
@@ -164,6 +176,26 @@ def _system_server(module: str) -> ForkServer:
         atexit.register(server.close)
         _system_servers[module] = server
     return server
+
+
+def _forked_module(argv: Sequence[str]) -> str | None:
+    """The module of a ``python -m <module>`` command in ``FORKED_SYSTEMS``, else None."""
+    if list(argv[:2]) == [sys.executable, "-m"] and argv[2] in FORKED_SYSTEMS:
+        return argv[2]
+    return None
+
+
+def run_command(argv: Sequence[str], env: dict[str, str], cwd: Path,
+                timeout: float) -> subprocess.CompletedProcess[str]:
+    """A system's command (``manage.py migrate``, ``enqueue``...) run to its end as
+    ``subprocess.run`` with ``capture_output=True, text=True`` does: forked where the
+    command is in ``FORKED_SYSTEMS``."""
+    module = _forked_module(argv)
+    if module is None:
+        return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout,
+                              env=env, cwd=cwd, check=False)
+    return run(_system_server(module), {"module": module}, list(argv[3:]), env=env,
+               timeout=timeout, cwd=str(cwd))
 
 
 @dataclass
@@ -206,10 +238,11 @@ class Processes:
         log = self.folder / f"{name}.log"
         popen: subprocess.Popen[bytes] | ForkedProcess
         environment = unmeasured({**os.environ, **env})
-        if list(argv[:2]) == [sys.executable, "-m"] and argv[2] in FORKED_SYSTEMS:
-            server = _system_server(argv[2])
+        module = _forked_module(argv)
+        if module is not None:
+            server = _system_server(module)
             log.touch()
-            pid = server.spawn(argv[2], list(argv[3:]), environment, str(log),
+            pid = server.spawn(module, list(argv[3:]), environment, str(log),
                                cwd=None if cwd is None else str(cwd))
             popen = ForkedProcess(server, pid, None, None)
         else:
