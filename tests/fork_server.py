@@ -208,6 +208,7 @@ class ForkServer:
                                           stderr=errors, cwd=cwd, env=dict(env),
                                           pass_fds=[theirs.fileno()])
         theirs.close()
+        self.log = log
         self.pid = self.popen.pid
         self._requests = threading.Lock()
         self._replies: queue.Queue[dict[str, Any] | None] = queue.Queue()
@@ -303,6 +304,9 @@ class ForkServer:
         if self.popen.stdout is not None:
             self.popen.stdout.close()
         self._fds.close()
+        with contextlib.suppress(OSError):
+            if os.path.getsize(self.log) == 0:  # nothing went wrong: no file left behind
+                os.remove(self.log)
 
 
 class ForkedProcess:
