@@ -381,23 +381,30 @@ def _start(server: ForkServer, program: Mapping[str, str], args: list[str],
     return ForkedProcess(server, pid, mine[0], mine[1])
 
 
-_suite_server: ForkServer | None = None
-_suite_lock = threading.Lock()
+_shared: dict[str, ForkServer] = {}
+_shared_lock = threading.Lock()
+
+
+def shared_server(name: str, *, env: Mapping[str, str],
+                  preload: Sequence[str] = PRELOAD) -> ForkServer:
+    """This process's fork server ``name``, started on first use (again if it died) in
+    the repository's root with ``env`` and ``preload``; it ends with this process."""
+    with _shared_lock:
+        server = _shared.get(name)
+        if server is None or server.popen.poll() is not None:
+            root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+            log = os.path.join(tempfile.gettempdir(),
+                               f"reconciler-forks-{name}-{os.getpid()}.log")
+            server = ForkServer(cwd=root, env=env, log=log, preload=preload)
+            atexit.register(server.close)
+            _shared[name] = server
+        return server
 
 
 def suite_server() -> ForkServer:
-    """This process's own fork server for the tests' scripts, started on first use in the
-    repository's root with this process's environment (coverage's included: its children
-    are measured as fresh interpreters would be); it ends with this process."""
-    global _suite_server  # noqa: PLW0603 - one server a pytest process, made on demand
-    with _suite_lock:
-        if _suite_server is None or _suite_server.popen.poll() is not None:
-            root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-            log = os.path.join(tempfile.gettempdir(),
-                               f"reconciler-fork-server-{os.getpid()}.log")
-            _suite_server = ForkServer(cwd=root, env=os.environ, log=log)
-            atexit.register(_suite_server.close)
-        return _suite_server
+    """The fork server for the tests' own scripts, with this process's environment
+    (coverage's included: its children are measured as fresh interpreters would be)."""
+    return shared_server("suite", env=os.environ)
 
 
 def run_script(script: str, *args: str, env: Mapping[str, str], timeout: float,

@@ -8,14 +8,12 @@ system spells it.
 
 from __future__ import annotations
 
-import atexit
 import ctypes
 import json
 import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -36,7 +34,7 @@ from reconciler.core.ports import Candidate, JobKey, PlannedChange
 from reconciler.core.vocabulary import Disposition, Reason
 from reconciler.root.cli import assemble_cli
 from tests.coverage_scope import unmeasured
-from tests.fork_server import ForkedProcess, ForkServer, run
+from tests.fork_server import ForkedProcess, ForkServer, run, shared_server
 
 DECISIONS = cast(sa.Table, ReconciliationDecision.__table__)
 
@@ -162,20 +160,11 @@ FORKED_SYSTEMS: dict[str, tuple[str, ...]] = {
     "tests.sources.celery_django.manage": (*_DJANGO, "celery", "celery.backends.database",
                                            "kombu.transport.redis", "redis"),
 }
-_system_servers: dict[str, ForkServer] = {}
-
-
 def _system_server(module: str) -> ForkServer:
-    """This process's fork server for ``module``'s workers, started on first use; without
-    coverage (tests/coverage_scope.py), like every job system's process."""
-    server = _system_servers.get(module)
-    if server is None or server.popen.poll() is not None:
-        log = Path(tempfile.gettempdir()) / f"reconciler-forks-{module}-{os.getpid()}.log"
-        server = ForkServer(cwd=str(Path(__file__).parents[2]), env=unmeasured(dict(os.environ)),
-                            log=str(log), preload=FORKED_SYSTEMS[module])
-        atexit.register(server.close)
-        _system_servers[module] = server
-    return server
+    """This process's fork server for ``module``'s commands; without coverage
+    (tests/coverage_scope.py), like every job system's process."""
+    return shared_server(module, env=unmeasured(dict(os.environ)),
+                         preload=FORKED_SYSTEMS[module])
 
 
 def _forked_module(argv: Sequence[str]) -> str | None:
