@@ -368,7 +368,8 @@ class Harness:
                 next_status = now + STATUS_EVERY_SECONDS
                 unfinished = self._unfinished()  # also what progress lines show
                 if (self.stats.jobs_enqueued == p.jobs and self.stats.kills >= p.kills
-                        and not restarts and poison_at is None and unfinished == 0):
+                        and not restarts and poison_at is None and unfinished == 0
+                        and not self._owed_roles()):
                     break
             time.sleep(TICK_SECONDS)
         self.stats.fault_seconds = time.monotonic() - started
@@ -533,23 +534,38 @@ class Harness:
         child.stopping = child.stopping or stopping
         self.forks.kill(child.pid, sig)
 
+    def _owed_roles(self) -> list[str]:
+        """The roles the killer has not struck yet in this run (a strike counts once its
+        process is reaped; one on its way counts already)."""
+        striking = {c.role for c in self.children.values()
+                    if c.killed_by_harness and not c.stopping}
+        return [r for r in ("replica", "worker")
+                if self.stats.killer_kills[r] == 0 and r not in striking]
+
     def _kill_due(self, elapsed: float) -> None:
         p = self.params
-        if not self.faults_on or self.stats.kills >= p.kills:
+        if not self.faults_on:
             return
         share = elapsed / (p.seconds * KILLS_DONE_BY_SHARE)
         late = share >= 1.0
+        killed = self.stats.killer_kills
+        # A role the killer has not struck yet: where failpoints alone reached the run's
+        # kills (fast workers reach them sooner), late in the phase it strikes it anyway,
+        # so every run kills workers and replicas at random too.
+        owed = self._owed_roles() if late else []
+        if self.stats.kills >= p.kills and not owed:
+            return
         # Until late in the phase, armed processes count as kills on their way.
         expected = self.stats.kills + (0 if late else self._armed_alive() / 2)
-        if expected >= p.kills * min(share, 1.0):
+        if expected >= p.kills * min(share, 1.0) and not owed:
             return
         # Armed processes die at their failpoints; the killer strikes the others, and
         # late in the phase any process, so the run reaches its kills.
         alive = [c for c in self.children.values()
                  if not c.killed_by_harness and (late or not c.failpoint)]
-        killed = self.stats.killer_kills
-        role = ("replica" if killed["replica"] < KILL_REPLICA_SHARE * (killed.total() + 1)
-                else "worker")
+        role = owed[0] if owed else (
+            "replica" if killed["replica"] < KILL_REPLICA_SHARE * (killed.total() + 1)
+            else "worker")
         pool = [c for c in alive if c.role == role]
         armed_replica = any(c.role == "replica" and c.failpoint for c in self.children.values())
         if role == "replica" and (armed_replica or self.rng.random() < KILL_LEADER_CHANCE):
